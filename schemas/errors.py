@@ -1,0 +1,47 @@
+"""The one exception tree of streamrft.
+
+Every error streamrft raises on purpose derives from :class:`StreamRFTError`. Each area
+has its subclass; ``retriable`` says whether trying the same thing again may succeed
+(a broker that is briefly down) or never will (a malformed message, a bad config).
+Lives in ``schemas`` because that package imports nothing heavy, so any process can
+catch these without torch or aiokafka.
+"""
+
+from __future__ import annotations
+
+
+class StreamRFTError(Exception):
+    """Root of every streamrft error."""
+
+    retriable: bool = False
+
+
+class ConfigError(StreamRFTError):
+    """A configuration value is missing, of the wrong type or out of bounds.
+
+    The message names the field (``trainer.batch_size``) and what was wrong.
+    """
+
+
+class SchemaError(StreamRFTError):
+    """A message failed to decode or validate against its wire schema."""
+
+
+class ServiceError(StreamRFTError):
+    """A local or remote service (broker, object store) could not be started or reached."""
+
+    retriable = True
+
+
+class SyncError(StreamRFTError):
+    """A model version could not be published, fetched, verified or applied."""
+
+
+class IntegrityError(SyncError):
+    """A weight shard or manifest did not match its recorded sha256."""
+
+
+class SyncTimeout(SyncError):
+    """A wait for a model version ran past ``synchronizer.sync_timeout``."""
+
+    retriable = True

@@ -1,0 +1,123 @@
+"""Tasks in, experiences out: the data-plane wire types.
+
+Schema evolution rule: new fields go at the end with a default; never reorder or retype.
+Readers ignore fields they do not know, so an old reader decodes a newer writer's message.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from streamrft.schemas.errors import SchemaError
+
+NonNegInt = msgspec.Meta(ge=0)
+
+
+class Task(msgspec.Struct, kw_only=True):
+    """One prompt to explore, published on ``<ns>.tasks`` with key = task id."""
+
+    id: str
+    """Stable id of the task within its taskset (e.g. ``arith-00042``)."""
+    prompt: str
+    """The text given to the policy."""
+    answer: str = ""
+    """Ground truth the reward function checks against (empty for open-ended tasks)."""
+    workflow: str = "math"
+    """Name of the workflow that turns this task into rollouts and rewards."""
+    epoch: int = 0
+    """Which pass over the taskset this delivery belongs to."""
+    metadata: dict[str, str] = {}
+    """Free-form string attributes carried through to the experiences."""
+
+
+class Experience(msgspec.Struct, kw_only=True):
+    """One rollout: prompt + response tokens with the log-probs that sampled them."""
+
+    id: str
+    """``<group id>#<rollout index>``; the trainer deduplicates on it."""
+    tokens: bytes
+    """Prompt then response token ids, int32 little-endian."""
+    prompt_length: int
+    """How many of ``tokens`` are the prompt."""
+    logprobs: bytes
+    """Per response token log-prob under the sampling policy, float32 little-endian."""
+    action_mask: bytes
+    """Per response token 1 (trained) or 0 (ignored), one byte each."""
+    reward: float
+    """Scalar reward of the whole rollout."""
+    model_version: int
+    """Model version that produced this rollout."""
+    response_text: str = ""
+    """Decoded response, for humans reading the topic."""
+    info: dict[str, float] = {}
+    """Per-rollout numbers (reward components, lengths) for metrics."""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens) // 4
+
+    @property
+    def response_length(self) -> int:
+        return self.num_tokens - self.prompt_length
+
+
+class ExperienceGroup(msgspec.Struct, kw_only=True):
+    """The ``repeat_times`` rollouts of one task, published on ``<ns>.experiences``.
+
+    Key = task id, so a group stays whole and group-relative advantages can be computed by
+    whoever consumes it.
+    """
+
+    id: str
+    """``<run>/<task id>@<epoch>/<explorer id>``."""
+    run: str
+    task_id: str
+    explorer: str
+    model_version: int
+    """Model version the explorer held when it sampled the group."""
+    experiences: list[Experience]
+    created_at: float = 0.0
+    """Unix time the group was completed."""
+    workflow: str = "math"
+    epoch: int = 0
+
+
+def make_group_id(run: str, task_id: str, epoch: int, explorer: str) -> str:
+    return f"{run}/{task_id}@{epoch}/{explorer}"
+
+
+def validate_group(group: ExperienceGroup) -> ExperienceGroup:
+    """Check what msgspec's typing cannot: array lengths and finite numbers.
+
+    Raises :class:`SchemaError` naming the experience and the rule it broke.
+    """
+    if not group.experiences:
+        raise SchemaError(f"group {group.id!r}: no experiences")
+    if group.model_version < 0:
+        raise SchemaError(f"group {group.id!r}: model_version {group.model_version} < 0")
+    for exp in group.experiences:
+        where = f"experience {exp.id!r}"
+        if len(exp.tokens) % 4:
+            raise SchemaError(f"{where}: tokens is {len(exp.tokens)} bytes, not a multiple of 4")
+        n_resp = exp.response_length
+        if not 0 < exp.prompt_length < exp.num_tokens:
+            raise SchemaError(
+                f"{where}: prompt_length {exp.prompt_length} outside (0, {exp.num_tokens})"
+            )
+        if len(exp.logprobs) != 4 * n_resp:
+            raise SchemaError(
+                f"{where}: logprobs is {len(exp.logprobs)} bytes, expected {4 * n_resp}"
+            )
+        if len(exp.action_mask) != n_resp:
+            raise SchemaError(
+                f"{where}: action_mask is {len(exp.action_mask)} bytes, expected {n_resp}"
+            )
+        if not math.isfinite(exp.reward):
+            raise SchemaError(f"{where}: reward {exp.reward} is not finite")
+        if exp.model_version != group.model_version:
+            raise SchemaError(
+                f"{where}: model_version {exp.model_version} != group's {group.model_version}"
+            )
+    return group
