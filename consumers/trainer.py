@@ -1,0 +1,252 @@
+"""The trainer process: consume experience groups, learn, publish versions, checkpoint.
+
+The step loop:
+  collect ``batch_size`` fresh groups (decode -> dead letters, dedup, staleness filter)
+  -> GRPO step -> publish a version every ``sync_interval`` steps -> eval / checkpoint
+  -> metrics with the ledger of groups trained.
+Offsets are committed only after a checkpoint, so a crash neither loses nor double-counts
+an experience: the restarted trainer reloads weights, optimizer, seen ids and offsets
+together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from pathlib import Path
+
+import torch
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata
+
+from streamrft.consumers.buffer import ExperienceBuffer
+from streamrft.consumers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from streamrft.consumers.evaluation import greedy_accuracy
+from streamrft.consumers.grpo import grpo_step
+from streamrft.consumers.warmup import sft_warmup
+from streamrft.infra import kafka
+from streamrft.infra.bus import EventBus
+from streamrft.infra.config import Config
+from streamrft.infra.modeling import load_policy
+from streamrft.infra.shutdown import install_stop_handlers
+from streamrft.producers.engine import TransformersEngine
+from streamrft.producers.rewards import get_reward
+from streamrft.producers.taskset import read_taskset
+from streamrft.schemas.codec import EXPERIENCE_GROUP
+from streamrft.schemas.errors import SchemaError, StreamRFTError
+from streamrft.schemas.events import RunState, Shutdown, TrainedGroup
+from streamrft.schemas.experience import ExperienceGroup
+from streamrft.sync.object_store import ObjectStorePublisher
+from streamrft.sync.weights import unique_state_dict
+
+log = logging.getLogger(__name__)
+
+
+class _SeekOnAssign(ConsumerRebalanceListener):
+    def __init__(self, consumer, offsets: dict[tuple[str, int], int]) -> None:
+        self.consumer = consumer
+        self.offsets = offsets
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        pass
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        for tp in assigned:
+            offset = self.offsets.get((tp.topic, tp.partition))
+            if offset is not None:
+                self.consumer.seek(tp, offset)
+
+
+class Trainer:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.tcfg = cfg.trainer
+        self.topics = cfg.topics()
+        self.bus = EventBus(cfg, "trainer", "trainer")
+        self.stop = asyncio.Event()
+        torch.set_num_threads(self.tcfg.threads)
+        torch.manual_seed(cfg.run.seed)
+        self.model, self.tokenizer = load_policy(cfg.model)
+        self.engine = TransformersEngine(self.model, self.tokenizer)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.tcfg.lr, weight_decay=self.tcfg.weight_decay, betas=self.tcfg.betas
+        )
+        self.ref_model: torch.nn.Module | None = None
+        self.reward = get_reward(cfg.explorer.reward)
+        self.train_tasks = read_taskset(cfg.taskset.path, cfg.taskset)
+        self.eval_tasks = read_taskset(cfg.taskset.eval_path, cfg.taskset) if cfg.taskset.eval_path else self.train_tasks
+        self.buffer = ExperienceBuffer(self.tcfg.max_staleness)
+        self.ckpt_root = cfg.run_dir / "checkpoints"
+        self.publisher = ObjectStorePublisher(cfg.object_store, self.topics.run)
+        self.step = 0
+        self.version = -1
+        self.resume_offsets: dict[tuple[str, int], int] = {}
+
+    # -- state -----------------------------------------------------------------------------
+    def _state(self) -> dict:
+        queued = {e.id for item in self.buffer.queue for e in item.group.experiences}
+        return {
+            "version": self.version,
+            "offsets": [[t, p, o] for (t, p), o in self.buffer.resume_offsets().items()],
+            "seen": sorted(self.buffer.seen - queued),
+            "counters": self.bus.counters,
+            "duplicates_dropped": self.buffer.duplicates_dropped,
+            "stale_dropped": self.buffer.stale_dropped,
+        }
+
+    def _restore(self, path: Path) -> None:
+        state = load_checkpoint(path, self.model, self.optimizer)
+        self.step = self.bus.step = int(state["step"])
+        self.version = int(state["version"])
+        self.resume_offsets = {(t, int(p)): int(o) for t, p, o in state["offsets"]}
+        self.buffer.seen = set(state["seen"])
+        self.buffer.duplicates_dropped = int(state["duplicates_dropped"])
+        self.buffer.stale_dropped = int(state["stale_dropped"])
+        self.bus.counters.update(state["counters"])
+        log.info("trainer: resumed from %s at step %d", path, self.step)
+
+    async def checkpoint(self, consumer) -> None:
+        path = await asyncio.to_thread(save_checkpoint, self.ckpt_root, self.step, self.model, self.optimizer, self._state())
+        offsets = {
+            TopicPartition(t, p): OffsetAndMetadata(o, "") for (t, p), o in self.buffer.resume_offsets().items()
+        }
+        if offsets:
+            try:
+                await consumer.commit(offsets)
+            except KafkaError as exc:  # the checkpoint holds the offsets; resume seeks to them
+                log.warning("trainer: offset commit failed (%s); the checkpoint has them", exc)
+        self.bus.count("checkpoints")
+        log.info("trainer: checkpoint %s", path)
+
+    # -- versions --------------------------------------------------------------------------
+    async def publish_version(self) -> None:
+        t0 = time.perf_counter()
+        tensors = unique_state_dict(self.model)
+        event = await asyncio.to_thread(self.publisher.publish, tensors, self.step, self.step)
+        await self.bus.control(event)
+        self.version = self.bus.version = event.version
+        self.bus.count("versions_published")
+        self.bus.counters["publish_seconds"] = self.bus.counters.get("publish_seconds", 0) + time.perf_counter() - t0
+
+    async def evaluate(self) -> float:
+        acc = await asyncio.to_thread(
+            greedy_accuracy, self.engine, self.eval_tasks, self.reward, self.cfg.explorer.max_new_tokens
+        )
+        await self.bus.metrics({"eval/accuracy": acc})
+        log.info("trainer: step %d eval accuracy %.3f", self.step, acc)
+        return acc
+
+    # -- consuming -------------------------------------------------------------------------
+    async def collect(self, consumer) -> list[ExperienceGroup] | None:
+        """``batch_size`` fresh groups, or None on stop / when the stream stays idle."""
+        loop = asyncio.get_running_loop()
+        last_data = loop.time()
+        while not self.stop.is_set():
+            dropped = self.buffer.drop_stale(self.version)
+            if dropped:
+                log.info("trainer: dropped %d stale groups (version %d)", len(dropped), self.version)
+            groups = self.buffer.take(self.tcfg.batch_size)
+            if groups is not None:
+                return groups
+            batches = await consumer.getmany(timeout_ms=200)
+            for tp, records in batches.items():
+                for rec in records:
+                    try:
+                        group = EXPERIENCE_GROUP.decode(rec.value, rec.headers)
+                    except SchemaError as exc:
+                        await self.bus.dead_letter(tp.topic, tp.partition, rec.offset, rec.key, rec.value, exc)
+                        self.buffer.next_offsets[(tp.topic, tp.partition)] = rec.offset + 1
+                        continue
+                    if self.buffer.offer(group, (tp.topic, tp.partition), rec.offset):
+                        self.bus.count("experiences_consumed", len(group.experiences))
+            if batches:
+                last_data = loop.time()
+            elif loop.time() - last_data > self.tcfg.idle_timeout_s:
+                log.warning("trainer: no experiences for %.0fs; finishing", self.tcfg.idle_timeout_s)
+                return None
+        return None
+
+    # -- main loop -------------------------------------------------------------------------
+    async def run(self) -> None:
+        install_stop_handlers(self.stop, "trainer")
+        tcfg = self.tcfg
+        await self.bus.start()
+        consumer = kafka.experience_consumer(self.cfg.kafka, self.topics.experiences, f"trainer-{self.topics.run}", "trainer")
+        try:
+            ckpt = latest_checkpoint(self.ckpt_root) if tcfg.resume else None
+            if ckpt is not None:
+                self._restore(ckpt)
+            elif tcfg.warmup_sft_steps:
+                await self.bus.status(RunState.RUNNING, f"SFT warm-up, {tcfg.warmup_sft_steps} steps")
+                losses = await asyncio.to_thread(
+                    sft_warmup, self.model, self.tokenizer, self.train_tasks, tcfg.warmup_sft_steps,
+                    tcfg.warmup_sft_batch, tcfg.warmup_sft_lr, self.cfg.run.seed,
+                )
+                await self.bus.metrics({"warmup/sft_loss_first": losses[0], "warmup/sft_loss_last": losses[-1]})
+            if tcfg.kl_coef > 0:
+                self.ref_model = copy.deepcopy(self.model).eval()
+            await self.publish_version()
+            await self.evaluate()
+            consumer.subscribe([self.topics.experiences], listener=_SeekOnAssign(consumer, self.resume_offsets))
+            await kafka.start_client(consumer, "trainer experience consumer")
+            await self.bus.status(RunState.RUNNING, "training")
+            while not self.stop.is_set() and (tcfg.max_steps == 0 or self.step < tcfg.max_steps):
+                t_wait = time.perf_counter()
+                groups = await self.collect(consumer)
+                if groups is None:
+                    break
+                wait_s = time.perf_counter() - t_wait
+                t0 = time.perf_counter()
+                values = await asyncio.to_thread(
+                    grpo_step, self.model, self.optimizer, groups, tcfg, self.tokenizer.pad_token_id,
+                    self.cfg.explorer.temperature, self.ref_model,
+                )
+                staleness = [self.version - g.model_version for g in groups]
+                self.step = self.bus.step = self.step + 1
+                self.bus.count("groups_trained", len(groups))
+                self.bus.count("experiences_trained", sum(len(g.experiences) for g in groups))
+                values.update(
+                    {
+                        "train/step_seconds": time.perf_counter() - t0,
+                        "train/wait_seconds": wait_s,
+                        "train/staleness_mean": sum(staleness) / len(staleness),
+                        "train/staleness_max": float(max(staleness)),
+                        "train/duplicates_dropped": float(self.buffer.duplicates_dropped),
+                        "train/stale_dropped": float(self.buffer.stale_dropped),
+                    }
+                )
+                trained = [TrainedGroup(g.id, g.model_version) for g in groups]
+                await self.bus.metrics(values, trained)
+                if self.step % self.cfg.synchronizer.sync_interval == 0:
+                    await self.publish_version()
+                if tcfg.eval_interval and self.step % tcfg.eval_interval == 0:
+                    await self.evaluate()
+                if tcfg.save_interval and self.step % tcfg.save_interval == 0:
+                    await self.checkpoint(consumer)
+                await self.bus.status()
+            if not tcfg.eval_interval or self.step % tcfg.eval_interval:
+                await self.evaluate()
+            await self.checkpoint(consumer)
+            await self.bus.metrics(
+                {
+                    "trainer/final_step": float(self.step),
+                    "trainer/duplicates_dropped": float(self.buffer.duplicates_dropped),
+                    "trainer/stale_dropped": float(self.buffer.stale_dropped),
+                    **{f"trainer/{k}": float(v) for k, v in self.bus.counters.items()},
+                }
+            )
+            await self.bus.control(Shutdown(reason=f"trainer finished at step {self.step}", created_at=time.time()))
+        finally:
+            try:
+                await self.bus.status(RunState.STOPPED, f"stopped at step {self.step}")
+            except StreamRFTError:
+                pass
+            await consumer.stop()
+            await self.bus.stop()
+
+
+def main(cfg: Config) -> None:
+    asyncio.run(Trainer(cfg).run())

@@ -1,0 +1,49 @@
+"""Supervised warm-up: a few SFT steps on (prompt, answer) pairs before RL starts."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from streamrft.consumers.losses import sft_loss
+from streamrft.schemas.experience import Task
+
+
+def sft_batch(tokenizer, tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``prompt + answer + EOS`` rows; the loss mask covers answer and EOS."""
+    rows, masks = [], []
+    for t in tasks:
+        p = tokenizer(t.prompt, add_special_tokens=True).input_ids
+        a = tokenizer(t.answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        rows.append(p + a)
+        masks.append([0] * len(p) + [1] * len(a))
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(rows), width))
+    for i, (r, m) in enumerate(zip(rows, masks, strict=True)):
+        ids[i, : len(r)] = torch.tensor(r)
+        attn[i, : len(r)] = 1
+        loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
+    return ids, attn, loss_mask
+
+
+def sft_warmup(model, tokenizer, tasks: list[Task], steps: int, batch: int, lr: float, seed: int) -> list[float]:
+    """Run ``steps`` SFT steps with a fresh AdamW; returns the loss of each step."""
+    if steps == 0:
+        return []
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        ids, attn, mask = sft_batch(tokenizer, [rng.choice(tasks) for _ in range(batch)])
+        logits = model(input_ids=ids, attention_mask=attn).logits
+        loss = sft_loss(logits[:, :-1], ids[:, 1:], mask[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    model.eval()
+    return losses

@@ -1,0 +1,212 @@
+"""A component's connection to the event topics: status, metrics, dead letters, control.
+
+Every long-running process (explorer, trainer, feeder) holds one :class:`EventBus`. It owns
+the event producer and, when asked, a background reader of the control topic that keeps
+the newest :class:`ModelVersionReady` and notices :class:`Shutdown`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from streamrft.infra import kafka
+from streamrft.infra.config import Config
+from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, Codec
+from streamrft.schemas.errors import SchemaError, ServiceError
+from streamrft.schemas.events import (
+    ControlEvent,
+    DeadLetter,
+    MetricsEvent,
+    ModelVersionReady,
+    RunState,
+    Shutdown,
+    StatusEvent,
+    SyncRequest,
+    TrainedGroup,
+)
+
+log = logging.getLogger(__name__)
+
+
+class EventBus:
+    def __init__(self, cfg: Config, component: str, role: str) -> None:
+        self.cfg = cfg
+        self.topics = cfg.topics()
+        self.component = component
+        self.role = role
+        self.counters: dict[str, float] = {}
+        self.state = RunState.RUNNING
+        self.step = 0
+        self.version = -1
+        self._producer: AIOKafkaProducer | None = None
+        self._control: AIOKafkaConsumer | None = None
+        self._control_task: asyncio.Task[None] | None = None
+        self.latest_version: ModelVersionReady | None = None
+        self.version_event = asyncio.Event()
+        self.shutdown_event = asyncio.Event()
+        self.sync_requests: list[SyncRequest] = []
+
+    async def start(self, listen_control: bool = False) -> None:
+        self._producer = kafka.event_producer(self.cfg.kafka, f"{self.component}-events")
+        await kafka.start_client(self._producer, f"{self.component} event producer")
+        if listen_control:
+            self._control = kafka.event_reader(
+                self.cfg.kafka, [self.topics.control], f"{self.component}-control"
+            )
+            await kafka.start_client(self._control, f"{self.component} control reader")
+            self._control_task = asyncio.create_task(self._read_control())
+
+    async def stop(self) -> None:
+        """Stop the control reader and flush the producer; safe to call twice."""
+        if self._control_task is not None:
+            self._control_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._control_task
+            self._control_task = None
+        if self._control is not None:
+            await self._control.stop()
+            self._control = None
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    async def __aenter__(self) -> EventBus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- sending ---------------------------------------------------------------------------
+    async def send(self, topic: str, codec: Codec, obj: object, key: str | None = None) -> None:
+        if self._producer is None:
+            raise ServiceError(f"{self.component}: event bus not started")
+        try:
+            await self._producer.send_and_wait(
+                topic,
+                codec.encode(obj),
+                key=key.encode() if key else None,
+                headers=codec.headers(),
+            )
+        except KafkaError as exc:
+            raise ServiceError(f"{self.component}: sending to {topic}: {exc}") from exc
+
+    async def control(self, event: ControlEvent) -> None:
+        """Send one control event as its own batch (acks=all, awaited)."""
+        await self.send(self.topics.control, CONTROL, event, key=self.component)
+
+    async def status(self, state: RunState | None = None, detail: str = "") -> None:
+        if state is not None:
+            self.state = state
+        await self.send(
+            self.topics.status,
+            STATUS,
+            StatusEvent(
+                component=self.component,
+                role=self.role,
+                state=self.state,
+                step=self.step,
+                version=self.version,
+                created_at=time.time(),
+                detail=detail,
+                counters=dict(self.counters),
+            ),
+            key=self.component,
+        )
+
+    async def metrics(self, values: dict[str, float], trained: list[TrainedGroup] | None = None) -> None:
+        await self.send(
+            self.topics.metrics,
+            METRICS,
+            MetricsEvent(
+                run=self.topics.run,
+                component=self.component,
+                step=self.step,
+                version=self.version,
+                values=values,
+                created_at=time.time(),
+                trained=trained or [],
+            ),
+            key=self.topics.run,
+        )
+
+    async def dead_letter(
+        self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, exc: Exception
+    ) -> None:
+        """Record a message this component could not handle; never drop it silently."""
+        log.warning("dead letter %s[%d]@%d: %s", topic, partition, offset, exc)
+        self.count("dead_letters")
+        await self.send(
+            self.topics.dead_letters,
+            DEAD_LETTER,
+            DeadLetter(
+                source_topic=topic,
+                partition=partition,
+                offset=offset,
+                key=key,
+                value=value,
+                reason=str(exc),
+                error_type=type(exc).__name__,
+                component=self.component,
+                created_at=time.time(),
+            ),
+            key=self.component,
+        )
+
+    def count(self, name: str, n: float = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    # -- control ---------------------------------------------------------------------------
+    async def _read_control(self) -> None:
+        assert self._control is not None
+        while True:
+            batches = await self._control.getmany(timeout_ms=200)
+            for tp, records in batches.items():
+                for rec in records:
+                    try:
+                        event = CONTROL.decode(rec.value, rec.headers)
+                    except SchemaError as exc:
+                        await self.dead_letter(tp.topic, tp.partition, rec.offset, rec.key, rec.value, exc)
+                        continue
+                    self._on_control(event)
+
+    def _on_control(self, event: ControlEvent) -> None:
+        match event:
+            case ModelVersionReady():
+                if self.latest_version is None or event.version > self.latest_version.version:
+                    self.latest_version = event
+                    self.version_event.set()
+            case Shutdown():
+                log.info("%s: shutdown requested (%s)", self.component, event.reason)
+                self.shutdown_event.set()
+            case SyncRequest():
+                self.sync_requests.append(event)
+
+    async def wait_for_version(self, min_version: int, timeout: float, stop: asyncio.Event) -> ModelVersionReady | None:
+        """Wait until a version >= ``min_version`` is announced; None on stop or shutdown.
+
+        Raises :class:`SyncTimeout` after ``timeout`` seconds.
+        """
+        from streamrft.schemas.errors import SyncTimeout
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.latest_version is None or self.latest_version.version < min_version:
+            if stop.is_set() or self.shutdown_event.is_set():
+                return None
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                have = self.latest_version.version if self.latest_version else None
+                raise SyncTimeout(
+                    f"{self.component}: no model version >= {min_version} within {timeout:.0f}s "
+                    f"(newest seen: {have}); see synchronizer.sync_timeout"
+                )
+            self.version_event.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.version_event.wait(), min(remaining, 0.5))
+        return self.latest_version

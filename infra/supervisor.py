@@ -1,0 +1,234 @@
+"""``streamrft run``: feeder, explorers and trainer as separate OS processes, one supervisor.
+
+The supervisor resolves the config (run id, endpoints), starts the embedded broker and
+object store when none is configured, creates the run's topics, spawns the children with
+the resolved config file, shows progress from the metrics topic, and on Ctrl-C / SIGTERM
+(or when the trainer ends) asks everyone to stop: a ``Shutdown`` control event, then
+SIGTERM, then SIGKILL after a grace period. Nothing it started is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from streamrft.infra import kafka
+from streamrft.infra.bus import EventBus
+from streamrft.infra.config import Config, to_yaml, with_endpoints
+from streamrft.infra.monitor import RunMonitor
+from streamrft.schemas.errors import ServiceError, StreamRFTError
+from streamrft.schemas.events import Shutdown
+
+log = logging.getLogger(__name__)
+STOP_GRACE_S = 20.0
+
+
+class Child:
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._log.close()
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def child_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    env.setdefault("MKL_NUM_THREADS", str(threads))
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, summary_path: Path | None, progress: bool) -> None:
+        self.cfg = cfg
+        self.summary_path = summary_path
+        self.progress = progress and cfg.monitor.progress
+        self.children: dict[str, Child] = {}
+        self.stop = asyncio.Event()
+        self.services = None
+
+    def _spawn(self, name: str, role_args: list[str], threads: int, config_path: Path) -> None:
+        argv = [sys.executable, "-m", "streamrft.infra.cli", *role_args, str(config_path)]
+        log_path = self.cfg.run_dir / "logs" / f"{name}.log"
+        self.children[name] = Child(name, argv, log_path, child_env(threads))
+
+    def _bar(self):
+        if not self.progress:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.cfg.trainer.max_steps or None, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr)
+
+    async def _run(self) -> dict:
+        cfg = self.cfg
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        hits = {"n": 0}
+
+        def _on_signal(signum: int) -> None:
+            hits["n"] += 1
+            if hits["n"] == 1:
+                print(f"\n{signal.Signals(signum).name}: stopping the run (again to force)", file=sys.stderr)
+                self.stop.set()
+            else:
+                for child in self.children.values():
+                    child.kill()
+                os._exit(130)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, _on_signal, sig)
+
+        created = await kafka.ensure_topics(cfg.kafka, cfg.topics())
+        log.info("topics ready (%d created) under %s.%s.*", len(created), cfg.kafka.topic_prefix, cfg.run.id)
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        config_path = cfg.run_dir / "config.yaml"
+        config_path.write_text(to_yaml(cfg))
+        log.info("resolved config written to %s", config_path)
+
+        monitor = RunMonitor(cfg)
+        bar = self._bar()
+
+        def on_update(m: RunMonitor) -> None:
+            if bar is None:
+                return
+            bar.n = m.trainer_step
+            acc = m.eval_accuracy[-1][1] if m.eval_accuracy else float("nan")
+            rew = m.train_reward[-1] if m.train_reward else float("nan")
+            bar.set_postfix_str(f"reward {rew:.2f} eval_acc {acc:.2f}", refresh=False)
+            bar.refresh()
+
+        monitor_done = asyncio.Event()
+        monitor_task = asyncio.create_task(monitor.follow(monitor_done, on_update))
+        self._spawn("trainer", ["train"], cfg.trainer.threads, config_path)
+        for i in range(cfg.explorer.count):
+            self._spawn(f"explorer-{i}", ["explore", "--index", str(i)], cfg.explorer.threads, config_path)
+        self._spawn("feeder", ["feed"], 1, config_path)
+        failure = None
+        try:
+            while not self.stop.is_set():
+                trainer_rc = self.children["trainer"].returncode
+                if trainer_rc is not None:
+                    if trainer_rc != 0:
+                        failure = f"trainer exited with code {trainer_rc}:\n{self.children['trainer'].tail()}"
+                    break
+                for name, child in self.children.items():
+                    rc = child.returncode
+                    if rc not in (None, 0) and name != "trainer":
+                        failure = f"{name} exited with code {rc}:\n{child.tail()}"
+                if failure:
+                    break
+                if monitor_task.done():
+                    monitor_task.result()  # surfaces a broker failure
+                await asyncio.sleep(0.25)
+        finally:
+            await self._shutdown()
+            monitor_done.set()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(monitor_task, 30)
+            if bar is not None:
+                on_update(monitor)
+                bar.close()
+        summary = monitor.summary(time.monotonic() - started)
+        summary["interrupted"] = self.stop.is_set()
+        summary["exit_codes"] = {n: c.returncode for n, c in self.children.items()}
+        summary["run_dir"] = str(cfg.run_dir)
+        if failure:
+            summary["failure"] = failure
+        return summary
+
+    async def _shutdown(self) -> None:
+        """Shutdown event, wait for orderly exits, then SIGTERM, then SIGKILL."""
+        alive = [c for c in self.children.values() if c.returncode is None]
+        if alive:
+            try:
+                async with EventBus(self.cfg, "supervisor", "supervisor") as bus:
+                    await bus.start()
+                    await bus.control(Shutdown(reason="supervisor stopping the run", created_at=time.time()))
+            except StreamRFTError as exc:
+                log.warning("could not send Shutdown (%s); signalling the processes", exc)
+            if self.stop.is_set():
+                for c in alive:
+                    c.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and any(c.returncode is None for c in self.children.values()):
+            await asyncio.sleep(0.2)
+        for c in self.children.values():
+            if c.returncode is None:
+                c.terminate()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(c.returncode is None for c in self.children.values()):
+            await asyncio.sleep(0.2)
+        for c in self.children.values():
+            if c.returncode is None:
+                log.warning("%s did not stop; killing it", c.name)
+            c.kill()
+
+    def run(self) -> dict:
+        return asyncio.run(self._run())
+
+
+def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = True) -> dict:
+    """Start embedded services where the config names none, run, write the summary."""
+    from streamrft.infra.services import LocalServices, status
+
+    need_broker = not cfg.kafka.bootstrap_servers
+    need_store = not cfg.object_store.endpoint
+    services = None
+    if need_broker or need_store:
+        shared = status(Path(cfg.run.dir) / "infra")
+        if shared and shared.get("running"):
+            log.info("using the services of `streamrft infra up` in %s/infra", cfg.run.dir)
+            eps = shared["endpoints"]
+            cfg = with_endpoints(cfg, eps.get("bootstrap_servers"), eps.get("s3_endpoint"))
+        else:
+            services = LocalServices(
+                cfg.run_dir / "services",
+                broker=need_broker,
+                object_store=need_store,
+                access_key=cfg.object_store.access_key,
+                secret_key=cfg.object_store.secret_key,
+            )
+            eps = services.start()
+            log.info("embedded services: broker %s, object store %s", eps.bootstrap_servers, eps.s3_endpoint)
+            cfg = with_endpoints(cfg, eps.bootstrap_servers, eps.s3_endpoint)
+    try:
+        summary = Supervisor(cfg, summary_path, progress).run()
+    finally:
+        if services is not None:
+            services.stop()
+    if summary_path is not None:
+        summary_path.parent.mkdir(parents=True, exist_ok=True)
+        summary_path.write_text(json.dumps(summary, indent=2))
+    if summary.get("failure"):
+        raise ServiceError(summary["failure"])
+    return summary

@@ -1,0 +1,216 @@
+"""The explorer process: tasks in, experience groups out, new weights applied at sync points.
+
+One explorer step:
+  sync point -> take up to ``batch_size`` tasks -> roll out -> publish groups (acks=all)
+  -> commit the tasks' offsets -> status + metrics.
+A task's offset is committed only after its group is acknowledged by the broker, so an
+explorer that dies mid-step loses nothing: its tasks are explored again (at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import torch
+from aiokafka import TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.structs import OffsetAndMetadata
+
+from streamrft.infra import kafka
+from streamrft.infra.bus import EventBus
+from streamrft.infra.config import Config
+from streamrft.infra.modeling import load_policy
+from streamrft.infra.shutdown import install_stop_handlers
+from streamrft.producers.engine import make_engine
+from streamrft.producers.rewards import get_reward
+from streamrft.producers.workflows import check_workflow, run_math_workflow
+from streamrft.schemas.codec import EXPERIENCE_GROUP, TASK
+from streamrft.schemas.errors import SchemaError, ServiceError, StreamRFTError, SyncError
+from streamrft.schemas.events import RunState
+from streamrft.schemas.experience import Task
+from streamrft.sync.object_store import ObjectStoreLoader
+from streamrft.sync.weights import apply_state_dict
+
+log = logging.getLogger(__name__)
+
+TASKS_GROUP = "explorers"
+
+
+def required_version(step: int, sync_interval: int, sync_offset: int) -> int:
+    """Lowest model version explorer step ``step`` may sample with (fixed style).
+
+    Versions are published every ``sync_interval`` trainer steps; step ``e`` needs the
+    weights after trainer step ``e - sync_offset``, rounded down to a published version.
+    """
+    wanted = max(0, step - sync_offset)
+    return wanted - wanted % sync_interval
+
+
+def is_sync_point(step: int, sync_interval: int) -> bool:
+    return step % sync_interval == 0
+
+
+class Explorer:
+    def __init__(self, cfg: Config, index: int) -> None:
+        self.cfg = cfg
+        self.name = f"explorer-{index}"
+        self.index = index
+        self.topics = cfg.topics()
+        self.bus = EventBus(cfg, self.name, "explorer")
+        self.stop = asyncio.Event()
+        torch.set_num_threads(cfg.explorer.threads)
+        model, tokenizer = load_policy(cfg.model)
+        self.engine = make_engine(cfg.explorer.engine, model, tokenizer)
+        self.reward = get_reward(cfg.explorer.reward)
+        self.loader = ObjectStoreLoader(cfg.object_store)
+        self.version = -1
+        self.pending: list[tuple[TopicPartition, int, Task]] = []
+
+    # -- weights ---------------------------------------------------------------------------
+    async def sync(self, step: int) -> bool:
+        """At a sync point: wait for the version this step needs, apply the newest. False: stop."""
+        sync = self.cfg.synchronizer
+        if self.version >= 0 and not is_sync_point(step, sync.sync_interval):
+            return True
+        need = required_version(step, sync.sync_interval, sync.sync_offset)
+        latest = self.bus.latest_version
+        if latest is None or latest.version < need:
+            await self.bus.status(RunState.WAITING_SYNC, f"needs version >= {need}")
+            latest = await self.bus.wait_for_version(need, sync.sync_timeout, self.stop)
+            if latest is None:
+                return False
+        if latest.version > self.version:
+            t0 = time.perf_counter()
+            try:
+                tensors = await asyncio.to_thread(self.loader.fetch, latest)
+                await asyncio.to_thread(apply_state_dict, self.engine.model, tensors)
+            except SyncError as exc:
+                self.bus.count("versions_rejected")
+                log.error("%s: version %d rejected, staying on %d: %s", self.name, latest.version, self.version, exc)
+                if self.version < need:
+                    raise
+                return True
+            self.version = self.bus.version = latest.version
+            self.bus.count("versions_applied")
+            self.bus.counters["sync_seconds"] = self.bus.counters.get("sync_seconds", 0) + time.perf_counter() - t0
+            log.info("%s: applied version %d", self.name, self.version)
+        await self.bus.status(RunState.RUNNING)
+        return True
+
+    # -- tasks -----------------------------------------------------------------------------
+    async def take_tasks(self, consumer, n: int) -> list[tuple[TopicPartition, int, Task]]:
+        """Up to ``n`` tasks; returns early with fewer when the topic is idle for a while."""
+        taken: list[tuple[TopicPartition, int, Task]] = []
+        idle_since = time.monotonic()
+        while len(taken) < n and not self.stop.is_set() and not self.bus.shutdown_event.is_set():
+            batches = await consumer.getmany(timeout_ms=200, max_records=n - len(taken))
+            for tp, records in batches.items():
+                for rec in records:
+                    try:
+                        task = TASK.decode(rec.value, rec.headers)
+                        check_workflow(task.workflow)
+                    except (SchemaError, StreamRFTError) as exc:
+                        await self.bus.dead_letter(tp.topic, tp.partition, rec.offset, rec.key, rec.value, exc)
+                        taken.append((tp, rec.offset, None))  # committed past, kept in dead letters
+                        continue
+                    taken.append((tp, rec.offset, task))
+            if batches:
+                idle_since = time.monotonic()
+            elif taken and time.monotonic() - idle_since > 1.0:
+                break
+        return taken
+
+    async def commit(self, consumer, taken) -> None:
+        offsets: dict[TopicPartition, int] = {}
+        for tp, offset, _ in taken:
+            offsets[tp] = max(offsets.get(tp, -1), offset + 1)
+        if not offsets:
+            return
+        try:
+            await consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
+        except (CommitFailedError, KafkaError) as exc:
+            # A rebalance moved the partition: another explorer will redo these tasks, and
+            # the trainer deduplicates by experience id. Nothing is lost.
+            self.bus.count("commit_failures")
+            log.warning("%s: commit failed after rebalance (%s); tasks may be explored twice", self.name, exc)
+
+    # -- main loop -------------------------------------------------------------------------
+    async def run(self) -> None:
+        install_stop_handlers(self.stop, self.name)
+        cfg = self.cfg
+        await self.bus.start(listen_control=True)
+        producer = kafka.data_producer(cfg.kafka, f"{self.name}-data")
+        consumer = kafka.task_consumer(cfg.kafka, self.topics.tasks, TASKS_GROUP, self.name)
+        try:
+            await kafka.start_client(producer, f"{self.name} producer")
+            await kafka.start_client(consumer, f"{self.name} task consumer")
+            await self.bus.status(RunState.RUNNING, "started")
+            step = 0
+            while not self.stop.is_set() and not self.bus.shutdown_event.is_set():
+                if cfg.explorer.max_steps and step >= cfg.explorer.max_steps:
+                    break
+                if not await self.sync(step):
+                    break
+                taken = await self.take_tasks(consumer, cfg.explorer.batch_size)
+                tasks = [t for _, _, t in taken if t is not None]
+                if not tasks:
+                    await self.commit(consumer, taken)
+                    continue
+                t0 = time.perf_counter()
+                groups = await asyncio.to_thread(
+                    run_math_workflow,
+                    self.engine,
+                    tasks,
+                    reward=self.reward,
+                    repeat_times=cfg.explorer.repeat_times,
+                    temperature=cfg.explorer.temperature,
+                    max_new_tokens=cfg.explorer.max_new_tokens,
+                    seed=cfg.run.seed * 1_000_003 + self.index * 10_007 + step,
+                    run=self.topics.run,
+                    explorer=self.name,
+                    model_version=self.version,
+                )
+                rollout_s = time.perf_counter() - t0
+                futures = [
+                    await producer.send(
+                        self.topics.experiences,
+                        EXPERIENCE_GROUP.encode(g),
+                        key=g.task_id.encode(),
+                        headers=EXPERIENCE_GROUP.headers(),
+                    )
+                    for g in groups
+                ]
+                try:
+                    await asyncio.gather(*futures)
+                except KafkaError as exc:
+                    raise ServiceError(f"{self.name}: publishing experiences: {exc}") from exc
+                await self.commit(consumer, taken)
+                rewards = [e.reward for g in groups for e in g.experiences]
+                lengths = [e.response_length for g in groups for e in g.experiences]
+                self.bus.count("groups_published", len(groups))
+                self.bus.count("experiences_published", len(rewards))
+                step += 1
+                self.bus.step = step
+                await self.bus.metrics(
+                    {
+                        "explorer/reward_mean": sum(rewards) / len(rewards),
+                        "explorer/response_length": sum(lengths) / len(lengths),
+                        "explorer/rollout_seconds": rollout_s,
+                        "explorer/groups": float(len(groups)),
+                    }
+                )
+                await self.bus.status()
+        finally:
+            try:
+                await self.bus.status(RunState.STOPPED, "stopped")
+            except StreamRFTError:
+                pass
+            await consumer.stop()
+            await producer.stop()
+            await self.bus.stop()
+
+
+def main(cfg: Config, index: int) -> None:
+    asyncio.run(Explorer(cfg, index).run())

@@ -1,0 +1,68 @@
+"""The task feeder: publishes a JSONL taskset to ``<ns>.tasks`` for ``total_epochs`` passes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from aiokafka.errors import KafkaError
+
+from streamrft.infra import kafka
+from streamrft.infra.bus import EventBus
+from streamrft.infra.config import Config
+from streamrft.producers.taskset import read_taskset
+from streamrft.producers.workflows import check_workflow
+from streamrft.schemas.codec import TASK
+from streamrft.schemas.errors import ServiceError
+from streamrft.schemas.events import RunState
+
+log = logging.getLogger(__name__)
+
+
+def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
+    order = list(range(n))
+    if shuffle:
+        random.Random(seed * 7919 + epoch).shuffle(order)
+    return order
+
+
+async def feed(cfg: Config) -> int:
+    """Publish every task of every epoch; returns how many were acknowledged."""
+    tasks = read_taskset(cfg.taskset.path, cfg.taskset)
+    for t in tasks:
+        check_workflow(t.workflow)
+    topics = cfg.topics()
+    bus = EventBus(cfg, "feeder", "feeder")
+    producer = kafka.data_producer(cfg.kafka, "feeder")
+    await bus.start()
+    sent = 0
+    try:
+        await kafka.start_client(producer, "feeder producer")
+        await bus.status(RunState.RUNNING, f"{len(tasks)} tasks x {cfg.taskset.total_epochs} epochs")
+        for epoch in range(cfg.taskset.total_epochs):
+            futures = []
+            for i in epoch_order(len(tasks), epoch, cfg.run.seed, cfg.taskset.shuffle):
+                task = tasks[i]
+                task.epoch = epoch
+                futures.append(
+                    await producer.send(topics.tasks, TASK.encode(task), key=task.id.encode(), headers=TASK.headers())
+                )
+            try:
+                await asyncio.gather(*futures)
+            except KafkaError as exc:
+                raise ServiceError(f"feeder: publishing tasks of epoch {epoch}: {exc}") from exc
+            sent += len(futures)
+            bus.counters["tasks_published"] = sent
+            bus.step = epoch + 1
+            await bus.status(detail=f"epoch {epoch + 1}/{cfg.taskset.total_epochs} published")
+        await bus.status(RunState.STOPPED, f"done: {sent} tasks")
+        log.info("feeder: %d tasks published", sent)
+        return sent
+    finally:
+        await producer.stop()
+        await bus.stop()
+
+
+def main(cfg: Config) -> None:
+    asyncio.run(feed(cfg))

@@ -1,0 +1,80 @@
+"""Batched autoregressive sampling with a KV cache, returning exact per-token log-probs.
+
+A plain loop rather than ``generate()``: every logit processor is explicit (temperature
+only), so the log-probs recorded here are exactly what the trainer recomputes with the same
+temperature, and the completion of each row ends at its first EOS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SampleOutput:
+    tokens: torch.Tensor
+    """``(batch, steps)`` sampled token ids; positions after a row's first EOS hold pad."""
+    logprobs: torch.Tensor
+    """``(batch, steps)`` log-prob of each sampled token under ``logits / temperature``."""
+    lengths: torch.Tensor
+    """``(batch,)`` response length of each row, its first EOS included."""
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> SampleOutput:
+    """Sample up to ``max_new_tokens`` for each left-padded prompt row."""
+    batch = input_ids.shape[0]
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=True,
+    )
+    past = out.past_key_values
+    logits = out.logits[:, -1, :]
+    next_pos = position_ids[:, -1] + 1
+    finished = torch.zeros(batch, dtype=torch.bool)
+    lengths = torch.zeros(batch, dtype=torch.long)
+    tokens: list[torch.Tensor] = []
+    logps: list[torch.Tensor] = []
+    mask = attention_mask.long()
+    for _ in range(max_new_tokens):
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        if greedy:
+            tok = logp.argmax(dim=-1)
+        else:
+            tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+        tok_logp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
+        tokens.append(tok)
+        logps.append(torch.where(finished, torch.zeros_like(tok_logp), tok_logp))
+        lengths += (~finished).long()
+        finished = finished | (tok == eos_id)
+        if bool(finished.all()):
+            break
+        mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=1)
+        out = model(
+            input_ids=tok.unsqueeze(-1),
+            attention_mask=mask,
+            position_ids=next_pos.unsqueeze(-1),
+            past_key_values=past,
+            use_cache=True,
+        )
+        past = out.past_key_values
+        logits = out.logits[:, -1, :]
+        next_pos = next_pos + 1
+    return SampleOutput(torch.stack(tokens, dim=1), torch.stack(logps, dim=1), lengths)

@@ -1,0 +1,107 @@
+"""State dicts to verified safetensors shards and back. Pure apart from torch.
+
+No pickle: shards are safetensors, the manifest is JSON (see ``schemas.weights``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from streamrft.schemas.errors import IntegrityError, SyncError
+
+
+def sha256_hex(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def shared_aliases(model: torch.nn.Module) -> set[str]:
+    """Names in ``state_dict`` that alias an earlier tensor (tied embeddings).
+
+    They are published once, under their first name, and restored by the tie itself.
+    """
+    seen: set[int] = set()
+    aliases = set()
+    for name, tensor in model.state_dict().items():
+        ptr = tensor.data_ptr()
+        if ptr in seen:
+            aliases.add(name)
+        seen.add(ptr)
+    return aliases
+
+
+def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors without tied aliases, detached and contiguous (CPU)."""
+    aliases = shared_aliases(model)
+    return {
+        k: v.detach().to("cpu").contiguous()
+        for k, v in model.state_dict().items()
+        if k not in aliases
+    }
+
+
+def shard_state_dict(
+    tensors: Mapping[str, torch.Tensor], max_shard_bytes: int
+) -> Iterator[tuple[list[str], bytes]]:
+    """Serialise tensors into safetensors shards of at most ~``max_shard_bytes`` each.
+
+    A tensor larger than the limit gets a shard of its own.
+    """
+    names: list[str] = []
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if names and size + nbytes > max_shard_bytes:
+            yield names, st_save({n: tensors[n] for n in names})
+            names, size = [], 0
+        names.append(name)
+        size += nbytes
+    if names:
+        yield names, st_save({n: tensors[n] for n in names})
+
+
+def verify(data: bytes, expected_sha256: str, what: str) -> None:
+    actual = sha256_hex(data)
+    if actual != expected_sha256:
+        raise IntegrityError(
+            f"{what}: sha256 {actual[:16]}... does not match the manifest's "
+            f"{expected_sha256[:16]}...; refusing to apply it"
+        )
+
+
+def decode_shard(data: bytes, what: str) -> dict[str, torch.Tensor]:
+    try:
+        return st_load(data)
+    except Exception as exc:  # safetensors raises its own SafetensorError and others
+        raise IntegrityError(f"{what}: not a valid safetensors file: {exc}") from exc
+
+
+@torch.no_grad()
+def apply_state_dict(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy ``tensors`` into ``model`` in place; every non-alias tensor must be present.
+
+    Checks names and shapes before touching anything, so a mismatched version leaves the
+    model exactly as it was.
+    """
+    own = model.state_dict()
+    aliases = shared_aliases(model)
+    expected = set(own) - aliases
+    missing = expected - set(tensors)
+    unexpected = set(tensors) - set(own)
+    if missing or unexpected:
+        raise SyncError(
+            f"weights do not fit the model: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
+    for name, tensor in tensors.items():
+        if own[name].shape != tensor.shape:
+            raise SyncError(
+                f"weights do not fit the model: {name} is {tuple(tensor.shape)}, "
+                f"model has {tuple(own[name].shape)}"
+            )
+    for name, tensor in tensors.items():
+        own[name].copy_(tensor)
