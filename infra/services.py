@@ -66,7 +66,8 @@ OBJECT_STORE = "object_store"
 _STOP_GRACE_S = 5.0
 _LOG_TAIL_CHARS = 4000
 _PORT_RETRIES = 3
-_ADDR_IN_USE = ("address already in use", "address in use", "addrinuse", "os error 98")
+# Tansu: 'AddrInUse ... "Address in use"' (and exit code 0); JuiceFS: "port is already in use".
+_ADDR_IN_USE = ("address already in use", "address in use", "addrinuse", "port is already in use")
 _recent_ports: list[int] = []
 _recent_ports_lock = threading.Lock()
 
@@ -280,6 +281,7 @@ def _spawn(
     name: str, argv: list[str], log: Path, env: dict[str, str], *, detached: bool
 ) -> _Service:
     log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**env, "NO_COLOR": "1"}  # no ANSI escapes in the log files
     with log.open("ab") as fh:
         offset = fh.tell()
         fh.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
@@ -374,9 +376,14 @@ def _wait_ready(svc: _Service, probe: Any, deadline: float) -> None:
         if _port_open(svc.port, timeout=0.5):
             try:
                 probe()
-                return
             except Exception as e:
                 last = e
+            else:
+                # not someone else who held the port while ours failed to bind it
+                time.sleep(0.02)
+                if svc.alive():
+                    return
+                continue
         if time.monotonic() >= deadline:
             raise ServiceError(
                 f"the {svc.name} did not become ready on 127.0.0.1:{svc.port} in time"
@@ -631,7 +638,7 @@ class LocalServices:
             ]
 
         def probe(port: int) -> None:
-            with _minio_client(port, self.access_key, self.secret_key, timeout=2.0) as client:
+            with _minio_client(port, self.access_key, self.secret_key, timeout=1.0) as client:
                 client.list_buckets()
 
         return self._launch(OBJECT_STORE, argv, env, probe, deadline, detached)
@@ -675,7 +682,7 @@ class LocalServices:
             ]
 
         def probe(port: int) -> None:
-            brokers = _kafka_metadata(port, timeout=2.0)
+            brokers = _kafka_metadata(port, timeout=1.0)
             if ("127.0.0.1", port) not in brokers:
                 raise ServiceError(f"broker advertises {brokers}, expected 127.0.0.1:{port}")
 

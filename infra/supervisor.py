@@ -80,6 +80,7 @@ class Supervisor:
     def _spawn(self, name: str, role_args: list[str], threads: int, config_path: Path) -> None:
         argv = [sys.executable, "-m", "streamrft.infra.cli", *role_args, str(config_path)]
         log_path = self.cfg.run_dir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         self.children[name] = Child(name, argv, log_path, child_env(threads))
 
     def _bar(self):
@@ -129,12 +130,12 @@ class Supervisor:
 
         monitor_done = asyncio.Event()
         monitor_task = asyncio.create_task(monitor.follow(monitor_done, on_update))
-        self._spawn("trainer", ["train"], cfg.trainer.threads, config_path)
-        for i in range(cfg.explorer.count):
-            self._spawn(f"explorer-{i}", ["explore", "--index", str(i)], cfg.explorer.threads, config_path)
-        self._spawn("feeder", ["feed"], 1, config_path)
         failure = None
         try:
+            self._spawn("trainer", ["train"], cfg.trainer.threads, config_path)
+            for i in range(cfg.explorer.count):
+                self._spawn(f"explorer-{i}", ["explore", "--index", str(i)], cfg.explorer.threads, config_path)
+            self._spawn("feeder", ["feed"], 1, config_path)
             while not self.stop.is_set():
                 trainer_rc = self.children["trainer"].returncode
                 if trainer_rc is not None:
