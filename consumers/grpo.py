@@ -63,7 +63,7 @@ def grpo_step(
                 with torch.no_grad():
                     diff = ((logp - batch.old_logprobs[sl]).abs() * mask).max()
                 first_logp_diff = max(first_logp_diff, float(diff))
-            for k, v in {"loss": float(loss), **info}.items():
+            for k, v in {"loss": float(loss.detach()), **info}.items():
                 stats[k] = stats.get(k, 0.0) + v * (min(lo + micro, n) - lo) / n / cfg.ppo_epochs
         grad_norm = (
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -219,6 +219,14 @@ class Trainer:
                     }
                 )
                 trained = [TrainedGroup(g.id, g.model_version) for g in groups]
+                if self.step % 10 == 0 or self.step == 1:
+                    log.info(
+                        "trainer: step %d reward %.3f loss %.4f grad_norm %.3f clip_frac %.3f "
+                        "logp_diff %.2e staleness %.2f wait %.2fs step %.2fs",
+                        self.step, values["train/reward_mean"], values["train/loss"], values["train/grad_norm"],
+                        values["train/clip_frac"], values["train/logprob_max_abs_diff"],
+                        values["train/staleness_mean"], wait_s, values["train/step_seconds"],
+                    )
                 await self.bus.metrics(values, trained)
                 if self.step % self.cfg.synchronizer.sync_interval == 0:
                     await self.publish_version()

@@ -469,11 +469,6 @@ class LocalServices:
             raise ServiceError("local services are not started")
         return self._endpoints
 
-    @property
-    def log_dir(self) -> Path:
-        """Folder of ``broker.log`` and ``object_store.log``."""
-        return self.state_dir / "logs"
-
     def start(self) -> Endpoints:
         """Start the enabled services and wait until each answers real requests.
 
@@ -564,7 +559,11 @@ class LocalServices:
         for attempt in range(_PORT_RETRIES):
             port = free_port()
             svc = _spawn(
-                name, make_argv(port), self.log_dir / f"{name}.log", env, detached=detached
+                name,
+                make_argv(port),
+                self.state_dir / "logs" / f"{name}.log",
+                env,
+                detached=detached,
             )
             svc.port = port
             self._services[name] = svc
@@ -584,7 +583,7 @@ class LocalServices:
         (root / "data").mkdir(parents=True, exist_ok=True)
         (root / "cache").mkdir(parents=True, exist_ok=True)
         meta = f"sqlite3://{root / 'meta.db'}"
-        log = self.log_dir / f"{OBJECT_STORE}.log"
+        log = self.state_dir / "logs" / f"{OBJECT_STORE}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         # `format --no-update` is a no-op on an already formatted volume.
         fmt = [exe, "format", meta, VOLUME_NAME, "--storage", "file"]
@@ -757,8 +756,9 @@ def up(state_dir: Path, **kw: Any) -> Endpoints:
 def down(state_dir: Path) -> bool:
     """Stop the services recorded in ``state_dir/services.json`` and remove the file.
 
-    Stops by pid (broker first; SIGTERM, then SIGKILL after a grace period), only if the
-    pid is still the recorded process (same start time). Returns whether anything was running.
+    Stops by pid (broker first; SIGTERM, then SIGKILL after a grace period), and only a
+    pid that is still the recorded process (same start time, so a reused pid is left
+    alone). Returns whether anything was running.
     """
     state = _read_state(state_dir)
     if state is None:

@@ -28,7 +28,13 @@ def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
 
 
 async def feed(cfg: Config) -> int:
-    """Publish every task of every epoch; returns how many were acknowledged."""
+    """Publish every task of every epoch; returns how many were acknowledged.
+
+    Tasks are spread round-robin over the partitions in each epoch's shuffled order (not
+    by a hash of the task id): every partition then carries a uniform sample of the
+    taskset, so an explorer that happens to read one partition ahead of the others still
+    sees every kind of task, not the same quarter of them for many steps.
+    """
     tasks = read_taskset(cfg.taskset.path, cfg.taskset)
     for t in tasks:
         check_workflow(t.workflow)
@@ -40,13 +46,21 @@ async def feed(cfg: Config) -> int:
     try:
         await kafka.start_client(producer, "feeder producer")
         await bus.status(RunState.RUNNING, f"{len(tasks)} tasks x {cfg.taskset.total_epochs} epochs")
+        partitions = sorted(await producer.partitions_for(topics.tasks))
         for epoch in range(cfg.taskset.total_epochs):
             futures = []
-            for i in epoch_order(len(tasks), epoch, cfg.run.seed, cfg.taskset.shuffle):
+            order = epoch_order(len(tasks), epoch, cfg.run.seed, cfg.taskset.shuffle)
+            for n, i in enumerate(order):
                 task = tasks[i]
                 task.epoch = epoch
                 futures.append(
-                    await producer.send(topics.tasks, TASK.encode(task), key=task.id.encode(), headers=TASK.headers())
+                    await producer.send(
+                        topics.tasks,
+                        TASK.encode(task),
+                        key=task.id.encode(),
+                        headers=TASK.headers(),
+                        partition=partitions[(sent + n) % len(partitions)],
+                    )
                 )
             try:
                 await asyncio.gather(*futures)
