@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from streamrft.schemas.errors import StreamRFTError
@@ -52,7 +53,11 @@ def _optimizer_join(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> d
 
 
 def save_checkpoint(
-    root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    root: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
 ) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
@@ -79,12 +84,25 @@ def latest_checkpoint(root: Path) -> Path | None:
     return path if (path / "state.json").is_file() else None
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """Restore model and optimizer from ``path``; returns the rest of the trainer state.
+
+    Every file is read and decoded before anything is applied, so a damaged checkpoint
+    raises :class:`CheckpointError` and leaves model and optimizer untouched.
+    """
     try:
         state = json.loads((path / "state.json").read_text())
-        apply_state_dict(model, load_file(str(path / "model.safetensors")))
-        opt_tensors = load_file(str(path / "optimizer.safetensors"))
-        optimizer.load_state_dict(_optimizer_join(opt_tensors, state.pop("optimizer")))
-    except (OSError, ValueError, KeyError) as exc:
+        weights = load_file(str(path / "model.safetensors"))
+        opt_state = _optimizer_join(
+            load_file(str(path / "optimizer.safetensors")), state.pop("optimizer")
+        )
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:
         raise CheckpointError(f"checkpoint {path}: {exc}") from exc
+    apply_state_dict(model, weights)
+    try:
+        optimizer.load_state_dict(opt_state)
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint {path}: optimizer state does not fit: {exc}") from exc
     return state

@@ -25,19 +25,27 @@ def grpo_step(
     experiences = [e for g in groups for e in g.experiences]
     batch = collate(experiences, pad_id)
     if len(sizes) == 1:
-        adv = group_advantages(batch.rewards.view(len(groups), -1), std_normalize=cfg.std_normalize).view(-1)
+        adv = group_advantages(
+            batch.rewards.view(len(groups), -1), std_normalize=cfg.std_normalize
+        ).view(-1)
     else:  # groups of unequal size: normalise each on its own
         parts, start = [], 0
         for g in groups:
             n = len(g.experiences)
-            parts.append(group_advantages(batch.rewards[start : start + n].view(1, -1), std_normalize=cfg.std_normalize).view(-1))
+            parts.append(
+                group_advantages(
+                    batch.rewards[start : start + n].view(1, -1), std_normalize=cfg.std_normalize
+                ).view(-1)
+            )
             start += n
         adv = torch.cat(parts)
     token_adv = adv[:, None].expand_as(batch.old_logprobs)
     ref_logp = None
     if ref_model is not None and cfg.kl_coef > 0:
         with torch.no_grad():
-            ref_logp = response_logprobs(ref_model, batch.input_ids, batch.attention_mask, batch.prompt_width, temperature)
+            ref_logp = response_logprobs(
+                ref_model, batch.input_ids, batch.attention_mask, batch.prompt_width, temperature
+            )
     n = len(experiences)
     micro = cfg.micro_batch_size or n
     model.train()
@@ -48,11 +56,21 @@ def grpo_step(
         for lo in range(0, n, micro):
             sl = slice(lo, lo + micro)
             logp = response_logprobs(
-                model, batch.input_ids[sl], batch.attention_mask[sl], batch.prompt_width, temperature
+                model,
+                batch.input_ids[sl],
+                batch.attention_mask[sl],
+                batch.prompt_width,
+                temperature,
             )
             mask = batch.response_mask[sl]
             loss, info = clipped_surrogate(
-                logp, batch.old_logprobs[sl], token_adv[sl], mask, cfg.clip_low, cfg.clip_high, cfg.loss_agg_mode
+                logp,
+                batch.old_logprobs[sl],
+                token_adv[sl],
+                mask,
+                cfg.clip_low,
+                cfg.clip_high,
+                cfg.loss_agg_mode,
             )
             if ref_logp is not None:
                 kl = aggregate(kl_k3(logp, ref_logp[sl]), mask, cfg.loss_agg_mode)
@@ -68,7 +86,9 @@ def grpo_step(
         grad_norm = (
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             if cfg.grad_clip > 0
-            else torch.sqrt(sum((p.grad**2).sum() for p in model.parameters() if p.grad is not None))
+            else torch.sqrt(
+                sum((p.grad**2).sum() for p in model.parameters() if p.grad is not None)
+            )
         )
         optimizer.step()
     model.eval()

@@ -72,12 +72,19 @@ class Trainer:
         self.model, self.tokenizer = load_policy(cfg.model)
         self.engine = TransformersEngine(self.model, self.tokenizer)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.tcfg.lr, weight_decay=self.tcfg.weight_decay, betas=self.tcfg.betas
+            self.model.parameters(),
+            lr=self.tcfg.lr,
+            weight_decay=self.tcfg.weight_decay,
+            betas=self.tcfg.betas,
         )
         self.ref_model: torch.nn.Module | None = None
         self.reward = get_reward(cfg.explorer.reward)
         self.train_tasks = read_taskset(cfg.taskset.path, cfg.taskset)
-        self.eval_tasks = read_taskset(cfg.taskset.eval_path, cfg.taskset) if cfg.taskset.eval_path else self.train_tasks
+        self.eval_tasks = (
+            read_taskset(cfg.taskset.eval_path, cfg.taskset)
+            if cfg.taskset.eval_path
+            else self.train_tasks
+        )
         self.buffer = ExperienceBuffer(self.tcfg.max_staleness)
         self.ckpt_root = cfg.run_dir / "checkpoints"
         self.publisher = ObjectStorePublisher(cfg.object_store, self.topics.run)
@@ -109,9 +116,12 @@ class Trainer:
         log.info("trainer: resumed from %s at step %d", path, self.step)
 
     async def checkpoint(self, consumer) -> None:
-        path = await asyncio.to_thread(save_checkpoint, self.ckpt_root, self.step, self.model, self.optimizer, self._state())
+        path = await asyncio.to_thread(
+            save_checkpoint, self.ckpt_root, self.step, self.model, self.optimizer, self._state()
+        )
         offsets = {
-            TopicPartition(t, p): OffsetAndMetadata(o, "") for (t, p), o in self.buffer.resume_offsets().items()
+            TopicPartition(t, p): OffsetAndMetadata(o, "")
+            for (t, p), o in self.buffer.resume_offsets().items()
         }
         if offsets:
             try:
@@ -129,11 +139,17 @@ class Trainer:
         await self.bus.control(event)
         self.version = self.bus.version = event.version
         self.bus.count("versions_published")
-        self.bus.counters["publish_seconds"] = self.bus.counters.get("publish_seconds", 0) + time.perf_counter() - t0
+        self.bus.counters["publish_seconds"] = (
+            self.bus.counters.get("publish_seconds", 0) + time.perf_counter() - t0
+        )
 
     async def evaluate(self) -> float:
         acc = await asyncio.to_thread(
-            greedy_accuracy, self.engine, self.eval_tasks, self.reward, self.cfg.explorer.max_new_tokens
+            greedy_accuracy,
+            self.engine,
+            self.eval_tasks,
+            self.reward,
+            self.cfg.explorer.max_new_tokens,
         )
         await self.bus.metrics({"eval/accuracy": acc})
         log.info("trainer: step %d eval accuracy %.3f", self.step, acc)
@@ -147,7 +163,9 @@ class Trainer:
         while not self.stop.is_set():
             dropped = self.buffer.drop_stale(self.version)
             if dropped:
-                log.info("trainer: dropped %d stale groups (version %d)", len(dropped), self.version)
+                log.info(
+                    "trainer: dropped %d stale groups (version %d)", len(dropped), self.version
+                )
             groups = self.buffer.take(self.tcfg.batch_size)
             if groups is not None:
                 return groups
@@ -157,7 +175,9 @@ class Trainer:
                     try:
                         group = EXPERIENCE_GROUP.decode(rec.value, rec.headers)
                     except SchemaError as exc:
-                        await self.bus.dead_letter(tp.topic, tp.partition, rec.offset, rec.key, rec.value, exc)
+                        await self.bus.dead_letter(
+                            tp.topic, tp.partition, rec.offset, rec.key, rec.value, exc
+                        )
                         self.buffer.next_offsets[(tp.topic, tp.partition)] = rec.offset + 1
                         continue
                     if self.buffer.offer(group, (tp.topic, tp.partition), rec.offset):
@@ -165,7 +185,9 @@ class Trainer:
             if batches:
                 last_data = loop.time()
             elif loop.time() - last_data > self.tcfg.idle_timeout_s:
-                log.warning("trainer: no experiences for %.0fs; finishing", self.tcfg.idle_timeout_s)
+                log.warning(
+                    "trainer: no experiences for %.0fs; finishing", self.tcfg.idle_timeout_s
+                )
                 return None
         return None
 
@@ -174,23 +196,37 @@ class Trainer:
         install_stop_handlers(self.stop, "trainer")
         tcfg = self.tcfg
         await self.bus.start()
-        consumer = kafka.experience_consumer(self.cfg.kafka, self.topics.experiences, f"trainer-{self.topics.run}", "trainer")
+        consumer = kafka.experience_consumer(
+            self.cfg.kafka, self.topics.experiences, f"trainer-{self.topics.run}", "trainer"
+        )
         try:
             ckpt = latest_checkpoint(self.ckpt_root) if tcfg.resume else None
             if ckpt is not None:
                 self._restore(ckpt)
             elif tcfg.warmup_sft_steps:
-                await self.bus.status(RunState.RUNNING, f"SFT warm-up, {tcfg.warmup_sft_steps} steps")
-                losses = await asyncio.to_thread(
-                    sft_warmup, self.model, self.tokenizer, self.train_tasks, tcfg.warmup_sft_steps,
-                    tcfg.warmup_sft_batch, tcfg.warmup_sft_lr, self.cfg.run.seed,
+                await self.bus.status(
+                    RunState.RUNNING, f"SFT warm-up, {tcfg.warmup_sft_steps} steps"
                 )
-                await self.bus.metrics({"warmup/sft_loss_first": losses[0], "warmup/sft_loss_last": losses[-1]})
+                losses = await asyncio.to_thread(
+                    sft_warmup,
+                    self.model,
+                    self.tokenizer,
+                    self.train_tasks,
+                    tcfg.warmup_sft_steps,
+                    tcfg.warmup_sft_batch,
+                    tcfg.warmup_sft_lr,
+                    self.cfg.run.seed,
+                )
+                await self.bus.metrics(
+                    {"warmup/sft_loss_first": losses[0], "warmup/sft_loss_last": losses[-1]}
+                )
             if tcfg.kl_coef > 0:
                 self.ref_model = copy.deepcopy(self.model).eval()
             await self.publish_version()
             await self.evaluate()
-            consumer.subscribe([self.topics.experiences], listener=_SeekOnAssign(consumer, self.resume_offsets))
+            consumer.subscribe(
+                [self.topics.experiences], listener=_SeekOnAssign(consumer, self.resume_offsets)
+            )
             await kafka.start_client(consumer, "trainer experience consumer")
             await self.bus.status(RunState.RUNNING, "training")
             while not self.stop.is_set() and (tcfg.max_steps == 0 or self.step < tcfg.max_steps):
@@ -201,8 +237,14 @@ class Trainer:
                 wait_s = time.perf_counter() - t_wait
                 t0 = time.perf_counter()
                 values = await asyncio.to_thread(
-                    grpo_step, self.model, self.optimizer, groups, tcfg, self.tokenizer.pad_token_id,
-                    self.cfg.explorer.temperature, self.ref_model,
+                    grpo_step,
+                    self.model,
+                    self.optimizer,
+                    groups,
+                    tcfg,
+                    self.tokenizer.pad_token_id,
+                    self.cfg.explorer.temperature,
+                    self.ref_model,
                 )
                 staleness = [self.version - g.model_version for g in groups]
                 self.step = self.bus.step = self.step + 1
@@ -223,9 +265,15 @@ class Trainer:
                     log.info(
                         "trainer: step %d reward %.3f loss %.4f grad_norm %.3f clip_frac %.3f "
                         "logp_diff %.2e staleness %.2f wait %.2fs step %.2fs",
-                        self.step, values["train/reward_mean"], values["train/loss"], values["train/grad_norm"],
-                        values["train/clip_frac"], values["train/logprob_max_abs_diff"],
-                        values["train/staleness_mean"], wait_s, values["train/step_seconds"],
+                        self.step,
+                        values["train/reward_mean"],
+                        values["train/loss"],
+                        values["train/grad_norm"],
+                        values["train/clip_frac"],
+                        values["train/logprob_max_abs_diff"],
+                        values["train/staleness_mean"],
+                        wait_s,
+                        values["train/step_seconds"],
                     )
                 await self.bus.metrics(values, trained)
                 if self.step % self.cfg.synchronizer.sync_interval == 0:
@@ -246,7 +294,9 @@ class Trainer:
                     **{f"trainer/{k}": float(v) for k, v in self.bus.counters.items()},
                 }
             )
-            await self.bus.control(Shutdown(reason=f"trainer finished at step {self.step}", created_at=time.time()))
+            await self.bus.control(
+                Shutdown(reason=f"trainer finished at step {self.step}", created_at=time.time())
+            )
         finally:
             try:
                 await self.bus.status(RunState.STOPPED, f"stopped at step {self.step}")

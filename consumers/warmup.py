@@ -15,7 +15,7 @@ def sft_batch(tokenizer, tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor,
     rows, masks = [], []
     for t in tasks:
         p = tokenizer(t.prompt, add_special_tokens=True).input_ids
-        a = tokenizer(t.answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        a = [*tokenizer(t.answer, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
         rows.append(p + a)
         masks.append([0] * len(p) + [1] * len(a))
     width = max(len(r) for r in rows)
@@ -29,7 +29,9 @@ def sft_batch(tokenizer, tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor,
     return ids, attn, loss_mask
 
 
-def sft_warmup(model, tokenizer, tasks: list[Task], steps: int, batch: int, lr: float, seed: int) -> list[float]:
+def sft_warmup(
+    model, tokenizer, tasks: list[Task], steps: int, batch: int, lr: float, seed: int
+) -> list[float]:
     """Run ``steps`` SFT steps with a fresh AdamW; returns the loss of each step."""
     if steps == 0:
         return []
@@ -44,6 +46,6 @@ def sft_warmup(model, tokenizer, tasks: list[Task], steps: int, batch: int, lr: 
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     model.eval()
     return losses

@@ -119,7 +119,9 @@ class EventBus:
             key=self.component,
         )
 
-    async def metrics(self, values: dict[str, float], trained: list[TrainedGroup] | None = None) -> None:
+    async def metrics(
+        self, values: dict[str, float], trained: list[TrainedGroup] | None = None
+    ) -> None:
         await self.send(
             self.topics.metrics,
             METRICS,
@@ -136,7 +138,13 @@ class EventBus:
         )
 
     async def dead_letter(
-        self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, exc: Exception
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        exc: Exception,
     ) -> None:
         """Record a message this component could not handle; never drop it silently."""
         log.warning("dead letter %s[%d]@%d: %s", topic, partition, offset, exc)
@@ -171,7 +179,9 @@ class EventBus:
                     try:
                         event = CONTROL.decode(rec.value, rec.headers)
                     except SchemaError as exc:
-                        await self.dead_letter(tp.topic, tp.partition, rec.offset, rec.key, rec.value, exc)
+                        await self.dead_letter(
+                            tp.topic, tp.partition, rec.offset, rec.key, rec.value, exc
+                        )
                         continue
                     self._on_control(event)
 
@@ -187,7 +197,9 @@ class EventBus:
             case SyncRequest():
                 self.sync_requests.append(event)
 
-    async def wait_for_version(self, min_version: int, timeout: float, stop: asyncio.Event) -> ModelVersionReady | None:
+    async def wait_for_version(
+        self, min_version: int, timeout: float, stop: asyncio.Event
+    ) -> ModelVersionReady | None:
         """Wait until a version >= ``min_version`` is announced; None on stop or shutdown.
 
         Raises :class:`SyncTimeout` after ``timeout`` seconds.

@@ -1,12 +1,12 @@
 """The ``streamrft`` command line.
 
-    streamrft run CONFIG [--max-steps N] [--summary PATH] [--run-id ID] [-o key=value ...]
-    streamrft train CONFIG --run-id ID          (one trainer process)
-    streamrft explore CONFIG --run-id ID [--index I]   (one explorer; start more at will)
-    streamrft feed CONFIG --run-id ID           (publish the taskset)
-    streamrft infra up|down|status [--dir DIR]
-    streamrft topics [CONFIG]
-    streamrft tail TOPIC [--max N] [--follow]
+streamrft run CONFIG [--max-steps N] [--summary PATH] [--run-id ID] [-o key=value ...]
+streamrft train CONFIG --run-id ID          (one trainer process)
+streamrft explore CONFIG --run-id ID [--index I]   (one explorer; start more at will)
+streamrft feed CONFIG --run-id ID           (publish the taskset)
+streamrft infra up|down|status [--dir DIR]
+streamrft topics [CONFIG]
+streamrft tail TOPIC [--max N] [--follow]
 """
 
 from __future__ import annotations
@@ -101,8 +101,17 @@ def cmd_infra(args: argparse.Namespace) -> int:
     state_dir = Path(args.dir)
     if args.action == "up":
         eps = services.up(state_dir, broker_storage=args.broker_storage)
-        print(json.dumps({"bootstrap_servers": eps.bootstrap_servers, "s3_endpoint": eps.s3_endpoint,
-                          "access_key": eps.access_key, "state_dir": str(state_dir)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "bootstrap_servers": eps.bootstrap_servers,
+                    "s3_endpoint": eps.s3_endpoint,
+                    "access_key": eps.access_key,
+                    "state_dir": str(state_dir),
+                },
+                indent=2,
+            )
+        )
     elif args.action == "down":
         print("stopped" if services.down(state_dir) else "nothing was running")
     else:
@@ -126,7 +135,9 @@ def _bootstrap(args: argparse.Namespace) -> str:
     st = status(Path(args.dir))
     if st and st.get("running") and st["endpoints"].get("bootstrap_servers"):
         return st["endpoints"]["bootstrap_servers"]
-    raise StreamRFTError("no broker: pass --bootstrap HOST:PORT, a config naming one, or run `streamrft infra up`")
+    raise StreamRFTError(
+        "no broker: pass --bootstrap HOST:PORT, a config naming one, or run `streamrft infra up`"
+    )
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
@@ -171,9 +182,17 @@ async def _tail(bootstrap: str, topic: str, limit: int, follow: bool) -> int:
             quiet = 0
             for tp, records in batches.items():
                 for rec in records:
-                    head = {"partition": tp.partition, "offset": rec.offset, "key": rec.key.decode(errors="replace") if rec.key else None}
+                    head = {
+                        "partition": tp.partition,
+                        "offset": rec.offset,
+                        "key": rec.key.decode(errors="replace") if rec.key else None,
+                    }
                     try:
-                        body = to_builtins(codec.decode(rec.value, rec.headers)) if codec else {"raw_bytes": len(rec.value or b"")}
+                        body = (
+                            to_builtins(codec.decode(rec.value, rec.headers))
+                            if codec
+                            else {"raw_bytes": len(rec.value or b"")}
+                        )
                     except StreamRFTError as exc:
                         body = {"undecodable": str(exc)}
                     print(msgspec.json.encode({**head, "value": body}).decode(), flush=True)
@@ -192,18 +211,28 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="streamrft", description="Event-driven reinforcement fine-tuning of LLMs.")
+    p = argparse.ArgumentParser(
+        prog="streamrft", description="Event-driven reinforcement fine-tuning of LLMs."
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     def with_config(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("config", help="YAML config file (see examples/)")
         sp.add_argument("--run-id", help="run id (topic namespace); default <run.name>-<timestamp>")
-        sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE", help="override a config field, e.g. trainer.lr=5e-4")
+        sp.add_argument(
+            "-o",
+            "--override",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a config field, e.g. trainer.lr=5e-4",
+        )
 
     sp = sub.add_parser("run", help="feeder + explorers + trainer under one supervisor")
     with_config(sp)
     sp.add_argument("--max-steps", type=int, help="override trainer.max_steps")
-    sp.add_argument("--summary", help="write the JSON run summary here (default <run dir>/summary.json)")
+    sp.add_argument(
+        "--summary", help="write the JSON run summary here (default <run dir>/summary.json)"
+    )
     sp.add_argument("--no-progress", action="store_true", help="no live progress bar")
     sp.set_defaults(func=cmd_run)
     for name, func, helptext in (
@@ -214,15 +243,26 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=helptext)
         with_config(sp)
         if name == "explore":
-            sp.add_argument("--index", type=int, default=0, help="explorer index (its id is explorer-<index>)")
+            sp.add_argument(
+                "--index", type=int, default=0, help="explorer index (its id is explorer-<index>)"
+            )
         sp.set_defaults(func=func)
     sp = sub.add_parser("infra", help="start/stop/inspect the embedded broker and object store")
     sp.add_argument("action", choices=["up", "down", "status"])
-    sp.add_argument("--dir", default=DEFAULT_INFRA_DIR, help=f"state folder (default {DEFAULT_INFRA_DIR})")
-    sp.add_argument("--broker-storage", choices=["memory", "s3"], default="memory", help="s3: durable broker data in the object store")
+    sp.add_argument(
+        "--dir", default=DEFAULT_INFRA_DIR, help=f"state folder (default {DEFAULT_INFRA_DIR})"
+    )
+    sp.add_argument(
+        "--broker-storage",
+        choices=["memory", "s3"],
+        default="memory",
+        help="s3: durable broker data in the object store",
+    )
     sp.set_defaults(func=cmd_infra)
     for name, func in (("topics", cmd_topics), ("tail", cmd_tail)):
-        sp = sub.add_parser(name, help="list topics" if name == "topics" else "decode and print a topic's messages")
+        sp = sub.add_parser(
+            name, help="list topics" if name == "topics" else "decode and print a topic's messages"
+        )
         if name == "tail":
             sp.add_argument("topic")
             sp.add_argument("--max", type=int, default=0, help="stop after N messages (0: all)")

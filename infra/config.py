@@ -31,7 +31,7 @@ class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
 class RunSection(_Section):
     name: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")] = "streamrft"
     """Run name; the run id (and its topic namespace) is ``<name>-<timestamp>`` unless given."""
-    id: str | None = None
+    id: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")] | None = None
     """Fixed run id (to resume a run or join explorers to it); None: derived from name."""
     dir: str = "runs"
     """Local folder for checkpoints, logs, summaries and the embedded services' data."""
@@ -297,25 +297,38 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         if isinstance(value, str) and value and not Path(value).is_absolute():
             data[section][key] = str((base / value).resolve())
     cfg = from_dict(data)
-    for field, value in (("taskset.path", cfg.taskset.path), ("taskset.eval_path", cfg.taskset.eval_path)):
+    for field, value in (
+        ("taskset.path", cfg.taskset.path),
+        ("taskset.eval_path", cfg.taskset.eval_path),
+    ):
         if value and not Path(value).is_file():
             raise ConfigError(f"{field}: file {value!r} does not exist")
     return cfg
 
 
 def with_run_id(cfg: Config, run_id: str | None = None) -> Config:
-    """A copy of ``cfg`` with ``run.id`` set: given, configured, or ``<name>-<timestamp>``."""
+    """A copy of ``cfg`` with ``run.id`` set: given, configured, or a fresh unique id.
+
+    A fresh id is ``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``: the random tail keeps two runs
+    started in the same second apart (their topics, run folders and weight prefixes).
+    """
+    import secrets
     import time
 
-    rid = run_id or cfg.run.id or f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    fresh = f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    rid = run_id or cfg.run.id or fresh
     TopicNames(cfg.kafka.topic_prefix, rid)  # validates the characters
     return msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, id=rid))
 
 
 def with_endpoints(cfg: Config, bootstrap: str | None, s3_endpoint: str | None) -> Config:
     """A copy of ``cfg`` pointing at the given broker / object store."""
-    kafka = msgspec.structs.replace(cfg.kafka, bootstrap_servers=bootstrap or cfg.kafka.bootstrap_servers)
-    store = msgspec.structs.replace(cfg.object_store, endpoint=s3_endpoint or cfg.object_store.endpoint)
+    kafka = msgspec.structs.replace(
+        cfg.kafka, bootstrap_servers=bootstrap or cfg.kafka.bootstrap_servers
+    )
+    store = msgspec.structs.replace(
+        cfg.object_store, endpoint=s3_endpoint or cfg.object_store.endpoint
+    )
     return msgspec.structs.replace(cfg, kafka=kafka, object_store=store)
 
 

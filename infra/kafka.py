@@ -139,7 +139,9 @@ def admin_client(cfg: KafkaConfig, client_id: str = "streamrft-admin") -> AIOKaf
     )
 
 
-async def start_client(client: AIOKafkaProducer | AIOKafkaConsumer | AIOKafkaAdminClient, what: str) -> None:
+async def start_client(
+    client: AIOKafkaProducer | AIOKafkaConsumer | AIOKafkaAdminClient, what: str
+) -> None:
     """Start a client, retrying while the broker is not reachable yet, then a clear error."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + CONNECT_RETRY_S

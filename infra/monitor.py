@@ -71,7 +71,9 @@ class RunMonitor:
         """Consume the event topics until ``stop`` is set and they have gone quiet."""
         topics = self.cfg.topics()
         reader = kafka.event_reader(
-            self.cfg.kafka, [topics.metrics, topics.status, topics.dead_letters], "streamrft-monitor"
+            self.cfg.kafka,
+            [topics.metrics, topics.status, topics.dead_letters],
+            "streamrft-monitor",
         )
         await kafka.start_client(reader, "run monitor")
         try:
@@ -117,18 +119,34 @@ class RunMonitor:
             "mean_reward_first": r_first,
             "mean_reward_last": r_last,
             "reward_window_steps": k,
-            "experiences_published": int(sum(e.counters.get("experiences_published", 0) for e in explorers.values())),
-            "groups_published": int(sum(e.counters.get("groups_published", 0) for e in explorers.values())),
-            "experiences_consumed": int(final.get("trainer/experiences_consumed", counters.get("experiences_consumed", 0))),
-            "experiences_trained": int(final.get("trainer/experiences_trained", counters.get("experiences_trained", 0))),
+            "experiences_published": int(
+                sum(e.counters.get("experiences_published", 0) for e in explorers.values())
+            ),
+            "groups_published": int(
+                sum(e.counters.get("groups_published", 0) for e in explorers.values())
+            ),
+            "experiences_consumed": int(
+                final.get("trainer/experiences_consumed", counters.get("experiences_consumed", 0))
+            ),
+            "experiences_trained": int(
+                final.get("trainer/experiences_trained", counters.get("experiences_trained", 0))
+            ),
             "groups_trained": len(self.trained_ids),
             "duplicates_dropped": int(final.get("trainer/duplicates_dropped", 0)),
             "stale_dropped": int(final.get("trainer/stale_dropped", 0)),
-            "versions_published": int(final.get("trainer/versions_published", counters.get("versions_published", 0))),
-            "versions_applied": {k: int(v.counters.get("versions_applied", 0)) for k, v in sorted(explorers.items())},
-            "versions_rejected": {k: int(v.counters.get("versions_rejected", 0)) for k, v in sorted(explorers.items())},
+            "versions_published": int(
+                final.get("trainer/versions_published", counters.get("versions_published", 0))
+            ),
+            "versions_applied": {
+                k: int(v.counters.get("versions_applied", 0)) for k, v in sorted(explorers.items())
+            },
+            "versions_rejected": {
+                k: int(v.counters.get("versions_rejected", 0)) for k, v in sorted(explorers.items())
+            },
             "explorer_final_version": {k: v.version for k, v in sorted(explorers.items())},
-            "explorers_stopped": sorted(k for k, v in explorers.items() if v.state == RunState.STOPPED),
+            "explorers_stopped": sorted(
+                k for k, v in explorers.items() if v.state == RunState.STOPPED
+            ),
             "dead_letters": self.dead_letters,
             "books": {
                 "trained_twice": sum(1 for n in self.trained_ids.values() if n > 1),

@@ -17,7 +17,11 @@ def install_stop_handlers(stop: asyncio.Event, name: str) -> None:
     def _handler(signum: int) -> None:
         hits["n"] += 1
         if hits["n"] == 1:
-            log.info("%s: %s received, stopping after the current unit of work", name, signal.Signals(signum).name)
+            log.info(
+                "%s: %s received, stopping after the current unit of work",
+                name,
+                signal.Signals(signum).name,
+            )
             stop.set()
         else:
             log.warning("%s: second signal, exiting now", name)

@@ -36,7 +36,9 @@ class Child:
         self.name = name
         self.log_path = log_path
         self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
     @property
     def returncode(self) -> int | None:
@@ -88,7 +90,13 @@ class Supervisor:
             return None
         from tqdm import tqdm
 
-        return tqdm(total=self.cfg.trainer.max_steps or None, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr)
+        return tqdm(
+            total=self.cfg.trainer.max_steps or None,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            file=sys.stderr,
+        )
 
     async def _run(self) -> dict:
         cfg = self.cfg
@@ -99,7 +107,10 @@ class Supervisor:
         def _on_signal(signum: int) -> None:
             hits["n"] += 1
             if hits["n"] == 1:
-                print(f"\n{signal.Signals(signum).name}: stopping the run (again to force)", file=sys.stderr)
+                print(
+                    f"\n{signal.Signals(signum).name}: stopping the run (again to force)",
+                    file=sys.stderr,
+                )
                 self.stop.set()
             else:
                 for child in self.children.values():
@@ -110,7 +121,12 @@ class Supervisor:
             loop.add_signal_handler(sig, _on_signal, sig)
 
         created = await kafka.ensure_topics(cfg.kafka, cfg.topics())
-        log.info("topics ready (%d created) under %s.%s.*", len(created), cfg.kafka.topic_prefix, cfg.run.id)
+        log.info(
+            "topics ready (%d created) under %s.%s.*",
+            len(created),
+            cfg.kafka.topic_prefix,
+            cfg.run.id,
+        )
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         config_path = cfg.run_dir / "config.yaml"
         config_path.write_text(to_yaml(cfg))
@@ -134,7 +150,12 @@ class Supervisor:
         try:
             self._spawn("trainer", ["train"], cfg.trainer.threads, config_path)
             for i in range(cfg.explorer.count):
-                self._spawn(f"explorer-{i}", ["explore", "--index", str(i)], cfg.explorer.threads, config_path)
+                self._spawn(
+                    f"explorer-{i}",
+                    ["explore", "--index", str(i)],
+                    cfg.explorer.threads,
+                    config_path,
+                )
             self._spawn("feeder", ["feed"], 1, config_path)
             while not self.stop.is_set():
                 trainer_rc = self.children["trainer"].returncode
@@ -174,20 +195,26 @@ class Supervisor:
             try:
                 async with EventBus(self.cfg, "supervisor", "supervisor") as bus:
                     await bus.start()
-                    await bus.control(Shutdown(reason="supervisor stopping the run", created_at=time.time()))
+                    await bus.control(
+                        Shutdown(reason="supervisor stopping the run", created_at=time.time())
+                    )
             except StreamRFTError as exc:
                 log.warning("could not send Shutdown (%s); signalling the processes", exc)
             if self.stop.is_set():
                 for c in alive:
                     c.terminate()
         deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and any(c.returncode is None for c in self.children.values()):
+        while time.monotonic() < deadline and any(
+            c.returncode is None for c in self.children.values()
+        ):
             await asyncio.sleep(0.2)
         for c in self.children.values():
             if c.returncode is None:
                 c.terminate()
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(c.returncode is None for c in self.children.values()):
+        while time.monotonic() < deadline and any(
+            c.returncode is None for c in self.children.values()
+        ):
             await asyncio.sleep(0.2)
         for c in self.children.values():
             if c.returncode is None:
@@ -220,7 +247,11 @@ def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = T
                 secret_key=cfg.object_store.secret_key,
             )
             eps = services.start()
-            log.info("embedded services: broker %s, object store %s", eps.bootstrap_servers, eps.s3_endpoint)
+            log.info(
+                "embedded services: broker %s, object store %s",
+                eps.bootstrap_servers,
+                eps.s3_endpoint,
+            )
             cfg = with_endpoints(cfg, eps.bootstrap_servers, eps.s3_endpoint)
     try:
         summary = Supervisor(cfg, summary_path, progress).run()

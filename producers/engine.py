@@ -27,7 +27,9 @@ class Rollout:
 class RolloutEngine(Protocol):
     model: torch.nn.Module
 
-    def rollout(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int, seed: int) -> list[list[Rollout]]: ...
+    def rollout(
+        self, prompts: list[str], n: int, temperature: float, max_new_tokens: int, seed: int
+    ) -> list[list[Rollout]]: ...
 
     def greedy(self, prompts: list[str], max_new_tokens: int) -> list[str]: ...
 
@@ -44,7 +46,9 @@ class TransformersEngine:
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=True)
         return enc.input_ids.to(self.device), enc.attention_mask.to(self.device)
 
-    def _run(self, prompts: list[str], temperature: float, max_new_tokens: int, greedy: bool, seed: int):
+    def _run(
+        self, prompts: list[str], temperature: float, max_new_tokens: int, greedy: bool, seed: int
+    ):
         ids, mask = self.encode_prompts(prompts)
         gen = torch.Generator().manual_seed(seed)
         out = sample(
@@ -61,7 +65,9 @@ class TransformersEngine:
         return ids, mask, out
 
     @torch.no_grad()
-    def rollout(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int, seed: int) -> list[list[Rollout]]:
+    def rollout(
+        self, prompts: list[str], n: int, temperature: float, max_new_tokens: int, seed: int
+    ) -> list[list[Rollout]]:
         """``n`` samples of each prompt, grouped per prompt."""
         flat = [p for p in prompts for _ in range(n)]
         ids, mask, out = self._run(flat, temperature, max_new_tokens, False, seed)
@@ -84,7 +90,9 @@ class TransformersEngine:
     def greedy(self, prompts: list[str], max_new_tokens: int) -> list[str]:
         _, _, out = self._run(prompts, 1.0, max_new_tokens, True, 0)
         return [
-            self.tokenizer.decode(out.tokens[i, : int(out.lengths[i])].tolist(), skip_special_tokens=True)
+            self.tokenizer.decode(
+                out.tokens[i, : int(out.lengths[i])].tolist(), skip_special_tokens=True
+            )
             for i in range(len(prompts))
         ]
 
@@ -99,5 +107,7 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer) -> RolloutEngine:
             raise ImportError(
                 "explorer.engine 'vllm' needs vLLM and a GPU: pip install 'streamrft[vllm]'"
             ) from exc
-        raise NotImplementedError("the vLLM engine is not built yet; use explorer.engine: transformers")
+        raise NotImplementedError(
+            "the vLLM engine is not built yet; use explorer.engine: transformers"
+        )
     raise ValueError(f"unknown engine {kind!r}")

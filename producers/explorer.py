@@ -88,13 +88,21 @@ class Explorer:
                 await asyncio.to_thread(apply_state_dict, self.engine.model, tensors)
             except SyncError as exc:
                 self.bus.count("versions_rejected")
-                log.error("%s: version %d rejected, staying on %d: %s", self.name, latest.version, self.version, exc)
+                log.error(
+                    "%s: version %d rejected, staying on %d: %s",
+                    self.name,
+                    latest.version,
+                    self.version,
+                    exc,
+                )
                 if self.version < need:
                     raise
                 return True
             self.version = self.bus.version = latest.version
             self.bus.count("versions_applied")
-            self.bus.counters["sync_seconds"] = self.bus.counters.get("sync_seconds", 0) + time.perf_counter() - t0
+            self.bus.counters["sync_seconds"] = (
+                self.bus.counters.get("sync_seconds", 0) + time.perf_counter() - t0
+            )
             log.info("%s: applied version %d", self.name, self.version)
         await self.bus.status(RunState.RUNNING)
         return True
@@ -112,7 +120,9 @@ class Explorer:
                         task = TASK.decode(rec.value, rec.headers)
                         check_workflow(task.workflow)
                     except (SchemaError, StreamRFTError) as exc:
-                        await self.bus.dead_letter(tp.topic, tp.partition, rec.offset, rec.key, rec.value, exc)
+                        await self.bus.dead_letter(
+                            tp.topic, tp.partition, rec.offset, rec.key, rec.value, exc
+                        )
                         taken.append((tp, rec.offset, None))  # committed past, kept in dead letters
                         continue
                     taken.append((tp, rec.offset, task))
@@ -134,7 +144,11 @@ class Explorer:
             # A rebalance moved the partition: another explorer will redo these tasks, and
             # the trainer deduplicates by experience id. Nothing is lost.
             self.bus.count("commit_failures")
-            log.warning("%s: commit failed after rebalance (%s); tasks may be explored twice", self.name, exc)
+            log.warning(
+                "%s: commit failed after rebalance (%s); tasks may be explored twice",
+                self.name,
+                exc,
+            )
 
     # -- main loop -------------------------------------------------------------------------
     async def run(self) -> None:

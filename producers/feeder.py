@@ -45,7 +45,9 @@ async def feed(cfg: Config) -> int:
     sent = 0
     try:
         await kafka.start_client(producer, "feeder producer")
-        await bus.status(RunState.RUNNING, f"{len(tasks)} tasks x {cfg.taskset.total_epochs} epochs")
+        await bus.status(
+            RunState.RUNNING, f"{len(tasks)} tasks x {cfg.taskset.total_epochs} epochs"
+        )
         partitions = sorted(await producer.partitions_for(topics.tasks))
         for epoch in range(cfg.taskset.total_epochs):
             futures = []

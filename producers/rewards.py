@@ -36,4 +36,6 @@ def get_reward(name: str) -> RewardFn:
     try:
         return REWARDS[name]
     except KeyError:
-        raise ConfigError(f"explorer.reward: unknown reward {name!r}; known: {', '.join(REWARDS)}") from None
+        raise ConfigError(
+            f"explorer.reward: unknown reward {name!r}; known: {', '.join(REWARDS)}"
+        ) from None

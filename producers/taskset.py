@@ -28,13 +28,17 @@ def read_taskset(path: str | Path, cfg: TasksetConfig) -> list[Task]:
             if not isinstance(obj, dict):
                 raise ConfigError(f"taskset {where}: expected an object, got {type(obj).__name__}")
             if cfg.prompt_key not in obj:
-                raise ConfigError(f"taskset {where}: missing field {cfg.prompt_key!r} (taskset.prompt_key)")
+                raise ConfigError(
+                    f"taskset {where}: missing field {cfg.prompt_key!r} (taskset.prompt_key)"
+                )
             task_id = str(obj.get(cfg.id_key, f"line{lineno:06d}"))
             if task_id in seen:
                 raise ConfigError(f"taskset {where}: duplicate task id {task_id!r}")
             seen.add(task_id)
             extra = {
-                k: str(v) for k, v in obj.items() if k not in (cfg.prompt_key, cfg.answer_key, cfg.id_key, "workflow")
+                k: str(v)
+                for k, v in obj.items()
+                if k not in (cfg.prompt_key, cfg.answer_key, cfg.id_key, "workflow")
             }
             tasks.append(
                 Task(

@@ -37,7 +37,9 @@ def run_math_workflow(
     model_version: int,
 ) -> list[ExperienceGroup]:
     """Sample ``repeat_times`` responses per task in one batch and score them."""
-    batches = engine.rollout([t.prompt for t in tasks], repeat_times, temperature, max_new_tokens, seed)
+    batches = engine.rollout(
+        [t.prompt for t in tasks], repeat_times, temperature, max_new_tokens, seed
+    )
     groups = []
     now = time.time()
     for task, rollouts in zip(tasks, batches, strict=True):

@@ -20,7 +20,7 @@ class TopicNames(msgspec.Struct, frozen=True):
     run: str
 
     def __post_init__(self) -> None:
-        for field, value in (("kafka.topic_prefix", self.prefix), ("run.name", self.run)):
+        for field, value in (("kafka.topic_prefix", self.prefix), ("run.id", self.run)):
             if not _NAME.match(value):
                 raise ConfigError(
                     f"{field}: {value!r} may hold only letters, digits, '_' and '-' "

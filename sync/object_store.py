@@ -106,7 +106,9 @@ class ObjectStorePublisher:
         for i, (names, data) in enumerate(shards, start=1):
             name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
             self._put(f"{prefix}/{name}", data, "application/octet-stream")
-            infos.append(ShardInfo(name=name, sha256=sha256_hex(data), bytes=len(data), tensors=names))
+            infos.append(
+                ShardInfo(name=name, sha256=sha256_hex(data), bytes=len(data), tensors=names)
+            )
         manifest = WeightManifest(
             version=version,
             step=step,

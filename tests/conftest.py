@@ -49,7 +49,13 @@ def make_config(services, tmp_path):
                 "bucket": f"b-{uuid.uuid4().hex[:12]}",
             },
             "taskset": {"path": str(ROOT / "examples" / "data" / "addition.jsonl")},
-            "model": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 1, "num_heads": 4, "max_positions": 32},
+            "model": {
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_layers": 1,
+                "num_heads": 4,
+                "max_positions": 32,
+            },
         }
         for name, values in sections.items():
             base.setdefault(name, {}).update(values)

@@ -36,7 +36,14 @@ def make_group(run: str, task: str, version: int, n: int = 4, rewards=None) -> E
         )
         for i in range(n)
     ]
-    return ExperienceGroup(id=gid, run=run, task_id=task, explorer="explorer-x", model_version=version, experiences=exps)
+    return ExperienceGroup(
+        id=gid,
+        run=run,
+        task_id=task,
+        explorer="explorer-x",
+        model_version=version,
+        experiences=exps,
+    )
 
 
 async def _drain(consumer, want: int, timeout: float = 30.0):
@@ -60,13 +67,20 @@ def test_groups_publish_and_consume_whole(make_config):
         await kafka.start_client(producer, "producer")
         try:
             futs = [
-                await producer.send(topics.experiences, EXPERIENCE_GROUP.encode(g), key=g.task_id.encode(), headers=EXPERIENCE_GROUP.headers())
+                await producer.send(
+                    topics.experiences,
+                    EXPERIENCE_GROUP.encode(g),
+                    key=g.task_id.encode(),
+                    headers=EXPERIENCE_GROUP.headers(),
+                )
                 for g in sent
             ]
             await asyncio.gather(*futs)
         finally:
             await producer.stop()
-        consumer = kafka.experience_consumer(cfg.kafka, topics.experiences, f"g-{topics.run}", "test-consumer")
+        consumer = kafka.experience_consumer(
+            cfg.kafka, topics.experiences, f"g-{topics.run}", "test-consumer"
+        )
         await kafka.start_client(consumer, "consumer")
         try:
             records = await _drain(consumer, len(sent))
@@ -97,23 +111,39 @@ def test_trainer_dead_letters_malformed_and_keeps_going(make_config):
         bad_group = make_group(topics.run, "bad", 0)
         bad_group.experiences[0].logprobs = b"\x00\x01\x02"  # wrong length
         try:
-            await producer.send_and_wait(topics.experiences, b"\xc1 not msgpack", key=b"junk", partition=0)
-            await producer.send_and_wait(topics.experiences, EXPERIENCE_GROUP.encode(bad_group), partition=0)
+            await producer.send_and_wait(
+                topics.experiences, b"\xc1 not msgpack", key=b"junk", partition=0
+            )
+            await producer.send_and_wait(
+                topics.experiences, EXPERIENCE_GROUP.encode(bad_group), partition=0
+            )
             for i in range(2):
                 g = make_group(topics.run, f"ok-{i}", 0)
-                await producer.send_and_wait(topics.experiences, EXPERIENCE_GROUP.encode(g), headers=EXPERIENCE_GROUP.headers(), partition=0)
+                await producer.send_and_wait(
+                    topics.experiences,
+                    EXPERIENCE_GROUP.encode(g),
+                    headers=EXPERIENCE_GROUP.headers(),
+                    partition=0,
+                )
         finally:
             await producer.stop()
         trainer = Trainer(cfg)
         trainer.version = 0
         await trainer.bus.start()
-        consumer = kafka.experience_consumer(cfg.kafka, topics.experiences, f"g-{topics.run}", "trainer")
+        consumer = kafka.experience_consumer(
+            cfg.kafka, topics.experiences, f"g-{topics.run}", "trainer"
+        )
         await kafka.start_client(consumer, "consumer")
         try:
             groups = await asyncio.wait_for(trainer.collect(consumer), 60)
             values = await asyncio.to_thread(
                 __import__("streamrft.consumers.grpo", fromlist=["grpo_step"]).grpo_step,
-                trainer.model, trainer.optimizer, groups, cfg.trainer, trainer.tokenizer.pad_token_id, 1.0,
+                trainer.model,
+                trainer.optimizer,
+                groups,
+                cfg.trainer,
+                trainer.tokenizer.pad_token_id,
+                1.0,
             )
         finally:
             await consumer.stop()

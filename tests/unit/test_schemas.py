@@ -527,9 +527,9 @@ def test_topic_names():
     [
         ("stream.rft", "r", "kafka.topic_prefix"),
         ("", "r", "kafka.topic_prefix"),
-        ("p", "my run", "run.name"),
-        ("p", "a/b", "run.name"),
-        ("p", "", "run.name"),
+        ("p", "my run", "run.id"),
+        ("p", "a/b", "run.id"),
+        ("p", "", "run.id"),
     ],
 )
 def test_bad_topic_names_raise_config_error(prefix, run, field):

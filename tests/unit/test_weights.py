@@ -227,12 +227,6 @@ def test_load_missing_checkpoint_raises_checkpoint_error(tokenizer, tmp_path):
         load_checkpoint(tmp_path / "step_00000009", model, _adamw(model))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load_checkpoint catches only OSError/ValueError/KeyError; a corrupt safetensors "
-    "file raises safetensors' SafetensorError (an Exception subclass), which escapes raw "
-    "instead of becoming a CheckpointError",
-)
 def test_corrupt_checkpoint_raises_checkpoint_error(tokenizer, tmp_path):
     model = tiny(tokenizer)
     opt = _adamw(model)
@@ -241,3 +235,17 @@ def test_corrupt_checkpoint_raises_checkpoint_error(tokenizer, tmp_path):
     (path / "model.safetensors").write_bytes(b"\xff" * 64)
     with pytest.raises(CheckpointError):
         load_checkpoint(path, model, opt)
+
+
+def test_corrupt_optimizer_file_leaves_model_untouched(tokenizer, tmp_path):
+    model = tiny(tokenizer)
+    opt = _adamw(model)
+    _train_step(model, opt, 0)
+    path = save_checkpoint(tmp_path, 1, model, opt, {})
+    (path / "optimizer.safetensors").write_bytes(b"\xff" * 64)
+    fresh = tiny(tokenizer)
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(CheckpointError):
+        load_checkpoint(path, fresh, _adamw(fresh))
+    for name, tensor in fresh.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
