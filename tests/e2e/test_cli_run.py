@@ -1,0 +1,129 @@
+"""``streamrft run`` end to end on the arithmetic example: it learns, the books balance."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "arithmetic.yaml"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    return env
+
+
+def _streamrft(*args: str) -> list[str]:
+    return [sys.executable, "-m", "streamrft.infra.cli", *args]
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_run_learns_and_books_balance(tmp_path):
+    summary_path = tmp_path / "summary.json"
+    steps = 60
+    proc = subprocess.run(
+        _streamrft(
+            "run", str(EXAMPLE), "--max-steps", str(steps), "--summary", str(summary_path),
+            "--no-progress", "-o", f"run.dir={tmp_path / 'runs'}", "-o", "trainer.eval_interval=20",
+        ),
+        env=_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(summary_path.read_text())
+    # it learned: greedy accuracy and sampled reward rose by a wide margin
+    assert s["steps"] == steps
+    assert s["eval_accuracy_last"] >= s["eval_accuracy_first"] + 0.15, s["eval_accuracy"]
+    assert s["mean_reward_last"] >= s["mean_reward_first"] + 0.1
+    # the books balance: every trained group once, none newer than the trainer's version,
+    # none staler than max_staleness; everything trained was consumed, and published
+    books = s["books"]
+    assert books == {**books, "trained_twice": 0, "newer_than_trainer": 0, "staler_than_max": 0}
+    assert s["groups_trained"] == steps * 32
+    assert s["experiences_trained"] == s["groups_trained"] * 8
+    assert s["experiences_published"] >= s["experiences_consumed"] >= s["experiences_trained"]
+    assert s["duplicates_dropped"] == 0 and s["dead_letters"] == 0
+    # weights flowed: one version per step plus version 0, applied by the explorer
+    assert s["versions_published"] == steps + 1
+    assert s["versions_applied"]["explorer-0"] >= steps // 2
+    assert s["versions_rejected"] == {"explorer-0": 0}
+    assert s["explorers_stopped"] == ["explorer-0"]
+    assert s["exit_codes"] == {"trainer": 0, "explorer-0": 0, "feeder": 0}
+    ckpt = Path(s["run_dir"])
+    if not ckpt.is_absolute():
+        ckpt = tmp_path / ckpt
+    assert (ckpt / "checkpoints" / "latest").read_text() == f"step_{steps:08d}"
+    assert not _processes_mentioning(s["run_id"])
+
+
+def test_sigint_stops_everything_cleanly(tmp_path):
+    runs = tmp_path / "runs"
+    summary_path = tmp_path / "summary.json"
+    proc = subprocess.Popen(
+        _streamrft(
+            "run", str(EXAMPLE), "--max-steps", "100000", "--summary", str(summary_path),
+            "--no-progress", "-o", f"run.dir={runs}", "-o", "trainer.warmup_sft_steps=0",
+        ),
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        trainer_log = None
+        while time.monotonic() < deadline:
+            logs = list(runs.glob("*/logs/trainer.log"))
+            if logs and "trainer: step 10 " in logs[0].read_text():
+                trainer_log = logs[0]
+                break
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.5)
+        assert trainer_log is not None, "training did not reach step 10"
+        run_id = trainer_log.parent.parent.name
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    s = json.loads(summary_path.read_text())
+    assert s["interrupted"] is True
+    assert s["steps"] >= 10
+    assert all(code is not None for code in s["exit_codes"].values())
+    # the trainer checkpointed on its way out
+    latest = (runs / run_id / "checkpoints" / "latest").read_text()
+    assert int(latest.split("_")[1]) >= 10
+    assert not _processes_mentioning(run_id)
+
+
+def test_bad_config_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("batch_size: 32        # groups", "batch_size: -3        # groups"))
+    proc = subprocess.run(
+        _streamrft("run", str(bad)), env=_env(), capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert proc.returncode == 2
+    assert "trainer.batch_size" in proc.stderr and "Traceback" not in proc.stderr
