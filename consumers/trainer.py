@@ -28,16 +28,16 @@ from streamrft.consumers.evaluation import greedy_accuracy
 from streamrft.consumers.grpo import grpo_step
 from streamrft.consumers.warmup import sft_warmup
 from streamrft.infra import kafka
-from streamrft.infra.bus import EventBus
+from streamrft.infra.bus import EventBus, read_history
 from streamrft.infra.config import Config
 from streamrft.infra.modeling import load_policy
 from streamrft.infra.shutdown import install_stop_handlers
 from streamrft.producers.engine import TransformersEngine
 from streamrft.producers.rewards import get_reward
 from streamrft.producers.taskset import read_taskset
-from streamrft.schemas.codec import EXPERIENCE_GROUP
+from streamrft.schemas.codec import CONTROL, EXPERIENCE_GROUP
 from streamrft.schemas.errors import SchemaError, StreamRFTError
-from streamrft.schemas.events import RunState, Shutdown, TrainedGroup
+from streamrft.schemas.events import ModelVersionReady, RunState, Shutdown, TrainedGroup
 from streamrft.schemas.experience import ExperienceGroup
 from streamrft.sync.object_store import ObjectStorePublisher
 from streamrft.sync.weights import unique_state_dict
@@ -91,6 +91,7 @@ class Trainer:
         self.step = 0
         self.version = -1
         self.resume_offsets: dict[tuple[str, int], int] = {}
+        self.version_floor = -1
 
     # -- state -----------------------------------------------------------------------------
     def _state(self) -> dict:
@@ -132,10 +133,22 @@ class Trainer:
         log.info("trainer: checkpoint %s", path)
 
     # -- versions --------------------------------------------------------------------------
+    async def published_versions_floor(self) -> int:
+        """Highest version already announced on this run's control topic (-1: none).
+
+        A resumed trainer may restart from a checkpoint older than the last version it
+        announced; new versions continue above it so a version number never names two
+        different sets of weights.
+        """
+        history = await read_history(self.cfg, self.topics.control, CONTROL, "trainer-resume")
+        return max((ev.version for ev in history if isinstance(ev, ModelVersionReady)), default=-1)
+
     async def publish_version(self) -> None:
         t0 = time.perf_counter()
         tensors = unique_state_dict(self.model)
-        event = await asyncio.to_thread(self.publisher.publish, tensors, self.step, self.step)
+        version = max(self.step, self.version_floor + 1, self.version + 1)
+        event = await asyncio.to_thread(self.publisher.publish, tensors, version, self.step)
+        self.version_floor = version
         await self.bus.control(event)
         self.version = self.bus.version = event.version
         self.bus.count("versions_published")
@@ -222,6 +235,7 @@ class Trainer:
                 )
             if tcfg.kl_coef > 0:
                 self.ref_model = copy.deepcopy(self.model).eval()
+            self.version_floor = await self.published_versions_floor()
             await self.publish_version()
             await self.evaluate()
             consumer.subscribe(

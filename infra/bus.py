@@ -33,6 +33,9 @@ from streamrft.schemas.events import (
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_CLOCK_SKEW_S = 2.0
+"""A Shutdown event older than this process by more than this is from an earlier attempt."""
+
 
 class EventBus:
     def __init__(self, cfg: Config, component: str, role: str) -> None:
@@ -51,6 +54,7 @@ class EventBus:
         self.version_event = asyncio.Event()
         self.shutdown_event = asyncio.Event()
         self.sync_requests: list[SyncRequest] = []
+        self.started_at = time.time()
 
     async def start(self, listen_control: bool = False) -> None:
         self._producer = kafka.event_producer(self.cfg.kafka, f"{self.component}-events")
@@ -192,6 +196,13 @@ class EventBus:
                     self.latest_version = event
                     self.version_event.set()
             case Shutdown():
+                # The control topic is read from the beginning, so a resumed run also sees
+                # the Shutdown that ended its previous attempt: only a newer one counts.
+                if event.created_at and event.created_at < self.started_at - SHUTDOWN_CLOCK_SKEW_S:
+                    log.debug(
+                        "%s: ignoring a Shutdown from before this process started", self.component
+                    )
+                    return
                 log.info("%s: shutdown requested (%s)", self.component, event.reason)
                 self.shutdown_event.set()
             case SyncRequest():
@@ -222,3 +233,28 @@ class EventBus:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.version_event.wait(), min(remaining, 0.5))
         return self.latest_version
+
+
+async def read_history(
+    cfg: Config, topic: str, codec: Codec, client_id: str, quiet_polls: int = 3
+) -> list:
+    """Every decodable message of a single-partition event topic, from the beginning.
+
+    The end is where the topic goes quiet for ``quiet_polls`` polls (the embedded broker's
+    "latest" offset cannot be trusted). Undecodable messages are skipped here: whoever
+    consumes the topic live dead-letters them.
+    """
+    reader = kafka.event_reader(cfg.kafka, [topic], client_id)
+    await kafka.start_client(reader, f"{client_id} reader")
+    events, quiet = [], 0
+    try:
+        while quiet < quiet_polls:
+            batches = await reader.getmany(timeout_ms=200)
+            quiet = 0 if batches else quiet + 1
+            for records in batches.values():
+                for rec in records:
+                    with contextlib.suppress(SchemaError):
+                        events.append(codec.decode(rec.value, rec.headers))
+    finally:
+        await reader.stop()
+    return events

@@ -155,7 +155,7 @@ async def _tail(bootstrap: str, topic: str, limit: int, follow: bool) -> int:
 
     from streamrft.infra import kafka
     from streamrft.infra.config import KafkaConfig
-    from streamrft.schemas.codec import CODEC_BY_KIND, to_builtins
+    from streamrft.schemas.codec import CODEC_BY_KIND, readable
     from streamrft.schemas.topics import TopicNames
 
     codec = CODEC_BY_KIND.get(TopicNames.kind_of(topic) or "")
@@ -189,7 +189,7 @@ async def _tail(bootstrap: str, topic: str, limit: int, follow: bool) -> int:
                     }
                     try:
                         body = (
-                            to_builtins(codec.decode(rec.value, rec.headers))
+                            readable(codec.decode(rec.value, rec.headers))
                             if codec
                             else {"raw_bytes": len(rec.value or b"")}
                         )
@@ -285,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ class ObjectStoreConfig(_Section):
     secure: bool = False
     """Use https."""
     region: str = "us-east-1"
+    """Region the S3 client signs for (any value works with MinIO and the embedded server)."""
     bucket: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9.-]{2,62}$")] = "streamrft"
     """Bucket that holds weight versions (created if missing)."""
     part_size_mb: Annotated[int, msgspec.Meta(ge=5, le=5120)] = 16
@@ -125,7 +126,9 @@ class ExplorerConfig(_Section):
     repeat_times: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 8
     """Rollouts per task (one experience group)."""
     temperature: PosF = 1.0
+    """Sampling temperature; the trainer recomputes log-probs at the same temperature."""
     max_new_tokens: Pos = 16
+    """Longest response, EOS included."""
     reward: str = "exact_match"
     """Reward function of the math workflow (see producers/rewards.py)."""
     threads: Pos = 1
@@ -136,6 +139,7 @@ class ExplorerConfig(_Section):
 
 class TrainerConfig(_Section):
     algorithm: Literal["grpo"] = "grpo"
+    """Policy-optimisation algorithm (GRPO; PPO/SFT/DPO come later)."""
     batch_size: Pos = 32
     """Experience groups per training step."""
     ppo_epochs: Pos = 1
@@ -143,8 +147,11 @@ class TrainerConfig(_Section):
     micro_batch_size: NonNeg = 0
     """Sequences per forward/backward (0: the whole batch at once)."""
     lr: PosF = 1e-3
+    """AdamW learning rate of the RL steps."""
     weight_decay: NonNegF = 0.0
+    """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
     grad_clip: NonNegF = 1.0
     """Max global grad norm (0: no clipping)."""
     clip_low: Frac = 0.2
@@ -153,6 +160,7 @@ class TrainerConfig(_Section):
     kl_coef: NonNegF = 0.0
     """Weight of the k3 KL penalty to the reference model (the post-warm-up weights)."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """How per-token losses become one number (see consumers/losses.py ``aggregate``)."""
     std_normalize: bool = True
     """Divide group-centred rewards by the group's std (GRPO); False: Dr. GRPO."""
     max_staleness: NonNeg = 1
@@ -166,7 +174,9 @@ class TrainerConfig(_Section):
     warmup_sft_steps: NonNeg = 0
     """Supervised steps on (prompt, answer) pairs before RL starts (publishes version 0 after)."""
     warmup_sft_batch: Pos = 64
+    """Tasks per supervised warm-up step."""
     warmup_sft_lr: PosF = 3e-3
+    """Learning rate of the warm-up (a fresh AdamW, separate from the RL optimizer)."""
     threads: Pos = 1
     """torch threads of the trainer process."""
     resume: bool = True
@@ -192,6 +202,7 @@ class MonitorConfig(_Section):
     progress: bool = True
     """Show a live progress line during ``streamrft run``."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level of every process of the run."""
 
 
 class Config(_Section):

@@ -40,10 +40,9 @@ class RunMonitor:
     status: dict[str, StatusEvent] = field(default_factory=dict)
     dead_letters: int = 0
     undecodable: int = 0
-    trained_ids: dict[str, int] = field(default_factory=dict)
-    version_violations: int = 0
-    staleness_violations: int = 0
-    max_staleness_seen: int = 0
+    ledger: dict[int, MetricsEvent] = field(default_factory=dict)
+    """Trainer step -> the metrics event carrying its ledger; a step redone after a resume
+    from an older checkpoint replaces the lost attempt's entry (its update was lost too)."""
     last_event_at: float = field(default_factory=time.monotonic)
 
     def on_metrics(self, ev: MetricsEvent) -> None:
@@ -55,14 +54,8 @@ class RunMonitor:
                 self.trainer_step = max(self.trainer_step, ev.step)
             if "trainer/final_step" in ev.values:
                 self.trainer_final = dict(ev.values)
-            for row in ev.trained:
-                self.trained_ids[row.group_id] = self.trained_ids.get(row.group_id, 0) + 1
-                if row.model_version > ev.version:
-                    self.version_violations += 1
-                stale = ev.version - row.model_version
-                self.max_staleness_seen = max(self.max_staleness_seen, stale)
-                if stale > self.cfg.trainer.max_staleness:
-                    self.staleness_violations += 1
+            if ev.trained:
+                self.ledger[ev.step] = ev
 
     def on_status(self, ev: StatusEvent) -> None:
         self.status[ev.component] = ev
@@ -101,6 +94,26 @@ class RunMonitor:
             with contextlib.suppress(Exception):
                 await reader.stop()
 
+    def books(self) -> tuple[dict[str, int], int]:
+        """Audit of the ledger, and how many distinct groups were trained."""
+        times: dict[str, int] = {}
+        newer = staler = max_seen = 0
+        for ev in self.ledger.values():
+            for row in ev.trained:
+                times[row.group_id] = times.get(row.group_id, 0) + 1
+                stale = ev.version - row.model_version
+                newer += stale < 0
+                staler += stale > self.cfg.trainer.max_staleness
+                max_seen = max(max_seen, stale)
+        books = {
+            "trained_twice": sum(1 for n in times.values() if n > 1),
+            "newer_than_trainer": newer,
+            "staler_than_max": staler,
+            "max_staleness_seen": max_seen,
+            "steps_in_ledger": len(self.ledger),
+        }
+        return books, len(times)
+
     def summary(self, wall_s: float) -> dict:
         explorers = {k: v for k, v in self.status.items() if v.role == "explorer"}
         acc_first = self.eval_accuracy[0][1] if self.eval_accuracy else None
@@ -110,6 +123,7 @@ class RunMonitor:
         trainer = self.status.get("trainer")
         counters = trainer.counters if trainer else {}
         final = self.trainer_final
+        books, groups_trained = self.books()
         return {
             "run_id": self.cfg.run.id,
             "steps": self.trainer_step,
@@ -131,7 +145,7 @@ class RunMonitor:
             "experiences_trained": int(
                 final.get("trainer/experiences_trained", counters.get("experiences_trained", 0))
             ),
-            "groups_trained": len(self.trained_ids),
+            "groups_trained": groups_trained,
             "duplicates_dropped": int(final.get("trainer/duplicates_dropped", 0)),
             "stale_dropped": int(final.get("trainer/stale_dropped", 0)),
             "versions_published": int(
@@ -148,11 +162,6 @@ class RunMonitor:
                 k for k, v in explorers.items() if v.state == RunState.STOPPED
             ),
             "dead_letters": self.dead_letters,
-            "books": {
-                "trained_twice": sum(1 for n in self.trained_ids.values() if n > 1),
-                "newer_than_trainer": self.version_violations,
-                "staler_than_max": self.staleness_violations,
-                "max_staleness_seen": self.max_staleness_seen,
-            },
+            "books": books,
             "wall_s": round(wall_s, 2),
         }

@@ -9,11 +9,11 @@ import random
 from aiokafka.errors import KafkaError
 
 from streamrft.infra import kafka
-from streamrft.infra.bus import EventBus
+from streamrft.infra.bus import EventBus, read_history
 from streamrft.infra.config import Config
 from streamrft.producers.taskset import read_taskset
 from streamrft.producers.workflows import check_workflow
-from streamrft.schemas.codec import TASK
+from streamrft.schemas.codec import STATUS, TASK
 from streamrft.schemas.errors import ServiceError
 from streamrft.schemas.events import RunState
 
@@ -25,6 +25,16 @@ def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
     if shuffle:
         random.Random(seed * 7919 + epoch).shuffle(order)
     return order
+
+
+async def epochs_already_published(cfg: Config) -> int:
+    """Epochs a previous feeder of this run published completely (0 for a fresh run).
+
+    Read back from the feeder's own status events, so a restarted ``streamrft run
+    --run-id ID`` does not publish the taskset a second time.
+    """
+    history = await read_history(cfg, cfg.topics().status, STATUS, "feeder-resume")
+    return max((ev.step for ev in history if ev.component == "feeder"), default=0)
 
 
 async def feed(cfg: Config) -> int:
@@ -49,7 +59,13 @@ async def feed(cfg: Config) -> int:
             RunState.RUNNING, f"{len(tasks)} tasks x {cfg.taskset.total_epochs} epochs"
         )
         partitions = sorted(await producer.partitions_for(topics.tasks))
-        for epoch in range(cfg.taskset.total_epochs):
+        first = await epochs_already_published(cfg)
+        if first:
+            log.info(
+                "feeder: %d epochs were already published for this run; resuming after them", first
+            )
+        bus.step = first
+        for epoch in range(first, cfg.taskset.total_epochs):
             futures = []
             order = epoch_order(len(tasks), epoch, cfg.run.seed, cfg.taskset.shuffle)
             for n, i in enumerate(order):
@@ -69,10 +85,10 @@ async def feed(cfg: Config) -> int:
             except KafkaError as exc:
                 raise ServiceError(f"feeder: publishing tasks of epoch {epoch}: {exc}") from exc
             sent += len(futures)
-            bus.counters["tasks_published"] = sent
+            bus.counters["tasks_published"] = (epoch + 1) * len(tasks)
             bus.step = epoch + 1
             await bus.status(detail=f"epoch {epoch + 1}/{cfg.taskset.total_epochs} published")
-        await bus.status(RunState.STOPPED, f"done: {sent} tasks")
+        await bus.status(RunState.STOPPED, f"done: {sent} tasks published by this feeder")
         log.info("feeder: %d tasks published", sent)
         return sent
     finally:

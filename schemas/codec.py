@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from streamrft.schemas.arrays import unpack_f32, unpack_i32
 from streamrft.schemas.errors import SchemaError
 from streamrft.schemas.events import (
     ControlEvent,
@@ -20,7 +21,7 @@ from streamrft.schemas.events import (
     MetricsEvent,
     StatusEvent,
 )
-from streamrft.schemas.experience import ExperienceGroup, Task, validate_group
+from streamrft.schemas.experience import Experience, ExperienceGroup, Task, validate_group
 from streamrft.schemas.weights import WeightManifest
 
 SCHEMA_VERSION = 1
@@ -118,5 +119,22 @@ def decode_manifest(data: bytes) -> WeightManifest:
 
 
 def to_builtins(obj: Any) -> Any:
-    """A JSON-friendly view of any wire object (bytes become base64), for printing."""
+    """A JSON-friendly view of any wire object (bytes become base64)."""
+    return msgspec.to_builtins(obj)
+
+
+def _readable_experience(exp: Experience) -> dict[str, Any]:
+    view = msgspec.to_builtins(exp)
+    view["tokens"] = unpack_i32(exp.tokens)
+    view["logprobs"] = [round(x, 5) for x in unpack_f32(exp.logprobs)]
+    view["action_mask"] = list(exp.action_mask)
+    return view
+
+
+def readable(obj: Any) -> Any:
+    """Like :func:`to_builtins`, with token ids, log-probs and masks as number lists."""
+    if isinstance(obj, ExperienceGroup):
+        view = msgspec.to_builtins(obj)
+        view["experiences"] = [_readable_experience(e) for e in obj.experiences]
+        return view
     return msgspec.to_builtins(obj)

@@ -15,6 +15,7 @@ class ModelVersionReady(msgspec.Struct, tag="model_version_ready", kw_only=True)
     """A new model version is published and verified-readable at ``uri``."""
 
     version: int
+    """The new version; strictly increasing within a run, never reused."""
     method: str
     """How the weights travel: ``object_store`` (issue 2), ``filesystem``, ``nccl``."""
     uri: str
@@ -26,22 +27,29 @@ class ModelVersionReady(msgspec.Struct, tag="model_version_ready", kw_only=True)
     step: int
     """Trainer step after which these weights were taken."""
     lora: bool = False
+    """True when only a LoRA adapter was published."""
     created_at: float = 0.0
+    """Unix time of publication."""
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", kw_only=True):
     """Ask every component of the run to stop after its current unit of work."""
 
     reason: str = ""
+    """Why, for the logs."""
     created_at: float = 0.0
+    """Unix time; components ignore a Shutdown from before they started (a resumed run)."""
 
 
 class SyncRequest(msgspec.Struct, tag="sync_request", kw_only=True):
     """An explorer asks the trainer for a version at least ``min_version``."""
 
     explorer: str
+    """Component id of the asking explorer."""
     min_version: int
+    """Lowest version it can use."""
     created_at: float = 0.0
+    """Unix time of the request."""
 
 
 ControlEvent = ModelVersionReady | Shutdown | SyncRequest
@@ -60,12 +68,17 @@ class StatusEvent(msgspec.Struct, kw_only=True):
     component: str
     """``trainer``, ``explorer-0``, ``feeder``..."""
     role: str
+    """``trainer``, ``explorer``, ``feeder`` or ``supervisor``."""
     state: RunState
+    """Where the component is in the sync protocol."""
     step: int
+    """Steps done (explorer and trainer steps; epochs published for the feeder)."""
     version: int
     """Model version the component holds (-1 before its first)."""
     created_at: float = 0.0
+    """Unix time of the heartbeat."""
     detail: str = ""
+    """Human-readable note (what it waits for, why it stopped)."""
     counters: dict[str, float] = {}
     """Running totals (groups published, versions applied, ...)."""
 
@@ -74,18 +87,26 @@ class TrainedGroup(msgspec.Struct, array_like=True):
     """Ledger row: one group a trainer step used, and the version it was sampled with."""
 
     group_id: str
+    """Id of the experience group."""
     model_version: int
+    """Version that sampled it."""
 
 
 class MetricsEvent(msgspec.Struct, kw_only=True):
     """Per-step numbers from a component, keyed by run on ``<ns>.metrics``."""
 
     run: str
+    """Run id."""
     component: str
+    """Component id that measured the values."""
     step: int
+    """The component's step the values belong to."""
     version: int
+    """Model version the component held (the trainer: before this step's publish)."""
     values: dict[str, float]
+    """Named numbers, ``<area>/<name>`` (``train/loss``, ``eval/accuracy``...)."""
     created_at: float = 0.0
+    """Unix time of the measurement."""
     trained: list[TrainedGroup] = []
     """Trainer only: the ledger of groups this step trained on."""
 
@@ -94,11 +115,20 @@ class DeadLetter(msgspec.Struct, kw_only=True):
     """A message that failed to decode or validate, kept whole with the reason."""
 
     source_topic: str
+    """Topic the message was read from."""
     partition: int
+    """Its partition."""
     offset: int
+    """Its offset."""
     key: bytes | None
+    """The original key, unchanged."""
     value: bytes | None
+    """The original value, unchanged (replay it once the cause is fixed)."""
     reason: str
+    """What was wrong, as the decoder or validator said it."""
     error_type: str
+    """Exception class name (``SchemaError``...)."""
     component: str
+    """Component that rejected it."""
     created_at: float = 0.0
+    """Unix time of the rejection."""

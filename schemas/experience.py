@@ -12,8 +12,6 @@ import msgspec
 
 from streamrft.schemas.errors import SchemaError
 
-NonNegInt = msgspec.Meta(ge=0)
-
 
 class Task(msgspec.Struct, kw_only=True):
     """One prompt to explore, published on ``<ns>.tasks`` with key = task id."""
@@ -73,15 +71,21 @@ class ExperienceGroup(msgspec.Struct, kw_only=True):
     id: str
     """``<run>/<task id>@<epoch>/<explorer id>``."""
     run: str
+    """Run id (the topic namespace) the group belongs to."""
     task_id: str
+    """Id of the task the rollouts answer; also the message key."""
     explorer: str
+    """Component id of the explorer that sampled it (``explorer-0``...)."""
     model_version: int
     """Model version the explorer held when it sampled the group."""
     experiences: list[Experience]
+    """The rollouts, ``repeat_times`` of them."""
     created_at: float = 0.0
     """Unix time the group was completed."""
     workflow: str = "math"
+    """Workflow that produced it."""
     epoch: int = 0
+    """Taskset pass the task was delivered in."""
 
 
 def make_group_id(run: str, task_id: str, epoch: int, explorer: str) -> str:

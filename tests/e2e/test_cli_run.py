@@ -49,10 +49,23 @@ def test_run_learns_and_books_balance(tmp_path):
     steps = 60
     proc = subprocess.run(
         _streamrft(
-            "run", str(EXAMPLE), "--max-steps", str(steps), "--summary", str(summary_path),
-            "--no-progress", "-o", f"run.dir={tmp_path / 'runs'}", "-o", "trainer.eval_interval=20",
+            "run",
+            str(EXAMPLE),
+            "--max-steps",
+            str(steps),
+            "--summary",
+            str(summary_path),
+            "--no-progress",
+            "-o",
+            f"run.dir={tmp_path / 'runs'}",
+            "-o",
+            "trainer.eval_interval=20",
         ),
-        env=_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads(summary_path.read_text())
@@ -86,10 +99,23 @@ def test_sigint_stops_everything_cleanly(tmp_path):
     summary_path = tmp_path / "summary.json"
     proc = subprocess.Popen(
         _streamrft(
-            "run", str(EXAMPLE), "--max-steps", "100000", "--summary", str(summary_path),
-            "--no-progress", "-o", f"run.dir={runs}", "-o", "trainer.warmup_sft_steps=0",
+            "run",
+            str(EXAMPLE),
+            "--max-steps",
+            "100000",
+            "--summary",
+            str(summary_path),
+            "--no-progress",
+            "-o",
+            f"run.dir={runs}",
+            "-o",
+            "trainer.warmup_sft_steps=0",
         ),
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
     )
     try:
         deadline = time.monotonic() + 180
@@ -121,9 +147,18 @@ def test_sigint_stops_everything_cleanly(tmp_path):
 
 def test_bad_config_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(EXAMPLE.read_text().replace("batch_size: 32        # groups", "batch_size: -3        # groups"))
+    bad.write_text(
+        EXAMPLE.read_text().replace(
+            "batch_size: 32        # groups", "batch_size: -3        # groups"
+        )
+    )
     proc = subprocess.run(
-        _streamrft("run", str(bad)), env=_env(), capture_output=True, text=True, timeout=60, cwd=tmp_path
+        _streamrft("run", str(bad)),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
     )
     assert proc.returncode == 2
     assert "trainer.batch_size" in proc.stderr and "Traceback" not in proc.stderr

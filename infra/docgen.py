@@ -1,0 +1,458 @@
+"""Generate the README's configuration and wire-schema reference from the code.
+
+The README holds two generated blocks between markers::
+
+    <!-- BEGIN GENERATED: config -->  ...  <!-- END GENERATED: config -->
+    <!-- BEGIN GENERATED: schemas --> ...  <!-- END GENERATED: schemas -->
+
+Types, defaults and bounds come from the msgspec structs; descriptions come from the string
+literal that follows a field in the class body (read from the source with :mod:`ast`).
+
+    python -m streamrft.infra.docgen [--check] [README.md]
+
+rewrites the blocks in place, or with ``--check`` exits 1 (printing a diff) when stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import enum
+import functools
+import inspect
+import json
+import re
+import sys
+import types
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+
+from streamrft.infra.config import Config, KafkaConfig
+from streamrft.schemas import codec as codec_mod
+from streamrft.schemas.codec import CODEC_BY_KIND, HEADER_SCHEMA, HEADER_TYPE, SCHEMA_VERSION
+from streamrft.schemas.topics import TOPIC_KINDS, TopicNames
+from streamrft.schemas.weights import WeightManifest
+
+MARKERS = ("config", "schemas")
+REQUIRED = "*required*"
+
+# How each topic is keyed: written by hand from the producers (keys are call-site choices,
+# not declared anywhere). schema_reference() fails if a topic kind is missing here.
+TOPIC_KEYS: dict[str, str] = {
+    # producers/feeder.py: key=task.id; the partition is chosen round-robin, not by key
+    "tasks": "task id (`Task.id`); partition chosen round-robin by the feeder",
+    # producers/explorer.py: key=g.task_id, so a group stays whole on one partition
+    "experiences": "task id (`ExperienceGroup.task_id`)",
+    # infra/bus.py EventBus.control / status / metrics / dead_letter
+    "control": "id of the sending component",
+    "status": "component id",
+    "metrics": "run id",
+    "dead_letters": "id of the component that could not handle the message",
+}
+
+
+# -- source docstrings --------------------------------------------------------------------
+@functools.cache
+def _module_ast(path: str) -> ast.Module:
+    return ast.parse(Path(path).read_text(), filename=path)
+
+
+def _class_node(cls: type) -> ast.ClassDef | None:
+    path = inspect.getsourcefile(cls)
+    if path is None:
+        return None
+    for node in _module_ast(path).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
+            return node
+    return None
+
+
+def _is_doc(node: ast.stmt) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    )
+
+
+def _attribute_docs(body: list[ast.stmt], grouped: bool) -> dict[str, str]:
+    """Names assigned in ``body`` -> the string literal that follows them.
+
+    ``grouped``: a string after a run of several fields describes every field of the run
+    (since the previous string); otherwise it describes only the field directly above it.
+    """
+    docs: dict[str, str] = {}
+    pending: list[str] = []
+    for node in body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            pending.append(node.target.id)
+        elif isinstance(node, ast.Assign):
+            pending.extend(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif _is_doc(node) and pending:
+            text = inspect.cleandoc(node.value.value)  # type: ignore[attr-defined]
+            for name in pending if grouped else pending[-1:]:
+                docs[name] = text
+            pending = []
+        else:
+            pending = []
+    return docs
+
+
+def field_docs(cls: type, grouped: bool = False) -> dict[str, str]:
+    """Field name -> description of a struct (own and inherited fields)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass in (object, msgspec.Struct):
+            continue
+        node = _class_node(klass)
+        if node is not None:
+            docs.update(_attribute_docs(node.body, grouped))
+    return docs
+
+
+def class_doc(cls: type) -> str:
+    node = _class_node(cls)
+    doc = ast.get_docstring(node) if node is not None else None
+    return doc or ""
+
+
+def module_docs(module: types.ModuleType) -> dict[str, str]:
+    """Module-level constant -> the string literal that follows its assignment."""
+    path = inspect.getsourcefile(module)
+    return _attribute_docs(_module_ast(path).body, grouped=False) if path else {}
+
+
+# -- rendering helpers --------------------------------------------------------------------
+_ROLE = re.compile(r":(?:class|func|mod|meth|attr|data|exc|obj):`~?([^`]+)`")
+_RST_CODE = re.compile(r"``([^`]+)``")
+
+
+def _prose(text: str) -> str:
+    """A docstring with Sphinx roles and ``rst literals`` turned into Markdown code spans."""
+
+    def short(m: re.Match[str]) -> str:
+        target = m.group(1)
+        whole = m.group(0)
+        return f"`{target.rsplit('.', 1)[-1] if '`~' in whole else target}`"
+
+    return _RST_CODE.sub(r"`\1`", _ROLE.sub(short, text))
+
+
+def cell(text: str) -> str:
+    """Text safe inside one Markdown table cell."""
+    return " ".join(_prose(text).split()).replace("|", "\\|")
+
+
+def code(text: str) -> str:
+    """``text`` as a code span inside a table cell (whitespace kept, ``|`` escaped)."""
+    if not text:
+        return ""
+    fence = "``" if "`" in text else "`"
+    pad = " " if "`" in text else ""
+    body = text.replace("|", "\\|").replace("\n", " ")
+    return f"{fence}{pad}{body}{pad}{fence}"
+
+
+def type_name(tp: Any) -> str:
+    """An annotation as a reader writes it: ``str | None``, ``a | b`` for a Literal."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:
+        return type_name(args[0])
+    if origin is Literal:
+        return " | ".join(str(a.value if isinstance(a, enum.Enum) else a) for a in args)
+    if origin is Union or origin is types.UnionType:
+        return " | ".join(type_name(a) for a in args)
+    if tp is None or tp is type(None):
+        return "None"
+    if tp is Ellipsis:
+        return "..."
+    if origin is not None:
+        base = getattr(origin, "__name__", str(origin))
+        return f"{base}[{', '.join(type_name(a) for a in args)}]"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return " | ".join(str(m.value) for m in tp)
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp)
+
+
+def _metas(tp: Any) -> Iterator[msgspec.Meta]:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:
+        yield from (a for a in args[1:] if isinstance(a, msgspec.Meta))
+        yield from _metas(args[0])
+    elif origin is Union or origin is types.UnionType:
+        for a in args:
+            yield from _metas(a)
+
+
+_BOUNDS = (
+    ("ge", ">= {}"),
+    ("gt", "> {}"),
+    ("le", "<= {}"),
+    ("lt", "< {}"),
+    ("multiple_of", "multiple of {}"),
+    ("min_length", "length >= {}"),
+    ("max_length", "length <= {}"),
+)
+
+
+def bounds(tp: Any) -> str:
+    """The msgspec.Meta constraints of an annotation, e.g. ``>= 0, <= 1``."""
+    parts = []
+    for meta in _metas(tp):
+        parts += [
+            fmt.format(getattr(meta, k)) for k, fmt in _BOUNDS if getattr(meta, k) is not None
+        ]
+        if meta.pattern is not None:
+            parts.append(f"pattern `{meta.pattern}`")
+    return ", ".join(parts).replace("|", "\\|")
+
+
+def format_default(field: msgspec.structs.FieldInfo) -> str:
+    """A field's default as JSON (valid YAML), or ``*required*``."""
+    if field.default is not msgspec.NODEFAULT:
+        value = field.default
+    elif field.default_factory is not msgspec.NODEFAULT:
+        value = field.default_factory()
+    else:
+        return REQUIRED
+    return code(json.dumps(msgspec.to_builtins(value), ensure_ascii=False))
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _is_struct(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, msgspec.Struct)
+
+
+# -- config -------------------------------------------------------------------------------
+def config_reference() -> str:
+    """Markdown: one ``### <section>`` with a table of its fields per Config section."""
+    out: list[str] = []
+    for section in msgspec.structs.fields(Config):
+        cls = section.type
+        if not _is_struct(cls):
+            raise TypeError(f"Config.{section.name}: not a section struct ({cls!r})")
+        docs = field_docs(cls, grouped=True)
+        out += [f"### {section.encode_name}", ""]
+        if doc := class_doc(cls):
+            out += [_prose(doc), ""]
+        rows = [
+            [
+                code(f.encode_name),
+                code(type_name(f.type)),
+                format_default(f),
+                bounds(f.type),
+                cell(docs.get(f.name, "")),
+            ]
+            for f in msgspec.structs.fields(cls)
+        ]
+        out += _table(["field", "type", "default", "bounds", "description"], rows)
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+# -- schemas ------------------------------------------------------------------------------
+def _union_members(tp: Any) -> list[Any]:
+    if typing.get_origin(tp) is Union or typing.get_origin(tp) is types.UnionType:
+        return list(typing.get_args(tp))
+    return [tp]
+
+
+def _nested_structs(tp: Any) -> Iterator[type]:
+    """Structs named in an annotation (through unions, containers and Annotated)."""
+    if _is_struct(tp):
+        yield tp
+    for arg in typing.get_args(tp):
+        yield from _nested_structs(arg)
+
+
+def wire_structs() -> list[type]:
+    """Every struct that travels: the topic types, the manifest, and what they contain."""
+    roots = [m for kind in TOPIC_KINDS for m in _union_members(CODEC_BY_KIND[kind]._decoder.type)]
+    seen: list[type] = []
+
+    def visit(cls: type) -> None:
+        if cls in seen:
+            return
+        seen.append(cls)
+        for f in msgspec.structs.fields(cls):
+            for inner in _nested_structs(f.type):
+                visit(inner)
+
+    for cls in [*roots, WeightManifest]:
+        visit(cls)
+    return seen
+
+
+def _message_type(tp: Any) -> str:
+    members = _union_members(tp)
+    names = " \\| ".join(f"`{m.__name__}`" for m in members)
+    if len(members) > 1:
+        fields = {m.__struct_config__.tag_field for m in members}
+        names += f" (tagged union on {', '.join(f'`{t}`' for t in sorted(fields))})"
+    return names
+
+
+def _partitions() -> dict[str, str]:
+    """Partitions per topic kind, read from ``topic_specs`` (kafka.partitions or a number)."""
+    from streamrft.infra.kafka import topic_specs
+
+    topics = TopicNames("p", "r")
+    a = {s.name: s.num_partitions for s in topic_specs(KafkaConfig(partitions=2), topics)}
+    b = {s.name: s.num_partitions for s in topic_specs(KafkaConfig(partitions=3), topics)}
+    out = {}
+    for kind in TOPIC_KINDS:
+        name = topics.of(kind)
+        out[kind] = "`kafka.partitions`" if (a[name], b[name]) == (2, 3) else str(a[name])
+    return out
+
+
+def _struct_section(cls: type) -> list[str]:
+    cfg = cls.__struct_config__
+    title = f"#### {cls.__name__}"
+    if cfg.tag is not None:
+        title += f" (`{cfg.tag_field}: {cfg.tag}`)"
+    out = [title, ""]
+    if doc := class_doc(cls):
+        out += [_prose(doc), ""]
+    if cfg.array_like:
+        out += ["Encoded as an array of its fields, in this order.", ""]
+    docs = field_docs(cls, grouped=False)
+    rows = [
+        [
+            code(f.encode_name),
+            code(type_name(f.type)),
+            format_default(f),
+            cell(docs.get(f.name, "")),
+        ]
+        for f in msgspec.structs.fields(cls)
+    ]
+    return [*out, *_table(["field", "type", "default", "description"], rows), ""]
+
+
+def schema_reference() -> str:
+    """Markdown: the topics of a run, the message headers, and every wire struct."""
+    missing = [k for k in TOPIC_KINDS if k not in TOPIC_KEYS]
+    if missing:
+        raise RuntimeError(f"docgen: no message key documented for topic kind(s) {missing}")
+    parts = _partitions()
+    consts = module_docs(codec_mod)
+    out = [
+        "### Topics",
+        "",
+        "Every run has its own topics, `<kafka.topic_prefix>.<run.id>.<kind>`, each created "
+        "with `kafka.replication_factor` replicas.",
+        "",
+    ]
+    rows = [
+        [
+            code(f"<prefix>.<run id>.{kind}"),
+            code(CODEC_BY_KIND[kind].name),
+            _message_type(CODEC_BY_KIND[kind]._decoder.type),
+            cell(TOPIC_KEYS[kind]),
+            parts[kind],
+        ]
+        for kind in TOPIC_KINDS
+    ]
+    out += _table(["topic", "codec", "message type", "key", "partitions"], rows)
+    out += [
+        "",
+        "### Headers",
+        "",
+        "Values are msgpack; every message carries two headers.",
+        "",
+    ]
+    rows = [
+        [
+            code(HEADER_SCHEMA),
+            code(str(SCHEMA_VERSION)),
+            cell(f"{consts.get('SCHEMA_VERSION', '')} A reader rejects a newer version.".strip()),
+        ],
+        [
+            code(HEADER_TYPE),
+            "the codec name (table above)",
+            "A reader rejects a message of another type.",
+        ],
+    ]
+    out += _table(["header", "value", "description"], rows)
+    out += ["", "### Wire types", ""]
+    intro = (
+        "`WeightManifest` (with its `ShardInfo` list) is not sent on a topic: it lies beside "
+        "the weight shards in the object store."
+    )
+    if doc := inspect.getdoc(codec_mod.encode_manifest):
+        intro += f" {_prose(doc)}"
+    out += [intro, ""]
+    for cls in wire_structs():
+        out += _struct_section(cls)
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+# -- README -------------------------------------------------------------------------------
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- BEGIN GENERATED: {name} -->", f"<!-- END GENERATED: {name} -->"
+
+
+def render_readme(readme_text: str) -> str:
+    """``readme_text`` with both generated blocks replaced (markers kept)."""
+    bodies = {"config": config_reference, "schemas": schema_reference}
+    text = readme_text
+    for name in MARKERS:
+        begin, end = _markers(name)
+        if text.count(begin) != 1 or text.count(end) != 1:
+            raise ValueError(f"README: expected exactly one {begin!r} and one {end!r}")
+        start = text.index(begin) + len(begin)
+        stop = text.index(end)
+        if stop < start:
+            raise ValueError(f"README: {end!r} comes before {begin!r}")
+        text = f"{text[:start]}\n\n{bodies[name]().strip()}\n\n{text[stop:]}"
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m streamrft.infra.docgen",
+        description="Regenerate the README's configuration and schema reference.",
+    )
+    parser.add_argument("readme", nargs="?", default="README.md", help="default: README.md")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the README is stale")
+    args = parser.parse_args(argv)
+    path = Path(args.readme)
+    try:
+        old = path.read_text()
+        new = render_readme(old)
+    except (OSError, ValueError) as exc:
+        print(f"docgen: {exc}", file=sys.stderr)
+        return 2
+    if new == old:
+        print(f"{path}: up to date")
+        return 0
+    if args.check:
+        diff = list(
+            difflib.unified_diff(
+                old.splitlines(), new.splitlines(), f"{path}", f"{path} (generated)", lineterm=""
+            )
+        )
+        print("\n".join(diff[:60]))
+        if len(diff) > 60:
+            print(f"... ({len(diff) - 60} more diff lines)")
+        print(f"{path} is stale; run: python -m streamrft.infra.docgen {path}")
+        return 1
+    path.write_text(new)
+    print(f"{path}: updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

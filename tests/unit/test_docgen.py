@@ -1,0 +1,197 @@
+"""The README's configuration and schema reference are generated from the code."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from streamrft.infra import docgen
+from streamrft.infra.config import Config
+from streamrft.schemas import (
+    DeadLetter,
+    Experience,
+    ExperienceGroup,
+    MetricsEvent,
+    ModelVersionReady,
+    ShardInfo,
+    Shutdown,
+    StatusEvent,
+    SyncRequest,
+    Task,
+    TrainedGroup,
+    WeightManifest,
+)
+from streamrft.schemas.codec import CODEC_BY_KIND
+from streamrft.schemas.topics import TOPIC_KINDS
+
+pytestmark = pytest.mark.unit
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+WIRE_STRUCTS = (
+    Task,
+    Experience,
+    ExperienceGroup,
+    ModelVersionReady,
+    Shutdown,
+    SyncRequest,
+    StatusEvent,
+    TrainedGroup,
+    MetricsEvent,
+    DeadLetter,
+    ShardInfo,
+    WeightManifest,
+)
+MARKED = """# Title
+
+intro
+
+<!-- BEGIN GENERATED: config -->
+OLD GENERATED TEXT
+<!-- END GENERATED: config -->
+
+between
+
+<!-- BEGIN GENERATED: schemas -->
+<!-- END GENERATED: schemas -->
+
+outro
+"""
+
+
+def split_sections(markdown: str, level: str) -> dict[str, str]:
+    """Heading text -> the Markdown under it (up to the next heading of that level)."""
+    parts = re.split(rf"^{level} (.+)$", markdown, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def rows(table: str) -> dict[str, list[str]]:
+    """Field name -> the cells of its table row (``\\|`` inside a cell kept)."""
+    out = {}
+    for line in table.splitlines():
+        m = re.match(r"^\| `([^`]+)` \|", line)
+        if m:
+            cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+            out[m.group(1)] = [c.strip() for c in cells]
+    return out
+
+
+def expected_default(field: msgspec.structs.FieldInfo) -> str:
+    if field.default is not msgspec.NODEFAULT:
+        value = field.default
+    elif field.default_factory is not msgspec.NODEFAULT:
+        value = field.default_factory()
+    else:
+        return "*required*"
+    return "`" + json.dumps(msgspec.to_builtins(value)).replace("|", "\\|") + "`"
+
+
+def test_config_reference_has_every_field_with_its_default():
+    sections = split_sections(docgen.config_reference(), "###")
+    assert list(sections) == [f.name for f in msgspec.structs.fields(Config)]
+    for section in msgspec.structs.fields(Config):
+        table = rows(sections[section.name])
+        fields = msgspec.structs.fields(section.type)
+        assert list(table) == [f.name for f in fields], section.name
+        for f in fields:
+            assert table[f.name][2] == expected_default(f), f"{section.name}.{f.name}"
+
+
+def test_config_reference_types_bounds_and_descriptions():
+    sections = split_sections(docgen.config_reference(), "###")
+    kafka = rows(sections["kafka"])
+    assert kafka["compression"][1] == r"`none \| gzip \| lz4 \| zstd \| snappy`"
+    assert kafka["bootstrap_servers"][1] == r"`str \| None`"
+    assert kafka["max_request_bytes"][2] == f"`{16 << 20}`"
+    assert kafka["control_fetch_max_wait_ms"][3] == ">= 0, <= 1000"
+    assert kafka["partitions"][1:4] == ["`int`", "`4`", "> 0"]
+    assert kafka["topic_prefix"][4].startswith("First part of every topic name")
+    run = rows(sections["run"])
+    assert "pattern `^[A-Za-z0-9_-]+$`" in run["id"][3]  # Meta inside `... | None`
+    trainer = rows(sections["trainer"])
+    assert trainer["betas"][1:3] == ["`tuple[float, float]`", "`[0.9, 0.999]`"]
+    # a docstring after a run of fields describes each of them
+    model = rows(sections["model"])
+    for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "max_positions"):
+        assert model[name][4] == "Tiny model shape.", name
+    assert model["seed"][4] == "Seed of the tiny model's initial weights."
+
+
+def test_schema_reference_has_every_wire_struct_and_field():
+    text = docgen.schema_reference()
+    structs = split_sections(text, "####")
+    headings = {h.split()[0]: h for h in structs}
+    for cls in WIRE_STRUCTS:
+        assert cls.__name__ in headings, cls.__name__
+        table = rows(structs[headings[cls.__name__]])
+        fields = msgspec.structs.fields(cls)
+        assert list(table) == [f.name for f in fields], cls.__name__
+        for f in fields:
+            assert table[f.name][2] == expected_default(f), f"{cls.__name__}.{f.name}"
+    assert headings["ModelVersionReady"] == "ModelVersionReady (`type: model_version_ready`)"
+    assert headings["Shutdown"] == "Shutdown (`type: shutdown`)"
+    task = rows(structs["Task"])
+    assert task["id"][3].startswith("Stable id of the task")
+    # only the field directly above a docstring gets it in schemas
+    assert rows(structs[headings["ModelVersionReady"]])["version"][3] == ""
+
+
+def test_schema_reference_topics_and_headers():
+    text = docgen.schema_reference()
+    assert "`streamrft-schema`" in text and "`streamrft-type`" in text
+    for kind in TOPIC_KINDS:
+        line = next(x for x in text.splitlines() if x.startswith(f"| `<prefix>.<run id>.{kind}`"))
+        assert f"`{CODEC_BY_KIND[kind].name}`" in line
+        partitions = line.rstrip(" |").rsplit("|", 1)[-1].strip()
+        want = "`kafka.partitions`" if kind in ("tasks", "experiences") else "1"
+        assert partitions == want, kind
+    assert set(docgen.TOPIC_KEYS) == set(TOPIC_KINDS)
+
+
+def test_render_readme_replaces_blocks_and_is_idempotent():
+    once = docgen.render_readme(MARKED)
+    assert "OLD GENERATED TEXT" not in once
+    assert once.startswith("# Title\n\nintro\n\n<!-- BEGIN GENERATED: config -->\n")
+    assert once.endswith("<!-- END GENERATED: schemas -->\n\noutro\n")
+    assert "\nbetween\n" in once
+    assert docgen.config_reference().strip() in once
+    assert docgen.schema_reference().strip() in once
+    assert docgen.render_readme(once) == once
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        "no markers at all\n",
+        MARKED.replace("<!-- END GENERATED: config -->\n", ""),
+        MARKED.replace("<!-- BEGIN GENERATED: schemas -->\n", ""),
+        MARKED + "<!-- BEGIN GENERATED: config -->\n<!-- END GENERATED: config -->\n",
+    ],
+)
+def test_render_readme_raises_on_missing_markers(broken):
+    with pytest.raises(ValueError, match="GENERATED"):
+        docgen.render_readme(broken)
+
+
+def test_main_check_and_write(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text(MARKED)
+    assert docgen.main(["--check", str(readme)]) == 1
+    assert "stale" in capsys.readouterr().out
+    assert readme.read_text() == MARKED
+    assert docgen.main([str(readme)]) == 0
+    assert docgen.main(["--check", str(readme)]) == 0
+    (tmp_path / "bare.md").write_text("nothing\n")
+    assert docgen.main(["--check", str(tmp_path / "bare.md")]) == 2
+
+
+def test_repo_readme_is_up_to_date():
+    text = README.read_text() if README.is_file() else ""
+    if not any(f"<!-- BEGIN GENERATED: {name} -->" in text for name in docgen.MARKERS):
+        pytest.skip(f"{README} has no <!-- BEGIN GENERATED: ... --> markers yet")
+    assert docgen.render_readme(text) == text, (
+        "README.md is stale; run: python -m streamrft.infra.docgen README.md"
+    )
