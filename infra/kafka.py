@@ -66,8 +66,10 @@ def event_producer(cfg: KafkaConfig, client_id: str) -> AIOKafkaProducer:
     )
 
 
-def task_consumer(cfg: KafkaConfig, topic: str, group_id: str, client_id: str) -> AIOKafkaConsumer:
-    """Explorers share the tasks topic in one group; offsets committed by hand."""
+def _group_consumer(
+    cfg: KafkaConfig, topic: str, group_id: str, client_id: str, **fetch: int
+) -> AIOKafkaConsumer:
+    """A consumer-group member that starts from the earliest offset and commits by hand."""
     return AIOKafkaConsumer(
         topic,
         bootstrap_servers=_servers(cfg),
@@ -80,27 +82,26 @@ def task_consumer(cfg: KafkaConfig, topic: str, group_id: str, client_id: str) -
         max_poll_interval_ms=cfg.max_poll_interval_ms,
         fetch_max_wait_ms=cfg.data_fetch_max_wait_ms,
         request_timeout_ms=max(REQUEST_TIMEOUT_MS, cfg.session_timeout_ms + 5000),
+        **fetch,
     )
+
+
+def task_consumer(cfg: KafkaConfig, topic: str, group_id: str, client_id: str) -> AIOKafkaConsumer:
+    """Explorers share the tasks topic in one group; offsets committed by hand."""
+    return _group_consumer(cfg, topic, group_id, client_id)
 
 
 def experience_consumer(
     cfg: KafkaConfig, topic: str, group_id: str, client_id: str
 ) -> AIOKafkaConsumer:
-    """The trainer's consumer: manual commit after checkpoint, large fetches."""
-    return AIOKafkaConsumer(
+    """The trainer's consumer: manual commit after checkpoint, fetches as large as a message."""
+    return _group_consumer(
+        cfg,
         topic,
-        bootstrap_servers=_servers(cfg),
-        client_id=client_id,
-        group_id=group_id,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        session_timeout_ms=cfg.session_timeout_ms,
-        heartbeat_interval_ms=max(cfg.session_timeout_ms // 5, 500),
-        max_poll_interval_ms=cfg.max_poll_interval_ms,
-        fetch_max_wait_ms=cfg.data_fetch_max_wait_ms,
+        group_id,
+        client_id,
         max_partition_fetch_bytes=cfg.max_request_bytes,
         fetch_max_bytes=max(cfg.max_request_bytes, 64 << 20),
-        request_timeout_ms=max(REQUEST_TIMEOUT_MS, cfg.session_timeout_ms + 5000),
     )
 
 

@@ -135,8 +135,15 @@ def test_schema_reference_has_every_wire_struct_and_field():
     assert headings["Shutdown"] == "Shutdown (`type: shutdown`)"
     task = rows(structs["Task"])
     assert task["id"][3].startswith("Stable id of the task")
-    # only the field directly above a docstring gets it in schemas
-    assert rows(structs[headings["ModelVersionReady"]])["version"][3] == ""
+    # in schemas a docstring belongs to the field directly above it, never to its neighbours
+    ready = rows(structs[headings["ModelVersionReady"]])
+    assert ready["version"][3].startswith("The new version")
+    assert ready["method"][3].startswith("How the weights travel")
+    # and every wire field is documented
+    for cls in WIRE_STRUCTS:
+        table = rows(structs[headings[cls.__name__]])
+        undocumented = [name for name, row in table.items() if not row[3]]
+        assert not undocumented, f"{cls.__name__}: {undocumented}"
 
 
 def test_schema_reference_topics_and_headers():
