@@ -98,6 +98,7 @@ def test_config_reference_has_every_field_with_its_default():
         assert list(table) == [f.name for f in fields], section.name
         for f in fields:
             assert table[f.name][2] == expected_default(f), f"{section.name}.{f.name}"
+            assert table[f.name][4], f"{section.name}.{f.name} has no description"
 
 
 def test_config_reference_types_bounds_and_descriptions():
