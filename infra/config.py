@@ -82,6 +82,19 @@ class ObjectStoreConfig(_Section):
     """Largest safetensors shard of a published version."""
 
 
+class LoraConfig(_Section):
+    enabled: bool = False
+    """Train a LoRA adapter (peft) instead of every weight; only the adapter is published."""
+    rank: Pos = 8
+    """LoRA rank r."""
+    alpha: PosF = 16.0
+    """LoRA alpha (the update is scaled by alpha / rank)."""
+    dropout: Frac = 0.0
+    """Dropout on the LoRA input."""
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    """Names of the linear layers that get an adapter."""
+
+
 class ModelConfig(_Section):
     source: Literal["tiny", "path"] = "tiny"
     """``tiny``: a small Llama built from the fields below; ``path``: a local HF folder."""
@@ -97,6 +110,8 @@ class ModelConfig(_Section):
     """Tiny model shape."""
     seed: int = 0
     """Seed of the tiny model's initial weights."""
+    lora: LoraConfig = LoraConfig()
+    """LoRA adapter training (off by default)."""
 
 
 class TasksetConfig(_Section):
@@ -186,16 +201,25 @@ class TrainerConfig(_Section):
 
 
 class SynchronizerConfig(_Section):
-    method: Literal["object_store"] = "object_store"
-    """How weights travel (``nccl`` and ``filesystem`` come with issue 3)."""
-    style: Literal["fixed"] = "fixed"
-    """When versions are published and applied (dynamic styles come with issue 3)."""
+    method: Literal["object_store", "filesystem", "nccl"] = "object_store"
+    """How weights travel: S3 objects, a shared folder, or a torch.distributed broadcast
+    (NCCL on GPUs, gloo on CPU) with the object store as fallback."""
+    style: Literal["fixed", "dynamic_by_trainer", "dynamic_by_explorer"] = "fixed"
+    """Who decides when to sync: a fixed schedule, the trainer, or the explorers."""
     sync_interval: Pos = 1
     """The trainer publishes every this many steps; explorers sync every this many steps."""
     sync_offset: NonNeg = 1
     """Explorer step e needs a version >= e - sync_offset (0: strictly on-policy)."""
     sync_timeout: PosF = 300.0
-    """Longest wait (s) for a needed version before an explorer gives up."""
+    """Longest wait (s) for a needed version, or for a collective, before giving up."""
+    fs_dir: str = ""
+    """Shared folder of the ``filesystem`` method (default ``<run.dir>/weights``)."""
+    nccl_host: str = "127.0.0.1"
+    """Address explorers reach the trainer's rendezvous store on (``nccl`` method)."""
+    nccl_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    """Port of the rendezvous store (0: a free port, new for every group epoch)."""
+    nccl_bucket_mb: Pos = 64
+    """Tensors are flattened into buckets of about this size per broadcast call."""
 
 
 class MonitorConfig(_Section):
