@@ -91,7 +91,15 @@ class LoraConfig(_Section):
     """LoRA alpha (the update is scaled by alpha / rank)."""
     dropout: Frac = 0.0
     """Dropout on the LoRA input."""
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
     """Names of the linear layers that get an adapter."""
 
 
