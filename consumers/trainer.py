@@ -39,7 +39,7 @@ from streamrft.schemas.codec import CONTROL, EXPERIENCE_GROUP
 from streamrft.schemas.errors import SchemaError, StreamRFTError
 from streamrft.schemas.events import ModelVersionReady, RunState, Shutdown, TrainedGroup
 from streamrft.schemas.experience import ExperienceGroup
-from streamrft.sync.object_store import ObjectStorePublisher
+from streamrft.sync.methods import make_publisher
 from streamrft.sync.weights import unique_state_dict
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class Trainer:
         )
         self.buffer = ExperienceBuffer(self.tcfg.max_staleness)
         self.ckpt_root = cfg.run_dir / "checkpoints"
-        self.publisher = ObjectStorePublisher(cfg.object_store, self.topics.run)
+        self.publisher = make_publisher(cfg)
         self.step = 0
         self.version = -1
         self.resume_offsets: dict[tuple[str, int], int] = {}

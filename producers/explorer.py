@@ -30,7 +30,7 @@ from streamrft.schemas.codec import EXPERIENCE_GROUP, TASK
 from streamrft.schemas.errors import SchemaError, ServiceError, StreamRFTError, SyncError
 from streamrft.schemas.events import RunState
 from streamrft.schemas.experience import Task
-from streamrft.sync.object_store import ObjectStoreLoader
+from streamrft.sync.methods import Loaders
 from streamrft.sync.weights import apply_state_dict
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class Explorer:
         model, tokenizer = load_policy(cfg.model)
         self.engine = make_engine(cfg.explorer.engine, model, tokenizer)
         self.reward = get_reward(cfg.explorer.reward)
-        self.loader = ObjectStoreLoader(cfg.object_store)
+        self.loader = Loaders(cfg)
         self.version = -1
         self.pending: list[tuple[TopicPartition, int, Task]] = []
 

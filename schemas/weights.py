@@ -37,3 +37,5 @@ class WeightManifest(msgspec.Struct, kw_only=True):
     """True when the shards hold a LoRA adapter only."""
     created_at: float = 0.0
     """Unix time of publication."""
+    files: list[ShardInfo] = []
+    """Other files of the version (e.g. a LoRA ``adapter_config.json``), with digests."""

@@ -1,20 +1,13 @@
 """Weight sync through an S3-compatible object store, via the ``minio`` SDK only.
 
-Layout of one version: ``s3://<bucket>/<run id>/v<version:08d>/``
-
-- ``model-00001-of-000NN.safetensors`` ... the shards, uploaded first;
-- ``manifest.json`` last, holding every shard's sha256 and size.
-
-A version exists when its manifest does (never decided from a prefix listing). The loader
-checks the manifest against the digest in the ``ModelVersionReady`` event, then each shard
-against the manifest, before anything reaches the model.
+A version lives at ``s3://<bucket>/<run id>/v<version:08d>/`` (see :mod:`.versions` for
+the two-phase protocol). Works against MinIO, AWS S3, SeaweedFS and the embedded JuiceFS
+gateway alike: only put/get of whole objects, no listing, no notifications required.
 """
 
 from __future__ import annotations
 
 import io
-import logging
-import time
 from collections.abc import Mapping
 
 import torch
@@ -23,14 +16,9 @@ from minio import Minio
 from minio.error import S3Error
 
 from streamrft.infra.config import ObjectStoreConfig
-from streamrft.schemas.codec import decode_manifest, encode_manifest
-from streamrft.schemas.errors import IntegrityError, ServiceError, SyncError
+from streamrft.schemas.errors import ServiceError, SyncError
 from streamrft.schemas.events import ModelVersionReady
-from streamrft.schemas.weights import ShardInfo, WeightManifest
-from streamrft.sync.weights import decode_shard, sha256_hex, shard_state_dict, verify
-
-log = logging.getLogger(__name__)
-MANIFEST = "manifest.json"
+from streamrft.sync.versions import fetch_version, publish_version
 
 
 def make_client(cfg: ObjectStoreConfig) -> Minio:
@@ -62,10 +50,6 @@ def ensure_bucket(client: Minio, bucket: str) -> None:
         raise ServiceError(f"object store at {client._base_url.host}: {exc}") from exc
 
 
-def version_prefix(run_id: str, version: int) -> str:
-    return f"{run_id}/v{version:08d}"
-
-
 def parse_uri(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://"):
         raise SyncError(f"not an s3:// uri: {uri!r}")
@@ -73,18 +57,16 @@ def parse_uri(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-class ObjectStorePublisher:
-    """Trainer side: write a version's shards, then its manifest, then describe the event."""
+class S3Store:
+    """A :class:`~streamrft.sync.versions.BlobStore` over one bucket."""
 
-    method = "object_store"
-
-    def __init__(self, cfg: ObjectStoreConfig, run_id: str) -> None:
+    def __init__(self, cfg: ObjectStoreConfig, create_bucket: bool) -> None:
         self.cfg = cfg
-        self.run_id = run_id
         self.client = make_client(cfg)
-        ensure_bucket(self.client, cfg.bucket)
+        if create_bucket:
+            ensure_bucket(self.client, cfg.bucket)
 
-    def _put(self, key: str, data: bytes, content_type: str) -> None:
+    def put(self, key: str, data: bytes, content_type: str) -> None:
         try:
             self.client.put_object(
                 self.cfg.bucket,
@@ -97,47 +79,10 @@ class ObjectStorePublisher:
         except (S3Error, urllib3.exceptions.HTTPError) as exc:
             raise SyncError(f"uploading s3://{self.cfg.bucket}/{key}: {exc}") from exc
 
-    def publish(
-        self, tensors: Mapping[str, torch.Tensor], version: int, step: int
-    ) -> ModelVersionReady:
-        prefix = version_prefix(self.run_id, version)
-        shards = list(shard_state_dict(tensors, self.cfg.shard_size_mb << 20))
-        infos = []
-        for i, (names, data) in enumerate(shards, start=1):
-            name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            self._put(f"{prefix}/{name}", data, "application/octet-stream")
-            infos.append(
-                ShardInfo(name=name, sha256=sha256_hex(data), bytes=len(data), tensors=names)
-            )
-        manifest = WeightManifest(
-            version=version,
-            step=step,
-            run=self.run_id,
-            shards=infos,
-            total_bytes=sum(s.bytes for s in infos),
-            created_at=time.time(),
-        )
-        blob = encode_manifest(manifest)
-        self._put(f"{prefix}/{MANIFEST}", blob, "application/json")
-        return ModelVersionReady(
-            version=version,
-            method=self.method,
-            uri=f"s3://{self.cfg.bucket}/{prefix}/{MANIFEST}",
-            manifest_sha256=sha256_hex(blob),
-            bytes=manifest.total_bytes,
-            step=step,
-            created_at=time.time(),
-        )
+    def get(self, key: str) -> bytes:
+        return self.get_from(self.cfg.bucket, key)
 
-
-class ObjectStoreLoader:
-    """Explorer side: fetch a version and verify every byte before returning tensors."""
-
-    def __init__(self, cfg: ObjectStoreConfig) -> None:
-        self.cfg = cfg
-        self.client = make_client(cfg)
-
-    def _get(self, bucket: str, key: str) -> bytes:
+    def get_from(self, bucket: str, key: str) -> bytes:
         try:
             resp = self.client.get_object(bucket, key)
             try:
@@ -148,20 +93,54 @@ class ObjectStoreLoader:
         except (S3Error, urllib3.exceptions.HTTPError) as exc:
             raise SyncError(f"downloading s3://{bucket}/{key}: {exc}") from exc
 
+    def uri(self, key: str) -> str:
+        return f"s3://{self.cfg.bucket}/{key}"
+
+    def key(self, uri: str) -> str:
+        bucket, key = parse_uri(uri)
+        if bucket != self.cfg.bucket:
+            raise SyncError(f"{uri} is not in bucket {self.cfg.bucket!r} (object_store.bucket)")
+        return key
+
+
+class ObjectStorePublisher:
+    """Trainer side: shards, then the manifest, then the event to announce."""
+
+    method = "object_store"
+
+    def __init__(self, cfg: ObjectStoreConfig, run_id: str) -> None:
+        self.cfg = cfg
+        self.run_id = run_id
+        self.store = S3Store(cfg, create_bucket=True)
+        self.client = self.store.client
+
+    def publish(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        version: int,
+        step: int,
+        *,
+        lora: bool = False,
+        extra_files: Mapping[str, bytes] | None = None,
+    ) -> ModelVersionReady:
+        return publish_version(
+            self.store,
+            method=self.method,
+            run_id=self.run_id,
+            tensors=tensors,
+            version=version,
+            step=step,
+            max_shard_bytes=self.cfg.shard_size_mb << 20,
+            lora=lora,
+            extra_files=extra_files,
+        )
+
+
+class ObjectStoreLoader:
+    """Explorer side: fetch a version and verify every byte before returning tensors."""
+
+    def __init__(self, cfg: ObjectStoreConfig) -> None:
+        self.store = S3Store(cfg, create_bucket=False)
+
     def fetch(self, event: ModelVersionReady) -> dict[str, torch.Tensor]:
-        bucket, key = parse_uri(event.uri)
-        blob = self._get(bucket, key)
-        verify(blob, event.manifest_sha256, f"manifest of version {event.version}")
-        manifest = decode_manifest(blob)
-        if manifest.version != event.version:
-            raise IntegrityError(
-                f"manifest at {event.uri} is version {manifest.version}, event says {event.version}"
-            )
-        prefix = key.rsplit("/", 1)[0]
-        tensors: dict[str, torch.Tensor] = {}
-        for shard in manifest.shards:
-            data = self._get(bucket, f"{prefix}/{shard.name}")
-            what = f"shard {shard.name} of version {event.version}"
-            verify(data, shard.sha256, what)
-            tensors.update(decode_shard(data, what))
-        return tensors
+        return fetch_version(self.store, event)

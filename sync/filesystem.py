@@ -1,0 +1,94 @@
+"""Weight sync through a shared folder (NFS, Lustre, a local disk on one box).
+
+Same two-phase protocol as the object store (:mod:`.versions`): shards, then the manifest
+last. Every file is written to a temporary name and renamed into place, so a reader never
+sees half a file, and a version exists exactly when its manifest does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from streamrft.schemas.errors import SyncError
+from streamrft.schemas.events import ModelVersionReady
+from streamrft.sync.versions import fetch_version, publish_version
+
+
+class FolderStore:
+    """A :class:`~streamrft.sync.versions.BlobStore` over a local or shared folder."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).absolute()
+
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        path = self.root / key
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tmp.open("wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise SyncError(f"writing {path}: {exc}") from exc
+
+    def get(self, key: str) -> bytes:
+        try:
+            return (self.root / key).read_bytes()
+        except OSError as exc:
+            raise SyncError(f"reading {self.root / key}: {exc}") from exc
+
+    def uri(self, key: str) -> str:
+        return (self.root / key).as_uri()
+
+    def key(self, uri: str) -> str:
+        if not uri.startswith("file://"):
+            raise SyncError(f"not a file:// uri: {uri!r}")
+        path = Path(uri[len("file://") :])
+        try:
+            return str(path.relative_to(self.root))
+        except ValueError as exc:
+            raise SyncError(f"{uri} is outside synchronizer.fs_dir {self.root}") from exc
+
+
+class FilesystemPublisher:
+    method = "filesystem"
+
+    def __init__(self, root: str | Path, run_id: str, max_shard_bytes: int) -> None:
+        self.store = FolderStore(root)
+        self.run_id = run_id
+        self.max_shard_bytes = max_shard_bytes
+
+    def publish(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        version: int,
+        step: int,
+        *,
+        lora: bool = False,
+        extra_files: Mapping[str, bytes] | None = None,
+    ) -> ModelVersionReady:
+        return publish_version(
+            self.store,
+            method=self.method,
+            run_id=self.run_id,
+            tensors=tensors,
+            version=version,
+            step=step,
+            max_shard_bytes=self.max_shard_bytes,
+            lora=lora,
+            extra_files=extra_files,
+        )
+
+
+class FilesystemLoader:
+    def __init__(self, root: str | Path) -> None:
+        self.store = FolderStore(root)
+
+    def fetch(self, event: ModelVersionReady) -> dict[str, torch.Tensor]:
+        return fetch_version(self.store, event)

@@ -1,0 +1,126 @@
+"""Two-phase publication of a model version over any blob store, and its verified fetch.
+
+The same protocol for every store-based method (object store, shared filesystem):
+
+1. safetensors shards (and any extra files, e.g. a LoRA adapter config) are written;
+2. ``manifest.json`` with each file's sha256 is written last: its presence = complete;
+3. the caller emits ``ModelVersionReady`` with the manifest's sha256.
+
+The loader checks the manifest against the event, then every shard against the manifest,
+before a single tensor is returned. Layout: ``<run id>/v<version:08d>/<file>``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Protocol
+
+import torch
+
+from streamrft.schemas.codec import decode_manifest, encode_manifest
+from streamrft.schemas.errors import IntegrityError
+from streamrft.schemas.events import ModelVersionReady
+from streamrft.schemas.weights import ShardInfo, WeightManifest
+from streamrft.sync.weights import decode_shard, sha256_hex, shard_state_dict, verify
+
+MANIFEST = "manifest.json"
+
+
+class BlobStore(Protocol):
+    """Where a method keeps its files: put/get whole objects by key, name them by URI."""
+
+    def put(self, key: str, data: bytes, content_type: str) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def uri(self, key: str) -> str: ...
+
+    def key(self, uri: str) -> str: ...
+
+
+def version_prefix(run_id: str, version: int) -> str:
+    return f"{run_id}/v{version:08d}"
+
+
+def publish_version(
+    store: BlobStore,
+    *,
+    method: str,
+    run_id: str,
+    tensors: Mapping[str, torch.Tensor],
+    version: int,
+    step: int,
+    max_shard_bytes: int,
+    lora: bool = False,
+    extra_files: Mapping[str, bytes] | None = None,
+) -> ModelVersionReady:
+    prefix = version_prefix(run_id, version)
+    shards = list(shard_state_dict(tensors, max_shard_bytes))
+    infos = []
+    for i, (names, data) in enumerate(shards, start=1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        store.put(f"{prefix}/{name}", data, "application/octet-stream")
+        infos.append(ShardInfo(name=name, sha256=sha256_hex(data), bytes=len(data), tensors=names))
+    files = []
+    for name, data in (extra_files or {}).items():
+        store.put(f"{prefix}/{name}", data, "application/octet-stream")
+        files.append(ShardInfo(name=name, sha256=sha256_hex(data), bytes=len(data)))
+    manifest = WeightManifest(
+        version=version,
+        step=step,
+        run=run_id,
+        shards=infos,
+        total_bytes=sum(s.bytes for s in infos),
+        lora=lora,
+        created_at=time.time(),
+        files=files,
+    )
+    blob = encode_manifest(manifest)
+    store.put(f"{prefix}/{MANIFEST}", blob, "application/json")
+    return ModelVersionReady(
+        version=version,
+        method=method,
+        uri=store.uri(f"{prefix}/{MANIFEST}"),
+        manifest_sha256=sha256_hex(blob),
+        bytes=manifest.total_bytes,
+        step=step,
+        lora=lora,
+        created_at=time.time(),
+    )
+
+
+def fetch_manifest(store: BlobStore, event: ModelVersionReady) -> tuple[str, WeightManifest]:
+    """The verified manifest of ``event`` and the key prefix of its files."""
+    key = store.key(event.uri)
+    blob = store.get(key)
+    verify(blob, event.manifest_sha256, f"manifest of version {event.version}")
+    manifest = decode_manifest(blob)
+    if manifest.version != event.version:
+        raise IntegrityError(
+            f"manifest at {event.uri} is version {manifest.version}, event says {event.version}"
+        )
+    return key.rsplit("/", 1)[0], manifest
+
+
+def fetch_version(store: BlobStore, event: ModelVersionReady) -> dict[str, torch.Tensor]:
+    """Every tensor of the version, each shard verified before it is decoded."""
+    prefix, manifest = fetch_manifest(store, event)
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in manifest.shards:
+        data = store.get(f"{prefix}/{shard.name}")
+        what = f"shard {shard.name} of version {event.version}"
+        verify(data, shard.sha256, what)
+        tensors.update(decode_shard(data, what))
+    return tensors
+
+
+def fetch_file(store: BlobStore, event: ModelVersionReady, name: str) -> bytes:
+    """An extra file of the version (e.g. ``adapter_config.json``), verified."""
+    prefix, manifest = fetch_manifest(store, event)
+    for info in manifest.files:
+        if info.name == name:
+            data = store.get(f"{prefix}/{name}")
+            verify(data, info.sha256, f"{name} of version {event.version}")
+            return data
+    raise IntegrityError(f"version {event.version} has no file {name!r}")
