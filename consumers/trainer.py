@@ -40,6 +40,7 @@ from streamrft.schemas.errors import SchemaError, StreamRFTError
 from streamrft.schemas.events import ModelVersionReady, RunState, Shutdown, TrainedGroup
 from streamrft.schemas.experience import ExperienceGroup
 from streamrft.sync.methods import make_publisher
+from streamrft.sync.styles import trainer_publishes
 from streamrft.sync.weights import unique_state_dict
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,21 @@ class Trainer:
             self.bus.counters.get("publish_seconds", 0) + time.perf_counter() - t0
         )
 
+    async def maybe_publish(self) -> bool:
+        """Publish at a step boundary when the sync style says so (and answer requests)."""
+        sync = self.cfg.synchronizer
+        pending = [r for r in self.bus.sync_requests if r.min_version > self.version]
+        self.bus.sync_requests = pending
+        if self.step <= self.version or not trainer_publishes(
+            sync.style, self.step, sync.sync_interval, len(pending)
+        ):
+            return False
+        await self.publish_version()
+        self.bus.sync_requests = [r for r in pending if r.min_version > self.version]
+        if sync.style == "dynamic_by_trainer":
+            await self.bus.status(RunState.REQUIRE_SYNC, f"version {self.version} ready")
+        return True
+
     async def evaluate(self) -> float:
         acc = await asyncio.to_thread(
             greedy_accuracy,
@@ -182,6 +198,8 @@ class Trainer:
             groups = self.buffer.take(self.tcfg.batch_size)
             if groups is not None:
                 return groups
+            if self.bus.sync_requests:  # an explorer waits on us while we wait on data
+                await self.maybe_publish()
             batches = await consumer.getmany(timeout_ms=200)
             for tp, records in batches.items():
                 for rec in records:
@@ -208,7 +226,7 @@ class Trainer:
     async def run(self) -> None:
         install_stop_handlers(self.stop, "trainer")
         tcfg = self.tcfg
-        await self.bus.start()
+        await self.bus.start(listen_control=True)
         consumer = kafka.experience_consumer(
             self.cfg.kafka, self.topics.experiences, f"trainer-{self.topics.run}", "trainer"
         )
@@ -290,13 +308,13 @@ class Trainer:
                         values["train/step_seconds"],
                     )
                 await self.bus.metrics(values, trained)
-                if self.step % self.cfg.synchronizer.sync_interval == 0:
-                    await self.publish_version()
+                published = await self.maybe_publish()
                 if tcfg.eval_interval and self.step % tcfg.eval_interval == 0:
                     await self.evaluate()
                 if tcfg.save_interval and self.step % tcfg.save_interval == 0:
                     await self.checkpoint(consumer)
-                await self.bus.status()
+                if not published or self.cfg.synchronizer.style != "dynamic_by_trainer":
+                    await self.bus.status(RunState.RUNNING)
             if not tcfg.eval_interval or self.step % tcfg.eval_interval:
                 await self.evaluate()
             await self.checkpoint(consumer)

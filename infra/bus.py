@@ -51,6 +51,8 @@ class EventBus:
         self._control: AIOKafkaConsumer | None = None
         self._control_task: asyncio.Task[None] | None = None
         self.latest_version: ModelVersionReady | None = None
+        self.versions: dict[int, ModelVersionReady] = {}
+        """Every version announced on the control topic, by number."""
         self.version_event = asyncio.Event()
         self.shutdown_event = asyncio.Event()
         self.sync_requests: list[SyncRequest] = []
@@ -192,6 +194,7 @@ class EventBus:
     def _on_control(self, event: ControlEvent) -> None:
         match event:
             case ModelVersionReady():
+                self.versions[event.version] = event
                 if self.latest_version is None or event.version > self.latest_version.version:
                     self.latest_version = event
                     self.version_event.set()

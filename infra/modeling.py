@@ -13,6 +13,7 @@ pre-tokenizer that drops spaces from a character vocabulary.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -98,3 +99,16 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerF
         raise ConfigError(f"model.source: unknown source {cfg.source!r}")
     model.eval()
     return model, tokenizer
+
+
+def save_policy(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:
+    """Write ``model`` (safetensors) and ``tokenizer`` as a Hugging Face folder.
+
+    The folder loads back with ``load_policy(ModelConfig(source="path", path=out_dir))``
+    or ``AutoModelForCausalLM.from_pretrained(out_dir)``. Returns the folder.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out

@@ -28,28 +28,16 @@ from streamrft.producers.rewards import get_reward
 from streamrft.producers.workflows import check_workflow, run_math_workflow
 from streamrft.schemas.codec import EXPERIENCE_GROUP, TASK
 from streamrft.schemas.errors import SchemaError, ServiceError, StreamRFTError, SyncError
-from streamrft.schemas.events import RunState
+from streamrft.schemas.events import RunState, SyncRequest
 from streamrft.schemas.experience import Task
 from streamrft.sync.methods import Loaders
+from streamrft.sync.styles import choose_version, explorer_sync, is_sync_point, required_version
 from streamrft.sync.weights import apply_state_dict
 
 log = logging.getLogger(__name__)
 
 TASKS_GROUP = "explorers"
-
-
-def required_version(step: int, sync_interval: int, sync_offset: int) -> int:
-    """Lowest model version explorer step ``step`` may sample with (fixed style).
-
-    Versions are published every ``sync_interval`` trainer steps; step ``e`` needs the
-    weights after trainer step ``e - sync_offset``, rounded down to a published version.
-    """
-    wanted = max(0, step - sync_offset)
-    return wanted - wanted % sync_interval
-
-
-def is_sync_point(step: int, sync_interval: int) -> bool:
-    return step % sync_interval == 0
+__all__ = ["TASKS_GROUP", "Explorer", "is_sync_point", "main", "required_version"]
 
 
 class Explorer:
@@ -70,41 +58,47 @@ class Explorer:
 
     # -- weights ---------------------------------------------------------------------------
     async def sync(self, step: int) -> bool:
-        """At a sync point: wait for the version this step needs, apply the newest. False: stop."""
+        """At a step boundary: ask, wait and apply as the sync style says. False: stop."""
         sync = self.cfg.synchronizer
-        if self.version >= 0 and not is_sync_point(step, sync.sync_interval):
-            return True
-        need = required_version(step, sync.sync_interval, sync.sync_offset)
+        plan = explorer_sync(sync.style, step, self.version, sync.sync_interval, sync.sync_offset)
+        if plan.request is not None:
+            await self.bus.control(
+                SyncRequest(explorer=self.name, min_version=plan.request, created_at=time.time())
+            )
         latest = self.bus.latest_version
-        if latest is None or latest.version < need:
-            await self.bus.status(RunState.WAITING_SYNC, f"needs version >= {need}")
-            latest = await self.bus.wait_for_version(need, sync.sync_timeout, self.stop)
-            if latest is None:
+        if plan.wait_for is not None and (latest is None or latest.version < plan.wait_for):
+            await self.bus.status(RunState.WAITING_SYNC, f"needs version >= {plan.wait_for}")
+            if await self.bus.wait_for_version(plan.wait_for, sync.sync_timeout, self.stop) is None:
                 return False
-        if latest.version > self.version:
+        chosen = choose_version(
+            list(self.bus.versions), plan, self.version, self.cfg.trainer.max_staleness
+        )
+        if chosen is not None:
+            event = self.bus.versions[chosen]
             t0 = time.perf_counter()
             try:
-                tensors = await asyncio.to_thread(self.loader.fetch, latest)
+                tensors = await asyncio.to_thread(self.loader.fetch, event)
                 await asyncio.to_thread(apply_state_dict, self.engine.model, tensors)
             except SyncError as exc:
                 self.bus.count("versions_rejected")
                 log.error(
                     "%s: version %d rejected, staying on %d: %s",
                     self.name,
-                    latest.version,
+                    chosen,
                     self.version,
                     exc,
                 )
-                if self.version < need:
+                if plan.wait_for is not None and self.version < plan.wait_for:
                     raise
                 return True
-            self.version = self.bus.version = latest.version
+            self.version = self.bus.version = chosen
             self.bus.count("versions_applied")
             self.bus.counters["sync_seconds"] = (
                 self.bus.counters.get("sync_seconds", 0) + time.perf_counter() - t0
             )
             log.info("%s: applied version %d", self.name, self.version)
-        await self.bus.status(RunState.RUNNING)
+        if self.bus.state != RunState.RUNNING:
+            await self.bus.status(RunState.RUNNING)
         return True
 
     # -- tasks -----------------------------------------------------------------------------
@@ -185,6 +179,7 @@ class Explorer:
                     run=self.topics.run,
                     explorer=self.name,
                     model_version=self.version,
+                    explorer_step=step,
                 )
                 rollout_s = time.perf_counter() - t0
                 futures = [

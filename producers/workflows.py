@@ -35,6 +35,7 @@ def run_math_workflow(
     run: str,
     explorer: str,
     model_version: int,
+    explorer_step: int = -1,
 ) -> list[ExperienceGroup]:
     """Sample ``repeat_times`` responses per task in one batch and score them."""
     batches = engine.rollout(
@@ -72,6 +73,7 @@ def run_math_workflow(
                 created_at=now,
                 workflow=task.workflow,
                 epoch=task.epoch,
+                explorer_step=explorer_step,
             )
         )
     return groups

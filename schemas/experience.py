@@ -86,6 +86,8 @@ class ExperienceGroup(msgspec.Struct, kw_only=True):
     """Workflow that produced it."""
     epoch: int = 0
     """Taskset pass the task was delivered in."""
+    explorer_step: int = -1
+    """The explorer's step that sampled it (-1: unknown, e.g. an external producer)."""
 
 
 def make_group_id(run: str, task_id: str, epoch: int, explorer: str) -> str:
