@@ -1,0 +1,115 @@
+"""Each sync style, end to end with real processes: the versions every explorer step used,
+read back from the experiences, status and control topics, follow the style's rules."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections import defaultdict
+
+import pytest
+
+from streamrft.infra import kafka
+from streamrft.infra.bus import read_history
+from streamrft.schemas import CONTROL, EXPERIENCE_GROUP, STATUS, ModelVersionReady, RunState, SyncRequest
+from streamrft.sync.styles import required_version
+from tests.e2e.test_cli_run import EXAMPLE, _env, _streamrft
+from tests.e2e.test_resume import _service_overrides
+
+pytestmark = pytest.mark.integration
+
+STEPS = 10
+
+
+def _run(services, tmp_path, style: str, interval: int, offset: int, staleness: int):
+    run_id = f"style-{style.replace('_', '-')}-{tmp_path.name[-8:]}"
+    proc = subprocess.run(
+        _streamrft(
+            "run", str(EXAMPLE), "--run-id", run_id, "--max-steps", str(STEPS), "--no-progress",
+            "-o", f"run.dir={tmp_path / 'runs'}", "-o", "trainer.warmup_sft_steps=0",
+            "-o", "trainer.eval_interval=0", "-o", "trainer.save_interval=0",
+            "-o", "explorer.batch_size=8", "-o", "trainer.batch_size=8",
+            "-o", f"synchronizer.style={style}", "-o", f"synchronizer.sync_interval={interval}",
+            "-o", f"synchronizer.sync_offset={offset}", "-o", f"trainer.max_staleness={staleness}",
+            *_service_overrides(services),
+        ),
+        env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_id
+
+
+def _read(make_config, run_id):
+    cfg = make_config(run={"id": run_id})
+    topics = cfg.topics()
+
+    async def read():
+        consumer = kafka.event_reader(cfg.kafka, [topics.experiences], "style-test")
+        await kafka.start_client(consumer, "reader")
+        groups, quiet = [], 0
+        try:
+            while quiet < 5:
+                batches = await consumer.getmany(timeout_ms=200)
+                quiet = 0 if batches else quiet + 1
+                for records in batches.values():
+                    groups += [EXPERIENCE_GROUP.decode(r.value, r.headers) for r in records]
+        finally:
+            await consumer.stop()
+        control = await read_history(cfg, topics.control, CONTROL, "style-test-control")
+        status = await read_history(cfg, topics.status, STATUS, "style-test-status")
+        return groups, control, status
+
+    groups, control, status = asyncio.run(read())
+    per_step: dict[int, set[int]] = defaultdict(set)
+    for g in groups:
+        assert g.explorer == "explorer-0"
+        per_step[g.explorer_step].add(g.model_version)
+    assert all(len(v) == 1 for v in per_step.values()), per_step  # one version per step
+    versions = [per_step[e].pop() for e in sorted(per_step)]
+    assert sorted(per_step) == list(range(len(versions)))
+    return versions, control, status
+
+
+def test_fixed_interval_2_offset_1_uses_the_predicted_versions(services, make_config, tmp_path):
+    run_id = _run(services, tmp_path, "fixed", interval=2, offset=1, staleness=2)
+    versions, control, _ = _read(make_config, run_id)
+    assert len(versions) >= STEPS
+    # step e samples with the version required at its last sync point
+    predicted = [required_version(e - e % 2, 2, 1) for e in range(len(versions))]
+    assert versions == predicted, (versions, predicted)
+    assert predicted[:8] == [0, 0, 0, 0, 2, 2, 4, 4]
+    published = sorted(ev.version for ev in control if isinstance(ev, ModelVersionReady))
+    assert published == list(range(0, STEPS + 1, 2))
+
+
+def test_dynamic_by_explorer_syncs_only_when_asked(services, make_config, tmp_path):
+    run_id = _run(services, tmp_path, "dynamic_by_explorer", interval=3, offset=0, staleness=3)
+    versions, control, status = _read(make_config, run_id)
+    requests = [ev for ev in control if isinstance(ev, SyncRequest)]
+    published = [ev for ev in control if isinstance(ev, ModelVersionReady)]
+    # the explorer asks at steps 3, 6, 9 and each time moves to a newer version
+    for e in range(1, len(versions)):
+        if e % 3:
+            assert versions[e] == versions[e - 1], versions
+        else:
+            assert versions[e] > versions[e - 1], versions
+        assert versions[e] <= e
+    assert versions[0] == 0
+    assert len(requests) == len(range(3, len(versions), 3))
+    assert [r.min_version for r in requests] == [versions[e - 1] + 1 for e in range(3, len(versions), 3)]
+    # the trainer published only when asked: version 0, one per request, and none unasked
+    assert len(published) == 1 + len(requests)
+    assert any(s.component == "explorer-0" and s.state == RunState.WAITING_SYNC for s in status)
+
+
+def test_dynamic_by_trainer_explorer_never_waits_after_v0(services, make_config, tmp_path):
+    run_id = _run(services, tmp_path, "dynamic_by_trainer", interval=2, offset=0, staleness=4)
+    versions, control, status = _read(make_config, run_id)
+    published = sorted(ev.version for ev in control if isinstance(ev, ModelVersionReady))
+    assert published == list(range(0, STEPS + 1, 2))
+    assert versions == sorted(versions) and set(versions) <= set(published)
+    # the trainer marked REQUIRE_SYNC for every version after the first
+    marks = sorted(s.version for s in status if s.component == "trainer" and s.state == RunState.REQUIRE_SYNC)
+    assert marks == published[1:]
+    waits = [s for s in status if s.component == "explorer-0" and s.state == RunState.WAITING_SYNC]
+    assert all("needs version >= 0" in s.detail for s in waits)
