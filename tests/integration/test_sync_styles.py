@@ -11,7 +11,14 @@ import pytest
 
 from streamrft.infra import kafka
 from streamrft.infra.bus import read_history
-from streamrft.schemas import CONTROL, EXPERIENCE_GROUP, STATUS, ModelVersionReady, RunState, SyncRequest
+from streamrft.schemas import (
+    CONTROL,
+    EXPERIENCE_GROUP,
+    STATUS,
+    ModelVersionReady,
+    RunState,
+    SyncRequest,
+)
 from streamrft.sync.styles import required_version
 from tests.e2e.test_cli_run import EXAMPLE, _env, _streamrft
 from tests.e2e.test_resume import _service_overrides
@@ -25,15 +32,40 @@ def _run(services, tmp_path, style: str, interval: int, offset: int, staleness: 
     run_id = f"style-{style.replace('_', '-')}-{tmp_path.name[-8:]}"
     proc = subprocess.run(
         _streamrft(
-            "run", str(EXAMPLE), "--run-id", run_id, "--max-steps", str(STEPS), "--no-progress",
-            "-o", f"run.dir={tmp_path / 'runs'}", "-o", "trainer.warmup_sft_steps=0",
-            "-o", "trainer.eval_interval=0", "-o", "trainer.save_interval=0",
-            "-o", "explorer.batch_size=8", "-o", "trainer.batch_size=8",
-            "-o", f"synchronizer.style={style}", "-o", f"synchronizer.sync_interval={interval}",
-            "-o", f"synchronizer.sync_offset={offset}", "-o", f"trainer.max_staleness={staleness}",
+            "run",
+            str(EXAMPLE),
+            "--run-id",
+            run_id,
+            "--max-steps",
+            str(STEPS),
+            "--no-progress",
+            "-o",
+            f"run.dir={tmp_path / 'runs'}",
+            "-o",
+            "trainer.warmup_sft_steps=0",
+            "-o",
+            "trainer.eval_interval=0",
+            "-o",
+            "trainer.save_interval=0",
+            "-o",
+            "explorer.batch_size=8",
+            "-o",
+            "trainer.batch_size=8",
+            "-o",
+            f"synchronizer.style={style}",
+            "-o",
+            f"synchronizer.sync_interval={interval}",
+            "-o",
+            f"synchronizer.sync_offset={offset}",
+            "-o",
+            f"trainer.max_staleness={staleness}",
             *_service_overrides(services),
         ),
-        env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_id
@@ -96,7 +128,9 @@ def test_dynamic_by_explorer_syncs_only_when_asked(services, make_config, tmp_pa
         assert versions[e] <= e
     assert versions[0] == 0
     assert len(requests) == len(range(3, len(versions), 3))
-    assert [r.min_version for r in requests] == [versions[e - 1] + 1 for e in range(3, len(versions), 3)]
+    assert [r.min_version for r in requests] == [
+        versions[e - 1] + 1 for e in range(3, len(versions), 3)
+    ]
     # the trainer published only when asked: version 0, one per request, and none unasked
     assert len(published) == 1 + len(requests)
     assert any(s.component == "explorer-0" and s.state == RunState.WAITING_SYNC for s in status)
@@ -109,7 +143,9 @@ def test_dynamic_by_trainer_explorer_never_waits_after_v0(services, make_config,
     assert published == list(range(0, STEPS + 1, 2))
     assert versions == sorted(versions) and set(versions) <= set(published)
     # the trainer marked REQUIRE_SYNC for every version after the first
-    marks = sorted(s.version for s in status if s.component == "trainer" and s.state == RunState.REQUIRE_SYNC)
+    marks = sorted(
+        s.version for s in status if s.component == "trainer" and s.state == RunState.REQUIRE_SYNC
+    )
     assert marks == published[1:]
     waits = [s for s in status if s.component == "explorer-0" and s.state == RunState.WAITING_SYNC]
     assert all("needs version >= 0" in s.detail for s in waits)
