@@ -77,7 +77,9 @@ class ObjectStoreConfig(_Section):
     bucket: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9.-]{2,62}$")] = "streamrft"
     """Bucket that holds weight versions (created if missing)."""
     part_size_mb: Annotated[int, msgspec.Meta(ge=5, le=5120)] = 16
-    """Multipart upload part size."""
+    """Multipart upload part size, and range size of parallel downloads."""
+    parallel: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
+    """Parts uploaded / ranges downloaded at once."""
     shard_size_mb: Annotated[int, msgspec.Meta(ge=1)] = 512
     """Largest safetensors shard of a published version."""
 

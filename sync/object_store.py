@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import urllib3
@@ -67,6 +68,7 @@ class S3Store:
             ensure_bucket(self.client, cfg.bucket)
 
     def put(self, key: str, data: bytes, content_type: str) -> None:
+        """Multipart upload: ``part_size_mb`` parts, ``parallel`` of them in flight."""
         try:
             self.client.put_object(
                 self.cfg.bucket,
@@ -75,23 +77,46 @@ class S3Store:
                 len(data),
                 content_type=content_type,
                 part_size=self.cfg.part_size_mb << 20,
+                num_parallel_uploads=self.cfg.parallel,
             )
         except (S3Error, urllib3.exceptions.HTTPError) as exc:
             raise SyncError(f"uploading s3://{self.cfg.bucket}/{key}: {exc}") from exc
 
     def get(self, key: str) -> bytes:
-        return self.get_from(self.cfg.bucket, key)
-
-    def get_from(self, bucket: str, key: str) -> bytes:
+        """The whole object; large ones as ``parallel`` ranged GETs into one buffer."""
+        bucket, part = self.cfg.bucket, self.cfg.part_size_mb << 20
         try:
-            resp = self.client.get_object(bucket, key)
-            try:
-                return resp.read()
-            finally:
-                resp.close()
-                resp.release_conn()
+            size = self.client.stat_object(bucket, key).size or 0
+            if size <= part or self.cfg.parallel == 1:
+                return self._read_range(bucket, key, 0, 0, None)
+            buf = bytearray(size)
+            view = memoryview(buf)
+            ranges = [(off, min(part, size - off)) for off in range(0, size, part)]
+            with ThreadPoolExecutor(self.cfg.parallel, thread_name_prefix="s3-get") as pool:
+                for fut in [
+                    pool.submit(self._read_range, bucket, key, o, n, view[o : o + n])
+                    for o, n in ranges
+                ]:
+                    fut.result()
+            return buf  # a bytearray: no extra copy
         except (S3Error, urllib3.exceptions.HTTPError) as exc:
             raise SyncError(f"downloading s3://{bucket}/{key}: {exc}") from exc
+
+    def _read_range(self, bucket: str, key: str, offset: int, length: int, into: memoryview | None):
+        resp = self.client.get_object(bucket, key, offset=offset, length=length)
+        try:
+            if into is None:
+                return resp.read()
+            filled = 0
+            while filled < length:
+                n = resp.readinto(into[filled:])
+                if not n:
+                    raise SyncError(f"s3://{bucket}/{key}: short read at {offset + filled}")
+                filled += n
+            return None
+        finally:
+            resp.close()
+            resp.release_conn()
 
     def uri(self, key: str) -> str:
         return f"s3://{self.cfg.bucket}/{key}"

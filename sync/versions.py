@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import torch
@@ -58,10 +59,14 @@ def publish_version(
     prefix = version_prefix(run_id, version)
     shards = list(shard_state_dict(tensors, max_shard_bytes))
     infos = []
-    for i, (names, data) in enumerate(shards, start=1):
-        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        store.put(f"{prefix}/{name}", data, "application/octet-stream")
-        infos.append(ShardInfo(name=name, sha256=sha256_hex(data), bytes=len(data), tensors=names))
+    with ThreadPoolExecutor(1, thread_name_prefix="sha256") as hasher:
+        for i, (names, data) in enumerate(shards, start=1):
+            name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            digest = hasher.submit(sha256_hex, data)  # hashing overlaps the upload
+            store.put(f"{prefix}/{name}", data, "application/octet-stream")
+            infos.append(
+                ShardInfo(name=name, sha256=digest.result(), bytes=len(data), tensors=names)
+            )
     files = []
     for name, data in (extra_files or {}).items():
         store.put(f"{prefix}/{name}", data, "application/octet-stream")

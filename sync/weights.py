@@ -6,6 +6,7 @@ No pickle: shards are safetensors, the manifest is JSON (see ``schemas.weights``
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -73,10 +74,53 @@ def verify(data: bytes, expected_sha256: str, what: str) -> None:
         )
 
 
-def decode_shard(data: bytes, what: str) -> dict[str, torch.Tensor]:
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def decode_shard(data: bytes | bytearray, what: str) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file held in memory.
+
+    A ``bytearray`` (what the parallel downloader fills) is decoded without copying: every
+    tensor is a view of the buffer. ``bytes`` go through the safetensors library.
+    """
+    if not isinstance(data, bytearray):
+        try:
+            return st_load(data)
+        except Exception as exc:  # safetensors raises its own SafetensorError and others
+            raise IntegrityError(f"{what}: not a valid safetensors file: {exc}") from exc
     try:
-        return st_load(data)
-    except Exception as exc:  # safetensors raises its own SafetensorError and others
+        n = int.from_bytes(data[:8], "little")
+        if not 2 <= n <= len(data) - 8:
+            raise ValueError(f"header length {n} out of range")
+        header = json.loads(bytes(data[8 : 8 + n]))
+        view, base, out = memoryview(data), 8 + n, {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            dtype = _DTYPES[info["dtype"]]
+            if not 0 <= start <= end <= len(data) - base:
+                raise ValueError(f"{name}: data offsets {start}..{end} out of range")
+            shape = [int(d) for d in info["shape"]]
+            if end == start:
+                out[name] = torch.empty(shape, dtype=dtype)
+            else:
+                out[name] = torch.frombuffer(view[base + start : base + end], dtype=dtype).view(
+                    shape
+                )
+        return out
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise IntegrityError(f"{what}: not a valid safetensors file: {exc}") from exc
 
 

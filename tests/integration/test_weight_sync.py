@@ -66,7 +66,7 @@ def test_tampered_shard_rejected(make_config):
 def test_explorer_applies_good_version_and_stays_on_it_when_next_is_tampered(make_config):
     from streamrft.producers.explorer import Explorer
 
-    cfg = make_config(synchronizer={"sync_offset": 100}, trainer={"max_staleness": 100})
+    cfg = make_config(synchronizer={"style": "dynamic_by_trainer"}, trainer={"max_staleness": 100})
     src, _ = _models(cfg)
     publisher = ObjectStorePublisher(cfg.object_store, cfg.run.id)
 
