@@ -1,0 +1,73 @@
+"""``streamrft export``: a trainer checkpoint to a plain Hugging Face model folder.
+
+The policy is rebuilt from ``cfg.model`` exactly as the trainer built it, the checkpoint's
+``model.safetensors`` is loaded into it, and the result is written with
+``save_pretrained`` (safetensors) plus the tokenizer. A LoRA run's adapter is merged into
+the base weights first, so the folder needs neither peft nor streamrft to load.
+
+The checkpoint's tensor names decide how it is read:
+
+- plain names (``model.layers.0...``): a full model, as the trainer saves it without LoRA;
+- ``base_model.model.`` names: the whole peft-wrapped model (base and adapter), as the
+  trainer saves it with LoRA;
+- adapter tensors only (``...lora_A.weight``): an adapter on the base ``cfg.model`` names.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from streamrft.consumers.checkpoint import CheckpointError
+from streamrft.infra.config import Config
+from streamrft.infra.modeling import load_policy, save_policy
+from streamrft.schemas.errors import ConfigError, SyncError
+from streamrft.sync.weights import apply_state_dict
+
+log = logging.getLogger(__name__)
+
+
+def export(cfg: Config, checkpoint_dir: Path, out_dir: Path) -> Path:
+    """Write the checkpoint at ``checkpoint_dir`` as a Hugging Face folder ``out_dir``."""
+    weights_file = Path(checkpoint_dir) / "model.safetensors"
+    try:
+        weights = load_file(str(weights_file))
+    except (OSError, SafetensorError) as exc:
+        raise CheckpointError(
+            f"checkpoint {checkpoint_dir}: cannot read {weights_file.name}: {exc}"
+        ) from exc
+    model, tokenizer = load_policy(cfg.model)
+
+    from streamrft.sync import lora  # peft is imported only when an export needs it
+
+    adapter_only = lora.is_adapter_state(weights)
+    wrapped = adapter_only or any(name.startswith(lora.PEFT_PREFIX) for name in weights)
+    if wrapped and not cfg.model.lora.enabled:
+        raise ConfigError(
+            f"model.lora.enabled: checkpoint {checkpoint_dir} holds a LoRA adapter; "
+            "export with the run's config (model.lora.enabled: true and its lora settings)"
+        )
+    if not wrapped:
+        if cfg.model.lora.enabled:
+            log.warning("checkpoint %s holds no adapter; exporting its weights", checkpoint_dir)
+        _load(model, weights, checkpoint_dir)
+        out = save_policy(model, tokenizer, out_dir)
+    else:
+        peft_model = lora.attach_lora(model, cfg.model.lora)
+        _load(peft_model, weights, checkpoint_dir, lora.apply_adapter if adapter_only else None)
+        out = lora.merge_and_export(peft_model, tokenizer, out_dir)
+    log.info("exported %s to %s", checkpoint_dir, out)
+    return out
+
+
+def _load(model, weights, checkpoint_dir: Path, apply=None) -> None:
+    try:
+        (apply or apply_state_dict)(model, weights)
+    except SyncError as exc:
+        raise CheckpointError(
+            f"checkpoint {checkpoint_dir} does not fit the model of this config "
+            f"(model.* and model.lora.* must match the run's): {exc}"
+        ) from exc
