@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import time
 from pathlib import Path
 
+import msgspec
 import torch
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
@@ -72,13 +74,11 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)
         self.model, self.tokenizer = load_policy(cfg.model)
         self.engine = TransformersEngine(self.model, self.tokenizer)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=self.tcfg.lr,
-            weight_decay=self.tcfg.weight_decay,
-            betas=self.tcfg.betas,
-        )
-        self.ref_model: torch.nn.Module | None = None
+        self.lora = cfg.model.lora.enabled
+        self.optimizer: torch.optim.Optimizer | None = None  # made once the model is final
+        self.ref_model = None
+        self.base_version = -1
+        """Last version published in full (LoRA runs publish adapters on top of it)."""
         self.reward = get_reward(cfg.explorer.reward)
         self.train_tasks = read_taskset(cfg.taskset.path, cfg.taskset)
         self.eval_tasks = (
@@ -144,11 +144,53 @@ class Trainer:
         history = await read_history(self.cfg, self.topics.control, CONTROL, "trainer-resume")
         return max((ev.version for ev in history if isinstance(ev, ModelVersionReady)), default=-1)
 
+    def _prepare_model(self) -> None:
+        """After the warm-up: attach the LoRA adapter, then the optimizer and reference."""
+        if self.lora:
+            from streamrft.sync.lora import BaseModelView, attach_lora
+
+            self.model = attach_lora(self.model, self.cfg.model.lora)
+            self.engine.model = self.model
+            if self.tcfg.kl_coef > 0:  # the base with the adapter off, no second copy
+                self.ref_model = BaseModelView(self.model)
+        elif self.tcfg.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval()
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=self.tcfg.lr,
+            weight_decay=self.tcfg.weight_decay,
+            betas=self.tcfg.betas,
+        )
+
     async def publish_version(self) -> None:
+        """Publish the current weights as the next version and announce it.
+
+        LoRA runs publish the full model once per trainer process (the warmed-up base, so
+        explorers that join later can build it) and only the adapter after that.
+        """
         t0 = time.perf_counter()
-        tensors = unique_state_dict(self.model)
         version = max(self.step, self.version_floor + 1, self.version + 1)
-        event = await asyncio.to_thread(self.publisher.publish, tensors, version, self.step)
+        adapter_only = self.lora and self.base_version >= 0
+        if adapter_only:
+            from streamrft.sync.lora import adapter_config_json, adapter_state_dict
+
+            tensors = adapter_state_dict(self.model)
+            extra = {"adapter_config.json": adapter_config_json(self.model)}
+        else:
+            tensors, extra = unique_state_dict(self.model), None
+        event = await asyncio.to_thread(
+            functools.partial(
+                self.publisher.publish,
+                tensors,
+                version,
+                self.step,
+                lora=adapter_only,
+                extra_files=extra,
+            )
+        )
+        if not adapter_only:
+            self.base_version = version
+        event = msgspec.structs.replace(event, base_version=self.base_version)
         self.version_floor = version
         await self.bus.control(event)
         self.version = self.bus.version = event.version
@@ -232,9 +274,7 @@ class Trainer:
         )
         try:
             ckpt = latest_checkpoint(self.ckpt_root) if tcfg.resume else None
-            if ckpt is not None:
-                self._restore(ckpt)
-            elif tcfg.warmup_sft_steps:
+            if ckpt is None and tcfg.warmup_sft_steps:
                 await self.bus.status(
                     RunState.RUNNING, f"SFT warm-up, {tcfg.warmup_sft_steps} steps"
                 )
@@ -251,8 +291,9 @@ class Trainer:
                 await self.bus.metrics(
                     {"warmup/sft_loss_first": losses[0], "warmup/sft_loss_last": losses[-1]}
                 )
-            if tcfg.kl_coef > 0:
-                self.ref_model = copy.deepcopy(self.model).eval()
+            self._prepare_model()
+            if ckpt is not None:
+                self._restore(ckpt)
             self.version_floor = await self.published_versions_floor()
             await self.publish_version()
             await self.evaluate()

@@ -28,7 +28,7 @@ from streamrft.producers.rewards import get_reward
 from streamrft.producers.workflows import check_workflow, run_math_workflow
 from streamrft.schemas.codec import EXPERIENCE_GROUP, TASK
 from streamrft.schemas.errors import SchemaError, ServiceError, StreamRFTError, SyncError
-from streamrft.schemas.events import RunState, SyncRequest
+from streamrft.schemas.events import ModelVersionReady, RunState, SyncRequest
 from streamrft.schemas.experience import Task
 from streamrft.sync.methods import Loaders
 from streamrft.sync.styles import choose_version, explorer_sync, is_sync_point, required_version
@@ -50,7 +50,13 @@ class Explorer:
         self.stop = asyncio.Event()
         torch.set_num_threads(cfg.explorer.threads)
         model, tokenizer = load_policy(cfg.model)
+        if cfg.model.lora.enabled:
+            from streamrft.sync.lora import attach_lora
+
+            model = attach_lora(model, cfg.model.lora)
         self.engine = make_engine(cfg.explorer.engine, model, tokenizer)
+        self.base_version = -1
+        """Full version the model was last built from (LoRA adapters apply on top of it)."""
         self.reward = get_reward(cfg.explorer.reward)
         self.loader = Loaders(cfg)
         self.version = -1
@@ -74,11 +80,9 @@ class Explorer:
             list(self.bus.versions), plan, self.version, self.cfg.trainer.max_staleness
         )
         if chosen is not None:
-            event = self.bus.versions[chosen]
             t0 = time.perf_counter()
             try:
-                tensors = await asyncio.to_thread(self.loader.fetch, event)
-                await asyncio.to_thread(apply_state_dict, self.engine.model, tensors)
+                await asyncio.to_thread(self.load_version, self.bus.versions[chosen])
             except SyncError as exc:
                 self.bus.count("versions_rejected")
                 log.error(
@@ -100,6 +104,33 @@ class Explorer:
         if self.bus.state != RunState.RUNNING:
             await self.bus.status(RunState.RUNNING)
         return True
+
+    def load_version(self, event: ModelVersionReady) -> None:
+        """Fetch, verify and apply one version in place (its full base first, for adapters).
+
+        Everything is fetched and verified before the model is touched.
+        """
+        if not event.lora:
+            tensors = self.loader.fetch(event)
+            apply_state_dict(self.engine.model, tensors)
+            self.base_version = event.version
+            return
+        from streamrft.sync.lora import apply_adapter
+
+        base = None
+        if event.base_version != self.base_version:
+            base_event = self.bus.versions.get(event.base_version)
+            if base_event is None:
+                raise SyncError(
+                    f"adapter version {event.version} needs full version {event.base_version}, "
+                    "which was never announced"
+                )
+            base = self.loader.fetch(base_event)
+        adapter = self.loader.fetch(event)
+        if base is not None:
+            apply_state_dict(self.engine.model, base)
+            self.base_version = event.base_version
+        apply_adapter(self.engine.model, adapter)
 
     # -- tasks -----------------------------------------------------------------------------
     async def take_tasks(self, consumer, n: int) -> list[tuple[TopicPartition, int, Task]]:

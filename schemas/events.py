@@ -30,6 +30,8 @@ class ModelVersionReady(msgspec.Struct, tag="model_version_ready", kw_only=True)
     """True when only a LoRA adapter was published."""
     created_at: float = 0.0
     """Unix time of publication."""
+    base_version: int = -1
+    """For an adapter-only version: the full version it applies on top of."""
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", kw_only=True):

@@ -128,6 +128,7 @@ def test_trainer_dead_letters_malformed_and_keeps_going(make_config):
         finally:
             await producer.stop()
         trainer = Trainer(cfg)
+        trainer._prepare_model()
         trainer.version = 0
         await trainer.bus.start()
         consumer = kafka.experience_consumer(
