@@ -94,6 +94,23 @@ def cmd_feed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from streamrft.consumers.checkpoint import latest_checkpoint
+    from streamrft.infra.config import load_config
+    from streamrft.infra.export import export
+
+    _setup_logging()
+    cfg = load_config(args.config, list(args.override or []))
+    ckpt = Path(args.checkpoint)
+    if (ckpt / "latest").is_file():  # a run's checkpoints folder: take its newest
+        ckpt = latest_checkpoint(ckpt) or ckpt
+    elif (ckpt / "checkpoints" / "latest").is_file():  # a run folder
+        ckpt = latest_checkpoint(ckpt / "checkpoints") or ckpt
+    out = export(cfg, ckpt, Path(args.out))
+    print(f"exported {ckpt} to {out}")
+    return 0
+
+
 def cmd_infra(args: argparse.Namespace) -> int:
     from streamrft.infra import services
 
@@ -247,6 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
                 "--index", type=int, default=0, help="explorer index (its id is explorer-<index>)"
             )
         sp.set_defaults(func=func)
+    sp = sub.add_parser("export", help="write a checkpoint (LoRA merged) as a Hugging Face folder")
+    sp.add_argument("config", help="the run's config (model section)")
+    sp.add_argument(
+        "--checkpoint", required=True, help="a step_N folder, a checkpoints folder or a run folder"
+    )
+    sp.add_argument("--out", required=True, help="folder to write")
+    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
+    sp.set_defaults(func=cmd_export)
     sp = sub.add_parser("infra", help="start/stop/inspect the embedded broker and object store")
     sp.add_argument("action", choices=["up", "down", "status"])
     sp.add_argument(
