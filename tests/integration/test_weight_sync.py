@@ -104,3 +104,69 @@ def test_explorer_applies_good_version_and_stays_on_it_when_next_is_tampered(mak
     assert explorer.bus.counters["versions_applied"] == 1
     for name, tensor in explorer.engine.model.state_dict().items():
         assert torch.equal(tensor, applied[name]), name
+
+
+def test_lora_explorer_builds_base_then_applies_adapter_and_rejects_a_tampered_one(make_config):
+    import msgspec
+
+    from streamrft.infra.bus import EventBus
+    from streamrft.producers.explorer import Explorer
+    from streamrft.sync.lora import adapter_config_json, adapter_state_dict, attach_lora
+
+    cfg = make_config(
+        model={"lora": {"enabled": True, "rank": 4}},
+        synchronizer={"style": "dynamic_by_trainer"},
+        trainer={"max_staleness": 100},
+    )
+    src, _ = _models(cfg)
+    src = attach_lora(src, cfg.model.lora)
+    publisher = ObjectStorePublisher(cfg.object_store, cfg.run.id)
+
+    def adapter_event(version):
+        with torch.no_grad():
+            for name, p in src.named_parameters():
+                if "lora_" in name:
+                    p.add_(0.01 * version)
+        ev = publisher.publish(
+            adapter_state_dict(src),
+            version,
+            version,
+            lora=True,
+            extra_files={"adapter_config.json": adapter_config_json(src)},
+        )
+        return msgspec.structs.replace(ev, base_version=0)
+
+    async def scenario():
+        from streamrft.infra import kafka
+
+        await kafka.ensure_topics(cfg.kafka, cfg.topics())
+        explorer = Explorer(cfg, 0)
+        await explorer.bus.start(listen_control=True)
+        trainer_bus = EventBus(cfg, "trainer", "trainer")
+        await trainer_bus.start()
+        try:
+            await trainer_bus.control(publisher.publish(unique_state_dict(src), 0, 0))
+            assert await explorer.sync(0)
+            v1 = adapter_event(1)
+            assert v1.bytes < 100_000
+            await trainer_bus.control(v1)
+            await explorer.bus.wait_for_version(1, 30, asyncio.Event())
+            assert await explorer.sync(1)
+            good = {k: v.clone() for k, v in explorer.engine.model.state_dict().items()}
+            for name, tensor in src.state_dict().items():
+                assert torch.equal(tensor, good[name]), name  # base + adapter equal the trainer's
+            bad = adapter_event(2)
+            _tamper(cfg, bad)
+            await trainer_bus.control(bad)
+            await explorer.bus.wait_for_version(2, 30, asyncio.Event())
+            assert await explorer.sync(2)
+            return explorer, good
+        finally:
+            await trainer_bus.stop()
+            await explorer.bus.stop()
+
+    explorer, good = asyncio.run(scenario())
+    assert explorer.version == 1 and explorer.base_version == 0
+    assert explorer.bus.counters["versions_rejected"] == 1
+    for name, tensor in explorer.engine.model.state_dict().items():
+        assert torch.equal(tensor, good[name]), name
