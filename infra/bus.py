@@ -57,19 +57,34 @@ class EventBus:
         self.shutdown_event = asyncio.Event()
         self.sync_requests: list[SyncRequest] = []
         self.started_at = time.time()
+        self.peers: dict[str, StatusEvent] = {}
+        """Newest status of every other component (when started with ``listen_status``)."""
+        self._peer_seen: dict[str, float] = {}
+        self._heartbeat_task: asyncio.Task[None] | None = None
 
-    async def start(self, listen_control: bool = False) -> None:
+    async def start(
+        self, listen_control: bool = False, listen_status: bool = False, heartbeat_s: float = 0.0
+    ) -> None:
+        """Start the producer; optionally follow control (and status) and send heartbeats."""
         self._producer = kafka.event_producer(self.cfg.kafka, f"{self.component}-events")
         await kafka.start_client(self._producer, f"{self.component} event producer")
-        if listen_control:
-            self._control = kafka.event_reader(
-                self.cfg.kafka, [self.topics.control], f"{self.component}-control"
-            )
+        topics = [self.topics.control] if listen_control else []
+        if listen_status:
+            topics.append(self.topics.status)
+        if topics:
+            self._control = kafka.event_reader(self.cfg.kafka, topics, f"{self.component}-control")
             await kafka.start_client(self._control, f"{self.component} control reader")
             self._control_task = asyncio.create_task(self._read_control())
+        if heartbeat_s > 0:
+            self._heartbeat_task = asyncio.create_task(self._heartbeat(heartbeat_s))
 
     async def stop(self) -> None:
         """Stop the control reader and flush the producer; safe to call twice."""
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat_task
+            self._heartbeat_task = None
         if self._control_task is not None:
             self._control_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -181,15 +196,39 @@ class EventBus:
         while True:
             batches = await self._control.getmany(timeout_ms=200)
             for tp, records in batches.items():
+                is_status = tp.topic == self.topics.status
                 for rec in records:
                     try:
-                        event = CONTROL.decode(rec.value, rec.headers)
+                        if is_status:
+                            self._on_status(STATUS.decode(rec.value, rec.headers))
+                        else:
+                            self._on_control(CONTROL.decode(rec.value, rec.headers))
                     except SchemaError as exc:
                         await self.dead_letter(
                             tp.topic, tp.partition, rec.offset, rec.key, rec.value, exc
                         )
-                        continue
-                    self._on_control(event)
+
+    def _on_status(self, event: StatusEvent) -> None:
+        if event.component != self.component and event.created_at >= self.started_at - 60:
+            self.peers[event.component] = event
+            self._peer_seen[event.component] = time.monotonic()
+
+    def live_peers(self, role: str, within_s: float) -> list[str]:
+        """Components of ``role`` heard from within ``within_s`` seconds and not STOPPED."""
+        now = time.monotonic()
+        return sorted(
+            name
+            for name, ev in self.peers.items()
+            if ev.role == role
+            and ev.state != RunState.STOPPED
+            and now - self._peer_seen[name] <= within_s
+        )
+
+    async def _heartbeat(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            with contextlib.suppress(ServiceError):
+                await self.status()
 
     def _on_control(self, event: ControlEvent) -> None:
         match event:
