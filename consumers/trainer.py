@@ -30,7 +30,7 @@ from streamrft.consumers.evaluation import greedy_accuracy
 from streamrft.consumers.grpo import grpo_step
 from streamrft.consumers.warmup import sft_warmup
 from streamrft.infra import kafka
-from streamrft.infra.bus import EventBus, read_history
+from streamrft.infra.bus import HEARTBEAT_S, EventBus, read_history
 from streamrft.infra.config import Config
 from streamrft.infra.modeling import load_policy
 from streamrft.infra.shutdown import install_stop_handlers
@@ -38,7 +38,7 @@ from streamrft.producers.engine import TransformersEngine
 from streamrft.producers.rewards import get_reward
 from streamrft.producers.taskset import read_taskset
 from streamrft.schemas.codec import CONTROL, EXPERIENCE_GROUP
-from streamrft.schemas.errors import SchemaError, StreamRFTError
+from streamrft.schemas.errors import SchemaError, StreamRFTError, SyncError
 from streamrft.schemas.events import ModelVersionReady, RunState, Shutdown, TrainedGroup
 from streamrft.schemas.experience import ExperienceGroup
 from streamrft.sync.methods import make_publisher
@@ -79,6 +79,15 @@ class Trainer:
         self.ref_model = None
         self.base_version = -1
         """Last version published in full (LoRA runs publish adapters on top of it)."""
+        self.sender = None  # a CollectiveSender when synchronizer.method is nccl
+        self.members: list[str] = []
+        if cfg.synchronizer.method == "nccl":
+            from streamrft.sync.collective import CollectiveSender
+
+            sync = cfg.synchronizer
+            self.sender = CollectiveSender(
+                sync.nccl_host, sync.nccl_port, sync.sync_timeout, sync.nccl_bucket_mb
+            )
         self.reward = get_reward(cfg.explorer.reward)
         self.train_tasks = read_taskset(cfg.taskset.path, cfg.taskset)
         self.eval_tasks = (
@@ -170,7 +179,11 @@ class Trainer:
         """
         t0 = time.perf_counter()
         version = max(self.step, self.version_floor + 1, self.version + 1)
-        adapter_only = self.lora and self.base_version >= 0
+        members = self.bus.live_peers("explorer", 3 * HEARTBEAT_S) if self.sender else []
+        new_group = bool(members) and (members != self.members or not self.sender.usable)
+        # a new broadcast group starts with a full version: a LoRA member that joined late
+        # has no base to put an adapter on
+        adapter_only = self.lora and self.base_version >= 0 and not new_group
         if adapter_only:
             from streamrft.sync.lora import adapter_config_json, adapter_state_dict
 
@@ -178,26 +191,62 @@ class Trainer:
             extra = {"adapter_config.json": adapter_config_json(self.model)}
         else:
             tensors, extra = unique_state_dict(self.model), None
-        event = await asyncio.to_thread(
-            functools.partial(
-                self.publisher.publish,
-                tensors,
-                version,
-                self.step,
-                lora=adapter_only,
-                extra_files=extra,
-            )
-        )
         if not adapter_only:
             self.base_version = version
-        event = msgspec.structs.replace(event, base_version=self.base_version)
         self.version_floor = version
-        await self.bus.control(event)
+        event = None
+        if members:
+            event = await self.broadcast(tensors, version, adapter_only, members, new_group)
+        if event is None:  # the store method, or the fallback of a failed broadcast
+            event = await asyncio.to_thread(
+                functools.partial(
+                    self.publisher.publish,
+                    tensors,
+                    version,
+                    self.step,
+                    lora=adapter_only,
+                    extra_files=extra,
+                )
+            )
+            event = msgspec.structs.replace(event, base_version=self.base_version)
+            await self.bus.control(event)
         self.version = self.bus.version = event.version
         self.bus.count("versions_published")
         self.bus.counters["publish_seconds"] = (
             self.bus.counters.get("publish_seconds", 0) + time.perf_counter() - t0
         )
+
+    async def broadcast(
+        self, tensors, version: int, adapter_only: bool, members: list[str], new_group: bool
+    ) -> ModelVersionReady | None:
+        """Announce and broadcast a version to ``members``; None when the group failed."""
+        from streamrft.sync.collective import spec_digest, tensor_specs
+
+        uri = self.sender.open_epoch(members) if new_group else self.sender.uri
+        self.members = members
+        event = ModelVersionReady(
+            version=version,
+            method="nccl",
+            uri=uri,
+            manifest_sha256=spec_digest(tensor_specs(tensors)).hex(),
+            bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
+            step=self.step,
+            lora=adapter_only,
+            created_at=time.time(),
+            base_version=self.base_version,
+        )
+        await self.bus.control(event)
+        try:
+            await asyncio.to_thread(self.sender.broadcast, tensors, version)
+        except SyncError as exc:
+            self.bus.count("broadcast_failures")
+            log.warning(
+                "trainer: broadcast of version %d failed (%s); object store fallback", version, exc
+            )
+            self.members = []  # the next version forms a new group
+            return None
+        self.bus.count("versions_broadcast")
+        return event
 
     async def maybe_publish(self) -> bool:
         """Publish at a step boundary when the sync style says so (and answer requests)."""
@@ -268,7 +317,9 @@ class Trainer:
     async def run(self) -> None:
         install_stop_handlers(self.stop, "trainer")
         tcfg = self.tcfg
-        await self.bus.start(listen_control=True)
+        await self.bus.start(
+            listen_control=True, listen_status=self.sender is not None, heartbeat_s=HEARTBEAT_S
+        )
         consumer = kafka.experience_consumer(
             self.cfg.kafka, self.topics.experiences, f"trainer-{self.topics.run}", "trainer"
         )
@@ -377,6 +428,8 @@ class Trainer:
                 pass
             await consumer.stop()
             await self.bus.stop()
+            if self.sender is not None:
+                self.sender.close()
 
 
 def main(cfg: Config) -> None:

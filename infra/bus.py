@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -18,7 +19,7 @@ from aiokafka.errors import KafkaError
 from streamrft.infra import kafka
 from streamrft.infra.config import Config
 from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, Codec
-from streamrft.schemas.errors import SchemaError, ServiceError
+from streamrft.schemas.errors import SchemaError, ServiceError, SyncTimeout
 from streamrft.schemas.events import (
     ControlEvent,
     DeadLetter,
@@ -33,6 +34,8 @@ from streamrft.schemas.events import (
 
 log = logging.getLogger(__name__)
 
+HEARTBEAT_S = 5.0
+"""Long-running components re-send their status this often (liveness for the trainer)."""
 SHUTDOWN_CLOCK_SKEW_S = 2.0
 """A Shutdown event older than this process by more than this is from an earlier attempt."""
 
@@ -233,10 +236,12 @@ class EventBus:
     def _on_control(self, event: ControlEvent) -> None:
         match event:
             case ModelVersionReady():
+                # a later announcement of the same version (an nccl broadcast's object-store
+                # fallback) replaces the earlier one
                 self.versions[event.version] = event
-                if self.latest_version is None or event.version > self.latest_version.version:
+                if self.latest_version is None or event.version >= self.latest_version.version:
                     self.latest_version = event
-                    self.version_event.set()
+                self.version_event.set()
             case Shutdown():
                 # The control topic is read from the beginning, so a resumed run also sees
                 # the Shutdown that ended its previous attempt: only a newer one counts.
@@ -250,31 +255,41 @@ class EventBus:
             case SyncRequest():
                 self.sync_requests.append(event)
 
-    async def wait_for_version(
-        self, min_version: int, timeout: float, stop: asyncio.Event
-    ) -> ModelVersionReady | None:
-        """Wait until a version >= ``min_version`` is announced; None on stop or shutdown.
+    async def wait_until(
+        self, ready: Callable[[], bool], timeout: float, stop: asyncio.Event, what: str
+    ) -> bool:
+        """Wait (re-checking on every control event) until ``ready()``; False on stop/shutdown.
 
-        Raises :class:`SyncTimeout` after ``timeout`` seconds.
+        Raises :class:`SyncTimeout` naming ``what`` after ``timeout`` seconds.
         """
-        from streamrft.schemas.errors import SyncTimeout
-
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while self.latest_version is None or self.latest_version.version < min_version:
+        while not ready():
             if stop.is_set() or self.shutdown_event.is_set():
-                return None
+                return False
             remaining = deadline - loop.time()
             if remaining <= 0:
                 have = self.latest_version.version if self.latest_version else None
                 raise SyncTimeout(
-                    f"{self.component}: no model version >= {min_version} within {timeout:.0f}s "
-                    f"(newest seen: {have}); see synchronizer.sync_timeout"
+                    f"{self.component}: {what} within {timeout:.0f}s (newest version seen: "
+                    f"{have}); see synchronizer.sync_timeout"
                 )
             self.version_event.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.version_event.wait(), min(remaining, 0.5))
-        return self.latest_version
+        return True
+
+    async def wait_for_version(
+        self, min_version: int, timeout: float, stop: asyncio.Event
+    ) -> ModelVersionReady | None:
+        """Wait until a version >= ``min_version`` is announced; None on stop or shutdown."""
+        ok = await self.wait_until(
+            lambda: self.latest_version is not None and self.latest_version.version >= min_version,
+            timeout,
+            stop,
+            f"no model version >= {min_version}",
+        )
+        return self.latest_version if ok else None
 
 
 async def read_history(

@@ -19,7 +19,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from streamrft.infra import kafka
-from streamrft.infra.bus import EventBus
+from streamrft.infra.bus import HEARTBEAT_S, EventBus
 from streamrft.infra.config import Config
 from streamrft.infra.modeling import load_policy
 from streamrft.infra.shutdown import install_stop_handlers
@@ -32,7 +32,7 @@ from streamrft.schemas.events import ModelVersionReady, RunState, SyncRequest
 from streamrft.schemas.experience import Task
 from streamrft.sync.methods import Loaders
 from streamrft.sync.styles import choose_version, explorer_sync, is_sync_point, required_version
-from streamrft.sync.weights import apply_state_dict
+from streamrft.sync.weights import apply_state_dict, unique_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class Explorer:
 
             model = attach_lora(model, cfg.model.lora)
         self.engine = make_engine(cfg.explorer.engine, model, tokenizer)
+        self.receiver = None  # a CollectiveReceiver, made on the first broadcast
         self.base_version = -1
         """Full version the model was last built from (LoRA adapters apply on top of it)."""
         self.reward = get_reward(cfg.explorer.reward)
@@ -63,6 +64,21 @@ class Explorer:
         self.pending: list[tuple[TopicPartition, int, Task]] = []
 
     # -- weights ---------------------------------------------------------------------------
+    def usable_versions(self) -> dict[int, ModelVersionReady]:
+        """Announced versions this explorer can load: every stored one, and broadcasts
+        whose group it is a member of."""
+        return {v: ev for v, ev in self.bus.versions.items() if self._can_load(ev)}
+
+    def _can_load(self, event: ModelVersionReady) -> bool:
+        if event.method != "nccl":
+            return True
+        from streamrft.sync.collective import parse_rendezvous
+
+        try:
+            return self.name in parse_rendezvous(event.uri).members
+        except SyncError:
+            return False
+
     async def sync(self, step: int) -> bool:
         """At a step boundary: ask, wait and apply as the sync style says. False: stop."""
         sync = self.cfg.synchronizer
@@ -71,19 +87,46 @@ class Explorer:
             await self.bus.control(
                 SyncRequest(explorer=self.name, min_version=plan.request, created_at=time.time())
             )
-        latest = self.bus.latest_version
-        if plan.wait_for is not None and (latest is None or latest.version < plan.wait_for):
-            await self.bus.status(RunState.WAITING_SYNC, f"needs version >= {plan.wait_for}")
-            if await self.bus.wait_for_version(plan.wait_for, sync.sync_timeout, self.stop) is None:
+        need = plan.wait_for
+        if need is not None and max(self.usable_versions(), default=-1) < need:
+            await self.bus.status(RunState.WAITING_SYNC, f"needs version >= {need}")
+            ready = await self.bus.wait_until(
+                lambda: max(self.usable_versions(), default=-1) >= need,
+                sync.sync_timeout,
+                self.stop,
+                f"no usable model version >= {need}",
+            )
+            if not ready:
                 return False
-        chosen = choose_version(
-            list(self.bus.versions), plan, self.version, self.cfg.trainer.max_staleness
-        )
-        if chosen is not None:
+        while True:
+            usable = self.usable_versions()
+            chosen = choose_version(
+                list(usable), plan, self.version, self.cfg.trainer.max_staleness
+            )
+            newest = max(usable, default=-1)
+            if newest > self.version and usable[newest].method == "nccl":
+                chosen = newest  # a broadcast waits for every member of its group
+            if chosen is None:
+                break
+            event = usable[chosen]
             t0 = time.perf_counter()
             try:
-                await asyncio.to_thread(self.load_version, self.bus.versions[chosen])
+                await asyncio.to_thread(self.load_version, event)
             except SyncError as exc:
+                if event.method == "nccl":
+                    # the trainer announces the same version again through the object store
+                    self.bus.count("broadcast_failures")
+                    log.warning("%s: broadcast of version %d failed (%s)", self.name, chosen, exc)
+                    if not await self.bus.wait_until(
+                        lambda v=chosen: (
+                            self.bus.versions[v].method != "nccl" or max(self.usable_versions()) > v
+                        ),
+                        sync.sync_timeout,
+                        self.stop,
+                        f"no fallback for version {chosen}",
+                    ):
+                        return False
+                    continue
                 self.bus.count("versions_rejected")
                 log.error(
                     "%s: version %d rejected, staying on %d: %s",
@@ -92,15 +135,16 @@ class Explorer:
                     self.version,
                     exc,
                 )
-                if plan.wait_for is not None and self.version < plan.wait_for:
+                if need is not None and self.version < need:
                     raise
-                return True
+                break
             self.version = self.bus.version = chosen
             self.bus.count("versions_applied")
             self.bus.counters["sync_seconds"] = (
                 self.bus.counters.get("sync_seconds", 0) + time.perf_counter() - t0
             )
-            log.info("%s: applied version %d", self.name, self.version)
+            log.info("%s: applied version %d (%s)", self.name, self.version, event.method)
+            break
         if self.bus.state != RunState.RUNNING:
             await self.bus.status(RunState.RUNNING)
         return True
@@ -110,6 +154,9 @@ class Explorer:
 
         Everything is fetched and verified before the model is touched.
         """
+        if event.method == "nccl":
+            self._receive(event)
+            return
         if not event.lora:
             tensors = self.loader.fetch(event)
             apply_state_dict(self.engine.model, tensors)
@@ -131,6 +178,30 @@ class Explorer:
             apply_state_dict(self.engine.model, base)
             self.base_version = event.base_version
         apply_adapter(self.engine.model, adapter)
+
+    def _receive(self, event: ModelVersionReady) -> None:
+        """Take part in a broadcast: receive into staging tensors, then apply them."""
+        from streamrft.sync.collective import CollectiveReceiver
+
+        if self.receiver is None:
+            self.receiver = CollectiveReceiver(self.name, self.cfg.synchronizer.sync_timeout)
+        model = self.engine.model
+        if event.lora:
+            from streamrft.sync.lora import adapter_state_dict, apply_adapter
+
+            if event.base_version != self.base_version:
+                raise SyncError(
+                    f"broadcast adapter version {event.version} is on base {event.base_version}, "
+                    f"this explorer holds base {self.base_version}"
+                )
+            staging = {k: torch.empty_like(v) for k, v in adapter_state_dict(model).items()}
+            self.receiver.receive(event.uri, staging, event.version)
+            apply_adapter(model, staging)
+            return
+        staging = {k: torch.empty_like(v) for k, v in unique_state_dict(model).items()}
+        self.receiver.receive(event.uri, staging, event.version)
+        apply_state_dict(model, staging)
+        self.base_version = event.version
 
     # -- tasks -----------------------------------------------------------------------------
     async def take_tasks(self, consumer, n: int) -> list[tuple[TopicPartition, int, Task]]:
@@ -179,7 +250,7 @@ class Explorer:
     async def run(self) -> None:
         install_stop_handlers(self.stop, self.name)
         cfg = self.cfg
-        await self.bus.start(listen_control=True)
+        await self.bus.start(listen_control=True, heartbeat_s=HEARTBEAT_S)
         producer = kafka.data_producer(cfg.kafka, f"{self.name}-data")
         consumer = kafka.task_consumer(cfg.kafka, self.topics.tasks, TASKS_GROUP, self.name)
         try:
@@ -250,6 +321,8 @@ class Explorer:
             await consumer.stop()
             await producer.stop()
             await self.bus.stop()
+            if self.receiver is not None:
+                self.receiver.close()
 
 
 def main(cfg: Config, index: int) -> None:
