@@ -1,0 +1,113 @@
+"""The nccl method (gloo on CPU) end to end: two explorers, and a third that joins late."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import time
+
+import pytest
+
+from streamrft.infra.bus import read_history
+from streamrft.schemas import CONTROL, METRICS, ModelVersionReady
+from tests.e2e.test_cli_run import EXAMPLE, _env, _processes_mentioning, _streamrft
+from tests.e2e.test_resume import _service_overrides
+
+pytestmark = pytest.mark.e2e
+
+
+def test_broadcast_to_explorers_and_a_late_joiner(services, make_config, tmp_path):
+    run_id = f"bcast-{tmp_path.name[-10:]}"
+    runs = tmp_path / "runs"
+    steps = 60
+    common = [
+        "--run-id",
+        run_id,
+        "-o",
+        f"run.dir={runs}",
+        "-o",
+        "synchronizer.method=nccl",
+        "-o",
+        "synchronizer.sync_offset=0",
+        "-o",
+        "trainer.max_staleness=0",
+        "-o",
+        "synchronizer.sync_timeout=60",
+        "-o",
+        "trainer.warmup_sft_steps=20",
+        "-o",
+        "trainer.eval_interval=0",
+        "-o",
+        "explorer.count=2",
+        *_service_overrides(services),
+    ]
+    run = subprocess.Popen(
+        _streamrft(
+            "run",
+            str(EXAMPLE),
+            "--max-steps",
+            str(steps),
+            "--no-progress",
+            "--summary",
+            str(tmp_path / "s.json"),
+            *common,
+        ),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    late = None
+    try:
+        log = runs / run_id / "logs" / "trainer.log"
+        deadline = time.monotonic() + 240
+        while not (log.is_file() and "trainer: step 1 " in log.read_text()):
+            assert run.poll() is None, run.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.3)
+        late_log = (tmp_path / "late.log").open("w")
+        late = subprocess.Popen(
+            _streamrft("explore", str(EXAMPLE), "--index", "2", *common),
+            env=_env(),
+            stdout=late_log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
+        _, err = run.communicate(timeout=500)
+        assert run.returncode == 0, err[-3000:]
+        late.wait(timeout=60)
+    finally:
+        for p in (run, late):
+            if p is not None and p.poll() is None:
+                p.kill()
+    import json
+
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["steps"] == steps and s["books"]["trained_twice"] == 0
+    assert s["books"]["max_staleness_seen"] == 0
+
+    cfg = make_config(run={"id": run_id})
+    control = asyncio.run(read_history(cfg, cfg.topics().control, CONTROL, "bcast-test"))
+    versions = [e for e in control if isinstance(e, ModelVersionReady)]
+    broadcasts = [e for e in versions if e.method == "nccl"]
+    assert len(broadcasts) >= steps - 2  # v0 (and a fallback at most) went through the store
+    groups = [re.search(r"members=([^&]*)", e.uri).group(1) for e in broadcasts]
+    assert "explorer-0,explorer-1" in groups[0]
+    assert any("explorer-2" in g for g in groups)  # the late joiner got a new group epoch
+    epochs = {e.uri for e in broadcasts}
+    assert len(epochs) >= 2
+
+    # every explorer's weights equal the trainer's: on-policy steps recompute the very
+    # log-probs the explorers sampled with
+    metrics = asyncio.run(read_history(cfg, cfg.topics().metrics, METRICS, "bcast-metrics"))
+    diffs = [
+        m.values["train/logprob_max_abs_diff"]
+        for m in metrics
+        if m.component == "trainer" and "train/logprob_max_abs_diff" in m.values
+    ]
+    assert len(diffs) == steps and max(diffs) < 1e-4, diffs
+    text = (tmp_path / "late.log").read_text()
+    assert re.search(r"explorer-2: applied version \d+ \(nccl\)", text), text[-2000:]
+    assert not _processes_mentioning(run_id)
