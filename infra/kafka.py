@@ -122,16 +122,7 @@ def event_reader(cfg: KafkaConfig, topics: Sequence[str], client_id: str) -> AIO
 
 def topic_reader(cfg: KafkaConfig, client_id: str) -> AIOKafkaConsumer:
     """Group-less reader for tools (``streamrft tail``); partitions assigned by the caller."""
-    return AIOKafkaConsumer(
-        bootstrap_servers=_servers(cfg),
-        client_id=client_id,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=cfg.control_fetch_max_wait_ms,
-        max_partition_fetch_bytes=cfg.max_request_bytes,
-        request_timeout_ms=REQUEST_TIMEOUT_MS,
-    )
+    return event_reader(cfg, [], client_id)
 
 
 def admin_client(cfg: KafkaConfig, client_id: str = "streamrft-admin") -> AIOKafkaAdminClient:

@@ -8,14 +8,10 @@ sees half a file, and a version exists exactly when its manifest does.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 
-import torch
-
 from streamrft.schemas.errors import SyncError
-from streamrft.schemas.events import ModelVersionReady
-from streamrft.sync.versions import fetch_version, publish_version
+from streamrft.sync.versions import StoreLoader, StorePublisher
 
 
 class FolderStore:
@@ -56,39 +52,11 @@ class FolderStore:
             raise SyncError(f"{uri} is outside synchronizer.fs_dir {self.root}") from exc
 
 
-class FilesystemPublisher:
-    method = "filesystem"
-
+class FilesystemPublisher(StorePublisher):
     def __init__(self, root: str | Path, run_id: str, max_shard_bytes: int) -> None:
-        self.store = FolderStore(root)
-        self.run_id = run_id
-        self.max_shard_bytes = max_shard_bytes
-
-    def publish(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        version: int,
-        step: int,
-        *,
-        lora: bool = False,
-        extra_files: Mapping[str, bytes] | None = None,
-    ) -> ModelVersionReady:
-        return publish_version(
-            self.store,
-            method=self.method,
-            run_id=self.run_id,
-            tensors=tensors,
-            version=version,
-            step=step,
-            max_shard_bytes=self.max_shard_bytes,
-            lora=lora,
-            extra_files=extra_files,
-        )
+        super().__init__(FolderStore(root), "filesystem", run_id, max_shard_bytes)
 
 
-class FilesystemLoader:
+class FilesystemLoader(StoreLoader):
     def __init__(self, root: str | Path) -> None:
-        self.store = FolderStore(root)
-
-    def fetch(self, event: ModelVersionReady) -> dict[str, torch.Tensor]:
-        return fetch_version(self.store, event)
+        super().__init__(FolderStore(root))

@@ -31,7 +31,8 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model, get_peft_model_state_dict
 
 from streamrft.infra.modeling import save_policy
-from streamrft.schemas.errors import ConfigError, SyncError
+from streamrft.schemas.errors import ConfigError
+from streamrft.sync.weights import copy_into
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -127,22 +128,12 @@ def apply_adapter(peft_model: PeftModel, tensors: Mapping[str, torch.Tensor]) ->
     the model exactly as it was. The base weights are never touched.
     """
     # peft's state-dict values are views of the live parameters: copy_ writes through.
-    own = get_peft_model_state_dict(peft_model)
-    missing = set(own) - set(tensors)
-    unexpected = set(tensors) - set(own)
-    if missing or unexpected:
-        raise SyncError(
-            f"adapter does not fit the model: missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]} (same model.lora settings on both sides?)"
-        )
-    for name, tensor in tensors.items():
-        if own[name].shape != tensor.shape:
-            raise SyncError(
-                f"adapter does not fit the model: {name} is {tuple(tensor.shape)}, "
-                f"model has {tuple(own[name].shape)} (model.lora.rank differs?)"
-            )
-    for name, tensor in tensors.items():
-        own[name].copy_(tensor)
+    copy_into(
+        get_peft_model_state_dict(peft_model),
+        tensors,
+        "adapter tensors",
+        hint=" (same model.lora settings on both sides?)",
+    )
 
 
 @contextmanager

@@ -8,40 +8,21 @@ store as its fallback and as the source for explorers that were not in the group
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import SyncError
 from streamrft.schemas.events import ModelVersionReady
-
-
-class WeightPublisher(Protocol):
-    method: str
-
-    def publish(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        version: int,
-        step: int,
-        *,
-        lora: bool = False,
-        extra_files: Mapping[str, bytes] | None = None,
-    ) -> ModelVersionReady: ...
-
-
-class WeightLoader(Protocol):
-    def fetch(self, event: ModelVersionReady) -> dict[str, torch.Tensor]: ...
+from streamrft.sync.versions import StoreLoader, StorePublisher
 
 
 def fs_root(cfg: Config) -> Path:
     return Path(cfg.synchronizer.fs_dir or Path(cfg.run.dir) / "weights")
 
 
-def make_publisher(cfg: Config, method: str | None = None) -> WeightPublisher:
+def make_publisher(cfg: Config, method: str | None = None) -> StorePublisher:
     """The store publisher of ``method`` (default: the configured one; nccl → object store)."""
     method = method or cfg.synchronizer.method
     if method in ("object_store", "nccl"):
@@ -62,7 +43,7 @@ class Loaders:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self._loaders: dict[str, WeightLoader] = {}
+        self._loaders: dict[str, StoreLoader] = {}
 
     def fetch(self, event: ModelVersionReady) -> dict[str, torch.Tensor]:
         loader = self._loaders.get(event.method)

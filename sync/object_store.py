@@ -8,18 +8,15 @@ gateway alike: only put/get of whole objects, no listing, no notifications requi
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-import torch
 import urllib3
 from minio import Minio
 from minio.error import S3Error
 
 from streamrft.infra.config import ObjectStoreConfig
 from streamrft.schemas.errors import ServiceError, SyncError
-from streamrft.schemas.events import ModelVersionReady
-from streamrft.sync.versions import fetch_version, publish_version
+from streamrft.sync.versions import StoreLoader, StorePublisher
 
 
 def make_client(cfg: ObjectStoreConfig) -> Minio:
@@ -128,44 +125,18 @@ class S3Store:
         return key
 
 
-class ObjectStorePublisher:
-    """Trainer side: shards, then the manifest, then the event to announce."""
-
-    method = "object_store"
+class ObjectStorePublisher(StorePublisher):
+    """Trainer side: versions under ``s3://<bucket>/<run id>/`` (bucket created if missing)."""
 
     def __init__(self, cfg: ObjectStoreConfig, run_id: str) -> None:
-        self.cfg = cfg
-        self.run_id = run_id
-        self.store = S3Store(cfg, create_bucket=True)
+        super().__init__(
+            S3Store(cfg, create_bucket=True), "object_store", run_id, cfg.shard_size_mb << 20
+        )
         self.client = self.store.client
 
-    def publish(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        version: int,
-        step: int,
-        *,
-        lora: bool = False,
-        extra_files: Mapping[str, bytes] | None = None,
-    ) -> ModelVersionReady:
-        return publish_version(
-            self.store,
-            method=self.method,
-            run_id=self.run_id,
-            tensors=tensors,
-            version=version,
-            step=step,
-            max_shard_bytes=self.cfg.shard_size_mb << 20,
-            lora=lora,
-            extra_files=extra_files,
-        )
 
-
-class ObjectStoreLoader:
-    """Explorer side: fetch a version and verify every byte before returning tensors."""
+class ObjectStoreLoader(StoreLoader):
+    """Explorer side: fetch a version from the bucket and verify every byte."""
 
     def __init__(self, cfg: ObjectStoreConfig) -> None:
-        self.store = S3Store(cfg, create_bucket=False)
-
-    def fetch(self, event: ModelVersionReady) -> dict[str, torch.Tensor]:
-        return fetch_version(self.store, event)
+        super().__init__(S3Store(cfg, create_bucket=False))

@@ -129,3 +129,44 @@ def fetch_file(store: BlobStore, event: ModelVersionReady, name: str) -> bytes:
             verify(data, info.sha256, f"{name} of version {event.version}")
             return data
     raise IntegrityError(f"version {event.version} has no file {name!r}")
+
+
+class StorePublisher:
+    """Trainer side of a store-based method: shards, then the manifest, then the event."""
+
+    def __init__(self, store: BlobStore, method: str, run_id: str, max_shard_bytes: int) -> None:
+        self.store = store
+        self.method = method
+        self.run_id = run_id
+        self.max_shard_bytes = max_shard_bytes
+
+    def publish(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        version: int,
+        step: int,
+        *,
+        lora: bool = False,
+        extra_files: Mapping[str, bytes] | None = None,
+    ) -> ModelVersionReady:
+        return publish_version(
+            self.store,
+            method=self.method,
+            run_id=self.run_id,
+            tensors=tensors,
+            version=version,
+            step=step,
+            max_shard_bytes=self.max_shard_bytes,
+            lora=lora,
+            extra_files=extra_files,
+        )
+
+
+class StoreLoader:
+    """Explorer side: fetch a version, every byte verified before tensors are returned."""
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
+
+    def fetch(self, event: ModelVersionReady) -> dict[str, torch.Tensor]:
+        return fetch_version(self.store, event)

@@ -125,27 +125,36 @@ def decode_shard(data: bytes | bytearray, what: str) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def apply_state_dict(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Copy ``tensors`` into ``model`` in place; every non-alias tensor must be present.
+def copy_into(
+    own: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor],
+    what: str,
+    optional: set[str] = frozenset(),
+    hint: str = "",
+) -> None:
+    """Copy ``tensors`` into the live tensors ``own`` (views of a model) in place.
 
-    Checks names and shapes before touching anything, so a mismatched version leaves the
-    model exactly as it was.
+    Every name of ``own`` but the ``optional`` ones must come, none may be extra, and
+    shapes must agree; all of it is checked before the first copy, so a mismatch raises
+    :class:`SyncError` and leaves the model exactly as it was.
     """
-    own = model.state_dict()
-    aliases = shared_aliases(model)
-    expected = set(own) - aliases
-    missing = expected - set(tensors)
+    missing = set(own) - set(optional) - set(tensors)
     unexpected = set(tensors) - set(own)
     if missing or unexpected:
         raise SyncError(
-            f"weights do not fit the model: missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}"
+            f"{what} do not fit the model: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}{hint}"
         )
     for name, tensor in tensors.items():
         if own[name].shape != tensor.shape:
             raise SyncError(
-                f"weights do not fit the model: {name} is {tuple(tensor.shape)}, "
-                f"model has {tuple(own[name].shape)}"
+                f"{what} do not fit the model: {name} is {tuple(tensor.shape)}, "
+                f"model has {tuple(own[name].shape)}{hint}"
             )
     for name, tensor in tensors.items():
         own[name].copy_(tensor)
+
+
+def apply_state_dict(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy ``tensors`` into ``model`` in place; every non-alias tensor must be present."""
+    copy_into(model.state_dict(), tensors, "weights", optional=shared_aliases(model))

@@ -188,7 +188,7 @@ def test_apply_adapter_mismatch_raises_and_leaves_the_model(tokenizer, inputs, d
     perturb_adapter(target, 5)
     before = {k: v.clone() for k, v in unique_state_dict(target).items()}
     expected = logits(target, inputs)
-    with pytest.raises(SyncError, match="adapter does not fit"):
+    with pytest.raises(SyncError, match="adapter tensors do not fit"):
         apply_adapter(target, tensors)
     after = unique_state_dict(target)
     assert all(torch.equal(after[k], before[k]) for k in before)
