@@ -1,9 +1,11 @@
-"""Benchmark: one weight version through the object store, trainer to explorer model.
+"""Benchmark: one weight version from trainer tensors to explorer parameters, per sync method.
 
-Starts the local JuiceFS S3 gateway (``LocalServices``, object store only, in a temporary
-folder that is removed afterwards), builds a random float32 state dict of ``--mb`` MiB
-(25 tensors of equal size) and times the three phases of the ``object_store`` sync method,
-each through the library code:
+Builds a random float32 state dict of ``--mb`` MiB (25 tensors of equal size) and moves it
+with each method named in ``--methods`` (default ``object_store,filesystem,nccl``), always
+through the library code, then times a plain file-copy baseline on the same disk.
+
+``object_store``: starts the local JuiceFS S3 gateway (``LocalServices``, object store only,
+in a temporary folder removed afterwards; only when this method is selected) and times
 
 - ``publish_s``: ``ObjectStorePublisher.publish(tensors, version, step)``: safetensors
   serialisation into shards, sha256 of each shard, multipart uploads, then the manifest;
@@ -12,6 +14,29 @@ each through the library code:
 - ``apply_s``: ``streamrft.sync.weights.apply_state_dict`` into an ``nn.ParameterDict`` of
   the same names and shapes (name/shape checks, then ``copy_`` of every tensor).
 
+``filesystem``: the same three phases with ``FilesystemPublisher(folder, run_id,
+max_shard_bytes).publish`` (every shard and the manifest written to a temporary name,
+fsync'ed and renamed) and ``FilesystemLoader(folder).fetch`` (read and verify as above),
+the folder a fresh temporary one on the same disk as the baseline; then ``apply_s``.
+
+``nccl``: ``CollectiveSender`` / ``CollectiveReceiver`` with the gloo backend (CPU; NCCL
+shares the code path), ``bucket_mb`` 64, the trainer in this process and one explorer in a
+child process (``multiprocessing`` spawn context, OMP_NUM_THREADS=1, torch threads 1) that
+holds zero tensors of the same names and shapes and fills them in place. The child is
+started and its tensors allocated before any timing; it is always stopped afterwards.
+
+- ``first_broadcast_s``: ``open_epoch([member])`` + handing the uri to the child +
+  ``broadcast(tensors, 1)``: rendezvous store, join, gloo group formation, the ready/go
+  handshake, the bucketed transfer and the child's in-place copy (``broadcast`` returns
+  when the child confirmed);
+- ``broadcast_s``: the same for version 2 in the same epoch (steady state: handshake,
+  transfer, in-place copy; no group formation);
+- ``bytes_equal``: after each version the child hashes (sha256) the received bytes of a few
+  tensors (first, middle and last by name; ``verified_tensors`` counts them) and sends the
+  digests back through a Queue; true when both versions match the trainer's tensors. The
+  child zeroes its tensors between versions, so version 2 is checked on fresh bytes.
+- ``receive_s`` / ``first_receive_s``: the child's own ``receive`` call (informational).
+
 Baseline, same run and same disk: the publisher's safetensors bytes (produced by
 ``shard_state_dict``, untimed) are written to a file (``write_s``: open, write, close; no
 fsync), the file is copied with ``shutil.copyfile`` (``copy_s``) and the copy is read back
@@ -19,20 +44,29 @@ fsync), the file is copied with ``shutil.copyfile`` (``copy_s``) and the copy is
 
 Figures (MB = MiB = 2**20 bytes of tensor data; the safetensors header adds ~1 KiB):
 
-- ``mb_s`` = MB / (``publish_s`` + ``fetch_verify_s`` + ``apply_s``): trainer tensors to
-  explorer parameters through the object store;
+- ``mb_s`` (object_store, filesystem) = MB / (``publish_s`` + ``fetch_verify_s`` +
+  ``apply_s``): trainer tensors to explorer parameters through that store;
+- ``mb_s`` (nccl) = MB / ``broadcast_s``, steady state; ``first_mb_s`` = MB /
+  ``first_broadcast_s``, group formation included;
 - ``copy_mb_s`` = MB / (``write_s`` + ``copy_s``): the same bytes written once and copied
   once on the local file system (page cache; a floor for any local file handoff);
-- ``ratio_vs_copy`` = ``mb_s`` / ``copy_mb_s``;
+- ``ratio_vs_copy`` = that method's ``mb_s`` / ``copy_mb_s``;
 - informational: ``serialize_s`` and ``sha256_s`` (shard_state_dict and one sha256 pass
   over the shard bytes, timed separately) show how much of ``publish_s`` is CPU work
-  outside the upload itself.
+  outside the upload/write itself; ``shards`` and ``shard_bytes``: the safetensors shards
+  of one version (shard size: ``ObjectStoreConfig.shard_size_mb`` for both stores).
 
-Everything runs with one torch/OMP thread. A figure, not a test: the only check is that
-the applied parameters equal the published tensors bit for bit.
+Everything runs with one torch/OMP thread. A figure, not a test: the only checks are that
+the applied parameters equal the published tensors bit for bit (object_store, filesystem)
+and ``bytes_equal`` (nccl; reported, not raised).
 
-Usage: ``python bench/weight_sync.py [--mb 500] [--quick]``. Human-readable lines first,
-then one JSON line on stdout.
+Usage: ``python bench/weight_sync.py [--mb 500] [--quick] [--methods object_store,filesystem,
+nccl]``. Human-readable lines first, then one JSON line on stdout: the top-level keys
+(``bench``, ``method`` = "object_store", ``mb``, ``publish_s``, ``fetch_verify_s``,
+``apply_s``, ``mb_s``, ``copy_mb_s``, ``ratio_vs_copy``, the baseline and informational
+figures) describe the object store (its figures ``null`` when it is not selected), and
+``methods`` maps every other selected method to its figures, each with its own
+``ratio_vs_copy``.
 """
 
 from __future__ import annotations
@@ -44,24 +78,34 @@ os.environ["OMP_NUM_THREADS"] = "1"
 import argparse
 import hashlib
 import json
+import multiprocessing as mp
+import queue
 import shutil
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from streamrft.infra.config import ObjectStoreConfig
 from streamrft.infra.services import LocalServices
+from streamrft.sync.collective import CollectiveReceiver, CollectiveSender
+from streamrft.sync.filesystem import FilesystemLoader, FilesystemPublisher
 from streamrft.sync.object_store import ObjectStoreLoader, ObjectStorePublisher
 from streamrft.sync.weights import apply_state_dict, shard_state_dict
 
 MIB = 1 << 20
 N_TENSORS = 25
 ROW = 4096
+METHODS = ("object_store", "filesystem", "nccl")
+BUCKET_MB = 64
+NCCL_TIMEOUT_S = 120.0
+MEMBER = "explorer-0"
 
 
 def say(msg: str) -> None:
@@ -79,11 +123,15 @@ def make_tensors(mb: float, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-def object_store_path(
-    cfg: ObjectStoreConfig, tensors: dict[str, torch.Tensor], run_id: str
-) -> dict[str, float]:
-    publisher = ObjectStorePublisher(cfg, run_id)  # creates the bucket: untimed
-    loader = ObjectStoreLoader(cfg)
+def tensor_sha256(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+
+
+# ------------------------------------------------------------------ store-based methods
+
+
+def store_path(publisher: Any, loader: Any, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+    """publish -> fetch (+ verify) -> apply through one store; the three phase timings."""
     model = nn.ParameterDict(
         {k: nn.Parameter(torch.zeros_like(v), requires_grad=False) for k, v in tensors.items()}
     )
@@ -106,6 +154,133 @@ def object_store_path(
         "apply_s": t3 - t2,
         "shard_bytes": float(event.bytes),
     }
+
+
+def object_store_path(
+    cfg: ObjectStoreConfig, tensors: dict[str, torch.Tensor], run_id: str
+) -> dict[str, float]:
+    publisher = ObjectStorePublisher(cfg, run_id)  # creates the bucket: untimed
+    return store_path(publisher, ObjectStoreLoader(cfg), tensors)
+
+
+def filesystem_path(
+    folder: Path, tensors: dict[str, torch.Tensor], run_id: str, shard_bytes: int
+) -> dict[str, float]:
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        publisher = FilesystemPublisher(folder, run_id, shard_bytes)
+        return store_path(publisher, FilesystemLoader(folder), tensors)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- nccl (gloo)
+
+
+def _nccl_receiver(
+    shapes: dict[str, tuple[int, ...]], timeout_s: float, commands: Any, results: Any
+) -> None:
+    """Child process: one explorer; receives versions in place, reports sha256 digests."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    tensors = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in shapes.items()}
+    receiver = CollectiveReceiver(MEMBER, timeout_s)
+    results.put({"op": "ready"})
+    try:
+        while True:
+            cmd = commands.get()
+            if cmd[0] == "exit":
+                return
+            _, uri, version, names = cmd
+            out: dict[str, Any] = {"op": "received", "version": version}
+            try:
+                t0 = time.perf_counter()
+                receiver.receive(uri, tensors, version)
+                out["receive_s"] = time.perf_counter() - t0
+                out["sha256"] = {n: tensor_sha256(tensors[n]) for n in names}
+                for t in tensors.values():  # the next version must really arrive
+                    t.zero_()
+            except Exception as exc:
+                out["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            results.put(out)
+    finally:
+        receiver.close()
+
+
+def _result(results: Any, proc: Any, timeout_s: float) -> dict[str, Any]:
+    """The child's next message; RuntimeError if it dies or stays silent."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return results.get(timeout=0.5)
+        except queue.Empty:
+            if not proc.is_alive():
+                raise RuntimeError(f"nccl receiver died (exit code {proc.exitcode})") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nccl receiver silent for {timeout_s:.0f} s") from None
+
+
+def nccl_path(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    commands, results = ctx.Queue(), ctx.Queue()
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    proc = ctx.Process(
+        target=_nccl_receiver,
+        args=(shapes, NCCL_TIMEOUT_S, commands, results),
+        name="bench-nccl-receiver",
+        daemon=True,
+    )
+    sender: CollectiveSender | None = None
+    t_spawn = time.perf_counter()
+    proc.start()
+    try:
+        ready = _result(results, proc, 300)
+        if ready.get("op") != "ready":
+            raise RuntimeError(f"nccl receiver: unexpected first message {ready!r}")
+        spawn_s = time.perf_counter() - t_spawn
+        order = sorted(tensors)
+        names = list(dict.fromkeys([order[0], order[len(order) // 2], order[-1]]))
+        want = {n: tensor_sha256(tensors[n]) for n in names}
+        sender = CollectiveSender("127.0.0.1", 0, NCCL_TIMEOUT_S, BUCKET_MB, backend="gloo")
+
+        t0 = time.perf_counter()
+        uri = sender.open_epoch([MEMBER])
+        commands.put(("receive", uri, 1, names))
+        sender.broadcast(tensors, 1)
+        t1 = time.perf_counter()
+        first = _result(results, proc, NCCL_TIMEOUT_S)
+
+        t2 = time.perf_counter()
+        commands.put(("receive", uri, 2, names))
+        sender.broadcast(tensors, 2)
+        t3 = time.perf_counter()
+        second = _result(results, proc, NCCL_TIMEOUT_S)
+    finally:
+        if sender is not None:
+            sender.close()
+        if proc.is_alive():
+            commands.put(("exit",))
+            proc.join(timeout=15)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
+        commands.close()
+        results.close()
+    for res in (first, second):
+        if "error" in res:
+            raise RuntimeError(f"nccl receiver, version {res['version']}: {res['error']}")
+    return {
+        "first_broadcast_s": t1 - t0,
+        "broadcast_s": t3 - t2,
+        "first_receive_s": first["receive_s"],
+        "receive_s": second["receive_s"],
+        "bytes_equal": first["sha256"] == want and second["sha256"] == want,
+        "verified_tensors": len(names),
+        "spawn_s": spawn_s,
+    }
+
+
+# ------------------------------------------------------------------------- baseline
 
 
 def copy_baseline(shards: list[bytes], folder: Path) -> dict[str, float]:
@@ -135,7 +310,21 @@ def copy_baseline(shards: list[bytes], folder: Path) -> dict[str, float]:
     return {"write_s": write_s, "copy_s": copy_s, "read_s": read_s}
 
 
-def run(store: ObjectStoreConfig, mb: float, seed: int, scratch: Path) -> dict:
+# ----------------------------------------------------------------------------- run
+
+
+def _phases(mb: float, res: Mapping[str, float]) -> tuple[float, float]:
+    total_s = res["publish_s"] + res["fetch_verify_s"] + res["apply_s"]
+    return total_s, mb / total_s
+
+
+def run(
+    store: ObjectStoreConfig | None,
+    methods: list[str],
+    mb: float,
+    seed: int,
+    scratch: Path,
+) -> dict:
     t = time.perf_counter()
     tensors = make_tensors(mb, seed)
     data_bytes = sum(v.numel() * v.element_size() for v in tensors.values())
@@ -145,18 +334,41 @@ def run(store: ObjectStoreConfig, mb: float, seed: int, scratch: Path) -> dict:
         f"state dict: {len(tensors)} float32 tensors of shape {shape},"
         f" {mb_real:.1f} MB, made in {time.perf_counter() - t:.1f} s"
     )
+    shard_size = (store or ObjectStoreConfig()).shard_size_mb * MIB
 
     run_id = f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
-    osp = object_store_path(store, tensors, run_id)
-    total_s = osp["publish_s"] + osp["fetch_verify_s"] + osp["apply_s"]
-    say(
-        f"object store: publish {osp['publish_s']:.2f} s, fetch+verify"
-        f" {osp['fetch_verify_s']:.2f} s, apply {osp['apply_s']:.2f} s"
-        f" -> {mb_real / total_s:.0f} MB/s over {total_s:.2f} s"
-    )
+    done: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        if method == "object_store":
+            assert store is not None
+            res = object_store_path(store, tensors, run_id)
+            total_s, rate = _phases(mb_real, res)
+            say(
+                f"object store: publish {res['publish_s']:.2f} s, fetch+verify"
+                f" {res['fetch_verify_s']:.2f} s, apply {res['apply_s']:.2f} s"
+                f" -> {rate:.0f} MB/s over {total_s:.2f} s"
+            )
+        elif method == "filesystem":
+            res = filesystem_path(scratch / "fs-weights", tensors, run_id, shard_size)
+            total_s, rate = _phases(mb_real, res)
+            say(
+                f"filesystem: publish {res['publish_s']:.2f} s, fetch+verify"
+                f" {res['fetch_verify_s']:.2f} s, apply {res['apply_s']:.2f} s"
+                f" -> {rate:.0f} MB/s over {total_s:.2f} s"
+            )
+        else:
+            res = nccl_path(tensors)
+            say(
+                f"nccl (gloo, {BUCKET_MB} MB buckets, child up in {res['spawn_s']:.1f} s):"
+                f" open_epoch + first broadcast {res['first_broadcast_s']:.2f} s"
+                f" -> {mb_real / res['first_broadcast_s']:.0f} MB/s; second broadcast"
+                f" {res['broadcast_s']:.2f} s -> {mb_real / res['broadcast_s']:.0f} MB/s;"
+                f" bytes equal: {res['bytes_equal']}"
+            )
+        done[method] = res
 
     t0 = time.perf_counter()
-    shards = [data for _names, data in shard_state_dict(tensors, store.shard_size_mb * MIB)]
+    shards = [data for _names, data in shard_state_dict(tensors, shard_size)]
     t1 = time.perf_counter()
     for data in shards:
         hashlib.sha256(data).hexdigest()
@@ -168,33 +380,71 @@ def run(store: ObjectStoreConfig, mb: float, seed: int, scratch: Path) -> dict:
     n_shards = len(shards)
     del shards
     copy_total = base["write_s"] + base["copy_s"]
+    copy_mb_s = mb_real / copy_total
     say(
         f"file baseline ({shard_bytes / MIB:.1f} MB of safetensors): write {base['write_s']:.2f} s,"
-        f" copyfile {base['copy_s']:.2f} s -> {mb_real / copy_total:.0f} MB/s;"
+        f" copyfile {base['copy_s']:.2f} s -> {copy_mb_s:.0f} MB/s;"
         f" read back {base['read_s']:.2f} s"
     )
     say(f"for reference: serialize {serialize_s:.2f} s, one sha256 pass {sha256_s:.2f} s")
 
-    mb_s = mb_real / total_s
-    copy_mb_s = mb_real / copy_total
-    return {
+    osp = done.get("object_store")
+    mb_s = _phases(mb_real, osp)[1] if osp else None
+    result: dict[str, Any] = {
         "bench": "weight_sync",
         "method": "object_store",
         "mb": round(mb_real, 1),
-        "publish_s": round(osp["publish_s"], 3),
-        "fetch_verify_s": round(osp["fetch_verify_s"], 3),
-        "apply_s": round(osp["apply_s"], 3),
-        "mb_s": round(mb_s, 1),
+        "publish_s": round(osp["publish_s"], 3) if osp else None,
+        "fetch_verify_s": round(osp["fetch_verify_s"], 3) if osp else None,
+        "apply_s": round(osp["apply_s"], 3) if osp else None,
+        "mb_s": round(mb_s, 1) if mb_s else None,
         "copy_mb_s": round(copy_mb_s, 1),
-        "ratio_vs_copy": round(mb_s / copy_mb_s, 4),
+        "ratio_vs_copy": round(mb_s / copy_mb_s, 4) if mb_s else None,
         "write_s": round(base["write_s"], 3),
         "copy_s": round(base["copy_s"], 3),
         "read_s": round(base["read_s"], 3),
         "serialize_s": round(serialize_s, 3),
         "sha256_s": round(sha256_s, 3),
         "shards": n_shards,
-        "shard_bytes": int(osp["shard_bytes"]),
+        "shard_bytes": int(osp["shard_bytes"]) if osp else shard_bytes,
+        "methods": {},
     }
+    fs = done.get("filesystem")
+    if fs:
+        rate = _phases(mb_real, fs)[1]
+        result["methods"]["filesystem"] = {
+            "publish_s": round(fs["publish_s"], 3),
+            "fetch_verify_s": round(fs["fetch_verify_s"], 3),
+            "apply_s": round(fs["apply_s"], 3),
+            "mb_s": round(rate, 1),
+            "ratio_vs_copy": round(rate / copy_mb_s, 4),
+            "shard_bytes": int(fs["shard_bytes"]),
+        }
+    nc = done.get("nccl")
+    if nc:
+        rate = mb_real / nc["broadcast_s"]
+        result["methods"]["nccl"] = {
+            "backend": "gloo",
+            "bucket_mb": BUCKET_MB,
+            "first_broadcast_s": round(nc["first_broadcast_s"], 3),
+            "broadcast_s": round(nc["broadcast_s"], 3),
+            "first_mb_s": round(mb_real / nc["first_broadcast_s"], 1),
+            "mb_s": round(rate, 1),
+            "ratio_vs_copy": round(rate / copy_mb_s, 4),
+            "bytes_equal": nc["bytes_equal"],
+            "verified_tensors": nc["verified_tensors"],
+            "first_receive_s": round(nc["first_receive_s"], 3),
+            "receive_s": round(nc["receive_s"], 3),
+        }
+    return result
+
+
+def parse_methods(text: str) -> list[str]:
+    methods = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ValueError(f"unknown or no methods {unknown} (choose from {', '.join(METHODS)})")
+    return methods
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,33 +452,51 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mb", type=float, default=None, help="state dict MiB (default 500)")
     ap.add_argument("--quick", action="store_true", help="tiny run (8 MiB)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"comma list of sync methods to time (default {','.join(METHODS)})",
+    )
     args = ap.parse_args(argv)
     mb = args.mb if args.mb is not None else (8.0 if args.quick else 500.0)
     if mb <= 0:
         ap.error("--mb must be > 0")
+    try:
+        methods = parse_methods(args.methods)
+    except ValueError as exc:
+        ap.error(f"--methods: {exc}")
     torch.set_num_threads(1)
 
-    # SIGTERM -> SystemExit so that the finally block below stops the services
+    # SIGTERM -> SystemExit so that the finally blocks stop the services and the child
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t_start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="streamrft-bench-weights-"))
-    services = LocalServices(tmp / "services", broker=False, object_store=True)
+    services = None
     try:
-        eps = services.start()
-        store = ObjectStoreConfig(
-            endpoint=eps.s3_endpoint,
-            access_key=eps.access_key or "",
-            secret_key=eps.secret_key or "",
-        )
-        say(f"object store at {eps.s3_endpoint} (JuiceFS gateway), {mb:g} MB, torch threads 1")
-        result = run(store, mb, args.seed, tmp)
+        store = None
+        if "object_store" in methods:
+            services = LocalServices(tmp / "services", broker=False, object_store=True)
+            eps = services.start()
+            store = ObjectStoreConfig(
+                endpoint=eps.s3_endpoint,
+                access_key=eps.access_key or "",
+                secret_key=eps.secret_key or "",
+            )
+            say(f"object store at {eps.s3_endpoint} (JuiceFS gateway)")
+        say(f"methods {', '.join(methods)}; {mb:g} MB, torch threads 1")
+        result = run(store, methods, mb, args.seed, tmp)
     finally:
-        services.stop()
+        if services is not None:
+            services.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    say(
-        f"overall: {result['mb_s']} MB/s via object store, {result['copy_mb_s']} MB/s file copy,"
-        f" ratio {result['ratio_vs_copy']} (wall {time.perf_counter() - t_start:.1f} s)"
-    )
+    parts = [f"{result['copy_mb_s']} MB/s file copy"]
+    if result["mb_s"] is not None:
+        parts.insert(0, f"object store {result['mb_s']} MB/s (ratio {result['ratio_vs_copy']})")
+    parts += [
+        f"{name} {fig['mb_s']} MB/s (ratio {fig['ratio_vs_copy']})"
+        for name, fig in result["methods"].items()
+    ]
+    say(f"overall: {', '.join(parts)} (wall {time.perf_counter() - t_start:.1f} s)")
     print(json.dumps(result), flush=True)
     return 0
 
