@@ -79,6 +79,12 @@ class Explorer:
         except SyncError:
             return False
 
+    def broadcast_pending(self) -> bool:
+        """A newer broadcast this explorer is a member of is waiting for it."""
+        usable = self.usable_versions()
+        newest = max(usable, default=-1)
+        return newest > self.version and usable[newest].method == "nccl"
+
     async def sync(self, step: int) -> bool:
         """At a step boundary: ask, wait and apply as the sync style says. False: stop."""
         sync = self.cfg.synchronizer
@@ -226,6 +232,8 @@ class Explorer:
                 idle_since = time.monotonic()
             elif taken and time.monotonic() - idle_since > 1.0:
                 break
+            elif not taken and self.broadcast_pending():
+                break  # no tasks for us right now, but a broadcast group waits on us
         return taken
 
     async def commit(self, consumer, taken) -> None:
