@@ -16,6 +16,7 @@ import copy
 import functools
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 
 import msgspec
@@ -380,6 +381,11 @@ class Trainer:
                         "train/wait_seconds": wait_s,
                         "train/staleness_mean": sum(staleness) / len(staleness),
                         "train/staleness_max": float(max(staleness)),
+                        # the distribution: how many groups of the batch were k versions old
+                        **{
+                            f"train/staleness_groups_{k}": float(n)
+                            for k, n in sorted(Counter(staleness).items())
+                        },
                         "train/duplicates_dropped": float(self.buffer.duplicates_dropped),
                         "train/stale_dropped": float(self.buffer.stale_dropped),
                     }

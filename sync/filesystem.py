@@ -12,6 +12,7 @@ from pathlib import Path
 
 from streamrft.schemas.errors import SyncError
 from streamrft.sync.versions import StoreLoader, StorePublisher
+from streamrft.sync.weights import sha256_hex
 
 
 class FolderStore:
@@ -38,6 +39,18 @@ class FolderStore:
             return (self.root / key).read_bytes()
         except OSError as exc:
             raise SyncError(f"reading {self.root / key}: {exc}") from exc
+
+    def get_hashed(self, key: str) -> tuple[bytearray, str]:
+        """Read into one buffer (decoded without another copy) and hash it."""
+        path = self.root / key
+        try:
+            with path.open("rb") as fh:
+                buf = bytearray(path.stat().st_size)
+                if fh.readinto(buf) != len(buf):
+                    raise SyncError(f"reading {path}: file changed while being read")
+        except OSError as exc:
+            raise SyncError(f"reading {path}: {exc}") from exc
+        return buf, sha256_hex(buf)
 
     def uri(self, key: str) -> str:
         return (self.root / key).as_uri()

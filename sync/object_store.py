@@ -7,6 +7,7 @@ gateway alike: only put/get of whole objects, no listing, no notifications requi
 
 from __future__ import annotations
 
+import hashlib
 import io
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,6 +18,7 @@ from minio.error import S3Error
 from streamrft.infra.config import ObjectStoreConfig
 from streamrft.schemas.errors import ServiceError, SyncError
 from streamrft.sync.versions import StoreLoader, StorePublisher
+from streamrft.sync.weights import sha256_hex
 
 
 def make_client(cfg: ObjectStoreConfig) -> Minio:
@@ -80,22 +82,33 @@ class S3Store:
             raise SyncError(f"uploading s3://{self.cfg.bucket}/{key}: {exc}") from exc
 
     def get(self, key: str) -> bytes:
-        """The whole object; large ones as ``parallel`` ranged GETs into one buffer."""
+        return self.get_hashed(key)[0]
+
+    def get_hashed(self, key: str) -> tuple[bytes | bytearray, str]:
+        """The whole object and its sha256.
+
+        A large object comes as ``parallel`` ranged GETs into one buffer (no extra copy);
+        each range is hashed, in order, while the later ranges are still downloading.
+        """
         bucket, part = self.cfg.bucket, self.cfg.part_size_mb << 20
         try:
             size = self.client.stat_object(bucket, key).size or 0
             if size <= part or self.cfg.parallel == 1:
-                return self._read_range(bucket, key, 0, 0, None)
+                data = self._read_range(bucket, key, 0, 0, None)
+                return data, sha256_hex(data)
             buf = bytearray(size)
             view = memoryview(buf)
             ranges = [(off, min(part, size - off)) for off in range(0, size, part)]
+            digest = hashlib.sha256()
             with ThreadPoolExecutor(self.cfg.parallel, thread_name_prefix="s3-get") as pool:
-                for fut in [
+                futures = [
                     pool.submit(self._read_range, bucket, key, o, n, view[o : o + n])
                     for o, n in ranges
-                ]:
+                ]
+                for (o, n), fut in zip(ranges, futures, strict=True):
                     fut.result()
-            return buf  # a bytearray: no extra copy
+                    digest.update(view[o : o + n])
+            return buf, digest.hexdigest()
         except (S3Error, urllib3.exceptions.HTTPError) as exc:
             raise SyncError(f"downloading s3://{bucket}/{key}: {exc}") from exc
 

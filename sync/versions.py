@@ -35,6 +35,10 @@ class BlobStore(Protocol):
 
     def get(self, key: str) -> bytes: ...
 
+    def get_hashed(self, key: str) -> tuple[bytes | bytearray, str]:
+        """The object and its sha256 (a store may hash while it downloads)."""
+        ...
+
     def uri(self, key: str) -> str: ...
 
     def key(self, uri: str) -> str: ...
@@ -113,9 +117,9 @@ def fetch_version(store: BlobStore, event: ModelVersionReady) -> dict[str, torch
     prefix, manifest = fetch_manifest(store, event)
     tensors: dict[str, torch.Tensor] = {}
     for shard in manifest.shards:
-        data = store.get(f"{prefix}/{shard.name}")
         what = f"shard {shard.name} of version {event.version}"
-        verify(data, shard.sha256, what)
+        data, digest = store.get_hashed(f"{prefix}/{shard.name}")
+        verify(data, shard.sha256, what, actual=digest)
         tensors.update(decode_shard(data, what))
     return tensors
 

@@ -65,8 +65,9 @@ def shard_state_dict(
         yield names, st_save({n: tensors[n] for n in names})
 
 
-def verify(data: bytes, expected_sha256: str, what: str) -> None:
-    actual = sha256_hex(data)
+def verify(data: bytes, expected_sha256: str, what: str, actual: str | None = None) -> None:
+    """Raise :class:`IntegrityError` unless ``data`` (or its known digest) matches."""
+    actual = actual or sha256_hex(data)
     if actual != expected_sha256:
         raise IntegrityError(
             f"{what}: sha256 {actual[:16]}... does not match the manifest's "
