@@ -108,6 +108,11 @@ def test_broadcast_to_explorers_and_a_late_joiner(services, make_config, tmp_pat
         if m.component == "trainer" and "train/logprob_max_abs_diff" in m.values
     ]
     assert len(diffs) == steps and max(diffs) < 1e-4, diffs
+    # the per-step staleness distribution: every trained group was 0 versions old
+    for m in metrics:
+        if m.component == "trainer" and "train/loss" in m.values:
+            dist = {k: v for k, v in m.values.items() if k.startswith("train/staleness_groups_")}
+            assert dist == {"train/staleness_groups_0": 32.0}, dist
     text = (tmp_path / "late.log").read_text()
     assert re.search(r"explorer-2: applied version \d+ \(nccl\)", text), text[-2000:]
     assert not _processes_mentioning(run_id)
