@@ -322,7 +322,7 @@ class Trainer:
             listen_control=True, listen_status=self.sender is not None, heartbeat_s=HEARTBEAT_S
         )
         consumer = kafka.experience_consumer(
-            self.cfg.kafka, self.topics.experiences, f"trainer-{self.topics.run}", "trainer"
+            self.cfg.kafka, self.topics.experiences, f"{self.topics.prefix}.{self.topics.run}.trainer", "trainer"
         )
         try:
             ckpt = latest_checkpoint(self.ckpt_root) if tcfg.resume else None

@@ -36,8 +36,15 @@ from streamrft.sync.weights import apply_state_dict, unique_state_dict
 
 log = logging.getLogger(__name__)
 
-TASKS_GROUP = "explorers"
-__all__ = ["TASKS_GROUP", "Explorer", "is_sync_point", "main", "required_version"]
+__all__ = ["Explorer", "is_sync_point", "main", "required_version", "tasks_group"]
+
+
+def tasks_group(topics) -> str:
+    """The consumer group the explorers of one run share (``<prefix>.<run id>.explorers``).
+
+    One group per run: runs sharing a cluster never rebalance each other's explorers.
+    """
+    return f"{topics.prefix}.{topics.run}.explorers"
 
 
 class Explorer:
@@ -260,7 +267,7 @@ class Explorer:
         cfg = self.cfg
         await self.bus.start(listen_control=True, heartbeat_s=HEARTBEAT_S)
         producer = kafka.data_producer(cfg.kafka, f"{self.name}-data")
-        consumer = kafka.task_consumer(cfg.kafka, self.topics.tasks, TASKS_GROUP, self.name)
+        consumer = kafka.task_consumer(cfg.kafka, self.topics.tasks, tasks_group(self.topics), self.name)
         try:
             await kafka.start_client(producer, f"{self.name} producer")
             await kafka.start_client(consumer, f"{self.name} task consumer")
