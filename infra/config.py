@@ -160,6 +160,8 @@ class ExplorerConfig(_Section):
     """torch threads of an explorer process."""
     max_steps: NonNeg = 0
     """Stop after this many explorer steps (0: until tasks or trainer end)."""
+    max_restarts: NonNeg = 3
+    """``streamrft run`` starts an explorer that died again, up to this many times."""
 
 
 class TrainerConfig(_Section):

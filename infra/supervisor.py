@@ -76,6 +76,8 @@ class Supervisor:
         self.summary_path = summary_path
         self.progress = progress and cfg.monitor.progress
         self.children: dict[str, Child] = {}
+        self.spawn_args: dict[str, tuple[list[str], int, Path]] = {}
+        self.restarts: dict[str, int] = {}
         self.stop = asyncio.Event()
         self.services = None
 
@@ -84,6 +86,30 @@ class Supervisor:
         log_path = self.cfg.run_dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.children[name] = Child(name, argv, log_path, child_env(threads))
+        self.spawn_args[name] = (role_args, threads, config_path)
+
+    def _restart_or_fail(self, name: str, child: Child) -> str | None:
+        """An explorer that died is started again (it rejoins the tasks group and resyncs
+        weights; its unacknowledged tasks are explored again); anything else, or an
+        explorer past ``explorer.max_restarts``, fails the run. Returns the failure."""
+        rc = child.returncode
+        if (
+            name.startswith("explorer-")
+            and self.restarts.get(name, 0) < self.cfg.explorer.max_restarts
+        ):
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            log.warning(
+                "%s exited with code %s; restart %d of %d\n%s",
+                name,
+                rc,
+                self.restarts[name],
+                self.cfg.explorer.max_restarts,
+                child.tail(5),
+            )
+            child.kill()
+            self._spawn(name, *self.spawn_args[name])
+            return None
+        return f"{name} exited with code {rc}:\n{child.tail()}"
 
     def _bar(self):
         if not self.progress:
@@ -163,10 +189,9 @@ class Supervisor:
                     if trainer_rc != 0:
                         failure = f"trainer exited with code {trainer_rc}:\n{self.children['trainer'].tail()}"
                     break
-                for name, child in self.children.items():
-                    rc = child.returncode
-                    if rc not in (None, 0) and name != "trainer":
-                        failure = f"{name} exited with code {rc}:\n{child.tail()}"
+                for name, child in list(self.children.items()):
+                    if child.returncode not in (None, 0) and name != "trainer":
+                        failure = self._restart_or_fail(name, child)
                 if failure:
                     break
                 if monitor_task.done():
@@ -183,6 +208,7 @@ class Supervisor:
         summary = monitor.summary(time.monotonic() - started)
         summary["interrupted"] = self.stop.is_set()
         summary["exit_codes"] = {n: c.returncode for n, c in self.children.items()}
+        summary["restarts"] = dict(self.restarts)
         summary["run_dir"] = str(cfg.run_dir)
         if failure:
             summary["failure"] = failure

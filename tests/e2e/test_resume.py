@@ -127,3 +127,72 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, tmp_path):
     # versions keep rising across the crash: none was announced twice with other weights
     assert s["versions_rejected"] == {"explorer-0": 0}
     assert not _processes_mentioning(run_id)
+
+
+def _explorer_pid(run_id: str, index: int) -> int | None:
+    for pid in _processes_mentioning(run_id):
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"explore" in cmd and str(index).encode() in cmd and b"--index" in cmd:
+            return pid
+    return None
+
+
+def test_explorer_killed_mid_run_is_restarted_and_nothing_is_lost(services, tmp_path):
+    runs = tmp_path / "runs"
+    run_id = f"explorer-kill-{os.getpid()}-{int(time.time())}"
+    steps = 100  # long enough for the restarted explorer to rejoin and work
+    proc = subprocess.Popen(
+        _streamrft(
+            "run",
+            str(EXAMPLE),
+            "--run-id",
+            run_id,
+            "--max-steps",
+            str(steps),
+            "--no-progress",
+            "--summary",
+            str(tmp_path / "s.json"),
+            "-o",
+            f"run.dir={runs}",
+            "-o",
+            "explorer.count=2",
+            "-o",
+            "trainer.eval_interval=0",
+            "-o",
+            "trainer.warmup_sft_steps=20",
+            "-o",
+            "trainer.max_staleness=2",
+            *_service_overrides(services),
+        ),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        log = runs / run_id / "logs" / "trainer.log"
+        deadline = time.monotonic() + 240
+        while not (log.is_file() and "trainer: step 10 " in log.read_text()):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "training did not reach step 10"
+            time.sleep(0.2)
+        pid = _explorer_pid(run_id, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["restarts"] == {"explorer-1": 1}
+    assert s["steps"] == steps
+    assert s["books"]["trained_twice"] == 0 and s["books"]["staler_than_max"] == 0
+    assert s["groups_trained"] == steps * 32
+    # the restarted explorer came back: its new process synced weights (its counters start
+    # from zero) and it stopped cleanly at the end
+    assert "explorer-1 exited with code -9; restart 1 of 3" in err
+    assert s["versions_applied"]["explorer-1"] >= 1
+    assert s["explorers_stopped"] == ["explorer-0", "explorer-1"]
+    assert not _processes_mentioning(run_id)
