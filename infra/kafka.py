@@ -36,34 +36,34 @@ def _servers(cfg: KafkaConfig) -> str:
     return cfg.bootstrap_servers
 
 
-def data_producer(cfg: KafkaConfig, client_id: str) -> AIOKafkaProducer:
-    """Producer of tasks and experience groups: batched, optionally compressed."""
+def _producer(cfg: KafkaConfig, client_id: str, **batching) -> AIOKafkaProducer:
+    """acks=all, no idempotence (the embedded broker lacks InitProducerId), bounded retries."""
     return AIOKafkaProducer(
         bootstrap_servers=_servers(cfg),
         client_id=client_id,
         acks="all",
         enable_idempotence=False,
-        compression_type=None if cfg.compression == "none" else cfg.compression,
-        linger_ms=cfg.linger_ms,
-        max_batch_size=1 << 20,
         max_request_size=cfg.max_request_bytes,
         request_timeout_ms=REQUEST_TIMEOUT_MS,
         retry_backoff_ms=200,
+        **batching,
+    )
+
+
+def data_producer(cfg: KafkaConfig, client_id: str) -> AIOKafkaProducer:
+    """Producer of tasks and experience groups: batched, optionally compressed."""
+    return _producer(
+        cfg,
+        client_id,
+        compression_type=None if cfg.compression == "none" else cfg.compression,
+        linger_ms=cfg.linger_ms,
+        max_batch_size=1 << 20,
     )
 
 
 def event_producer(cfg: KafkaConfig, client_id: str) -> AIOKafkaProducer:
-    """Producer of control, status, metrics and dead letters: no lingering, acks=all."""
-    return AIOKafkaProducer(
-        bootstrap_servers=_servers(cfg),
-        client_id=client_id,
-        acks="all",
-        enable_idempotence=False,
-        linger_ms=0,
-        max_request_size=cfg.max_request_bytes,
-        request_timeout_ms=REQUEST_TIMEOUT_MS,
-        retry_backoff_ms=200,
-    )
+    """Producer of control, status, metrics and dead letters: each event sent at once."""
+    return _producer(cfg, client_id, linger_ms=0)
 
 
 def _group_consumer(

@@ -5,13 +5,19 @@ from __future__ import annotations
 import asyncio
 import re
 import subprocess
-import time
 
 import pytest
 
 from streamrft.infra.bus import read_history
 from streamrft.schemas import CONTROL, METRICS, ModelVersionReady
-from tests.e2e.test_cli_run import EXAMPLE, _env, _processes_mentioning, _streamrft
+from tests.e2e.test_cli_run import (
+    EXAMPLE,
+    _env,
+    _processes_mentioning,
+    _streamrft,
+    log_has,
+    wait_for,
+)
 from tests.e2e.test_resume import _service_overrides
 
 pytestmark = pytest.mark.e2e
@@ -62,11 +68,7 @@ def test_broadcast_to_explorers_and_a_late_joiner(services, make_config, tmp_pat
     late = None
     try:
         log = runs / run_id / "logs" / "trainer.log"
-        deadline = time.monotonic() + 240
-        while not (log.is_file() and "trainer: step 1 " in log.read_text()):
-            assert run.poll() is None, run.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "training did not start"
-            time.sleep(0.3)
+        wait_for(lambda: log_has(log, "trainer: step 1 "), run, 240, "training to start")
         late_log = (tmp_path / "late.log").open("w")
         late = subprocess.Popen(
             _streamrft("explore", str(EXAMPLE), "--index", "2", *common),

@@ -29,6 +29,19 @@ def _streamrft(*args: str) -> list[str]:
     return [sys.executable, "-m", "streamrft.infra.cli", *args]
 
 
+def wait_for(ready, proc: subprocess.Popen, timeout: float, what: str) -> None:
+    """Poll ``ready()`` until true; fail with the process's stderr if it ends first."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def log_has(path: Path, text: str) -> bool:
+    return path.is_file() and text in path.read_text()
+
+
 def _processes_mentioning(text: str) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
@@ -118,16 +131,13 @@ def test_sigint_stops_everything_cleanly(tmp_path):
         cwd=tmp_path,
     )
     try:
-        deadline = time.monotonic() + 180
-        trainer_log = None
-        while time.monotonic() < deadline:
-            logs = list(runs.glob("*/logs/trainer.log"))
-            if logs and "trainer: step 10 " in logs[0].read_text():
-                trainer_log = logs[0]
-                break
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            time.sleep(0.5)
-        assert trainer_log is not None, "training did not reach step 10"
+        wait_for(
+            lambda: any(log_has(p, "trainer: step 10 ") for p in runs.glob("*/logs/trainer.log")),
+            proc,
+            180,
+            "training to reach step 10",
+        )
+        trainer_log = next(runs.glob("*/logs/trainer.log"))
         run_id = trainer_log.parent.parent.name
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=90)

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_cli_run import EXAMPLE, _env, _processes_mentioning, _streamrft
+from tests.e2e.test_cli_run import (
+    EXAMPLE,
+    _env,
+    _processes_mentioning,
+    _streamrft,
+    log_has,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -72,15 +79,13 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, tmp_path):
     )
     ckpts = runs / run_id / "checkpoints"
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            latest = ckpts / "latest"
-            if latest.is_file() and latest.read_text() >= "step_00000010":
-                break
-            assert first.poll() is None, first.communicate()[1][-3000:]
-            time.sleep(0.2)
-        else:
-            pytest.fail("no checkpoint at step 10")
+        latest = ckpts / "latest"
+        wait_for(
+            lambda: latest.is_file() and latest.read_text() >= "step_00000010",
+            first,
+            240,
+            "a checkpoint at step 10",
+        )
         pid = _trainer_pid(run_id)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
@@ -172,11 +177,7 @@ def test_explorer_killed_mid_run_is_restarted_and_nothing_is_lost(services, tmp_
     )
     try:
         log = runs / run_id / "logs" / "trainer.log"
-        deadline = time.monotonic() + 240
-        while not (log.is_file() and "trainer: step 10 " in log.read_text()):
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "training did not reach step 10"
-            time.sleep(0.2)
+        wait_for(lambda: log_has(log, "trainer: step 10 "), proc, 240, "training to reach step 10")
         pid = _explorer_pid(run_id, 1)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
