@@ -53,7 +53,6 @@ class EventBus:
         self._producer: AIOKafkaProducer | None = None
         self._control: AIOKafkaConsumer | None = None
         self._control_task: asyncio.Task[None] | None = None
-        self.latest_version: ModelVersionReady | None = None
         self.versions: dict[int, ModelVersionReady] = {}
         """Every version announced on the control topic, by number."""
         self.version_event = asyncio.Event()
@@ -211,6 +210,11 @@ class EventBus:
                             tp.topic, tp.partition, rec.offset, rec.key, rec.value, exc
                         )
 
+    @property
+    def latest_version(self) -> ModelVersionReady | None:
+        """The newest version announced so far (its latest announcement)."""
+        return self.versions[max(self.versions)] if self.versions else None
+
     def _on_status(self, event: StatusEvent) -> None:
         if event.component != self.component and event.created_at >= self.started_at - 60:
             self.peers[event.component] = event
@@ -239,8 +243,6 @@ class EventBus:
                 # a later announcement of the same version (an nccl broadcast's object-store
                 # fallback) replaces the earlier one
                 self.versions[event.version] = event
-                if self.latest_version is None or event.version >= self.latest_version.version:
-                    self.latest_version = event
                 self.version_event.set()
             case Shutdown():
                 # The control topic is read from the beginning, so a resumed run also sees
