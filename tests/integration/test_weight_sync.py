@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 
 import pytest
@@ -63,23 +64,33 @@ def test_tampered_shard_rejected(make_config):
         ObjectStoreLoader(cfg.object_store).fetch(event)
 
 
-def test_explorer_applies_good_version_and_stays_on_it_when_next_is_tampered(make_config):
+@contextlib.asynccontextmanager
+async def explorer_and_trainer_bus(cfg):
+    """A live explorer (following control) and the trainer's event bus, on fresh topics."""
+    from streamrft.infra import kafka
+    from streamrft.infra.bus import EventBus
     from streamrft.producers.explorer import Explorer
+
+    await kafka.ensure_topics(cfg.kafka, cfg.topics())
+    explorer = Explorer(cfg, 0)
+    await explorer.bus.start(listen_control=True)
+    trainer_bus = EventBus(cfg, "trainer", "trainer")
+    await trainer_bus.start()
+    try:
+        yield explorer, trainer_bus
+    finally:
+        await trainer_bus.stop()
+        await explorer.bus.stop()
+
+
+def test_explorer_applies_good_version_and_stays_on_it_when_next_is_tampered(make_config):
 
     cfg = make_config(synchronizer={"style": "dynamic_by_trainer"}, trainer={"max_staleness": 100})
     src, _ = _models(cfg)
     publisher = ObjectStorePublisher(cfg.object_store, cfg.run.id)
 
     async def scenario():
-        from streamrft.infra import kafka
-        from streamrft.infra.bus import EventBus
-
-        await kafka.ensure_topics(cfg.kafka, cfg.topics())
-        explorer = Explorer(cfg, 0)
-        await explorer.bus.start(listen_control=True)
-        trainer_bus = EventBus(cfg, "trainer", "trainer")
-        await trainer_bus.start()
-        try:
+        async with explorer_and_trainer_bus(cfg) as (explorer, trainer_bus):
             good = publisher.publish(unique_state_dict(src), 0, 0)
             await trainer_bus.control(good)
             assert await explorer.sync(0)
@@ -94,9 +105,6 @@ def test_explorer_applies_good_version_and_stays_on_it_when_next_is_tampered(mak
             await explorer.bus.wait_for_version(1, 30, asyncio.Event())
             assert await explorer.sync(1)
             return explorer, applied
-        finally:
-            await trainer_bus.stop()
-            await explorer.bus.stop()
 
     explorer, applied = asyncio.run(scenario())
     assert explorer.version == 0
@@ -109,8 +117,6 @@ def test_explorer_applies_good_version_and_stays_on_it_when_next_is_tampered(mak
 def test_lora_explorer_builds_base_then_applies_adapter_and_rejects_a_tampered_one(make_config):
     import msgspec
 
-    from streamrft.infra.bus import EventBus
-    from streamrft.producers.explorer import Explorer
     from streamrft.sync.lora import adapter_config_json, adapter_state_dict, attach_lora
 
     cfg = make_config(
@@ -137,14 +143,7 @@ def test_lora_explorer_builds_base_then_applies_adapter_and_rejects_a_tampered_o
         return msgspec.structs.replace(ev, base_version=0)
 
     async def scenario():
-        from streamrft.infra import kafka
-
-        await kafka.ensure_topics(cfg.kafka, cfg.topics())
-        explorer = Explorer(cfg, 0)
-        await explorer.bus.start(listen_control=True)
-        trainer_bus = EventBus(cfg, "trainer", "trainer")
-        await trainer_bus.start()
-        try:
+        async with explorer_and_trainer_bus(cfg) as (explorer, trainer_bus):
             await trainer_bus.control(publisher.publish(unique_state_dict(src), 0, 0))
             assert await explorer.sync(0)
             v1 = adapter_event(1)
@@ -161,9 +160,6 @@ def test_lora_explorer_builds_base_then_applies_adapter_and_rejects_a_tampered_o
             await explorer.bus.wait_for_version(2, 30, asyncio.Event())
             assert await explorer.sync(2)
             return explorer, good
-        finally:
-            await trainer_bus.stop()
-            await explorer.bus.stop()
 
     explorer, good = asyncio.run(scenario())
     assert explorer.version == 1 and explorer.base_version == 0
