@@ -101,7 +101,7 @@ def make_group(
     rng: np.random.Generator, shape: Shape, run: str, index: int, version: int
 ) -> ExperienceGroup:
     task_id = f"task-{index:07d}"
-    gid = make_group_id(run, task_id, 0, "explorer-0")
+    gid = make_group_id(run, task_id, 0)
     prompt = rng.integers(0, VOCAB, shape.prompt, dtype=np.int32)
     n_resp = shape.tokens - shape.prompt
     exps = []

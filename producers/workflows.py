@@ -44,7 +44,7 @@ def run_math_workflow(
     groups = []
     now = time.time()
     for task, rollouts in zip(tasks, batches, strict=True):
-        gid = make_group_id(run, task.id, task.epoch, explorer)
+        gid = make_group_id(run, task.id, task.epoch)
         exps = []
         for i, r in enumerate(rollouts):
             value, info = reward(r.text, task)

@@ -69,7 +69,8 @@ class ExperienceGroup(msgspec.Struct, kw_only=True):
     """
 
     id: str
-    """``<run>/<task id>@<epoch>/<explorer id>``."""
+    """``<run>/<task id>@<epoch>``: the same for whichever explorer explores the task, so a
+    task explored twice (an explorer died before committing it) is deduplicated by id."""
     run: str
     """Run id (the topic namespace) the group belongs to."""
     task_id: str
@@ -90,8 +91,9 @@ class ExperienceGroup(msgspec.Struct, kw_only=True):
     """The explorer's step that sampled it (-1: unknown, e.g. an external producer)."""
 
 
-def make_group_id(run: str, task_id: str, epoch: int, explorer: str) -> str:
-    return f"{run}/{task_id}@{epoch}/{explorer}"
+def make_group_id(run: str, task_id: str, epoch: int) -> str:
+    """One id per (task, epoch) of a run; deliberately not per explorer (see ``id``)."""
+    return f"{run}/{task_id}@{epoch}"
 
 
 def validate_group(group: ExperienceGroup) -> ExperienceGroup:

@@ -79,7 +79,7 @@ def make_experience(
 
 
 def make_group(experiences: list[Experience] | None = None, version: int = 3) -> ExperienceGroup:
-    gid = make_group_id("run", "t1", 0, "explorer-0")
+    gid = make_group_id("run", "t1", 0)
     if experiences is None:
         experiences = [
             make_experience(f"{gid}#0", version=version),
@@ -125,7 +125,7 @@ def test_experience_lengths_and_group_id():
     exp = make_experience(prompt=(1, 2, 3), response=(4, 5), logprobs=(0.0, 0.0))
     assert exp.num_tokens == 5
     assert exp.response_length == 2
-    assert make_group_id("r", "t9", 2, "explorer-1") == "r/t9@2/explorer-1"
+    assert make_group_id("r", "t9", 2) == "r/t9@2"
 
 
 # -- round trips -----------------------------------------------------------------------------
