@@ -455,7 +455,7 @@ def test_validate_group_rejects(group_factory, message):
 
 def test_validation_error_names_the_experience():
     group = _with_first(reward=math.nan)
-    with pytest.raises(SchemaError, match=r"experience 'run/t1@0/explorer-0#0'"):
+    with pytest.raises(SchemaError, match=r"experience 'run/t1@0#0'"):
         validate_group(group)
 
 
