@@ -41,7 +41,7 @@ from streamrft.producers.taskset import read_taskset
 from streamrft.schemas.codec import CONTROL, EXPERIENCE_GROUP
 from streamrft.schemas.errors import SchemaError, StreamRFTError, SyncError
 from streamrft.schemas.events import ModelVersionReady, RunState, Shutdown, TrainedGroup
-from streamrft.schemas.experience import ExperienceGroup
+from streamrft.schemas.experience import ExperienceGroup, check_token_ids
 from streamrft.sync.methods import make_publisher
 from streamrft.sync.styles import trainer_publishes
 from streamrft.sync.weights import unique_state_dict
@@ -297,6 +297,7 @@ class Trainer:
                 for rec in records:
                     try:
                         group = EXPERIENCE_GROUP.decode(rec.value, rec.headers)
+                        check_token_ids(group, self.model.get_input_embeddings().num_embeddings)
                     except SchemaError as exc:
                         await self.bus.dead_letter(
                             tp.topic, tp.partition, rec.offset, rec.key, rec.value, exc

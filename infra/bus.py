@@ -18,11 +18,10 @@ from aiokafka.errors import KafkaError
 
 from streamrft.infra import kafka
 from streamrft.infra.config import Config
-from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, Codec
+from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, Codec, dead_letter_of
 from streamrft.schemas.errors import SchemaError, ServiceError, SyncTimeout
 from streamrft.schemas.events import (
     ControlEvent,
-    DeadLetter,
     MetricsEvent,
     ModelVersionReady,
     RunState,
@@ -170,24 +169,19 @@ class EventBus:
         exc: Exception,
     ) -> None:
         """Record a message this component could not handle; never drop it silently."""
-        log.warning("dead letter %s[%d]@%d: %s", topic, partition, offset, exc)
-        self.count("dead_letters")
-        await self.send(
-            self.topics.dead_letters,
-            DEAD_LETTER,
-            DeadLetter(
-                source_topic=topic,
-                partition=partition,
-                offset=offset,
-                key=key,
-                value=value,
-                reason=str(exc),
-                error_type=type(exc).__name__,
-                component=self.component,
-                created_at=time.time(),
-            ),
-            key=self.component,
+        letter = dead_letter_of(
+            topic,
+            partition,
+            offset,
+            key,
+            value,
+            exc,
+            self.component,
+            self.cfg.kafka.max_request_bytes,
         )
+        log.warning("dead letter %s[%d]@%d: %s", topic, partition, offset, letter.reason)
+        self.count("dead_letters")
+        await self.send(self.topics.dead_letters, DEAD_LETTER, letter, key=self.component)
 
     def count(self, name: str, n: float = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n

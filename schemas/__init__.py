@@ -11,6 +11,7 @@ from streamrft.schemas.codec import (
     STATUS,
     TASK,
     Codec,
+    dead_letter_of,
     decode_manifest,
     encode_manifest,
 )
@@ -38,8 +39,10 @@ from streamrft.schemas.experience import (
     Experience,
     ExperienceGroup,
     Task,
+    check_token_ids,
     make_group_id,
     validate_group,
+    validate_task,
 )
 from streamrft.schemas.topics import TOPIC_KINDS, TopicNames
 from streamrft.schemas.weights import ShardInfo, WeightManifest
@@ -77,6 +80,8 @@ __all__ = [
     "TopicNames",
     "TrainedGroup",
     "WeightManifest",
+    "check_token_ids",
+    "dead_letter_of",
     "decode_manifest",
     "encode_manifest",
     "make_group_id",
@@ -86,4 +91,5 @@ __all__ = [
     "unpack_f32",
     "unpack_i32",
     "validate_group",
+    "validate_task",
 ]

@@ -1,18 +1,22 @@
 """Encoding and decoding of every wire type, with a schema-version header.
 
 Each topic carries one type (the control topic a tagged union). A :class:`Codec` holds one
-msgpack encoder and one typed decoder, created once and reused. Decoding validates types
-(msgspec) and, where given, invariants (``validate``); any failure is a
-:class:`~streamrft.schemas.errors.SchemaError` whose message says what was wrong.
+msgpack encoder and one typed decoder, created once and reused. Decoding first checks the
+message's size against the codec's limit (:mod:`streamrft.schemas.limits`), then its headers,
+then types (msgspec) and, where given, invariants (``validate``); any failure is a
+:class:`~streamrft.schemas.errors.SchemaError` whose message says what was wrong. Nothing a
+message can hold makes ``decode`` raise anything else (``tests/unit/test_fuzz_codecs.py``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from streamrft.schemas import limits
 from streamrft.schemas.arrays import unpack_f32, unpack_i32
 from streamrft.schemas.errors import SchemaError
 from streamrft.schemas.events import (
@@ -20,8 +24,17 @@ from streamrft.schemas.events import (
     DeadLetter,
     MetricsEvent,
     StatusEvent,
+    validate_control,
+    validate_metrics,
+    validate_status,
 )
-from streamrft.schemas.experience import Experience, ExperienceGroup, Task, validate_group
+from streamrft.schemas.experience import (
+    Experience,
+    ExperienceGroup,
+    Task,
+    validate_group,
+    validate_task,
+)
 from streamrft.schemas.weights import WeightManifest
 
 SCHEMA_VERSION = 1
@@ -34,10 +47,20 @@ Headers = Sequence[tuple[str, bytes]]
 
 
 class Codec(Generic[T]):
-    """msgpack codec of one wire type; ``name`` travels in the ``streamrft-type`` header."""
+    """msgpack codec of one wire type; ``name`` travels in the ``streamrft-type`` header.
 
-    def __init__(self, type_: Any, name: str, validate: Callable[[T], T] | None = None) -> None:
+    ``max_bytes`` bounds the encoded message; a longer one is refused before decoding.
+    """
+
+    def __init__(
+        self,
+        type_: Any,
+        name: str,
+        validate: Callable[[T], T] | None = None,
+        max_bytes: int = limits.EVENT_MAX_BYTES,
+    ) -> None:
         self.name = name
+        self.max_bytes = max_bytes
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder: msgspec.msgpack.Decoder[T] = msgspec.msgpack.Decoder(type_)
         self._validate = validate
@@ -55,12 +78,22 @@ class Codec(Generic[T]):
     def decode(self, value: bytes | None, headers: Headers | None = None) -> T:
         if value is None:
             raise SchemaError(f"{self.name}: empty message (null value)")
+        if len(value) > self.max_bytes:
+            raise SchemaError(
+                f"{self.name}: message of {len(value)} bytes is over the limit of "
+                f"{self.max_bytes} bytes"
+            )
         if headers:
             self._check_headers(headers)
         try:
             obj = self._decoder.decode(value)
-        except msgspec.DecodeError as exc:  # ValidationError is a subclass
+        # ValidationError is a DecodeError; msgspec lets invalid UTF-8 in a str through as
+        # UnicodeDecodeError, and nesting deeper than its limit (in an unknown field, which
+        # it skips) as RecursionError
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise SchemaError(f"{self.name}: {exc}") from exc
+        except RecursionError as exc:
+            raise SchemaError(f"{self.name}: nested too deeply ({exc})") from exc
         if self._validate is not None:
             obj = self._validate(obj)
         return obj
@@ -83,14 +116,18 @@ class Codec(Generic[T]):
                 )
 
 
-TASK: Codec[Task] = Codec(Task, "task")
+TASK: Codec[Task] = Codec(Task, "task", validate_task, limits.TASK_MAX_BYTES)
 EXPERIENCE_GROUP: Codec[ExperienceGroup] = Codec(
-    ExperienceGroup, "experience_group", validate=validate_group
+    ExperienceGroup, "experience_group", validate_group, limits.DATA_MAX_BYTES
 )
-CONTROL: Codec[ControlEvent] = Codec(ControlEvent, "control")
-STATUS: Codec[StatusEvent] = Codec(StatusEvent, "status")
-METRICS: Codec[MetricsEvent] = Codec(MetricsEvent, "metrics")
-DEAD_LETTER: Codec[DeadLetter] = Codec(DeadLetter, "dead_letter")
+CONTROL: Codec[ControlEvent] = Codec(
+    ControlEvent, "control", validate_control, limits.EVENT_MAX_BYTES
+)
+STATUS: Codec[StatusEvent] = Codec(StatusEvent, "status", validate_status, limits.EVENT_MAX_BYTES)
+METRICS: Codec[MetricsEvent] = Codec(
+    MetricsEvent, "metrics", validate_metrics, limits.METRICS_MAX_BYTES
+)
+DEAD_LETTER: Codec[DeadLetter] = Codec(DeadLetter, "dead_letter", None, limits.DATA_MAX_BYTES)
 
 CODEC_BY_KIND: dict[str, Codec[Any]] = {
     "tasks": TASK,
@@ -101,6 +138,50 @@ CODEC_BY_KIND: dict[str, Codec[Any]] = {
     "dead_letters": DEAD_LETTER,
 }
 """Codec for each topic kind of a run namespace (see :mod:`streamrft.schemas.topics`)."""
+
+DEAD_LETTER_REASON_CHARS = 2000
+"""A reason is cut to this many characters (a validator may quote a long field)."""
+DEAD_LETTER_MARGIN_BYTES = 64 << 10
+"""Room kept for a dead letter's own fields and the Kafka record around it."""
+
+
+def dead_letter_of(
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    exc: BaseException,
+    component: str,
+    max_bytes: int = limits.DATA_MAX_BYTES,
+) -> DeadLetter:
+    """The dead letter of a rejected message, small enough to publish in ``max_bytes``.
+
+    The original key and value are kept whole when they fit; one that does not is left out
+    (None) and the reason says how long it was, so a dead letter can always be written.
+    """
+    reason = str(exc) or type(exc).__name__
+    if len(reason) > DEAD_LETTER_REASON_CHARS:
+        reason = f"{reason[:DEAD_LETTER_REASON_CHARS]}... ({len(reason)} characters)"
+    room = min(max_bytes, DEAD_LETTER.max_bytes) - DEAD_LETTER_MARGIN_BYTES
+    if key is not None and len(key) > room // 2:
+        reason += f" [key of {len(key)} bytes not kept: too large for a dead letter]"
+        key = None
+    if value is not None and len(value) + len(key or b"") > room:
+        reason += f" [value of {len(value)} bytes not kept: too large for a dead letter]"
+        value = None
+    return DeadLetter(
+        source_topic=topic,
+        partition=partition,
+        offset=offset,
+        key=key,
+        value=value,
+        reason=reason,
+        error_type=type(exc).__name__,
+        component=component,
+        created_at=time.time(),
+    )
+
 
 _MANIFEST_ENCODER = msgspec.json.Encoder()
 _MANIFEST_DECODER = msgspec.json.Decoder(WeightManifest)

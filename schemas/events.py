@@ -7,8 +7,13 @@ Control events are a tagged union decoded by one typed decoder and dispatched wi
 from __future__ import annotations
 
 import enum
+import math
 
 import msgspec
+
+from streamrft.schemas import limits
+from streamrft.schemas.errors import SchemaError
+from streamrft.schemas.limits import check_id
 
 
 class ModelVersionReady(msgspec.Struct, tag="model_version_ready", kw_only=True):
@@ -134,3 +139,60 @@ class DeadLetter(msgspec.Struct, kw_only=True):
     """Component that rejected it."""
     created_at: float = 0.0
     """Unix time of the rejection."""
+
+
+# -- validation (beyond msgspec's typing) ----------------------------------------------------
+
+
+def _check_time(created_at: float, what: str) -> None:
+    if not math.isfinite(created_at):
+        raise SchemaError(f"{what}: created_at {created_at} is not finite")
+
+
+def validate_control(event: ControlEvent) -> ControlEvent:
+    """Ids and uris of sane length, versions and sizes that can be real, finite times."""
+    match event:
+        case ModelVersionReady():
+            what = f"model_version_ready {event.version}"
+            if event.version < 0:
+                raise SchemaError(f"{what}: version < 0")
+            if event.step < 0 or event.bytes < 0 or event.base_version < -1:
+                raise SchemaError(
+                    f"{what}: step {event.step}, bytes {event.bytes} and base_version "
+                    f"{event.base_version} must be >= 0 (base_version >= -1)"
+                )
+            check_id(event.method, f"{what}: method")
+            if not event.uri or len(event.uri) > limits.MAX_URI_CHARS:
+                raise SchemaError(
+                    f"{what}: uri of {len(event.uri)} characters (1..{limits.MAX_URI_CHARS})"
+                )
+            if len(event.manifest_sha256) > 128:
+                raise SchemaError(f"{what}: manifest_sha256 of {len(event.manifest_sha256)} chars")
+        case Shutdown():
+            what = "shutdown"
+            if len(event.reason) > limits.MAX_URI_CHARS:
+                raise SchemaError(f"{what}: reason of {len(event.reason)} characters")
+        case SyncRequest():
+            what = "sync_request"
+            check_id(event.explorer, f"{what}: explorer")
+            if event.min_version < 0:
+                raise SchemaError(f"{what}: min_version {event.min_version} < 0")
+    _check_time(event.created_at, what)
+    return event
+
+
+def validate_status(event: StatusEvent) -> StatusEvent:
+    check_id(event.component, "status: component")
+    check_id(event.role, f"status of {event.component!r}: role")
+    _check_time(event.created_at, f"status of {event.component!r}")
+    return event
+
+
+def validate_metrics(event: MetricsEvent) -> MetricsEvent:
+    """Values may be NaN (a diverged loss is worth seeing); ids may not be absurd."""
+    check_id(event.run, "metrics: run")
+    check_id(event.component, "metrics: component")
+    _check_time(event.created_at, f"metrics of {event.component!r}")
+    for row in event.trained:
+        check_id(row.group_id, f"metrics of {event.component!r}: ledger group id")
+    return event

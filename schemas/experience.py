@@ -10,7 +10,10 @@ import math
 
 import msgspec
 
+from streamrft.schemas import limits
+from streamrft.schemas.arrays import unpack_f32, unpack_i32
 from streamrft.schemas.errors import SchemaError
+from streamrft.schemas.limits import check_id
 
 
 class Task(msgspec.Struct, kw_only=True):
@@ -96,36 +99,98 @@ def make_group_id(run: str, task_id: str, epoch: int) -> str:
     return f"{run}/{task_id}@{epoch}"
 
 
-def validate_group(group: ExperienceGroup) -> ExperienceGroup:
-    """Check what msgspec's typing cannot: array lengths and finite numbers.
+def _where(exp_id: str) -> str:
+    shown = exp_id if len(exp_id) <= 200 else exp_id[:200] + "..."
+    return f"experience {shown!r}"
 
-    Raises :class:`SchemaError` naming the experience and the rule it broke.
+
+def validate_task(task: Task) -> Task:
+    """A task has an id and a workflow name of sane length, and a non-negative epoch."""
+    check_id(task.id, "task id")
+    check_id(task.workflow, f"task {task.id!r}: workflow")
+    if task.epoch < 0:
+        raise SchemaError(f"task {task.id!r}: epoch {task.epoch} < 0")
+    return task
+
+
+def _check_experience(exp: Experience, version: int) -> None:
+    check_id(exp.id, "experience id")
+    where = _where(exp.id)
+    if len(exp.tokens) % 4:
+        raise SchemaError(f"{where}: tokens is {len(exp.tokens)} bytes, not a multiple of 4")
+    if exp.num_tokens > limits.MAX_TOKENS_PER_EXPERIENCE:
+        raise SchemaError(
+            f"{where}: {exp.num_tokens} tokens, over {limits.MAX_TOKENS_PER_EXPERIENCE}"
+        )
+    n_resp = exp.response_length
+    if not 0 < exp.prompt_length < exp.num_tokens:
+        raise SchemaError(
+            f"{where}: prompt_length {exp.prompt_length} outside (0, {exp.num_tokens})"
+        )
+    if len(exp.logprobs) != 4 * n_resp:
+        raise SchemaError(f"{where}: logprobs is {len(exp.logprobs)} bytes, expected {4 * n_resp}")
+    if len(exp.action_mask) != n_resp:
+        raise SchemaError(
+            f"{where}: action_mask is {len(exp.action_mask)} bytes, expected {n_resp}"
+        )
+    if exp.action_mask.translate(None, b"\x00\x01"):
+        raise SchemaError(f"{where}: action_mask holds bytes other than 0 and 1")
+    # the high byte of a little-endian int32 is >= 0x80 exactly when the id is negative
+    if exp.tokens[3::4].translate(None, bytes(range(0x80))):
+        raise SchemaError(f"{where}: negative token id")
+    for logp in unpack_f32(exp.logprobs):  # NaN fails both comparisons
+        if not limits.MIN_LOGPROB <= logp <= limits.MAX_LOGPROB:
+            raise SchemaError(
+                f"{where}: log-prob {logp} outside [{limits.MIN_LOGPROB}, {limits.MAX_LOGPROB}]"
+            )
+    if not math.isfinite(exp.reward):
+        raise SchemaError(f"{where}: reward {exp.reward} is not finite")
+    if abs(exp.reward) > limits.MAX_ABS_REWARD:
+        raise SchemaError(f"{where}: reward {exp.reward} beyond +-{limits.MAX_ABS_REWARD:g}")
+    if exp.model_version != version:
+        raise SchemaError(f"{where}: model_version {exp.model_version} != group's {version}")
+
+
+def validate_group(group: ExperienceGroup) -> ExperienceGroup:
+    """Check what msgspec's typing cannot: ids, array lengths, value ranges, finite numbers.
+
+    A group that passes can be collated and trained on without a NaN or an index error
+    (token ids against the vocabulary are checked by :func:`check_token_ids`, which needs
+    the model). Raises :class:`SchemaError` naming the experience and the rule it broke.
     """
+    check_id(group.id, "group id")
+    where = f"group {group.id!r}"
+    for value, what in (
+        (group.run, "run"),
+        (group.task_id, "task_id"),
+        (group.explorer, "explorer"),
+        (group.workflow, "workflow"),
+    ):
+        check_id(value, f"{where}: {what}")
     if not group.experiences:
-        raise SchemaError(f"group {group.id!r}: no experiences")
+        raise SchemaError(f"{where}: no experiences")
+    if len(group.experiences) > limits.MAX_EXPERIENCES_PER_GROUP:
+        raise SchemaError(
+            f"{where}: {len(group.experiences)} experiences, "
+            f"over {limits.MAX_EXPERIENCES_PER_GROUP}"
+        )
     if group.model_version < 0:
-        raise SchemaError(f"group {group.id!r}: model_version {group.model_version} < 0")
+        raise SchemaError(f"{where}: model_version {group.model_version} < 0")
     for exp in group.experiences:
-        where = f"experience {exp.id!r}"
-        if len(exp.tokens) % 4:
-            raise SchemaError(f"{where}: tokens is {len(exp.tokens)} bytes, not a multiple of 4")
-        n_resp = exp.response_length
-        if not 0 < exp.prompt_length < exp.num_tokens:
+        _check_experience(exp, group.model_version)
+    return group
+
+
+def check_token_ids(group: ExperienceGroup, vocab_size: int) -> ExperienceGroup:
+    """Every token id below ``vocab_size`` (the consumer's model); SchemaError otherwise.
+
+    Ids are already known non-negative (:func:`validate_group`); an id past the embedding
+    table would stop the trainer with an index error.
+    """
+    for exp in group.experiences:
+        top = max(unpack_i32(exp.tokens))
+        if top >= vocab_size:
             raise SchemaError(
-                f"{where}: prompt_length {exp.prompt_length} outside (0, {exp.num_tokens})"
-            )
-        if len(exp.logprobs) != 4 * n_resp:
-            raise SchemaError(
-                f"{where}: logprobs is {len(exp.logprobs)} bytes, expected {4 * n_resp}"
-            )
-        if len(exp.action_mask) != n_resp:
-            raise SchemaError(
-                f"{where}: action_mask is {len(exp.action_mask)} bytes, expected {n_resp}"
-            )
-        if not math.isfinite(exp.reward):
-            raise SchemaError(f"{where}: reward {exp.reward} is not finite")
-        if exp.model_version != group.model_version:
-            raise SchemaError(
-                f"{where}: model_version {exp.model_version} != group's {group.model_version}"
+                f"{_where(exp.id)}: token id {top} outside the model's vocabulary of {vocab_size}"
             )
     return group

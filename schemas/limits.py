@@ -1,0 +1,48 @@
+"""Bounds every decoder enforces, so that no message can make a reader allocate or compute
+without limit, or feed the trainer numbers that turn its loss into NaN.
+
+The byte limits are checked before a message is decoded; the others by the validators of
+:mod:`streamrft.schemas.experience` and :mod:`streamrft.schemas.events`.
+"""
+
+from __future__ import annotations
+
+from streamrft.schemas.errors import SchemaError
+
+MiB = 1 << 20
+
+# -- message sizes (bytes of the Kafka value), checked before decoding -----------------------
+DATA_MAX_BYTES = 16 * MiB
+"""Experience groups and dead letters: the default ``kafka.max_request_bytes``."""
+TASK_MAX_BYTES = 1 * MiB
+"""One task: a prompt, its answer and a few metadata strings."""
+EVENT_MAX_BYTES = 1 * MiB
+"""Control and status events: a few short strings and numbers."""
+METRICS_MAX_BYTES = 4 * MiB
+"""Metrics carry the trainer's ledger: one ``[group id, version]`` row (~60-200 bytes) per
+trained group, so 4 MiB holds a step of 20,000+ groups."""
+
+# -- structure -------------------------------------------------------------------------------
+MAX_ID_CHARS = 1024
+"""Ids and names (group, experience, task, run, component, workflow)."""
+MAX_URI_CHARS = 4096
+"""``ModelVersionReady.uri``."""
+MAX_EXPERIENCES_PER_GROUP = 1024
+"""Same bound as ``explorer.repeat_times``."""
+MAX_TOKENS_PER_EXPERIENCE = 1 << 18
+"""Prompt + response tokens of one rollout (262,144: beyond any context window in use)."""
+MAX_ABS_REWARD = 1e6
+"""A reward beyond this overflows float32 statistics of a group (its std) into inf/NaN."""
+MIN_LOGPROB = -80.0
+"""A sampled token's log-prob below this (p < 2e-35) cannot come from float32 sampling, and
+``exp(logp - old_logp)``, the importance ratio, would overflow float32 to inf."""
+MAX_LOGPROB = 1e-4
+"""Log-probs are <= 0; a little rounding slack."""
+
+
+def check_id(value: str, what: str) -> None:
+    """An id or name: non-empty and at most :data:`MAX_ID_CHARS` characters."""
+    if not value:
+        raise SchemaError(f"{what} is empty")
+    if len(value) > MAX_ID_CHARS:
+        raise SchemaError(f"{what} is {len(value)} characters, over {MAX_ID_CHARS}")
