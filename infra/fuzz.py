@@ -392,6 +392,8 @@ def fuzz_messages(
             case _:
                 value = sample
         key = rng.choice([None, b"fuzz", rng.randbytes(rng.randint(0, 16))])
+        if value is None and key is None:
+            key = b"tombstone"  # Kafka needs a key or a value
         out.append(FuzzMessage(value=value, headers=headers, key=key, mutation=mutation))
     return out
 
