@@ -87,8 +87,9 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerF
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(cfg.path, local_files_only=True)
+            # safetensors only: a pickled pytorch_model.bin is refused, never unpickled
             model = AutoModelForCausalLM.from_pretrained(
-                cfg.path, local_files_only=True, torch_dtype=torch.float32
+                cfg.path, local_files_only=True, torch_dtype=torch.float32, use_safetensors=True
             )
         except OSError as exc:
             raise ConfigError(f"model.path: cannot load a model from {cfg.path!r}: {exc}") from exc
