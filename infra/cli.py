@@ -17,10 +17,14 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from streamrft.schemas.errors import StreamRFTError
+
+if TYPE_CHECKING:
+    from streamrft.infra.config import KafkaConfig
 
 log = logging.getLogger("streamrft")
 DEFAULT_INFRA_DIR = "runs/infra"
@@ -138,45 +142,45 @@ def cmd_infra(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bootstrap(args: argparse.Namespace) -> str:
+def _kafka_config(args: argparse.Namespace) -> KafkaConfig:
+    """The broker of ``topics`` / ``tail``: ``--bootstrap``, the config's, or ``infra up``'s;
+    with a config, its security settings (TLS, SASL) too."""
+    from streamrft.infra.config import KafkaConfig, load_config
     from streamrft.infra.services import status
 
-    if args.bootstrap:
-        return args.bootstrap
+    kafka_cfg = KafkaConfig()
     if getattr(args, "config", None):
-        from streamrft.infra.config import load_config
-
-        cfg = load_config(args.config)
-        if cfg.kafka.bootstrap_servers:
-            return cfg.kafka.bootstrap_servers
-    st = status(Path(args.dir))
-    if st and st.get("running") and st["endpoints"].get("bootstrap_servers"):
-        return st["endpoints"]["bootstrap_servers"]
-    raise StreamRFTError(
-        "no broker: pass --bootstrap HOST:PORT, a config naming one, or run `streamrft infra up`"
-    )
+        kafka_cfg = load_config(args.config).kafka
+    bootstrap = args.bootstrap or kafka_cfg.bootstrap_servers
+    if not bootstrap:
+        st = status(Path(args.dir))
+        if st and st.get("running"):
+            bootstrap = st["endpoints"].get("bootstrap_servers")
+    if not bootstrap:
+        raise StreamRFTError(
+            "no broker: pass --bootstrap HOST:PORT, a config naming one, or run `streamrft infra up`"
+        )
+    return msgspec.structs.replace(kafka_cfg, bootstrap_servers=bootstrap)
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
     from streamrft.infra import kafka
-    from streamrft.infra.config import KafkaConfig
 
     _setup_logging("WARNING")
-    for name in asyncio.run(kafka.list_topics(KafkaConfig(bootstrap_servers=_bootstrap(args)))):
+    for name in asyncio.run(kafka.list_topics(_kafka_config(args))):
         print(name)
     return 0
 
 
-async def _tail(bootstrap: str, topic: str, limit: int, follow: bool) -> int:
+async def _tail(kafka_cfg: KafkaConfig, topic: str, limit: int, follow: bool) -> int:
     from aiokafka import TopicPartition
 
     from streamrft.infra import kafka
-    from streamrft.infra.config import KafkaConfig
     from streamrft.schemas.codec import CODEC_BY_KIND, readable
     from streamrft.schemas.topics import TopicNames
 
     codec = CODEC_BY_KIND.get(TopicNames.kind_of(topic) or "")
-    reader = kafka.topic_reader(KafkaConfig(bootstrap_servers=bootstrap), "streamrft-tail")
+    reader = kafka.topic_reader(kafka_cfg, "streamrft-tail")
     await kafka.start_client(reader, "tail")
     printed = 0
     try:
@@ -223,7 +227,7 @@ async def _tail(bootstrap: str, topic: str, limit: int, follow: bool) -> int:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     _setup_logging("WARNING")
-    asyncio.run(_tail(_bootstrap(args), args.topic, args.max, args.follow))
+    asyncio.run(_tail(_kafka_config(args), args.topic, args.max, args.follow))
     return 0
 
 

@@ -7,9 +7,10 @@ Every field has a comment; bounds are inline (msgspec ``Meta``); cross-field rul
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 import yaml
@@ -24,8 +25,31 @@ NonNegF = Annotated[float, msgspec.Meta(ge=0)]
 Frac = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
 
+REDACTED = "***"
+"""What a secret reads as in logs, ``repr`` and the run's ``config.yaml``."""
+
+ENV_CREDENTIALS: dict[str, tuple[str, str]] = {
+    "STREAMRFT_KAFKA_SASL_USERNAME": ("kafka", "sasl_username"),
+    "STREAMRFT_KAFKA_SASL_PASSWORD": ("kafka", "sasl_password"),
+    "STREAMRFT_S3_ACCESS_KEY": ("object_store", "access_key"),
+    "STREAMRFT_S3_SECRET_KEY": ("object_store", "secret_key"),
+}
+"""Environment variables that fill credentials at load time: they win over the file,
+``-o`` wins over them; an empty variable counts as unset."""
+
+
 class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    pass
+    _secrets: ClassVar[tuple[str, ...]] = ()
+    """Fields never logged or written out (usernames and access keys are shown)."""
+
+    def __repr__(self) -> str:
+        """The usual struct repr, with secret fields shown as ``***``."""
+        parts = []
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            shown = REDACTED if name in self._secrets and value is not None else repr(value)
+            parts.append(f"{name}={shown}")
+        return f"{type(self).__name__}({', '.join(parts)})"
 
 
 class RunSection(_Section):
@@ -62,6 +86,25 @@ class KafkaConfig(_Section):
     """Long-poll wait on control/status topics; small keeps version events prompt."""
     data_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0, le=5000)] = 100
     """Long-poll wait on tasks/experiences topics."""
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How clients talk to the brokers: plain, TLS, SASL, or SASL over TLS."""
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    """SASL mechanism (required with ``SASL_PLAINTEXT`` / ``SASL_SSL``)."""
+    sasl_username: str | None = None
+    """SASL user; or ``STREAMRFT_KAFKA_SASL_USERNAME``."""
+    sasl_password: str | None = None
+    """SASL password; better ``STREAMRFT_KAFKA_SASL_PASSWORD``. Never logged or written out."""
+    ssl_cafile: str | None = None
+    """PEM file of the CA that signed the brokers' certificates (None: the system CAs);
+    relative to the config file."""
+    ssl_certfile: str | None = None
+    """PEM client certificate for mutual TLS (may hold the key too); relative to the config file."""
+    ssl_keyfile: str | None = None
+    """PEM private key of ``ssl_certfile``; relative to the config file."""
+    ssl_check_hostname: bool = True
+    """Check that a broker's certificate names the host connected to."""
+
+    _secrets: ClassVar[tuple[str, ...]] = ("sasl_password",)
 
 
 class ObjectStoreConfig(_Section):
@@ -69,7 +112,9 @@ class ObjectStoreConfig(_Section):
     """``host:port`` of an S3/MinIO server; None starts the embedded one."""
     access_key: str = "streamrft"
     secret_key: str = "streamrft-secret"
-    """Credentials (for the embedded server these become its root user; 8+ characters)."""
+    """Credentials (for the embedded server these become its root user; 8+ characters); or
+    ``STREAMRFT_S3_ACCESS_KEY`` / ``STREAMRFT_S3_SECRET_KEY``. The secret key is never logged or
+    written out."""
     secure: bool = False
     """Use https."""
     region: str = "us-east-1"
@@ -82,6 +127,13 @@ class ObjectStoreConfig(_Section):
     """Parts uploaded / ranges downloaded at once."""
     shard_size_mb: Annotated[int, msgspec.Meta(ge=1)] = 512
     """Largest safetensors shard of a published version."""
+    ca_file: str | None = None
+    """PEM file of the CA that signed the server's https certificate (None: the system CAs);
+    relative to the config file."""
+    cert_check: bool = True
+    """Verify the server's https certificate (false only for a test server)."""
+
+    _secrets: ClassVar[tuple[str, ...]] = ("secret_key",)
 
 
 class LoraConfig(_Section):
@@ -310,6 +362,56 @@ def validate(cfg: Config) -> None:
         )
     if cfg.object_store.endpoint is None and len(cfg.object_store.secret_key) < 8:
         raise ConfigError("object_store.secret_key: the embedded server needs 8+ characters")
+    _validate_kafka_security(cfg.kafka)
+    _validate_store_tls(cfg.object_store)
+
+
+def _validate_kafka_security(k: KafkaConfig) -> None:
+    protocol = k.security_protocol
+    if protocol.startswith("SASL_"):
+        for field, env in (
+            ("sasl_mechanism", None),
+            ("sasl_username", "STREAMRFT_KAFKA_SASL_USERNAME"),
+            ("sasl_password", "STREAMRFT_KAFKA_SASL_PASSWORD"),
+        ):
+            if not getattr(k, field):
+                where = f" (or set {env})" if env else ""
+                raise ConfigError(
+                    f"kafka.{field}: required with kafka.security_protocol {protocol}{where}"
+                )
+    elif k.sasl_mechanism is not None:
+        raise ConfigError(
+            f"kafka.sasl_mechanism: only used with kafka.security_protocol SASL_PLAINTEXT or "
+            f"SASL_SSL, not {protocol}"
+        )
+    for field in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        value = getattr(k, field)
+        if value is None:
+            continue
+        if not protocol.endswith("SSL"):
+            raise ConfigError(
+                f"kafka.{field}: only used with kafka.security_protocol SSL or SASL_SSL, "
+                f"not {protocol}"
+            )
+        if not Path(value).is_file():
+            raise ConfigError(f"kafka.{field}: file {value!r} does not exist")
+    if k.ssl_keyfile and not k.ssl_certfile:
+        raise ConfigError("kafka.ssl_keyfile: needs kafka.ssl_certfile (the certificate it signs)")
+
+
+def _validate_store_tls(s: ObjectStoreConfig) -> None:
+    if s.ca_file is not None:
+        if not s.secure:
+            raise ConfigError("object_store.ca_file: only used with object_store.secure: true")
+        if not s.cert_check:
+            raise ConfigError(
+                "object_store.ca_file: unused with object_store.cert_check: false; "
+                "drop one of the two"
+            )
+        if not Path(s.ca_file).is_file():
+            raise ConfigError(f"object_store.ca_file: file {s.ca_file!r} does not exist")
+    if not s.cert_check and not s.secure:
+        raise ConfigError("object_store.cert_check: only used with object_store.secure: true")
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -319,8 +421,29 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
 
 
+_RELATIVE_PATHS = (
+    ("taskset", "path"),
+    ("taskset", "eval_path"),
+    ("model", "path"),
+    ("kafka", "ssl_cafile"),
+    ("kafka", "ssl_certfile"),
+    ("kafka", "ssl_keyfile"),
+    ("object_store", "ca_file"),
+)
+
+
+def _secret_fields() -> list[tuple[str, str]]:
+    """``(section, field)`` of every secret in :class:`Config`."""
+    return [
+        (f.name, name)
+        for f in msgspec.structs.fields(Config)
+        for name in getattr(f.type, "_secrets", ())
+    ]
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config, apply ``key.path=value`` overrides, resolve relative paths."""
+    """Read a YAML config, fill credentials from the environment (:data:`ENV_CREDENTIALS`),
+    apply ``key.path=value`` overrides, resolve relative paths against the file's folder."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
@@ -330,6 +453,13 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r}: top level must be a mapping")
+    for var, (section, key) in ENV_CREDENTIALS.items():
+        if os.environ.get(var):
+            if data.get(section) is None:
+                data[section] = {}
+            if not isinstance(data[section], dict):
+                raise ConfigError(f"{section}: expected a mapping")
+            data[section][key] = os.environ[var]
     for item in overrides or []:
         keys, value = _parse_override(item)
         node = data
@@ -339,10 +469,14 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
                 raise ConfigError(f"override {item!r}: {k} is not a section")
         node[keys[-1]] = value
     base = path.resolve().parent
-    for section, key in (("taskset", "path"), ("taskset", "eval_path"), ("model", "path")):
+    for section, key in _RELATIVE_PATHS:
         value = (data.get(section) or {}).get(key)
         if isinstance(value, str) and value and not Path(value).is_absolute():
             data[section][key] = str((base / value).resolve())
+    for section, key in _secret_fields():
+        if (data.get(section) or {}).get(key) == REDACTED:
+            var = next(v for v, field in ENV_CREDENTIALS.items() if field == (section, key))
+            raise ConfigError(f"{section}.{key}: redacted in {str(path)!r}; set {var}")
     cfg = from_dict(data)
     for field, value in (
         ("taskset.path", cfg.taskset.path),
@@ -379,6 +513,23 @@ def with_endpoints(cfg: Config, bootstrap: str | None, s3_endpoint: str | None) 
     return msgspec.structs.replace(cfg, kafka=kafka, object_store=store)
 
 
-def to_yaml(cfg: Config) -> str:
-    """The fully resolved config, as logged at start and passed to child processes."""
-    return yaml.safe_dump(msgspec.to_builtins(cfg), sort_keys=False)
+def to_yaml(cfg: Config, redact: bool = True) -> str:
+    """The fully resolved config, as logged at start and passed to child processes.
+
+    Secrets read ``***`` unless ``redact`` is false; a process that loads the file gets
+    them from the environment (:func:`credentials_env`).
+    """
+    data = msgspec.to_builtins(cfg)
+    if redact:
+        for section, key in _secret_fields():
+            if data[section].get(key) is not None:
+                data[section][key] = REDACTED
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def credentials_env(cfg: Config) -> dict[str, str | None]:
+    """:data:`ENV_CREDENTIALS` with the values of ``cfg`` (None: unset), for child processes
+    that load a redacted config file."""
+    return {
+        var: getattr(getattr(cfg, section), key) for var, (section, key) in ENV_CREDENTIALS.items()
+    }

@@ -11,19 +11,24 @@ client. Choices that matter for correctness:
 - Control and status topics are read without a group from the beginning (Tansu's "latest"
   offset is unreliable) with a short long-poll wait, so version events arrive promptly.
 - Each control event is sent as its own batch (``linger_ms=0``, then awaited).
+- Every client gets the same security options (:func:`security_options`): protocol, SASL
+  credentials and a TLS context from ``kafka.*``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.helpers import create_ssl_context
 
 from streamrft.infra.config import KafkaConfig
-from streamrft.schemas.errors import ServiceError
+from streamrft.schemas.errors import ConfigError, ServiceError
 from streamrft.schemas.topics import TopicNames
 
 REQUEST_TIMEOUT_MS = 30_000
@@ -36,6 +41,29 @@ def _servers(cfg: KafkaConfig) -> str:
     return cfg.bootstrap_servers
 
 
+def security_options(cfg: KafkaConfig) -> dict[str, Any]:
+    """The keyword arguments that make a client speak ``kafka.security_protocol``: SASL
+    mechanism and credentials for ``SASL_*``, an ``ssl.SSLContext`` (CA, client certificate,
+    hostname check) for ``*SSL``."""
+    options: dict[str, Any] = {"security_protocol": cfg.security_protocol}
+    if cfg.security_protocol.startswith("SASL_"):
+        options["sasl_mechanism"] = cfg.sasl_mechanism
+        options["sasl_plain_username"] = cfg.sasl_username
+        options["sasl_plain_password"] = cfg.sasl_password
+    if cfg.security_protocol.endswith("SSL"):
+        try:
+            context = create_ssl_context(
+                cafile=cfg.ssl_cafile, certfile=cfg.ssl_certfile, keyfile=cfg.ssl_keyfile
+            )
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"kafka.ssl_cafile / ssl_certfile / ssl_keyfile: cannot load: {exc}"
+            ) from exc
+        context.check_hostname = cfg.ssl_check_hostname
+        options["ssl_context"] = context
+    return options
+
+
 def _producer(cfg: KafkaConfig, client_id: str, **batching) -> AIOKafkaProducer:
     """acks=all, no idempotence (the embedded broker lacks InitProducerId), bounded retries."""
     return AIOKafkaProducer(
@@ -46,6 +74,7 @@ def _producer(cfg: KafkaConfig, client_id: str, **batching) -> AIOKafkaProducer:
         max_request_size=cfg.max_request_bytes,
         request_timeout_ms=REQUEST_TIMEOUT_MS,
         retry_backoff_ms=200,
+        **security_options(cfg),
         **batching,
     )
 
@@ -82,6 +111,7 @@ def _group_consumer(
         max_poll_interval_ms=cfg.max_poll_interval_ms,
         fetch_max_wait_ms=cfg.data_fetch_max_wait_ms,
         request_timeout_ms=max(REQUEST_TIMEOUT_MS, cfg.session_timeout_ms + 5000),
+        **security_options(cfg),
         **fetch,
     )
 
@@ -117,6 +147,7 @@ def event_reader(cfg: KafkaConfig, topics: Sequence[str], client_id: str) -> AIO
         fetch_max_wait_ms=cfg.control_fetch_max_wait_ms,
         max_partition_fetch_bytes=cfg.max_request_bytes,
         request_timeout_ms=REQUEST_TIMEOUT_MS,
+        **security_options(cfg),
     )
 
 
@@ -127,7 +158,10 @@ def topic_reader(cfg: KafkaConfig, client_id: str) -> AIOKafkaConsumer:
 
 def admin_client(cfg: KafkaConfig, client_id: str = "streamrft-admin") -> AIOKafkaAdminClient:
     return AIOKafkaAdminClient(
-        bootstrap_servers=_servers(cfg), client_id=client_id, request_timeout_ms=REQUEST_TIMEOUT_MS
+        bootstrap_servers=_servers(cfg),
+        client_id=client_id,
+        request_timeout_ms=REQUEST_TIMEOUT_MS,
+        **security_options(cfg),
     )
 
 

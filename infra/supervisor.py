@@ -22,7 +22,7 @@ from pathlib import Path
 
 from streamrft.infra import kafka
 from streamrft.infra.bus import EventBus
-from streamrft.infra.config import Config, to_yaml, with_endpoints
+from streamrft.infra.config import Config, credentials_env, to_yaml, with_endpoints
 from streamrft.infra.monitor import RunMonitor
 from streamrft.schemas.errors import ServiceError, StreamRFTError
 from streamrft.schemas.events import Shutdown
@@ -61,8 +61,15 @@ class Child:
             return ""
 
 
-def child_env(threads: int) -> dict[str, str]:
+def child_env(threads: int, credentials: dict[str, str | None]) -> dict[str, str]:
+    """The supervisor's environment, thread limits, and the run's credentials: the config
+    file children load has its secrets redacted, so they travel here (None: removed)."""
     env = dict(os.environ)
+    for var, value in credentials.items():
+        if value is None:
+            env.pop(var, None)
+        else:
+            env[var] = value
     env.setdefault("OMP_NUM_THREADS", str(threads))
     env.setdefault("MKL_NUM_THREADS", str(threads))
     env["TOKENIZERS_PARALLELISM"] = "false"
@@ -85,7 +92,8 @@ class Supervisor:
         argv = [sys.executable, "-m", "streamrft.infra.cli", *role_args, str(config_path)]
         log_path = self.cfg.run_dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.children[name] = Child(name, argv, log_path, child_env(threads))
+        env = child_env(threads, credentials_env(self.cfg))
+        self.children[name] = Child(name, argv, log_path, env)
         self.spawn_args[name] = (role_args, threads, config_path)
 
     def _restart_or_fail(self, name: str, child: Child) -> str | None:

@@ -21,6 +21,17 @@ from streamrft.sync.versions import StoreLoader, StorePublisher
 from streamrft.sync.weights import sha256_hex
 
 
+def tls_options(cfg: ObjectStoreConfig) -> dict[str, str]:
+    """urllib3 certificate options for https: the configured CA, or no check at all."""
+    if not cfg.secure:
+        return {}
+    if not cfg.cert_check:
+        return {"cert_reqs": "CERT_NONE"}
+    if cfg.ca_file:
+        return {"cert_reqs": "CERT_REQUIRED", "ca_certs": cfg.ca_file}
+    return {}  # urllib3's default: CERT_REQUIRED against the system CAs
+
+
 def make_client(cfg: ObjectStoreConfig) -> Minio:
     if not cfg.endpoint:
         raise ServiceError("object_store.endpoint: no object store configured or started")
@@ -28,6 +39,7 @@ def make_client(cfg: ObjectStoreConfig) -> Minio:
         timeout=urllib3.Timeout(connect=5, read=120),
         maxsize=16,
         retries=urllib3.Retry(total=3, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
+        **tls_options(cfg),
     )
     return Minio(
         cfg.endpoint,
