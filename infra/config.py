@@ -78,8 +78,10 @@ class KafkaConfig(_Section):
     """How long a producer waits to fill a batch of data messages."""
     max_request_bytes: Annotated[int, msgspec.Meta(ge=1 << 20)] = 16 << 20
     """Largest produce request and message; an experience group must fit."""
-    session_timeout_ms: Annotated[int, msgspec.Meta(ge=1000)] = 10_000
-    """Consumer-group session timeout (a dead explorer's tasks move after this)."""
+    session_timeout_ms: Annotated[int, msgspec.Meta(ge=1000)] = 6_000
+    """Consumer-group session timeout: a dead explorer's tasks move after this. The embedded
+    broker holds every group join for half of it; 6000 is the least Apache Kafka accepts by
+    default (``group.min.session.timeout.ms``)."""
     max_poll_interval_ms: Annotated[int, msgspec.Meta(ge=10_000)] = 600_000
     """Longest gap between polls before a consumer is considered stuck."""
     control_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 20

@@ -18,18 +18,22 @@ client. Choices that matter for correctness:
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.group import JoinGroupRequest, LeaveGroupRequest
 
 from streamrft.infra.config import KafkaConfig
 from streamrft.schemas.errors import ConfigError, ServiceError
 from streamrft.schemas.topics import TopicNames
+
+log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_MS = 30_000
 CONNECT_RETRY_S = 30.0
@@ -95,6 +99,16 @@ def event_producer(cfg: KafkaConfig, client_id: str) -> AIOKafkaProducer:
     return _producer(cfg, client_id, linger_ms=0)
 
 
+def heartbeat_ms(cfg: KafkaConfig) -> int:
+    """Heartbeat of group members: a tenth of the session timeout (at least 300 ms).
+
+    A member learns that its group is rebalancing from its next heartbeat, so this bounds
+    how late an explorer notices that another joined or left (the usual third of the
+    session timeout made every rebalance wait up to ~2 s longer on the embedded broker).
+    """
+    return max(cfg.session_timeout_ms // 10, 300)
+
+
 def _group_consumer(
     cfg: KafkaConfig, topic: str, group_id: str, client_id: str, **fetch: int
 ) -> AIOKafkaConsumer:
@@ -107,7 +121,7 @@ def _group_consumer(
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         session_timeout_ms=cfg.session_timeout_ms,
-        heartbeat_interval_ms=max(cfg.session_timeout_ms // 5, 500),
+        heartbeat_interval_ms=heartbeat_ms(cfg),
         max_poll_interval_ms=cfg.max_poll_interval_ms,
         fetch_max_wait_ms=cfg.data_fetch_max_wait_ms,
         request_timeout_ms=max(REQUEST_TIMEOUT_MS, cfg.session_timeout_ms + 5000),
@@ -116,9 +130,168 @@ def _group_consumer(
     )
 
 
-def task_consumer(cfg: KafkaConfig, topic: str, group_id: str, client_id: str) -> AIOKafkaConsumer:
+class TaskConsumer:
+    """An explorer's membership of the run's tasks group, with the embedded broker's
+    quirks handled here rather than in callers.
+
+    - **Leaving.** The first generation of a group on the Tansu broker is 0, and aiokafka
+      sends LeaveGroup on stop only when the generation is above 0: the broker then keeps
+      the departed member until its session times out, and the next member's join (an
+      explorer restarted, or joining later) waits for that. :meth:`stop` sends the
+      LeaveGroup itself at generation 0 (aiokafka does it otherwise). Measured on the
+      embedded broker, session timeout 6 s: a member that joins right after the only
+      member stopped got its partitions after 11.1 s before the fix, 3.0 s after.
+    - **Joining.** Tansu holds every JoinGroup until half the group's session timeout has
+      passed (in 1 s steps), so that the others can join the same generation; the members
+      already in the group rejoin at their next heartbeat. ``rebalance_timeout_ms`` and
+      ``retry_backoff_ms`` change nothing; the session timeout and the heartbeat do.
+      Measured (first join of an empty group / a second member joining / the first
+      member getting all partitions back after the second left): session 10 s with the
+      former heartbeat of 2 s: 5.0 / 7.1 / 7.0 s; session 6 s (now the default
+      ``kafka.session_timeout_ms``) with a heartbeat of a tenth (:func:`heartbeat_ms`):
+      3.0 / 4.0 / 3.2 s. Apache Kafka answers a first join after
+      ``group.initial.rebalance.delay.ms`` (3 s by default) and never waits on a member
+      that left.
+    - **Who holds what.** Every rebalance is logged with the partitions this member
+      holds; :attr:`partitions`, :attr:`generation` and :attr:`rebalances` expose them,
+      and ``on_assign`` is called with the new partitions. A member with none says that
+      it idles because the group has more members than the topic has partitions.
+
+    Use ``async with`` or :meth:`start` / :meth:`stop` (safe to call twice).
+    """
+
+    def __init__(
+        self,
+        cfg: KafkaConfig,
+        topic: str,
+        group_id: str,
+        client_id: str,
+        on_assign: Callable[[tuple[int, ...]], None] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.group_id = group_id
+        self.client_id = client_id
+        self.partitions: tuple[int, ...] = ()
+        """Partitions of ``topic`` this member holds now (empty before the first join)."""
+        self.generation = -1
+        """Group generation of the newest assignment (-1 before the first)."""
+        self.rebalances = 0
+        """Assignments received so far (the first join counts)."""
+        self.assigned = asyncio.Event()
+        """Set at every assignment (clear it to wait for the next)."""
+        self._on_assign = on_assign
+        self._consumer = _group_consumer(cfg, topic, group_id, client_id)
+        self._consumer.subscribe([topic], listener=_AssignmentListener(self))
+
+    async def start(self) -> None:
+        await start_client(self._consumer, f"{self.client_id} task consumer")
+        self._leave_even_at_generation_zero()
+
+    async def stop(self) -> None:
+        """Leave the group (at any generation) and close; safe to call twice."""
+        await self._consumer.stop()
+
+    async def __aenter__(self) -> TaskConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def _client(self) -> Any:
+        """The connection client inside (it holds the security settings)."""
+        return self._consumer._client
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> dict:
+        return await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+
+    async def commit(self, offsets: dict) -> None:
+        await self._consumer.commit(offsets)
+
+    def _assigned(self, assigned: set[TopicPartition]) -> None:
+        coordinator = self._consumer._coordinator
+        self.generation = coordinator.generation if coordinator is not None else -1
+        self.partitions = tuple(sorted(tp.partition for tp in assigned if tp.topic == self.topic))
+        self.rebalances += 1
+        total = len(self._consumer.partitions_for_topic(self.topic) or ())
+        if self.partitions:
+            log.info(
+                "%s: holds tasks partitions %s of %d (generation %d)",
+                self.client_id,
+                list(self.partitions),
+                total,
+                self.generation,
+            )
+        else:
+            log.warning(
+                "%s: holds no tasks partition (generation %d): it idles, because the group "
+                "has more explorers than %s has partitions (%d); it takes over partitions "
+                "when an explorer leaves",
+                self.client_id,
+                self.generation,
+                self.topic,
+                total,
+            )
+        self.assigned.set()
+        if self._on_assign is not None:
+            self._on_assign(self.partitions)
+
+    def _leave_even_at_generation_zero(self) -> None:
+        """Make the coordinator send LeaveGroup on stop at generation 0 too.
+
+        aiokafka's ``GroupCoordinator._maybe_leave_group`` (called by ``close`` and when a
+        poll interval expires) skips the request unless ``generation > 0``; on Tansu the
+        first generation is 0. At generation 0 with a known member id this sends the same
+        request aiokafka would, then resets the generation as aiokafka does; otherwise it
+        defers to aiokafka. Static members (``group_instance_id``) never leave.
+        """
+        coordinator = self._consumer._coordinator
+        if coordinator is None:
+            return
+        aiokafka_leave = coordinator._maybe_leave_group
+
+        async def leave() -> None:
+            if (
+                coordinator.generation != 0
+                or coordinator.member_id == JoinGroupRequest.UNKNOWN_MEMBER_ID
+                or coordinator._group_instance_id is not None
+            ):
+                await aiokafka_leave()
+                return
+            try:
+                await coordinator._send_req(
+                    LeaveGroupRequest(coordinator.group_id, coordinator.member_id)
+                )
+            except KafkaError as exc:  # best effort, as aiokafka's: the session times out
+                log.warning("%s: LeaveGroup at generation 0 failed: %s", self.client_id, exc)
+            else:
+                log.info("%s: left %s (generation 0)", self.client_id, self.group_id)
+            coordinator.reset_generation()
+
+        coordinator._maybe_leave_group = leave
+
+
+class _AssignmentListener(ConsumerRebalanceListener):
+    def __init__(self, owner: TaskConsumer) -> None:
+        self._owner = owner
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        pass  # offsets are committed after each step; uncommitted tasks are explored again
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._owner._assigned(assigned)
+
+
+def task_consumer(
+    cfg: KafkaConfig,
+    topic: str,
+    group_id: str,
+    client_id: str,
+    on_assign: Callable[[tuple[int, ...]], None] | None = None,
+) -> TaskConsumer:
     """Explorers share the tasks topic in one group; offsets committed by hand."""
-    return _group_consumer(cfg, topic, group_id, client_id)
+    return TaskConsumer(cfg, topic, group_id, client_id, on_assign)
 
 
 def experience_consumer(

@@ -69,6 +69,9 @@ class Explorer:
         self.loader = Loaders(cfg)
         self.version = -1
         self.pending: list[tuple[TopicPartition, int, Task]] = []
+        self.partitions: tuple[int, ...] = ()
+        """Tasks partitions this explorer holds (from the newest rebalance)."""
+        self._assignment_to_report = False
 
     # -- weights ---------------------------------------------------------------------------
     def usable_versions(self) -> dict[int, ModelVersionReady]:
@@ -217,11 +220,30 @@ class Explorer:
         self.base_version = event.version
 
     # -- tasks -----------------------------------------------------------------------------
+    def _on_assign(self, partitions: tuple[int, ...]) -> None:
+        """A rebalance gave this explorer ``partitions``: counted now, reported on status
+        at the next poll (counters ``tasks_partitions`` and ``rebalances``)."""
+        self.partitions = partitions
+        self.bus.counters["tasks_partitions"] = len(partitions)
+        self.bus.count("rebalances")
+        self._assignment_to_report = True
+
+    async def _report_assignment(self) -> None:
+        if not self._assignment_to_report:
+            return
+        self._assignment_to_report = False
+        if self.partitions:
+            detail = "tasks partitions " + ",".join(map(str, self.partitions))
+        else:
+            detail = "no tasks partition: idle (more explorers than tasks partitions)"
+        await self.bus.status(detail=detail)
+
     async def take_tasks(self, consumer, n: int) -> list[tuple[TopicPartition, int, Task]]:
         """Up to ``n`` tasks; returns early with fewer when the topic is idle for a while."""
         taken: list[tuple[TopicPartition, int, Task]] = []
         idle_since = time.monotonic()
         while len(taken) < n and not self.stop.is_set() and not self.bus.shutdown_event.is_set():
+            await self._report_assignment()
             batches = await consumer.getmany(timeout_ms=200, max_records=n - len(taken))
             for tp, records in batches.items():
                 for rec in records:
@@ -267,10 +289,12 @@ class Explorer:
         cfg = self.cfg
         await self.bus.start(listen_control=True, heartbeat_s=HEARTBEAT_S)
         producer = kafka.data_producer(cfg.kafka, f"{self.name}-data")
-        consumer = kafka.task_consumer(cfg.kafka, self.topics.tasks, tasks_group(self.topics), self.name)
+        consumer = kafka.task_consumer(
+            cfg.kafka, self.topics.tasks, tasks_group(self.topics), self.name, self._on_assign
+        )
         try:
             await kafka.start_client(producer, f"{self.name} producer")
-            await kafka.start_client(consumer, f"{self.name} task consumer")
+            await consumer.start()
             await self.bus.status(RunState.RUNNING, "started")
             step = 0
             while not self.stop.is_set() and not self.bus.shutdown_event.is_set():
