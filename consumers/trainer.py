@@ -34,6 +34,7 @@ from streamrft.infra import kafka
 from streamrft.infra.bus import HEARTBEAT_S, EventBus, read_history
 from streamrft.infra.config import Config
 from streamrft.infra.modeling import load_policy
+from streamrft.infra.retry import retrying
 from streamrft.infra.shutdown import install_stop_handlers
 from streamrft.producers.engine import TransformersEngine
 from streamrft.producers.rewards import get_reward
@@ -199,15 +200,21 @@ class Trainer:
         if members:
             event = await self.broadcast(tensors, version, adapter_only, members, new_group)
         if event is None:  # the store method, or the fallback of a failed broadcast
-            event = await asyncio.to_thread(
-                functools.partial(
-                    self.publisher.publish,
-                    tensors,
-                    version,
-                    self.step,
-                    lora=adapter_only,
-                    extra_files=extra,
-                )
+            # an object store outage holds the step here (retried with backoff) rather
+            # than failing the run; explorers keep exploring on their current version
+            publish = functools.partial(
+                self.publisher.publish,
+                tensors,
+                version,
+                self.step,
+                lora=adapter_only,
+                extra_files=extra,
+            )
+            event = await retrying(
+                f"trainer: publishing version {version}",
+                lambda: asyncio.to_thread(publish),
+                self.cfg.run.outage_timeout_s,
+                lambda _exc: self.bus.count("publish_retries"),
             )
             event = msgspec.structs.replace(event, base_version=self.base_version)
             await self.bus.control(event)
@@ -323,7 +330,10 @@ class Trainer:
             listen_control=True, listen_status=self.sender is not None, heartbeat_s=HEARTBEAT_S
         )
         consumer = kafka.experience_consumer(
-            self.cfg.kafka, self.topics.experiences, f"{self.topics.prefix}.{self.topics.run}.trainer", "trainer"
+            self.cfg.kafka,
+            self.topics.experiences,
+            f"{self.topics.prefix}.{self.topics.run}.trainer",
+            "trainer",
         )
         try:
             ckpt = latest_checkpoint(self.ckpt_root) if tcfg.resume else None

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import KafkaError
 
 from streamrft.infra import kafka
 from streamrft.infra.config import Config
+from streamrft.infra.retry import retrying
 from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, Codec, dead_letter_of
 from streamrft.schemas.errors import SchemaError, ServiceError, SyncTimeout
 from streamrft.schemas.events import (
@@ -106,17 +106,24 @@ class EventBus:
 
     # -- sending ---------------------------------------------------------------------------
     async def send(self, topic: str, codec: Codec, obj: object, key: str | None = None) -> None:
-        if self._producer is None:
+        """Send one event (acks=all), retrying through a broker outage of up to
+        ``run.outage_timeout_s``; then :class:`ServiceError`."""
+        producer = self._producer
+        if producer is None:
             raise ServiceError(f"{self.component}: event bus not started")
-        try:
-            await self._producer.send_and_wait(
-                topic,
-                codec.encode(obj),
-                key=key.encode() if key else None,
-                headers=codec.headers(),
+        value, headers = codec.encode(obj), codec.headers()
+
+        async def attempt() -> None:
+            await producer.send_and_wait(
+                topic, value, key=key.encode() if key else None, headers=headers
             )
-        except KafkaError as exc:
-            raise ServiceError(f"{self.component}: sending to {topic}: {exc}") from exc
+
+        await retrying(
+            f"{self.component}: sending to {topic}",
+            attempt,
+            self.cfg.run.outage_timeout_s,
+            lambda _exc: self.count("send_retries"),
+        )
 
     async def control(self, event: ControlEvent) -> None:
         """Send one control event as its own batch (acks=all, awaited)."""

@@ -61,6 +61,9 @@ class RunSection(_Section):
     """Local folder for checkpoints, logs, summaries and the embedded services' data."""
     seed: int = 0
     """Seed of task order, sampling and model initialisation."""
+    outage_timeout_s: PosF = 120.0
+    """How long a process retries an unreachable broker or object store (with backoff,
+    one log line per attempt) before it gives up with an error."""
 
 
 class KafkaConfig(_Section):
@@ -69,7 +72,10 @@ class KafkaConfig(_Section):
     topic_prefix: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")] = "streamrft"
     """First part of every topic name: ``<prefix>.<run id>.<kind>``."""
     partitions: Pos = 4
-    """Partitions of the tasks and experiences topics (more lets more explorers share)."""
+    """Partitions of the tasks and experiences topics. A tasks partition feeds one explorer
+    at a time, so set it to the most explorers the run will have at once, hand-started ones
+    included; more explorers than partitions idle. ``streamrft run`` gives the tasks topic
+    at least ``explorer.count`` partitions."""
     replication_factor: Pos = 1
     """Replication of every topic (3 on a production cluster)."""
     compression: Literal["none", "gzip", "lz4", "zstd", "snappy"] = "none"

@@ -6,15 +6,15 @@ import asyncio
 import logging
 import random
 
-from aiokafka.errors import KafkaError
+import msgspec
 
 from streamrft.infra import kafka
 from streamrft.infra.bus import EventBus, read_history
 from streamrft.infra.config import Config
+from streamrft.infra.retry import retrying
 from streamrft.producers.taskset import read_taskset
 from streamrft.producers.workflows import check_workflow
 from streamrft.schemas.codec import STATUS, TASK
-from streamrft.schemas.errors import ServiceError
 from streamrft.schemas.events import RunState
 
 log = logging.getLogger(__name__)
@@ -66,25 +66,33 @@ async def feed(cfg: Config) -> int:
             )
         bus.step = first
         for epoch in range(first, cfg.taskset.total_epochs):
-            futures = []
             order = epoch_order(len(tasks), epoch, cfg.run.seed, cfg.taskset.shuffle)
-            for n, i in enumerate(order):
-                task = tasks[i]
-                task.epoch = epoch
-                futures.append(
-                    await producer.send(
-                        topics.tasks,
-                        TASK.encode(task),
-                        key=task.id.encode(),
-                        headers=TASK.headers(),
-                        partition=partitions[(sent + n) % len(partitions)],
+
+            async def publish_epoch(epoch=epoch, order=order, offset=sent) -> int:
+                futures = []
+                for n, i in enumerate(order):
+                    task = msgspec.structs.replace(tasks[i], epoch=epoch)
+                    futures.append(
+                        await producer.send(
+                            topics.tasks,
+                            TASK.encode(task),
+                            key=task.id.encode(),
+                            headers=TASK.headers(),
+                            partition=partitions[(offset + n) % len(partitions)],
+                        )
                     )
-                )
-            try:
                 await asyncio.gather(*futures)
-            except KafkaError as exc:
-                raise ServiceError(f"feeder: publishing tasks of epoch {epoch}: {exc}") from exc
-            sent += len(futures)
+                return len(futures)
+
+            # after a broker outage the whole epoch is sent again: explorers then see some
+            # tasks twice, and the trainer keeps one group per (task, epoch)
+            count = await retrying(
+                f"feeder: publishing epoch {epoch}",
+                publish_epoch,
+                cfg.run.outage_timeout_s,
+                lambda _exc: bus.count("publish_retries"),
+            )
+            sent += count
             bus.counters["tasks_published"] = (epoch + 1) * len(tasks)
             bus.step = epoch + 1
             await bus.status(detail=f"epoch {epoch + 1}/{cfg.taskset.total_epochs} published")

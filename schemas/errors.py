@@ -37,6 +37,12 @@ class SyncError(StreamRFTError):
     """A model version could not be published, fetched, verified or applied."""
 
 
+class StoreUnavailable(SyncError):
+    """The object store did not answer (refused, timed out, 5xx): it may be back soon."""
+
+    retriable = True
+
+
 class IntegrityError(SyncError):
     """A weight shard or manifest did not match its recorded sha256."""
 

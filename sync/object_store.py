@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import urllib3
 from minio import Minio
-from minio.error import S3Error
+from minio.error import S3Error, ServerError
 
 from streamrft.infra.config import ObjectStoreConfig
-from streamrft.schemas.errors import ServiceError, SyncError
+from streamrft.schemas.errors import ServiceError, StoreUnavailable, SyncError
 from streamrft.sync.versions import StoreLoader, StorePublisher
 from streamrft.sync.weights import sha256_hex
 
@@ -62,6 +62,21 @@ def ensure_bucket(client: Minio, bucket: str) -> None:
         raise ServiceError(f"object store at {client._base_url.host}: {exc}") from exc
 
 
+_TRANSIENT_CODES = frozenset(
+    {"InternalError", "ServiceUnavailable", "SlowDown", "XMinioServerNotInitialized"}
+)
+
+
+def store_error(action: str, exc: Exception) -> SyncError:
+    """The error to raise for a failed request: :class:`StoreUnavailable` (retriable) when
+    the store did not answer or answered 5xx, a plain :class:`SyncError` otherwise."""
+    transient = isinstance(exc, urllib3.exceptions.HTTPError | ServerError) or (
+        isinstance(exc, S3Error) and exc.code in _TRANSIENT_CODES
+    )
+    kind = StoreUnavailable if transient else SyncError
+    return kind(f"{action}: {exc}")
+
+
 def parse_uri(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://"):
         raise SyncError(f"not an s3:// uri: {uri!r}")
@@ -90,8 +105,8 @@ class S3Store:
                 part_size=self.cfg.part_size_mb << 20,
                 num_parallel_uploads=self.cfg.parallel,
             )
-        except (S3Error, urllib3.exceptions.HTTPError) as exc:
-            raise SyncError(f"uploading s3://{self.cfg.bucket}/{key}: {exc}") from exc
+        except (S3Error, ServerError, urllib3.exceptions.HTTPError) as exc:
+            raise store_error(f"uploading s3://{self.cfg.bucket}/{key}", exc) from exc
 
     def get(self, key: str) -> bytes:
         return self.get_hashed(key)[0]
@@ -121,8 +136,8 @@ class S3Store:
                     fut.result()
                     digest.update(view[o : o + n])
             return buf, digest.hexdigest()
-        except (S3Error, urllib3.exceptions.HTTPError) as exc:
-            raise SyncError(f"downloading s3://{bucket}/{key}: {exc}") from exc
+        except (S3Error, ServerError, urllib3.exceptions.HTTPError) as exc:
+            raise store_error(f"downloading s3://{bucket}/{key}", exc) from exc
 
     def _read_range(self, bucket: str, key: str, offset: int, length: int, into: memoryview | None):
         resp = self.client.get_object(bucket, key, offset=offset, length=length)
