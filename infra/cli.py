@@ -1,8 +1,8 @@
 """The ``streamrft`` command line.
 
-streamrft run CONFIG [--max-steps N] [--summary PATH] [--run-id ID] [-o key=value ...]
+streamrft run CONFIG [--explorers N] [--max-steps N] [--summary PATH] [--run-id ID] [-o k=v ...]
 streamrft train CONFIG --run-id ID          (one trainer process)
-streamrft explore CONFIG --run-id ID [--index I]   (one explorer; start more at will)
+streamrft explore CONFIG --run-id ID [--index I]   (one explorer; joins a running run)
 streamrft feed CONFIG --run-id ID           (publish the taskset)
 streamrft infra up|down|status [--dir DIR]
 streamrft topics [CONFIG]
@@ -48,17 +48,59 @@ def _load(args: argparse.Namespace, need_run_id: bool):
     overrides = list(args.override or [])
     if getattr(args, "max_steps", None) is not None:
         overrides.append(f"trainer.max_steps={args.max_steps}")
+    if getattr(args, "explorers", None) is not None:
+        overrides.append(f"explorer.count={args.explorers}")
     cfg = load_config(args.config, overrides)
     if need_run_id and not (args.run_id or cfg.run.id):
         raise StreamRFTError("--run-id is required (the run to join); `streamrft run` prints it")
     cfg = with_run_id(cfg, args.run_id)
+    found = None
     if not cfg.kafka.bootstrap_servers or not cfg.object_store.endpoint:
-        shared = status(Path(cfg.run.dir) / "infra")
-        if shared and shared.get("running"):
-            eps = shared["endpoints"]
-            cfg = with_endpoints(cfg, eps.get("bootstrap_servers"), eps.get("s3_endpoint"))
+        eps, found = _run_endpoints(cfg) if need_run_id else ({}, None)
+        if not eps:
+            shared = status(Path(cfg.run.dir) / "infra")
+            if shared and shared.get("running"):
+                eps, found = shared["endpoints"], f"`streamrft infra up` in {cfg.run.dir}/infra"
+        cfg = with_endpoints(
+            cfg,
+            None if cfg.kafka.bootstrap_servers else eps.get("bootstrap_servers"),
+            None if cfg.object_store.endpoint else eps.get("s3_endpoint"),
+        )
     _setup_logging(cfg.monitor.log_level)
+    if found:
+        log.info("broker / object store of %s", found)
     return cfg
+
+
+def _run_endpoints(cfg) -> tuple[dict[str, str | None], str | None]:
+    """Broker and object store of the run ``cfg`` joins, for a config that names none.
+
+    A run that started embedded services records them in ``<run dir>/services`` while
+    they run (checked alive); otherwise the run's resolved ``<run dir>/config.yaml``
+    names its endpoints. Returns them and where they came from (empty: neither).
+    """
+    import yaml
+
+    from streamrft.infra.services import status
+
+    own = status(cfg.run_dir / "services")
+    if own is not None:
+        if not own.get("running"):
+            raise StreamRFTError(
+                f"run {cfg.run.id}: its embedded services ({cfg.run_dir / 'services'}) are "
+                "not running; has the run ended?"
+            )
+        return own["endpoints"], f"run {cfg.run.id} (its embedded services)"
+    resolved = cfg.run_dir / "config.yaml"
+    if resolved.is_file():
+        data = yaml.safe_load(resolved.read_text()) or {}
+        eps = {
+            "bootstrap_servers": (data.get("kafka") or {}).get("bootstrap_servers"),
+            "s3_endpoint": (data.get("object_store") or {}).get("endpoint"),
+        }
+        if any(eps.values()):
+            return eps, f"run {cfg.run.id} ({resolved})"
+    return {}, None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -252,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(sp)
     sp.add_argument("--max-steps", type=int, help="override trainer.max_steps")
     sp.add_argument(
+        "--explorers",
+        type=int,
+        metavar="N",
+        help="override explorer.count (the tasks topic gets at least N partitions)",
+    )
+    sp.add_argument(
         "--summary", help="write the JSON run summary here (default <run dir>/summary.json)"
     )
     sp.add_argument("--no-progress", action="store_true", help="no live progress bar")
@@ -265,7 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
         with_config(sp)
         if name == "explore":
             sp.add_argument(
-                "--index", type=int, default=0, help="explorer index (its id is explorer-<index>)"
+                "--index",
+                type=int,
+                help="explorer index, id explorer-<index> (as `run` numbers them); default: "
+                "an id of its own, explorer-<pid>-<4 hex>",
             )
         sp.set_defaults(func=func)
     sp = sub.add_parser("export", help="write a checkpoint (LoRA merged) as a Hugging Face folder")

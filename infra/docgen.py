@@ -311,10 +311,13 @@ def _partitions() -> dict[str, str]:
     topics = TopicNames("p", "r")
     a = {s.name: s.num_partitions for s in topic_specs(KafkaConfig(partitions=2), topics)}
     b = {s.name: s.num_partitions for s in topic_specs(KafkaConfig(partitions=3), topics)}
+    c = {s.name: s.num_partitions for s in topic_specs(KafkaConfig(partitions=2), topics, 5)}
     out = {}
     for kind in TOPIC_KINDS:
         name = topics.of(kind)
         out[kind] = "`kafka.partitions`" if (a[name], b[name]) == (2, 3) else str(a[name])
+        if c[name] == 5:
+            out[kind] += ", at least `explorer.count`"
     return out
 
 

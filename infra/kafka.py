@@ -354,26 +354,45 @@ async def start_client(
             await asyncio.sleep(0.5)
 
 
-def topic_specs(cfg: KafkaConfig, topics: TopicNames) -> list[NewTopic]:
+def tasks_partitions(cfg: KafkaConfig, explorers: int = 1) -> int:
+    """Partitions of the tasks topic: ``kafka.partitions``, raised to ``explorers``.
+
+    Explorers share the tasks through one consumer group, and a partition goes to one
+    member at a time, so at most this many explorers work at once; more idle until one
+    leaves. Set ``kafka.partitions`` to the most explorers a run will have at any time,
+    hand-started ones included (``streamrft run --explorers N`` raises it to N).
+    """
+    return max(cfg.partitions, explorers)
+
+
+def topic_specs(cfg: KafkaConfig, topics: TopicNames, explorers: int = 1) -> list[NewTopic]:
     """The six topics of a run: tasks and experiences partitioned, events single-partition.
 
-    Single-partition event topics keep a total order of control events for every reader.
+    Tasks get :func:`tasks_partitions`, experiences ``kafka.partitions``. Single-partition
+    event topics keep a total order of control events for every reader.
     """
     specs = []
     for kind, name in topics.all().items():
-        parts = cfg.partitions if kind in ("tasks", "experiences") else 1
+        parts = 1
+        if kind == "tasks":
+            parts = tasks_partitions(cfg, explorers)
+        elif kind == "experiences":
+            parts = cfg.partitions
         config = {"max.message.bytes": str(cfg.max_request_bytes)}
         specs.append(NewTopic(name, parts, cfg.replication_factor, topic_configs=config))
     return specs
 
 
-async def ensure_topics(cfg: KafkaConfig, topics: TopicNames) -> list[str]:
-    """Create the run's topics that do not exist yet; returns the names created."""
+async def ensure_topics(cfg: KafkaConfig, topics: TopicNames, explorers: int = 1) -> list[str]:
+    """Create the run's topics that do not exist yet; returns the names created.
+
+    ``explorers``: how many the run starts (see :func:`tasks_partitions`).
+    """
     admin = admin_client(cfg)
     await start_client(admin, "topic admin")
     try:
         existing = set(await admin.list_topics())
-        missing = [s for s in topic_specs(cfg, topics) if s.name not in existing]
+        missing = [s for s in topic_specs(cfg, topics, explorers) if s.name not in existing]
         if missing:
             try:
                 await admin.create_topics(missing)

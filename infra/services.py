@@ -459,6 +459,7 @@ class LocalServices:
         self._atexit = False
         self._owner_pid = os.getpid()
         self._lock = threading.RLock()
+        self._recorded: Path | None = None
 
     # ---- public
 
@@ -494,9 +495,24 @@ class LocalServices:
                         svc.stop()
             self._services.clear()
             self._endpoints = None
+            if self._recorded is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    self._recorded.unlink()
+                self._recorded = None
             if self._atexit:
                 atexit.unregister(self.stop)
                 self._atexit = False
+
+    def record(self) -> Path:
+        """Write ``state_dir/services.json`` as :func:`up` does, so that other processes
+        find these running services with :func:`status` (an explorer started by hand
+        joins the run that started them); :meth:`stop` removes it. The secret key is left
+        out: a process that joins has its own. Returns its path."""
+        with self._lock:
+            state = self._state()
+            state["endpoints"]["secret_key"] = None
+            self._recorded = _write_state(self.state_dir, state)
+            return self._recorded
 
     def __enter__(self) -> LocalServices:
         self.start()
@@ -714,6 +730,17 @@ def _state_path(state_dir: Path) -> Path:
     return Path(state_dir).expanduser().absolute() / STATE_FILE
 
 
+def _write_state(state_dir: Path, state: dict[str, Any]) -> Path:
+    """Write the state file atomically, readable by its owner only; returns its path."""
+    path = _state_path(state_dir)
+    tmp = path.with_suffix(".json.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(state, f, indent=2)
+    os.replace(tmp, path)
+    return path
+
+
 def _read_state(state_dir: Path) -> dict[str, Any] | None:
     path = _state_path(state_dir)
     try:
@@ -741,12 +768,7 @@ def up(state_dir: Path, **kw: Any) -> Endpoints:
     svc = LocalServices(state_dir, **kw)
     endpoints = svc._start(detached=True)
     try:
-        path = _state_path(state_dir)
-        tmp = path.with_suffix(".json.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(svc._state(), f, indent=2)
-        os.replace(tmp, path)
+        _write_state(state_dir, svc._state())
     except BaseException:
         svc.stop()
         raise

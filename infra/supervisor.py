@@ -154,7 +154,15 @@ class Supervisor:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, _on_signal, sig)
 
-        created = await kafka.ensure_topics(cfg.kafka, cfg.topics())
+        if cfg.explorer.count > cfg.kafka.partitions:
+            log.warning(
+                "explorer.count %d > kafka.partitions %d: the tasks topic gets %d partitions, "
+                "so that every explorer has one (an explorer started by hand on top idles)",
+                cfg.explorer.count,
+                cfg.kafka.partitions,
+                kafka.tasks_partitions(cfg.kafka, cfg.explorer.count),
+            )
+        created = await kafka.ensure_topics(cfg.kafka, cfg.topics(), cfg.explorer.count)
         log.info(
             "topics ready (%d created) under %s.%s.*",
             len(created),
@@ -281,6 +289,7 @@ def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = T
                 secret_key=cfg.object_store.secret_key,
             )
             eps = services.start()
+            services.record()  # `streamrft explore --run-id` finds them there
             log.info(
                 "embedded services: broker %s, object store %s",
                 eps.bootstrap_servers,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
 import time
 
 import torch
@@ -48,9 +50,17 @@ def tasks_group(topics) -> str:
 
 
 class Explorer:
-    def __init__(self, cfg: Config, index: int) -> None:
+    def __init__(self, cfg: Config, index: int | None = None) -> None:
+        """``index``: the supervisor's numbering (id ``explorer-<index>``); None for an
+        explorer started by hand, whose id ``explorer-<pid>-<4 hex>`` no numbered one has
+        (experience ids contain it, and the trainer deduplicates on those)."""
         self.cfg = cfg
-        self.name = f"explorer-{index}"
+        if index is None:
+            tag = secrets.token_hex(2)
+            self.name = f"explorer-{os.getpid()}-{tag}"
+            index = (os.getpid() << 16) + int(tag, 16)
+        else:
+            self.name = f"explorer-{index}"
         self.index = index
         self.topics = cfg.topics()
         self.bus = EventBus(cfg, self.name, "explorer")
@@ -364,5 +374,5 @@ class Explorer:
                 self.receiver.close()
 
 
-def main(cfg: Config, index: int) -> None:
+def main(cfg: Config, index: int | None = None) -> None:
     asyncio.run(Explorer(cfg, index).run())

@@ -1,0 +1,169 @@
+"""An explorer started by hand joins a running ``streamrft run``, works, and leaves.
+
+Its share of the tasks partitions moves to it when it joins and back to the run's own
+explorer when it leaves; the run finishes with balanced books.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+
+import pytest
+
+from streamrft.infra.bus import read_history
+from streamrft.schemas.codec import EXPERIENCE_GROUP, STATUS
+from tests.e2e.test_cli_run import (
+    EXAMPLE,
+    _env,
+    _processes_mentioning,
+    _streamrft,
+    log_has,
+    wait_for,
+)
+from tests.e2e.test_resume import _service_overrides
+
+pytestmark = pytest.mark.e2e
+
+
+def _statuses(cfg) -> list:
+    return asyncio.run(read_history(cfg, cfg.topics().status, STATUS, "test-status", 2))
+
+
+def _last_partitions(statuses, component: str) -> str | None:
+    """The partitions ``component`` last reported holding (status detail), or None."""
+    held = [
+        s.detail.removeprefix("tasks partitions ")
+        for s in statuses
+        if s.component == component and s.detail.startswith("tasks partitions ")
+    ]
+    return held[-1] if held else None
+
+
+def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
+    services, make_config, tmp_path
+):
+    runs = tmp_path / "runs"
+    run_id = f"elastic-{os.getpid()}-{int(time.time())}"
+    steps = 80  # the hand-started explorer needs ~10-30 s to import and load on 2 cores
+    # reads the run's topics on the session broker (only its kafka section is used)
+    reader_cfg = make_config(run={"id": run_id})
+    run = subprocess.Popen(
+        _streamrft(
+            "run",
+            str(EXAMPLE),
+            "--explorers",
+            "1",
+            "--run-id",
+            run_id,
+            "--max-steps",
+            str(steps),
+            "--no-progress",
+            "--summary",
+            str(tmp_path / "s.json"),
+            "-o",
+            f"run.dir={runs}",
+            "-o",
+            "trainer.eval_interval=0",
+            "-o",
+            "trainer.warmup_sft_steps=20",
+            "-o",
+            "trainer.max_staleness=2",
+            *_service_overrides(services),
+        ),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    hand_log = tmp_path / "hand-explorer.log"
+    hand = None
+    try:
+        explorer_log = runs / run_id / "logs" / "explorer-0.log"
+        wait_for(
+            lambda: log_has(explorer_log, "explorer-0: holds tasks partitions [0, 1, 2, 3]"),
+            run,
+            240,
+            "explorer-0 to hold every tasks partition",
+        )
+        with hand_log.open("w") as out:
+            # names no broker or object store: it finds the run's from the run folder
+            hand = subprocess.Popen(
+                _streamrft(
+                    "explore",
+                    str(EXAMPLE),
+                    "--run-id",
+                    run_id,
+                    "-o",
+                    f"run.dir={runs}",
+                    "-o",
+                    f"object_store.access_key={services.access_key}",
+                    "-o",
+                    f"object_store.secret_key={services.secret_key}",
+                ),
+                env=_env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=tmp_path,
+            )
+        name = f"explorer-{hand.pid}-"
+
+        def hand_worked() -> bool:
+            assert hand.poll() is None, hand_log.read_text()[-3000:]
+            statuses = _statuses(reader_cfg)
+            mine = [s for s in statuses if s.component.startswith(name)]
+            return any(
+                s.counters.get("groups_published", 0) > 0 for s in mine
+            ) and _last_partitions(statuses, "explorer-0") not in (None, "0,1,2,3")
+
+        wait_for(hand_worked, run, 180, "the hand-started explorer to take partitions and work")
+        hand.send_signal(signal.SIGTERM)
+        assert hand.wait(timeout=60) == 0, hand_log.read_text()[-3000:]
+        wait_for(
+            lambda: _last_partitions(_statuses(reader_cfg), "explorer-0") == "0,1,2,3",
+            run,
+            60,
+            "explorer-0 to get every tasks partition back",
+        )
+        _, err = run.communicate(timeout=400)
+    finally:
+        for proc in (hand, run):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    assert run.returncode == 0, err[-3000:]
+    assert "broker / object store of run" in hand_log.read_text()
+
+    statuses = _statuses(reader_cfg)
+    hand_id = next(s.component for s in statuses if s.component.startswith(name))
+    held = [s.detail for s in statuses if s.component == hand_id and s.detail.startswith("tasks")]
+    assert held and held[0] != "tasks partitions 0,1,2,3"  # it shared with explorer-0
+    # explorer-0: all four, two of them moved to the newcomer, then all four again
+    zero = [
+        s.detail for s in statuses if s.component == "explorer-0" and s.detail.startswith("tasks")
+    ]
+    assert zero[-1] == "tasks partitions 0,1,2,3"
+    assert any(d != zero[-1] for d in zero), zero
+
+    async def groups_by_explorer() -> Counter:
+        topic = reader_cfg.topics().experiences
+        groups = await read_history(reader_cfg, topic, EXPERIENCE_GROUP, "test-experiences", 3)
+        return Counter(g.explorer for g in groups)
+
+    by_explorer = asyncio.run(groups_by_explorer())
+    assert by_explorer[hand_id] > 0 and by_explorer["explorer-0"] > 0, by_explorer
+
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["steps"] == steps
+    books = s["books"]
+    assert books["trained_twice"] == 0
+    assert books["newer_than_trainer"] == 0 and books["staler_than_max"] == 0
+    assert s["groups_trained"] == steps * 32
+    assert s["explorers_stopped"] == sorted(["explorer-0", hand_id])
+    assert s["exit_codes"] == {"trainer": 0, "explorer-0": 0, "feeder": 0}
+    assert not _processes_mentioning(run_id)
