@@ -412,3 +412,51 @@ async def list_topics(cfg: KafkaConfig) -> list[str]:
         return sorted(await admin.list_topics())
     finally:
         await admin.close()
+
+
+async def warm_partitions(bootstrap_servers: str, timeout_s: float = 30.0) -> int:
+    """Read one record from every non-empty partition of the broker; returns how many.
+
+    For the embedded broker on ``s3://`` storage after a restart: Tansu loads a partition's
+    high watermark on its first fetch, but its first produce to a partition it has not
+    read yet starts again at offset 0 and overwrites records (the local S3 server ignores
+    the conditional write Tansu relies on). :meth:`LocalServices.restart` calls this the
+    moment the broker answers, before clients resume producing.
+    """
+    from aiokafka import TopicPartition
+
+    reader = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap_servers,
+        client_id="streamrft-warmup",
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=20,
+        request_timeout_ms=REQUEST_TIMEOUT_MS,
+    )
+    await start_client(reader, "broker warm-up")
+    try:
+        topics = await reader.topics()
+        parts = [
+            TopicPartition(t, p) for t in topics for p in reader.partitions_for_topic(t) or ()
+        ]
+        if not parts:
+            return 0
+        reader.assign(parts)
+        ends = await reader.end_offsets(parts)
+        pending = {tp for tp in parts if ends.get(tp, 0) > 0}
+        warmed = len(pending)
+        await reader.seek_to_beginning(*pending)
+        reader.pause(*(set(parts) - pending))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while pending and loop.time() < deadline:
+            batches = await reader.getmany(timeout_ms=200)
+            for tp in batches:
+                pending.discard(tp)
+                reader.pause(tp)
+        if pending:
+            raise ServiceError(f"broker warm-up: no record read from {sorted(pending)}")
+        return warmed
+    finally:
+        await reader.stop()

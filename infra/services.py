@@ -350,6 +350,19 @@ def _kafka_metadata(port: int, timeout: float) -> list[tuple[str, int]]:
     return brokers
 
 
+def _warm_broker(port: int, timeout_s: float) -> int:
+    """Make a restarted s3-storage broker load every partition's watermark (see
+    :func:`streamrft.infra.kafka.warm_partitions`), from sync code, in a private loop."""
+    import asyncio
+    import concurrent.futures
+
+    from streamrft.infra.kafka import warm_partitions
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        work = pool.submit(asyncio.run, warm_partitions(f"127.0.0.1:{port}", timeout_s))
+        return work.result()
+
+
 @contextlib.contextmanager
 def _minio_client(port: int, access_key: str, secret_key: str, timeout: float) -> Iterator[Any]:
     """A Minio client with short timeouts and no retries, for probes; closed on exit."""
@@ -514,6 +527,46 @@ class LocalServices:
             self._recorded = _write_state(self.state_dir, state)
             return self._recorded
 
+    def kill(self, name: str) -> None:
+        """SIGKILL one service (``"broker"`` or ``"object_store"``), as a crash would.
+
+        Its port stays reserved for :meth:`restart`; for fault drills and tests.
+        """
+        with self._lock:
+            svc = self._service(name)
+            if svc.popen is not None:
+                svc.popen.kill()
+                svc.popen.wait(_STOP_GRACE_S)
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(svc.pid, signal.SIGKILL)
+
+    def restart(self, name: str) -> None:
+        """Start a killed (or stopped) service again on the same port and wait until ready.
+
+        The object store keeps its data (SQLite metadata plus files); the broker keeps its
+        topics, records and committed offsets only with ``broker_storage="s3"``.
+        """
+        with self._lock:
+            svc = self._service(name)
+            if svc.alive():
+                svc.stop()
+            deadline = time.monotonic() + self.startup_timeout_s
+            if name == OBJECT_STORE:
+                self._start_object_store(deadline, detached=False, port=svc.port)
+                return
+            self._start_broker(deadline, detached=False, port=svc.port)
+            if self.broker_storage == "s3":
+                _warm_broker(svc.port, max(1.0, deadline - time.monotonic()))
+
+    def _service(self, name: str) -> _Service:
+        if name not in (BROKER, OBJECT_STORE):
+            raise ConfigError(f"no service {name!r}: 'broker' or 'object_store'")
+        svc = self._services.get(name)
+        if svc is None:
+            raise ServiceError(f"the {name} was not started by these LocalServices")
+        return svc
+
     def __enter__(self) -> LocalServices:
         self.start()
         return self
@@ -551,6 +604,8 @@ class LocalServices:
                         self._ensure_bucket(BROKER_BUCKET)
                     broker = self._start_broker(deadline, detached)
                     bootstrap = f"127.0.0.1:{broker.port}"
+                    if self.broker_storage == "s3":  # the bucket may hold earlier topics
+                        _warm_broker(broker.port, max(1.0, deadline - time.monotonic()))
             except BaseException:
                 self.stop()
                 raise
@@ -570,10 +625,12 @@ class LocalServices:
         probe: Any,
         deadline: float,
         detached: bool,
+        port: int | None = None,
     ) -> _Service:
-        """Spawn with a fresh port, retrying when the port was taken meanwhile."""
-        for attempt in range(_PORT_RETRIES):
-            port = free_port()
+        """Spawn on ``port`` (a restart), or on a fresh port, retrying when it was taken."""
+        fixed = port
+        for attempt in range(1 if fixed else _PORT_RETRIES):
+            port = fixed or free_port()
             svc = _spawn(
                 name,
                 make_argv(port),
@@ -593,7 +650,9 @@ class LocalServices:
             return svc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _start_object_store(self, deadline: float, detached: bool) -> _Service:
+    def _start_object_store(
+        self, deadline: float, detached: bool, port: int | None = None
+    ) -> _Service:
         exe = _juicefs_bin()
         root = self.state_dir / "object_store"
         (root / "data").mkdir(parents=True, exist_ok=True)
@@ -656,7 +715,7 @@ class LocalServices:
             with _minio_client(port, self.access_key, self.secret_key, timeout=1.0) as client:
                 client.list_buckets()
 
-        return self._launch(OBJECT_STORE, argv, env, probe, deadline, detached)
+        return self._launch(OBJECT_STORE, argv, env, probe, deadline, detached, port)
 
     def _ensure_bucket(self, bucket: str) -> None:
         svc = self._services[OBJECT_STORE]
@@ -667,7 +726,7 @@ class LocalServices:
         except Exception as e:
             raise ServiceError(f"could not create bucket {bucket!r} for the broker: {e}") from e
 
-    def _start_broker(self, deadline: float, detached: bool) -> _Service:
+    def _start_broker(self, deadline: float, detached: bool, port: int | None = None) -> _Service:
         exe = _broker_bin()
         env = dict(os.environ)
         if self.broker_storage == "s3":
@@ -701,7 +760,7 @@ class LocalServices:
             if ("127.0.0.1", port) not in brokers:
                 raise ServiceError(f"broker advertises {brokers}, expected 127.0.0.1:{port}")
 
-        return self._launch(BROKER, argv, env, probe, deadline, detached)
+        return self._launch(BROKER, argv, env, probe, deadline, detached, port)
 
     def _state(self) -> dict[str, Any]:
         return {

@@ -24,14 +24,15 @@ from streamrft.infra import kafka
 from streamrft.infra.bus import HEARTBEAT_S, EventBus
 from streamrft.infra.config import Config
 from streamrft.infra.modeling import load_policy
+from streamrft.infra.retry import retrying
 from streamrft.infra.shutdown import install_stop_handlers
 from streamrft.producers.engine import make_engine
 from streamrft.producers.rewards import get_reward
 from streamrft.producers.workflows import check_workflow, run_math_workflow
 from streamrft.schemas.codec import EXPERIENCE_GROUP, TASK
-from streamrft.schemas.errors import SchemaError, ServiceError, StreamRFTError, SyncError
+from streamrft.schemas.errors import SchemaError, StreamRFTError, SyncError
 from streamrft.schemas.events import ModelVersionReady, RunState, SyncRequest
-from streamrft.schemas.experience import Task
+from streamrft.schemas.experience import ExperienceGroup, Task
 from streamrft.sync.methods import Loaders
 from streamrft.sync.styles import choose_version, explorer_sync, is_sync_point, required_version
 from streamrft.sync.weights import apply_state_dict, unique_state_dict
@@ -139,6 +140,24 @@ class Explorer:
             try:
                 await asyncio.to_thread(self.load_version, event)
             except SyncError as exc:
+                if exc.retriable and event.method != "nccl":
+                    # the store is down: keep exploring on the current weights, try again
+                    # at the next sync point (an explorer with no weights yet waits)
+                    self.bus.count("store_unavailable")
+                    if self.version < 0:
+                        log.warning("%s: no weights yet, store unavailable: %s", self.name, exc)
+                        if self.stop.is_set() or self.bus.shutdown_event.is_set():
+                            return False
+                        await asyncio.sleep(1.0)
+                        continue
+                    log.warning(
+                        "%s: version %d unavailable (%s); staying on version %d for now",
+                        self.name,
+                        chosen,
+                        exc,
+                        self.version,
+                    )
+                    break
                 if event.method == "nccl":
                     # the trainer announces the same version again through the object store
                     self.bus.count("broadcast_failures")
@@ -275,6 +294,32 @@ class Explorer:
                 break  # no tasks for us right now, but a broadcast group waits on us
         return taken
 
+    async def publish(self, producer, groups: list[ExperienceGroup]) -> None:
+        """Publish a step's groups (acks=all), all of them again after a broker outage.
+
+        A group sent twice is harmless: the trainer deduplicates by experience id.
+        """
+        values = [EXPERIENCE_GROUP.encode(g) for g in groups]
+
+        async def attempt() -> None:
+            futures = [
+                await producer.send(
+                    self.topics.experiences,
+                    value,
+                    key=g.task_id.encode(),
+                    headers=EXPERIENCE_GROUP.headers(),
+                )
+                for g, value in zip(groups, values, strict=True)
+            ]
+            await asyncio.gather(*futures)
+
+        await retrying(
+            f"{self.name}: publishing {len(groups)} experience groups",
+            attempt,
+            self.cfg.run.outage_timeout_s,
+            lambda _exc: self.bus.count("publish_retries"),
+        )
+
     async def commit(self, consumer, taken) -> None:
         offsets: dict[TopicPartition, int] = {}
         for tp, offset, _ in taken:
@@ -333,19 +378,7 @@ class Explorer:
                     explorer_step=step,
                 )
                 rollout_s = time.perf_counter() - t0
-                futures = [
-                    await producer.send(
-                        self.topics.experiences,
-                        EXPERIENCE_GROUP.encode(g),
-                        key=g.task_id.encode(),
-                        headers=EXPERIENCE_GROUP.headers(),
-                    )
-                    for g in groups
-                ]
-                try:
-                    await asyncio.gather(*futures)
-                except KafkaError as exc:
-                    raise ServiceError(f"{self.name}: publishing experiences: {exc}") from exc
+                await self.publish(producer, groups)
                 await self.commit(consumer, taken)
                 rewards = [e.reward for g in groups for e in g.experiences]
                 lengths = [e.response_length for g in groups for e in g.experiences]
