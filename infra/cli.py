@@ -113,7 +113,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = run_with_services(cfg, summary_path, progress=not args.no_progress)
     print(json.dumps({k: v for k, v in summary.items() if k != "eval_accuracy"}, indent=2))
     log.info("summary written to %s", summary_path)
-    return 130 if summary.get("interrupted") else 0
+    # Ctrl-C is an interruption (130, as shells expect); SIGTERM is how service managers
+    # and schedulers ask for an orderly stop, and an orderly stop succeeded: 0
+    return 130 if summary.get("signal") == "SIGINT" else 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:

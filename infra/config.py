@@ -76,6 +76,10 @@ class KafkaConfig(_Section):
     at a time, so set it to the most explorers the run will have at once, hand-started ones
     included; more explorers than partitions idle. ``streamrft run`` gives the tasks topic
     at least ``explorer.count`` partitions."""
+    embedded_storage: Literal["memory", "s3"] = "memory"
+    """Storage of the embedded broker (when ``bootstrap_servers`` is None): ``memory`` is
+    fastest and lost when the broker stops; ``s3`` keeps topics, records and committed
+    offsets in the embedded object store, so a broker restart or a resumed run finds them."""
     replication_factor: Pos = 1
     """Replication of every topic (3 on a production cluster)."""
     compression: Literal["none", "gzip", "lz4", "zstd", "snappy"] = "none"
@@ -266,6 +270,9 @@ class TrainerConfig(_Section):
     """Learning rate of the warm-up (a fresh AdamW, separate from the RL optimizer)."""
     threads: Pos = 1
     """torch threads of the trainer process."""
+    max_restarts: NonNeg = 3
+    """``streamrft run`` starts a trainer that died again (it resumes from its latest
+    checkpoint), up to this many times."""
     resume: bool = True
     """Resume from the latest checkpoint of the run id when one exists."""
     idle_timeout_s: PosF = 120.0

@@ -24,6 +24,7 @@ from streamrft.infra import kafka
 from streamrft.infra.bus import EventBus
 from streamrft.infra.config import Config, credentials_env, to_yaml, with_endpoints
 from streamrft.infra.monitor import RunMonitor
+from streamrft.infra.resume import check_resume
 from streamrft.schemas.errors import ServiceError, StreamRFTError
 from streamrft.schemas.events import Shutdown
 
@@ -86,6 +87,8 @@ class Supervisor:
         self.spawn_args: dict[str, tuple[list[str], int, Path]] = {}
         self.restarts: dict[str, int] = {}
         self.stop = asyncio.Event()
+        self.signal: str | None = None
+        """Name of the signal that stopped the run (SIGINT, SIGTERM), if one did."""
         self.services = None
 
     def _spawn(self, name: str, role_args: list[str], threads: int, config_path: Path) -> None:
@@ -97,21 +100,22 @@ class Supervisor:
         self.spawn_args[name] = (role_args, threads, config_path)
 
     def _restart_or_fail(self, name: str, child: Child) -> str | None:
-        """An explorer that died is started again (it rejoins the tasks group and resyncs
-        weights; its unacknowledged tasks are explored again); anything else, or an
-        explorer past ``explorer.max_restarts``, fails the run. Returns the failure."""
+        """A process that died is started again, up to its role's ``max_restarts``: an
+        explorer rejoins the tasks group and resyncs weights (its unacknowledged tasks are
+        explored again); the trainer resumes from its latest checkpoint and seeks to the
+        offsets stored in it. Anything else fails the run. Returns the failure."""
         rc = child.returncode
-        if (
-            name.startswith("explorer-")
-            and self.restarts.get(name, 0) < self.cfg.explorer.max_restarts
-        ):
+        limit = {"trainer": self.cfg.trainer.max_restarts}.get(
+            name, self.cfg.explorer.max_restarts if name.startswith("explorer-") else 0
+        )
+        if self.restarts.get(name, 0) < limit:
             self.restarts[name] = self.restarts.get(name, 0) + 1
             log.warning(
                 "%s exited with code %s; restart %d of %d\n%s",
                 name,
                 rc,
                 self.restarts[name],
-                self.cfg.explorer.max_restarts,
+                limit,
                 child.tail(5),
             )
             child.kill()
@@ -141,6 +145,7 @@ class Supervisor:
         def _on_signal(signum: int) -> None:
             hits["n"] += 1
             if hits["n"] == 1:
+                self.signal = signal.Signals(signum).name
                 print(
                     f"\n{signal.Signals(signum).name}: stopping the run (again to force)",
                     file=sys.stderr,
@@ -200,14 +205,13 @@ class Supervisor:
                 )
             self._spawn("feeder", ["feed"], 1, config_path)
             while not self.stop.is_set():
-                trainer_rc = self.children["trainer"].returncode
-                if trainer_rc is not None:
-                    if trainer_rc != 0:
-                        failure = f"trainer exited with code {trainer_rc}:\n{self.children['trainer'].tail()}"
-                    break
+                if self.children["trainer"].returncode == 0:
+                    break  # the run is done
                 for name, child in list(self.children.items()):
-                    if child.returncode not in (None, 0) and name != "trainer":
+                    if child.returncode not in (None, 0):
                         failure = self._restart_or_fail(name, child)
+                    if failure:
+                        break
                 if failure:
                     break
                 if monitor_task.done():
@@ -223,6 +227,7 @@ class Supervisor:
                 bar.close()
         summary = monitor.summary(time.monotonic() - started)
         summary["interrupted"] = self.stop.is_set()
+        summary["signal"] = self.signal
         summary["exit_codes"] = {n: c.returncode for n, c in self.children.items()}
         summary["restarts"] = dict(self.restarts)
         summary["run_dir"] = str(cfg.run_dir)
@@ -271,6 +276,8 @@ def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = T
     """Start embedded services where the config names none, run, write the summary."""
     from streamrft.infra.services import LocalServices, status
 
+    if check_resume(cfg):  # before anything starts: a refused resume changes nothing
+        log.info("run %s exists in %s: resuming it", cfg.run.id, cfg.run_dir)
     need_broker = not cfg.kafka.bootstrap_servers
     need_store = not cfg.object_store.endpoint
     services = None
@@ -287,6 +294,7 @@ def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = T
                 object_store=need_store,
                 access_key=cfg.object_store.access_key,
                 secret_key=cfg.object_store.secret_key,
+                broker_storage=cfg.kafka.embedded_storage if need_store else "memory",
             )
             eps = services.start()
             services.record()  # `streamrft explore --run-id` finds them there
