@@ -1,0 +1,468 @@
+"""Fault drills: run a real job, break something on purpose, then audit the books.
+
+Each drill starts its own local services, runs ``streamrft run`` (feeder, two explorers,
+trainer as OS processes) on a small job whose step budget trains every fed task exactly
+once, injects one fault while the trainer is mid-run, and then reads the run's topics
+back to check that nothing was lost or trained twice:
+
+- **tasks fed** = distinct (task, epoch) pairs on the ``tasks`` topic;
+- **trained** = distinct groups in the trainer's ledger (the ``trained`` rows of its
+  metrics, the last attempt of each step; a step redone after a resume replaces the
+  attempt whose update was lost with the crash);
+- **tasks lost** = fed - trained - dropped for a stated reason (stale groups, counted by
+  the trainer);
+- **duplicates trained** = groups in the ledger of more than one step;
+- **dead letters unaccounted** = dead letters whose source offset is not one the drill
+  injected as invalid.
+
+The drills: ``explorer_kill`` (SIGKILL an explorer mid-step; the supervisor restarts it),
+``trainer_kill`` (SIGKILL the trainer mid-step; it resumes from its checkpoint),
+``store_outage`` (the object store down for 20 s), ``broker_restart`` (SIGKILL the broker
+on ``s3://`` storage and start it again), ``corrupt_shard`` (flip bytes of a published
+weight shard before explorers fetch it), ``fuzz`` (1,000+ malformed messages into
+``experiences`` and ``control``). ``bench/reliability.py`` runs them all; the e2e tests
+run them one by one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from streamrft.infra import kafka
+from streamrft.infra.config import Config, load_config, with_endpoints, with_run_id
+from streamrft.infra.services import BROKER, OBJECT_STORE, LocalServices
+from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, TASK
+from streamrft.schemas.errors import SchemaError
+from streamrft.schemas.events import ModelVersionReady
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "arithmetic.yaml"
+
+EPOCHS = 2
+TASKS = 100 * EPOCHS  # examples/data/addition.jsonl has 100 tasks
+GROUPS_PER_STEP = 20
+STEPS = TASKS // GROUPS_PER_STEP
+FAULT_AT_STEP = 3
+RUN_TIMEOUT_S = 420.0
+
+DRILL_OVERRIDES = [
+    f"taskset.total_epochs={EPOCHS}",
+    "explorer.count=2",
+    "explorer.batch_size=10",
+    "explorer.repeat_times=4",
+    f"trainer.batch_size={GROUPS_PER_STEP}",
+    f"trainer.max_steps={STEPS}",
+    "trainer.ppo_epochs=1",
+    "trainer.warmup_sft_steps=0",
+    "trainer.eval_interval=0",
+    "trainer.save_interval=2",
+    "trainer.idle_timeout_s=180",
+    # reliability, not learning: nothing is dropped as stale, so every fed task must train
+    "trainer.max_staleness=1000",
+    "synchronizer.sync_offset=4",
+    "synchronizer.sync_timeout=120",
+    "monitor.progress=false",
+]
+
+
+@dataclass
+class DrillResult:
+    drill: str
+    recovered: bool
+    recover_s: float | None
+    tasks_fed: int
+    tasks_trained: int
+    tasks_dropped: int
+    tasks_lost: int
+    duplicates_trained: int
+    dead_letters: int
+    dead_letters_unaccounted: int
+    wall_s: float
+    exit_code: int | None
+    detail: dict = field(default_factory=dict)
+
+    def row(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Watch:
+    """What the drill has seen of the run so far (from its metrics and control topics)."""
+
+    step: int = 0
+    step_times: list[tuple[float, int]] = field(default_factory=list)
+    versions: dict[int, ModelVersionReady] = field(default_factory=dict)
+
+
+class Drill:
+    """One drill: services, the run as a subprocess, a fault, the books."""
+
+    def __init__(self, name: str, workdir: Path, broker_storage: str = "memory") -> None:
+        self.name = name
+        self.workdir = Path(workdir)
+        self.services = LocalServices(self.workdir / "services", broker_storage=broker_storage)
+        self.run_id = f"drill-{name.replace('_', '-')}-{os.getpid()}-{int(time.time())}"
+        self.watch = _Watch()
+        self.fault_started: float | None = None
+        self.fault_ended: float | None = None
+        self.injected_invalid: set[tuple[str, int, int]] = set()
+        self.detail: dict = {}
+        self.cfg: Config | None = None
+        self.proc: subprocess.Popen | None = None
+
+    # -- the run ---------------------------------------------------------------------------
+    def overrides(self) -> list[str]:
+        eps = self.services.endpoints
+        return [
+            *DRILL_OVERRIDES,
+            f"run.dir={self.workdir / 'runs'}",
+            f"kafka.bootstrap_servers={eps.bootstrap_servers}",
+            f"object_store.endpoint={eps.s3_endpoint}",
+            f"object_store.access_key={eps.access_key}",
+        ]
+
+    def _start_run(self) -> None:
+        argv = [sys.executable, "-m", "streamrft.infra.cli", "run", str(EXAMPLE)]
+        argv += ["--run-id", self.run_id, "--no-progress"]
+        for item in self.overrides():
+            argv += ["-o", item]
+        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        env["STREAMRFT_S3_SECRET_KEY"] = self.services.endpoints.secret_key or ""
+        log = (self.workdir / f"{self.name}.log").open("wb")
+        self.proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir
+        )
+
+    def _kill_leftovers(self) -> None:
+        """After a failed drill: nothing of the run may outlive it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for role in ("train", "explore", "feed"):
+            while (pid := self.pid_of(role)) is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                time.sleep(0.05)
+
+    def pid_of(self, role: str, name: str | None = None) -> int | None:
+        """Pid of a child of this run: ``role`` is train/explore/feed."""
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                args = (entry / "cmdline").read_bytes().split(b"\0")
+                state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+            except OSError:
+                continue
+            text = b" ".join(args).decode(errors="replace")
+            if state == "Z" or "streamrft.infra.cli" not in text or self.run_id not in text:
+                continue
+            if role in [a.decode(errors="replace") for a in args] and (
+                name is None or name in text
+            ):
+                return int(entry.name)
+        return None
+
+    async def _follow(self, stop: asyncio.Event) -> None:
+        topics = self.cfg.topics()
+        reader = kafka.event_reader(self.cfg.kafka, [topics.metrics, topics.control], "drill")
+        await kafka.start_client(reader, "drill watch")
+        try:
+            while not stop.is_set():
+                batches = await reader.getmany(timeout_ms=200)
+                for tp, records in batches.items():
+                    for rec in records:
+                        try:
+                            if tp.topic == topics.metrics:
+                                ev = METRICS.decode(rec.value, rec.headers)
+                                if ev.component == "trainer" and "train/loss" in ev.values:
+                                    self.watch.step = max(self.watch.step, ev.step)
+                                    self.watch.step_times.append((time.time(), ev.step))
+                            else:
+                                ev = CONTROL.decode(rec.value, rec.headers)
+                                if isinstance(ev, ModelVersionReady):
+                                    self.watch.versions[ev.version] = ev
+                        except SchemaError:
+                            continue  # the fuzz drill's own messages
+        finally:
+            await reader.stop()
+
+    async def _wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name}: the run ended before {what}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: timed out waiting for {what}")
+            await asyncio.sleep(0.05)
+
+    async def fault(self) -> None:
+        """Inject this drill's fault; sets ``fault_started`` and ``fault_ended``."""
+        raise NotImplementedError
+
+    async def _drive(self) -> None:
+        stop = asyncio.Event()
+        follower = asyncio.create_task(self._follow(stop))
+        try:
+            await self._wait(lambda: self.watch.step >= FAULT_AT_STEP, 240, "the fault step")
+            await self.fault()
+            deadline = time.monotonic() + RUN_TIMEOUT_S
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                self.detail["timed_out"] = True
+                await asyncio.to_thread(self.proc.wait, 60)
+        finally:
+            stop.set()
+            await follower
+
+    # -- the books -------------------------------------------------------------------------
+    async def _read_topic(self, topic: str, codec) -> list[tuple[int, int, object | None]]:
+        """(partition, offset, decoded or None) of every message of a topic."""
+        from aiokafka import TopicPartition
+
+        reader = kafka.topic_reader(self.cfg.kafka, "drill-books")
+        await kafka.start_client(reader, "drill books")
+        out = []
+        try:
+            parts = reader.partitions_for_topic(topic) or set()
+            if not parts:
+                await reader._client.force_metadata_update()
+                parts = reader.partitions_for_topic(topic) or set()
+            reader.assign([TopicPartition(topic, p) for p in sorted(parts)])
+            await reader.seek_to_beginning()
+            quiet = 0
+            while quiet < 4:
+                batches = await reader.getmany(timeout_ms=300)
+                quiet = 0 if batches else quiet + 1
+                for tp, records in batches.items():
+                    for rec in records:
+                        try:
+                            obj = codec.decode(rec.value, rec.headers)
+                        except SchemaError:
+                            obj = None
+                        out.append((tp.partition, rec.offset, obj))
+        finally:
+            await reader.stop()
+        return out
+
+    async def books(self) -> dict:
+        topics = self.cfg.topics()
+        tasks = await self._read_topic(topics.tasks, TASK)
+        fed = {f"{self.run_id}/{t.id}@{t.epoch}" for _, _, t in tasks if t is not None}
+        ledger: dict[int, object] = {}
+        final: dict[str, float] = {}
+        for _, _, ev in await self._read_topic(topics.metrics, METRICS):
+            if ev is None or ev.component != "trainer":
+                continue
+            if ev.trained:
+                ledger[ev.step] = ev  # the last attempt of each step
+            if "trainer/final_step" in ev.values:
+                final = dict(ev.values)
+        times: dict[str, int] = {}
+        for ev in ledger.values():
+            for row in ev.trained:
+                times[row.group_id] = times.get(row.group_id, 0) + 1
+        dead = [d for _, _, d in await self._read_topic(topics.dead_letters, DEAD_LETTER)]
+        sources = {(d.source_topic, d.partition, d.offset) for d in dead if d is not None}
+        stale = int(final.get("trainer/stale_dropped", 0))
+        trained = set(times) & fed
+        return {
+            "tasks_fed": len(fed),
+            "tasks_trained": len(trained),
+            "tasks_dropped": stale,
+            "tasks_lost": max(0, len(fed - trained) - stale),
+            "duplicates_trained": sum(1 for n in times.values() if n > 1),
+            "foreign_trained": len(set(times) - fed),
+            "dead_letters": len(sources),
+            "dead_letters_unaccounted": len(sources - self.injected_invalid)
+            + sum(1 for d in dead if d is None),
+            "duplicates_dropped": int(final.get("trainer/duplicates_dropped", 0)),
+            "final_step": int(final.get("trainer/final_step", 0)),
+        }
+
+    def _recover_s(self) -> float | None:
+        if self.fault_ended is None:
+            return None
+        base = max((s for t, s in self.watch.step_times if t <= self.fault_started), default=0)
+        after = [t for t, s in self.watch.step_times if t >= self.fault_ended and s > base]
+        return round(min(after) - self.fault_ended, 2) if after else None
+
+    # -- the whole drill -------------------------------------------------------------------
+    def run(self) -> DrillResult:
+        started = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with self.services:
+            self.cfg = with_endpoints(
+                with_run_id(load_config(EXAMPLE, self.overrides()), self.run_id),
+                self.services.endpoints.bootstrap_servers,
+                self.services.endpoints.s3_endpoint,
+            )
+            self._start_run()
+            try:
+                asyncio.run(self._drive())
+            finally:
+                self._kill_leftovers()
+            books = asyncio.run(self.books())
+        summary_path = self.workdir / "runs" / self.run_id / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        self.detail.update(
+            restarts=summary.get("restarts"),
+            versions_rejected=summary.get("versions_rejected"),
+            duplicates_dropped=books.pop("duplicates_dropped"),
+            foreign_trained=books.pop("foreign_trained"),
+            final_step=books.pop("final_step"),
+        )
+        finished = self.proc.returncode == 0 and self.detail["final_step"] == STEPS
+        balanced = (
+            books["tasks_lost"] == 0
+            and books["duplicates_trained"] == 0
+            and books["dead_letters_unaccounted"] == 0
+            and books["tasks_fed"] == TASKS
+        )
+        return DrillResult(
+            drill=self.name,
+            recovered=finished and balanced and self.check(),
+            recover_s=self._recover_s(),
+            wall_s=round(time.monotonic() - started, 1),
+            exit_code=self.proc.returncode,
+            detail=self.detail,
+            **books,
+        )
+
+    def check(self) -> bool:
+        """A drill's own evidence that the fault really happened and was handled."""
+        return True
+
+
+class ExplorerKill(Drill):
+    async def fault(self) -> None:
+        pid = self.pid_of("explore", "--index 0")
+        self.fault_started = time.time()
+        os.kill(pid, signal.SIGKILL)
+        self.detail["killed_pid"] = pid
+        self.fault_ended = time.time()
+
+    def check(self) -> bool:
+        return (self.detail.get("restarts") or {}).get("explorer-0", 0) >= 1
+
+
+class TrainerKill(Drill):
+    async def fault(self) -> None:
+        await self._wait(lambda: self.watch.step >= 5, 120, "trainer step 5")
+        pid = self.pid_of("train")
+        self.fault_started = time.time()
+        os.kill(pid, signal.SIGKILL)
+        self.detail["killed_at_step"] = self.watch.step
+        self.fault_ended = time.time()
+
+    def check(self) -> bool:
+        return (self.detail.get("restarts") or {}).get("trainer", 0) >= 1
+
+
+class StoreOutage(Drill):
+    DOWN_S = 20.0
+
+    async def fault(self) -> None:
+        self.fault_started = time.time()
+        await asyncio.to_thread(self.services.kill, OBJECT_STORE)
+        await asyncio.sleep(self.DOWN_S)
+        await asyncio.to_thread(self.services.restart, OBJECT_STORE)
+        self.fault_ended = time.time()
+        self.detail["down_s"] = self.DOWN_S
+
+
+class BrokerRestart(Drill):
+    DOWN_S = 5.0
+
+    def __init__(self, name: str, workdir: Path) -> None:
+        super().__init__(name, workdir, broker_storage="s3")
+
+    async def fault(self) -> None:
+        self.fault_started = time.time()
+        await asyncio.to_thread(self.services.kill, BROKER)
+        await asyncio.sleep(self.DOWN_S)
+        await asyncio.to_thread(self.services.restart, BROKER)
+        self.fault_ended = time.time()
+        self.detail["down_s"] = self.DOWN_S
+
+
+class CorruptShard(Drill):
+    """Flip bytes in the shard of the next version the moment it is announced."""
+
+    async def fault(self) -> None:
+        from streamrft.sync.object_store import S3Store
+        from streamrft.sync.versions import fetch_manifest
+
+        store = S3Store(self.cfg.object_store, create_bucket=False)
+        seen = max(self.watch.versions, default=-1)
+        await self._wait(lambda: max(self.watch.versions, default=-1) > seen, 120, "a version")
+        event = self.watch.versions[max(self.watch.versions)]
+        self.fault_started = time.time()
+        prefix, manifest = await asyncio.to_thread(fetch_manifest, store, event)
+        key = f"{prefix}/{manifest.shards[0].name}"
+        data = bytearray(await asyncio.to_thread(store.get, key))
+        middle = len(data) // 2
+        data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+        await asyncio.to_thread(store.put, key, bytes(data), "application/octet-stream")
+        self.fault_ended = time.time()
+        self.detail["corrupted_version"] = event.version
+
+    def check(self) -> bool:
+        rejected = self.detail.get("versions_rejected") or {}
+        return sum(rejected.values()) >= 1
+
+
+class Fuzz(Drill):
+    PER_TOPIC = 800  # of which the invalid ones are injected
+
+    async def fault(self) -> None:
+        from streamrft.infra.fuzz import expected_valid, fuzz_messages, inject
+
+        topics = self.cfg.topics()
+        self.fault_started = time.time()
+        total = 0
+        for kind, topic, seed in (
+            ("experiences", topics.experiences, 1),
+            ("control", topics.control, 2),
+        ):
+            msgs = [
+                m for m in fuzz_messages(kind, self.PER_TOPIC, seed) if not expected_valid(kind, m)
+            ]
+            for partition, offset in await inject(self.cfg, topic, msgs):
+                self.injected_invalid.add((topic, partition, offset))
+            self.detail[f"injected_{kind}"] = len(msgs)
+            total += len(msgs)
+        self.detail["injected"] = total
+        self.fault_ended = time.time()
+
+    def check(self) -> bool:
+        return self.detail.get("injected", 0) >= 1000
+
+
+DRILLS: dict[str, type[Drill]] = {
+    "explorer_kill": ExplorerKill,
+    "trainer_kill": TrainerKill,
+    "store_outage": StoreOutage,
+    "broker_restart": BrokerRestart,
+    "corrupt_shard": CorruptShard,
+    "fuzz": Fuzz,
+}
+
+
+def run_drill(name: str, workdir: Path) -> DrillResult:
+    """Run one drill in ``workdir`` (services, run folder and logs go there)."""
+    if name not in DRILLS:
+        raise ValueError(f"unknown drill {name!r}; one of {sorted(DRILLS)}")
+    return DRILLS[name](name, Path(workdir) / name).run()
