@@ -41,7 +41,7 @@ from pathlib import Path
 from streamrft.infra import kafka
 from streamrft.infra.config import Config, load_config, with_endpoints, with_run_id
 from streamrft.infra.services import BROKER, OBJECT_STORE, LocalServices
-from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, TASK
+from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, TASK
 from streamrft.schemas.errors import SchemaError
 from streamrft.schemas.events import ModelVersionReady
 
@@ -66,7 +66,7 @@ DRILL_OVERRIDES = [
     "trainer.warmup_sft_steps=0",
     "trainer.eval_interval=0",
     "trainer.save_interval=2",
-    "trainer.idle_timeout_s=180",
+    "trainer.idle_timeout_s=60",
     # reliability, not learning: nothing is dropped as stale, so every fed task must train
     "trainer.max_staleness=1000",
     "synchronizer.sync_offset=4",
@@ -276,6 +276,14 @@ class Drill:
                 times[row.group_id] = times.get(row.group_id, 0) + 1
         dead = [d for _, _, d in await self._read_topic(topics.dead_letters, DEAD_LETTER)]
         sources = {(d.source_topic, d.partition, d.offset) for d in dead if d is not None}
+        counters: dict[str, dict[str, float]] = {}
+        for _, _, ev in await self._read_topic(topics.status, STATUS):
+            if ev is not None:
+                counters[ev.component] = ev.counters  # the newest of each component
+        self.detail["retries"] = {
+            name: int(sum(c.get(name, 0) for c in counters.values()))
+            for name in ("send_retries", "publish_retries", "store_unavailable")
+        }
         stale = int(final.get("trainer/stale_dropped", 0))
         trained = set(times) & fed
         return {
@@ -381,6 +389,10 @@ class StoreOutage(Drill):
         await asyncio.to_thread(self.services.restart, OBJECT_STORE)
         self.fault_ended = time.time()
         self.detail["down_s"] = self.DOWN_S
+
+    def check(self) -> bool:  # the outage was felt: a publish or a fetch was retried
+        retries = self.detail.get("retries", {})
+        return retries.get("publish_retries", 0) + retries.get("store_unavailable", 0) >= 1
 
 
 class BrokerRestart(Drill):

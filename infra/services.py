@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from streamrft.infra.broker_gate import BrokerGate, warm_partitions
 from streamrft.schemas.errors import ConfigError, ServiceError
 
 __all__ = [
@@ -350,19 +351,6 @@ def _kafka_metadata(port: int, timeout: float) -> list[tuple[str, int]]:
     return brokers
 
 
-def _warm_broker(port: int, timeout_s: float) -> int:
-    """Make a restarted s3-storage broker load every partition's watermark (see
-    :func:`streamrft.infra.kafka.warm_partitions`), from sync code, in a private loop."""
-    import asyncio
-    import concurrent.futures
-
-    from streamrft.infra.kafka import warm_partitions
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        work = pool.submit(asyncio.run, warm_partitions(f"127.0.0.1:{port}", timeout_s))
-        return work.result()
-
-
 @contextlib.contextmanager
 def _minio_client(port: int, access_key: str, secret_key: str, timeout: float) -> Iterator[Any]:
     """A Minio client with short timeouts and no retries, for probes; closed on exit."""
@@ -468,6 +456,8 @@ class LocalServices:
         self.secret_key = secret_key
         self.startup_timeout_s = startup_timeout_s
         self._services: dict[str, _Service] = {}
+        self._gate: BrokerGate | None = None
+        """In front of an s3-storage broker: clients reach it only once it is warmed up."""
         self._endpoints: Endpoints | None = None
         self._atexit = False
         self._owner_pid = os.getpid()
@@ -506,6 +496,9 @@ class LocalServices:
                     svc = self._services.pop(name, None)
                     if svc is not None:
                         svc.stop()
+                if self._gate is not None:
+                    self._gate.stop()
+                    self._gate = None
             self._services.clear()
             self._endpoints = None
             if self._recorded is not None:
@@ -540,6 +533,8 @@ class LocalServices:
             else:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(svc.pid, signal.SIGKILL)
+            if name == BROKER and self._gate is not None:
+                self._gate.close()  # a dead broker drops its connections
 
     def restart(self, name: str) -> None:
         """Start a killed (or stopped) service again on the same port and wait until ready.
@@ -555,9 +550,9 @@ class LocalServices:
             if name == OBJECT_STORE:
                 self._start_object_store(deadline, detached=False, port=svc.port)
                 return
+            if self._gate is not None:
+                self._gate.close()
             self._start_broker(deadline, detached=False, port=svc.port)
-            if self.broker_storage == "s3":
-                _warm_broker(svc.port, max(1.0, deadline - time.monotonic()))
 
     def _service(self, name: str) -> _Service:
         if name not in (BROKER, OBJECT_STORE):
@@ -602,10 +597,10 @@ class LocalServices:
                 if self.broker:
                     if self.broker_storage == "s3":
                         self._ensure_bucket(BROKER_BUCKET)
+                    if self.broker_storage == "s3" and not detached:
+                        self._gate = BrokerGate(free_port())
                     broker = self._start_broker(deadline, detached)
-                    bootstrap = f"127.0.0.1:{broker.port}"
-                    if self.broker_storage == "s3":  # the bucket may hold earlier topics
-                        _warm_broker(broker.port, max(1.0, deadline - time.monotonic()))
+                    bootstrap = f"127.0.0.1:{self._public_port(broker)}"
             except BaseException:
                 self.stop()
                 raise
@@ -742,25 +737,40 @@ class LocalServices:
         else:
             storage = "memory://tansu/"
 
+        def advertised(port: int) -> int:
+            return self._gate.public_port if self._gate is not None else port
+
         def argv(port: int) -> list[str]:
-            url = f"tcp://127.0.0.1:{port}"
             return [
                 exe,
                 "broker",
                 "--listener-url",
-                url,
+                f"tcp://127.0.0.1:{port}",
                 "--advertised-listener-url",
-                url,
+                f"tcp://127.0.0.1:{advertised(port)}",
                 "--storage-engine",
                 storage,
             ]
 
         def probe(port: int) -> None:
             brokers = _kafka_metadata(port, timeout=1.0)
-            if ("127.0.0.1", port) not in brokers:
-                raise ServiceError(f"broker advertises {brokers}, expected 127.0.0.1:{port}")
+            if ("127.0.0.1", advertised(port)) not in brokers:
+                raise ServiceError(
+                    f"broker advertises {brokers}, expected 127.0.0.1:{advertised(port)}"
+                )
 
-        return self._launch(BROKER, argv, env, probe, deadline, detached, port)
+        svc = self._launch(BROKER, argv, env, probe, deadline, detached, port)
+        if self.broker_storage == "s3":
+            # load every partition's watermark before any client may produce (see
+            # infra/broker_gate.py); the bucket may hold topics of an earlier broker
+            warm_partitions(svc.port, max(1.0, deadline - time.monotonic()))
+            if self._gate is not None:
+                self._gate.open(svc.port)
+        return svc
+
+    def _public_port(self, broker: _Service) -> int:
+        """The port clients use: the gate's, or the broker's own."""
+        return self._gate.public_port if self._gate is not None else broker.port
 
     def _state(self) -> dict[str, Any]:
         return {

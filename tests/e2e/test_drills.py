@@ -1,0 +1,36 @@
+"""Fault drills on real processes: each fault is injected into a running job, the job
+finishes, and the books read back from the topics balance (see streamrft.infra.drills)."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamrft.infra.drills import DRILLS, STEPS, TASKS, run_drill
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("name", list(DRILLS))
+def test_drill_recovers_and_the_books_balance(name, tmp_path):
+    r = run_drill(name, tmp_path)
+    detail = r.detail
+    assert r.exit_code == 0, (r, (tmp_path / name / f"{name}.log").read_text()[-4000:])
+    assert detail["final_step"] == STEPS
+    assert r.tasks_fed == TASKS
+    assert r.tasks_trained == TASKS - r.tasks_dropped
+    assert r.tasks_lost == 0
+    assert r.duplicates_trained == 0
+    assert detail["foreign_trained"] == 0
+    assert r.dead_letters_unaccounted == 0
+    assert r.recovered, r
+    if name == "explorer_kill":
+        assert detail["restarts"]["explorer-0"] >= 1
+    elif name == "trainer_kill":
+        assert detail["restarts"]["trainer"] >= 1
+    elif name == "corrupt_shard":
+        assert sum(detail["versions_rejected"].values()) >= 1
+    elif name == "fuzz":
+        assert detail["injected"] >= 1000
+        assert r.dead_letters == detail["injected"]  # each invalid message: one dead letter
+    else:
+        assert r.dead_letters == 0
