@@ -49,6 +49,9 @@ from streamrft.sync.weights import unique_state_dict
 
 log = logging.getLogger(__name__)
 
+STARVED_AFTER_S = 2.0
+"""Waiting this long for a batch marks the trainer starved on its status (see StatusEvent)."""
+
 
 class _SeekOnAssign(ConsumerRebalanceListener):
     def __init__(self, consumer, offsets: dict[tuple[str, int], int]) -> None:
@@ -287,7 +290,7 @@ class Trainer:
     async def collect(self, consumer) -> list[ExperienceGroup] | None:
         """``batch_size`` fresh groups, or None on stop / when the stream stays idle."""
         loop = asyncio.get_running_loop()
-        last_data = loop.time()
+        last_data = started = loop.time()
         while not self.stop.is_set():
             dropped = self.buffer.drop_stale(self.version)
             if dropped:
@@ -296,7 +299,13 @@ class Trainer:
                 )
             groups = self.buffer.take(self.tcfg.batch_size)
             if groups is not None:
+                if self.bus.starved:
+                    self.bus.starved = False
+                    await self.bus.status()
                 return groups
+            if not self.bus.starved and loop.time() - started > STARVED_AFTER_S:
+                self.bus.starved = True  # explorers waiting on a version go on
+                await self.bus.status(detail="waiting for experiences")
             if self.bus.sync_requests:  # an explorer waits on us while we wait on data
                 await self.maybe_publish()
             batches = await consumer.getmany(timeout_ms=200)

@@ -47,6 +47,8 @@ class EventBus:
         self.role = role
         self.counters: dict[str, float] = {}
         self.state = RunState.RUNNING
+        self.starved = False
+        """Sent with every status: the trainer waits for experiences (see StatusEvent)."""
         self.step = 0
         self.version = -1
         self._producer: AIOKafkaProducer | None = None
@@ -144,6 +146,7 @@ class EventBus:
                 created_at=time.time(),
                 detail=detail,
                 counters=dict(self.counters),
+                starved=self.starved,
             ),
             key=self.component,
         )
@@ -220,6 +223,16 @@ class EventBus:
         if event.component != self.component and event.created_at >= self.started_at - 60:
             self.peers[event.component] = event
             self._peer_seen[event.component] = time.monotonic()
+
+    def peer_starved(self, component: str, within_s: float) -> bool:
+        """Whether ``component`` (the trainer) said, within ``within_s``, that it starves."""
+        ev = self.peers.get(component)
+        return (
+            ev is not None
+            and ev.starved
+            and ev.state != RunState.STOPPED
+            and time.monotonic() - self._peer_seen[component] <= within_s
+        )
 
     def live_peers(self, role: str, within_s: float) -> list[str]:
         """Components of ``role`` heard from within ``within_s`` seconds and not STOPPED."""

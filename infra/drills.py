@@ -72,6 +72,7 @@ DRILL_OVERRIDES = [
     "synchronizer.sync_offset=4",
     "synchronizer.sync_timeout=120",
     "monitor.progress=false",
+    "monitor.log_level=DEBUG",
 ]
 
 
@@ -411,15 +412,39 @@ class BrokerRestart(Drill):
 
 
 class CorruptShard(Drill):
-    """Flip bytes in the shard of the next version the moment it is announced."""
+    """Bit rot in a published weight shard that the explorers are about to load.
+
+    To corrupt a version before any explorer fetched it, the explorers are paused
+    (SIGSTOP) until the trainer announces a version newer than theirs; its first shard gets
+    64 bytes flipped; then the explorers go on (SIGCONT) and must reject it by its sha256.
+    """
 
     async def fault(self) -> None:
         from streamrft.sync.object_store import S3Store
         from streamrft.sync.versions import fetch_manifest
 
         store = S3Store(self.cfg.object_store, create_bucket=False)
-        seen = max(self.watch.versions, default=-1)
-        await self._wait(lambda: max(self.watch.versions, default=-1) > seen, 120, "a version")
+        for _ in range(5):
+            pids = [p for i in (0, 1) if (p := self.pid_of("explore", f"--index {i}"))]
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            have = max(self.watch.versions, default=-1)
+            try:
+                await self._wait(lambda h=have: max(self.watch.versions) > h, 20, "a version")
+            except RuntimeError:  # the trainer ran out of data while they were paused
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
+                await asyncio.sleep(2)
+                continue
+            try:
+                await self._corrupt(store, fetch_manifest)
+            finally:
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
+            return
+        raise RuntimeError("corrupt_shard: no version was announced while explorers paused")
+
+    async def _corrupt(self, store, fetch_manifest) -> None:
         event = self.watch.versions[max(self.watch.versions)]
         self.fault_started = time.time()
         prefix, manifest = await asyncio.to_thread(fetch_manifest, store, event)

@@ -79,6 +79,11 @@ class Explorer:
         self.reward = get_reward(cfg.explorer.reward)
         self.loader = Loaders(cfg)
         self.version = -1
+        self.step_lag = 0
+        """Steps the fixed style's schedule was shifted by after a wait the trainer could not
+        end (see :meth:`sync`)."""
+        self.rejected: set[tuple[int, str]] = set()
+        """(version, manifest sha256) of versions that failed verification here."""
         self.pending: list[tuple[TopicPartition, int, Task]] = []
         self.partitions: tuple[int, ...] = ()
         """Tasks partitions this explorer holds (from the newest rebalance)."""
@@ -88,7 +93,11 @@ class Explorer:
     def usable_versions(self) -> dict[int, ModelVersionReady]:
         """Announced versions this explorer can load: every stored one, and broadcasts
         whose group it is a member of."""
-        return {v: ev for v, ev in self.bus.versions.items() if self._can_load(ev)}
+        return {
+            v: ev
+            for v, ev in self.bus.versions.items()
+            if self._can_load(ev) and (v, ev.manifest_sha256) not in self.rejected
+        }
 
     def _can_load(self, event: ModelVersionReady) -> bool:
         if event.method != "nccl":
@@ -100,6 +109,15 @@ class Explorer:
         except SyncError:
             return False
 
+    def _deadlocked(self) -> bool:
+        """Fixed style, with weights: the trainer says it starves for experiences, so the
+        version this explorer waits for cannot come until it explores on."""
+        return (
+            self.cfg.synchronizer.style == "fixed"
+            and self.version >= 0
+            and self.bus.peer_starved("trainer", 3 * HEARTBEAT_S)
+        )
+
     def broadcast_pending(self) -> bool:
         """A newer broadcast this explorer is a member of is waiting for it."""
         usable = self.usable_versions()
@@ -109,7 +127,9 @@ class Explorer:
     async def sync(self, step: int) -> bool:
         """At a step boundary: ask, wait and apply as the sync style says. False: stop."""
         sync = self.cfg.synchronizer
-        plan = explorer_sync(sync.style, step, self.version, sync.sync_interval, sync.sync_offset)
+        plan = explorer_sync(
+            sync.style, step - self.step_lag, self.version, sync.sync_interval, sync.sync_offset
+        )
         if plan.request is not None:
             await self.bus.control(
                 SyncRequest(explorer=self.name, min_version=plan.request, created_at=time.time())
@@ -118,13 +138,28 @@ class Explorer:
         if need is not None and max(self.usable_versions(), default=-1) < need:
             await self.bus.status(RunState.WAITING_SYNC, f"needs version >= {need}")
             ready = await self.bus.wait_until(
-                lambda: max(self.usable_versions(), default=-1) >= need,
+                lambda: max(self.usable_versions(), default=-1) >= need or self._deadlocked(),
                 sync.sync_timeout,
                 self.stop,
                 f"no usable model version >= {need}",
             )
             if not ready:
                 return False
+            have = max(max(self.usable_versions(), default=-1), self.version)
+            if have < need:
+                # The trainer starves while this explorer waits for a version only more
+                # data can make (this explorer ran ahead, e.g. re-exploring tasks after a
+                # rebalance): explore on with the newest version, and count later steps
+                # from here so the next ones do not wait for the same version again.
+                self.step_lag += need - have
+                self.bus.count("sync_waits_cut")
+                log.warning(
+                    "%s: the trainer waits for experiences and this explorer for version "
+                    "%d; going on with version %d",
+                    self.name,
+                    need,
+                    have,
+                )
         while True:
             usable = self.usable_versions()
             chosen = choose_version(
@@ -172,6 +207,9 @@ class Explorer:
                     ):
                         return False
                     continue
+                # a version that failed verification is never tried again; an explorer
+                # that has no weights yet, or needs a newer version, waits for the next
+                self.rejected.add((chosen, event.manifest_sha256))
                 self.bus.count("versions_rejected")
                 log.error(
                     "%s: version %d rejected, staying on %d: %s",
@@ -180,8 +218,16 @@ class Explorer:
                     self.version,
                     exc,
                 )
-                if need is not None and self.version < need:
-                    raise
+                if self.version < 0 or (need is not None and self.version < need):
+                    floor = max(need or 0, 0)
+                    if not await self.bus.wait_until(
+                        lambda f=floor: max(self.usable_versions(), default=-1) >= f,
+                        sync.sync_timeout,
+                        self.stop,
+                        f"no usable model version >= {floor} (version {chosen} was rejected)",
+                    ):
+                        return False
+                    continue
                 break
             self.version = self.bus.version = chosen
             self.bus.count("versions_applied")
@@ -326,6 +372,12 @@ class Explorer:
             offsets[tp] = max(offsets.get(tp, -1), offset + 1)
         if not offsets:
             return
+        log.debug(
+            "%s: took %s; committing %s",
+            self.name,
+            {f"{tp.partition}": sorted(o for t, o, _ in taken if t == tp) for tp in offsets},
+            {tp.partition: o for tp, o in offsets.items()},
+        )
         try:
             await consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
         except (CommitFailedError, KafkaError) as exc:
@@ -342,7 +394,7 @@ class Explorer:
     async def run(self) -> None:
         install_stop_handlers(self.stop, self.name)
         cfg = self.cfg
-        await self.bus.start(listen_control=True, heartbeat_s=HEARTBEAT_S)
+        await self.bus.start(listen_control=True, listen_status=True, heartbeat_s=HEARTBEAT_S)
         producer = kafka.data_producer(cfg.kafka, f"{self.name}-data")
         consumer = kafka.task_consumer(
             cfg.kafka, self.topics.tasks, tasks_group(self.topics), self.name, self._on_assign

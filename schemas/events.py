@@ -88,6 +88,10 @@ class StatusEvent(msgspec.Struct, kw_only=True):
     """Human-readable note (what it waits for, why it stopped)."""
     counters: dict[str, float] = {}
     """Running totals (groups published, versions applied, ...)."""
+    starved: bool = False
+    """Trainer only: it has waited a while for experiences with no batch to train. Under
+    the fixed style an explorer waiting for a version the trainer cannot make without
+    more data then explores on with the newest version instead of waiting forever."""
 
 
 class TrainedGroup(msgspec.Struct, array_like=True):
