@@ -528,6 +528,23 @@ def with_endpoints(cfg: Config, bootstrap: str | None, s3_endpoint: str | None) 
     return msgspec.structs.replace(cfg, kafka=kafka, object_store=store)
 
 
+S3_BROKER_FETCH_WAIT_MS = 500
+"""Least long-poll wait that works against Tansu on ``s3://`` storage: a fetch given less
+time (the default 20 ms for control topics) reads nothing from a partition of 150+ small
+batches (measured: 150 and 300 single-event batches read in 0.5 s and 0.9 s at 500 ms,
+never at 20 ms)."""
+
+
+def for_s3_broker(cfg: Config) -> Config:
+    """A copy of ``cfg`` whose fetch waits suit the embedded broker on s3 storage."""
+    kafka = msgspec.structs.replace(
+        cfg.kafka,
+        control_fetch_max_wait_ms=max(cfg.kafka.control_fetch_max_wait_ms, S3_BROKER_FETCH_WAIT_MS),
+        data_fetch_max_wait_ms=max(cfg.kafka.data_fetch_max_wait_ms, S3_BROKER_FETCH_WAIT_MS),
+    )
+    return msgspec.structs.replace(cfg, kafka=kafka)
+
+
 def to_yaml(cfg: Config, redact: bool = True) -> str:
     """The fully resolved config, as logged at start and passed to child processes.
 

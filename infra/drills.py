@@ -39,7 +39,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from streamrft.infra import kafka
-from streamrft.infra.config import Config, load_config, with_endpoints, with_run_id
+from streamrft.infra.config import (
+    S3_BROKER_FETCH_WAIT_MS,
+    Config,
+    load_config,
+    with_endpoints,
+    with_run_id,
+)
 from streamrft.infra.services import BROKER, OBJECT_STORE, LocalServices
 from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, TASK
 from streamrft.schemas.errors import SchemaError
@@ -107,6 +113,9 @@ class _Watch:
 
 class Drill:
     """One drill: services, the run as a subprocess, a fault, the books."""
+
+    fault_at_step = FAULT_AT_STEP
+    """The fault comes once the trainer has finished this many steps."""
 
     def __init__(self, name: str, workdir: Path, broker_storage: str = "memory") -> None:
         self.name = name
@@ -215,7 +224,7 @@ class Drill:
         stop = asyncio.Event()
         follower = asyncio.create_task(self._follow(stop))
         try:
-            await self._wait(lambda: self.watch.step >= FAULT_AT_STEP, 240, "the fault step")
+            await self._wait(lambda: self.watch.step >= self.fault_at_step, 240, "the fault step")
             await self.fault()
             deadline = time.monotonic() + RUN_TIMEOUT_S
             while self.proc.poll() is None and time.monotonic() < deadline:
@@ -402,6 +411,14 @@ class BrokerRestart(Drill):
     def __init__(self, name: str, workdir: Path) -> None:
         super().__init__(name, workdir, broker_storage="s3")
 
+    def overrides(self) -> list[str]:  # what `streamrft run` sets for its own s3 broker
+        wait = S3_BROKER_FETCH_WAIT_MS
+        return [
+            *super().overrides(),
+            f"kafka.control_fetch_max_wait_ms={wait}",
+            f"kafka.data_fetch_max_wait_ms={wait}",
+        ]
+
     async def fault(self) -> None:
         self.fault_started = time.time()
         await asyncio.to_thread(self.services.kill, BROKER)
@@ -418,6 +435,8 @@ class CorruptShard(Drill):
     (SIGSTOP) until the trainer announces a version newer than theirs; its first shard gets
     64 bytes flipped; then the explorers go on (SIGCONT) and must reject it by its sha256.
     """
+
+    fault_at_step = 1  # explorers outpace the trainer: later, they have no tasks left
 
     async def fault(self) -> None:
         from streamrft.sync.object_store import S3Store
@@ -437,24 +456,31 @@ class CorruptShard(Drill):
                 await asyncio.sleep(2)
                 continue
             try:
-                await self._corrupt(store, fetch_manifest)
+                await self._corrupt(store, fetch_manifest, have)
             finally:
                 for pid in pids:
                     os.kill(pid, signal.SIGCONT)
             return
         raise RuntimeError("corrupt_shard: no version was announced while explorers paused")
 
-    async def _corrupt(self, store, fetch_manifest) -> None:
-        event = self.watch.versions[max(self.watch.versions)]
+    async def _corrupt(self, store, fetch_manifest, have: int) -> None:
+        """Corrupt every version announced while the explorers are paused, so that
+        whichever they pick next is bad."""
         self.fault_started = time.time()
-        prefix, manifest = await asyncio.to_thread(fetch_manifest, store, event)
-        key = f"{prefix}/{manifest.shards[0].name}"
-        data = bytearray(await asyncio.to_thread(store.get, key))
-        middle = len(data) // 2
-        data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
-        await asyncio.to_thread(store.put, key, bytes(data), "application/octet-stream")
+        await asyncio.sleep(1.0)  # versions the trainer makes from its backlog meanwhile
+        corrupted = []
+        for version in sorted(v for v in self.watch.versions if v > have):
+            prefix, manifest = await asyncio.to_thread(
+                fetch_manifest, store, self.watch.versions[version]
+            )
+            key = f"{prefix}/{manifest.shards[0].name}"
+            data = bytearray(await asyncio.to_thread(store.get, key))
+            middle = len(data) // 2
+            data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+            await asyncio.to_thread(store.put, key, bytes(data), "application/octet-stream")
+            corrupted.append(version)
         self.fault_ended = time.time()
-        self.detail["corrupted_version"] = event.version
+        self.detail["corrupted_versions"] = corrupted
 
     def check(self) -> bool:
         rejected = self.detail.get("versions_rejected") or {}

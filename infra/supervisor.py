@@ -22,7 +22,7 @@ from pathlib import Path
 
 from streamrft.infra import kafka
 from streamrft.infra.bus import EventBus
-from streamrft.infra.config import Config, credentials_env, to_yaml, with_endpoints
+from streamrft.infra.config import Config, credentials_env, for_s3_broker, to_yaml, with_endpoints
 from streamrft.infra.monitor import RunMonitor
 from streamrft.infra.resume import check_resume
 from streamrft.schemas.errors import ServiceError, StreamRFTError
@@ -304,6 +304,8 @@ def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = T
                 eps.s3_endpoint,
             )
             cfg = with_endpoints(cfg, eps.bootstrap_servers, eps.s3_endpoint)
+            if services.broker and services.broker_storage == "s3":
+                cfg = for_s3_broker(cfg)
     try:
         summary = Supervisor(cfg, summary_path, progress).run()
     finally:
