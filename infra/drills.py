@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import signal
@@ -109,6 +110,7 @@ class _Watch:
     step: int = 0
     step_times: list[tuple[float, int]] = field(default_factory=list)
     versions: dict[int, ModelVersionReady] = field(default_factory=dict)
+    explorer_versions: dict[str, int] = field(default_factory=dict)
 
 
 class Drill:
@@ -185,7 +187,9 @@ class Drill:
 
     async def _follow(self, stop: asyncio.Event) -> None:
         topics = self.cfg.topics()
-        reader = kafka.event_reader(self.cfg.kafka, [topics.metrics, topics.control], "drill")
+        reader = kafka.event_reader(
+            self.cfg.kafka, [topics.metrics, topics.control, topics.status], "drill"
+        )
         await kafka.start_client(reader, "drill watch")
         try:
             while not stop.is_set():
@@ -198,6 +202,10 @@ class Drill:
                                 if ev.component == "trainer" and "train/loss" in ev.values:
                                     self.watch.step = max(self.watch.step, ev.step)
                                     self.watch.step_times.append((time.time(), ev.step))
+                            elif tp.topic == topics.status:
+                                ev = STATUS.decode(rec.value, rec.headers)
+                                if ev.role == "explorer":
+                                    self.watch.explorer_versions[ev.component] = ev.version
                             else:
                                 ev = CONTROL.decode(rec.value, rec.headers)
                                 if isinstance(ev, ModelVersionReady):
@@ -429,58 +437,55 @@ class BrokerRestart(Drill):
 
 
 class CorruptShard(Drill):
-    """Bit rot in a published weight shard that the explorers are about to load.
+    """Bit rot in published weight shards, in the window before explorers fetch them.
 
-    To corrupt a version before any explorer fetched it, the explorers are paused
-    (SIGSTOP) until the trainer announces a version newer than theirs; its first shard gets
-    64 bytes flipped; then the explorers go on (SIGCONT) and must reject it by its sha256.
+    The object store's bucket notifications report each new shard the moment it is
+    written; the drill overwrites it with garbage of the same size while the trainer is
+    still writing the manifest (which holds the sha256 of the real bytes). Explorers must
+    reject those versions by their sha256, keep their weights, and take a later one.
     """
 
-    fault_at_step = 1  # explorers outpace the trainer: later, they have no tasks left
+    VERSIONS = 2
+    fault_at_step = 0
 
     async def fault(self) -> None:
-        from streamrft.sync.object_store import S3Store
-        from streamrft.sync.versions import fetch_manifest
-
-        store = S3Store(self.cfg.object_store, create_bucket=False)
-        for _ in range(5):
-            pids = [p for i in (0, 1) if (p := self.pid_of("explore", f"--index {i}"))]
-            for pid in pids:
-                os.kill(pid, signal.SIGSTOP)
-            have = max(self.watch.versions, default=-1)
-            try:
-                await self._wait(lambda h=have: max(self.watch.versions) > h, 20, "a version")
-            except RuntimeError:  # the trainer ran out of data while they were paused
-                for pid in pids:
-                    os.kill(pid, signal.SIGCONT)
-                await asyncio.sleep(2)
-                continue
-            try:
-                await self._corrupt(store, fetch_manifest, have)
-            finally:
-                for pid in pids:
-                    os.kill(pid, signal.SIGCONT)
-            return
-        raise RuntimeError("corrupt_shard: no version was announced while explorers paused")
-
-    async def _corrupt(self, store, fetch_manifest, have: int) -> None:
-        """Corrupt every version announced while the explorers are paused, so that
-        whichever they pick next is bad."""
+        # version 0 stays good: explorers need weights to start with (a bad version 0
+        # stops a run, by design); the next versions go bad as they are written
+        await self._wait(lambda: 0 in self.watch.versions, 240, "version 0")
         self.fault_started = time.time()
-        await asyncio.sleep(1.0)  # versions the trainer makes from its backlog meanwhile
-        corrupted = []
-        for version in sorted(v for v in self.watch.versions if v > have):
-            prefix, manifest = await asyncio.to_thread(
-                fetch_manifest, store, self.watch.versions[version]
-            )
-            key = f"{prefix}/{manifest.shards[0].name}"
-            data = bytearray(await asyncio.to_thread(store.get, key))
-            middle = len(data) // 2
-            data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
-            await asyncio.to_thread(store.put, key, bytes(data), "application/octet-stream")
-            corrupted.append(version)
+        self._events = None
+        listening = asyncio.create_task(asyncio.to_thread(self._corrupt_next_shards))
+        while not listening.done() and self.proc.poll() is None:
+            await asyncio.sleep(0.2)
+        if not listening.done() and self._events is not None:
+            self._events.close()  # the run ended first
+        with contextlib.suppress(Exception):
+            await listening
         self.fault_ended = time.time()
-        self.detail["corrupted_versions"] = corrupted
+
+    def _corrupt_next_shards(self) -> None:
+        from streamrft.sync.object_store import make_client
+
+        client = make_client(self.cfg.object_store)
+        corrupted: list[str] = self.detail.setdefault("corrupted_shards", [])
+        self._events = client.listen_bucket_notification(
+            self.cfg.object_store.bucket,
+            prefix=f"{self.run_id}/",
+            suffix=".safetensors",
+            events=["s3:ObjectCreated:*"],
+        )
+        with self._events as events:
+            for event in events:
+                for record in event.get("Records", []):
+                    key = record["s3"]["object"]["key"]
+                    size = int(record["s3"]["object"].get("size", 0))
+                    if key in corrupted or size <= 0 or "/v00000000/" in key:
+                        continue  # our own overwrite, nothing to corrupt, or version 0
+                    garbage = os.urandom(size)
+                    client.put_object(self.cfg.object_store.bucket, key, io.BytesIO(garbage), size)
+                    corrupted.append(key)
+                if len(corrupted) >= self.VERSIONS:
+                    return
 
     def check(self) -> bool:
         rejected = self.detail.get("versions_rejected") or {}
