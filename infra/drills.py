@@ -397,23 +397,29 @@ class TrainerKill(Drill):
         return (self.detail.get("restarts") or {}).get("trainer", 0) >= 1
 
 
-class StoreOutage(Drill):
+class ServiceDown(Drill):
+    """SIGKILL one local service, keep it down ``DOWN_S``, start it again on its port."""
+
+    SERVICE = OBJECT_STORE
     DOWN_S = 20.0
 
     async def fault(self) -> None:
         self.fault_started = time.time()
-        await asyncio.to_thread(self.services.kill, OBJECT_STORE)
+        await asyncio.to_thread(self.services.kill, self.SERVICE)
         await asyncio.sleep(self.DOWN_S)
-        await asyncio.to_thread(self.services.restart, OBJECT_STORE)
+        await asyncio.to_thread(self.services.restart, self.SERVICE)
         self.fault_ended = time.time()
         self.detail["down_s"] = self.DOWN_S
 
+
+class StoreOutage(ServiceDown):
     def check(self) -> bool:  # the outage was felt: a publish or a fetch was retried
         retries = self.detail.get("retries", {})
         return retries.get("publish_retries", 0) + retries.get("store_unavailable", 0) >= 1
 
 
-class BrokerRestart(Drill):
+class BrokerRestart(ServiceDown):
+    SERVICE = BROKER
     DOWN_S = 5.0
 
     def __init__(self, name: str, workdir: Path) -> None:
@@ -426,14 +432,6 @@ class BrokerRestart(Drill):
             f"kafka.control_fetch_max_wait_ms={wait}",
             f"kafka.data_fetch_max_wait_ms={wait}",
         ]
-
-    async def fault(self) -> None:
-        self.fault_started = time.time()
-        await asyncio.to_thread(self.services.kill, BROKER)
-        await asyncio.sleep(self.DOWN_S)
-        await asyncio.to_thread(self.services.restart, BROKER)
-        self.fault_ended = time.time()
-        self.detail["down_s"] = self.DOWN_S
 
 
 class CorruptShard(Drill):

@@ -107,7 +107,10 @@ def test_run_learns_and_books_balance(tmp_path):
     assert not _processes_mentioning(s["run_id"])
 
 
-def test_sigint_stops_everything_cleanly(tmp_path):
+@pytest.mark.parametrize(("signame", "exit_code"), [("SIGINT", 130), ("SIGTERM", 0)])
+def test_a_signal_stops_everything_cleanly(tmp_path, signame, exit_code):
+    """Ctrl-C exits 130, SIGTERM (a scheduler's orderly stop) 0; either way every process
+    finishes its unit of work, reports STOPPED, exits 0, and the trainer checkpoints."""
     runs = tmp_path / "runs"
     summary_path = tmp_path / "summary.json"
     proc = subprocess.Popen(
@@ -139,16 +142,18 @@ def test_sigint_stops_everything_cleanly(tmp_path):
         )
         trainer_log = next(runs.glob("*/logs/trainer.log"))
         run_id = trainer_log.parent.parent.name
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, signame))
         _, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == exit_code, err[-3000:]
     s = json.loads(summary_path.read_text())
     assert s["interrupted"] is True
+    assert s["signal"] == signame
     assert s["steps"] >= 10
-    assert all(code is not None for code in s["exit_codes"].values())
+    assert s["exit_codes"] == {"trainer": 0, "explorer-0": 0, "feeder": 0}
+    assert s["explorers_stopped"] == ["explorer-0"]
     # the trainer checkpointed on its way out
     latest = (runs / run_id / "checkpoints" / "latest").read_text()
     assert int(latest.split("_")[1]) >= 10
