@@ -45,6 +45,7 @@ docs: setup
 bench: setup
 	OMP_NUM_THREADS=1 $(BIN)/python bench/experience_path.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/weight_sync.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/reliability.py
 
 infra-up: setup
 	$(BIN)/streamrft infra up
