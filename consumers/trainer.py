@@ -49,8 +49,9 @@ from streamrft.sync.weights import unique_state_dict
 
 log = logging.getLogger(__name__)
 
-STARVED_AFTER_S = 2.0
-"""Waiting this long for a batch marks the trainer starved on its status (see StatusEvent)."""
+STARVED_AFTER_S = 2 * HEARTBEAT_S
+"""No experience at all for this long, with no batch to train, marks the trainer starved
+on its status (see StatusEvent)."""
 
 
 class _SeekOnAssign(ConsumerRebalanceListener):
@@ -290,7 +291,7 @@ class Trainer:
     async def collect(self, consumer) -> list[ExperienceGroup] | None:
         """``batch_size`` fresh groups, or None on stop / when the stream stays idle."""
         loop = asyncio.get_running_loop()
-        last_data = started = loop.time()
+        last_data = loop.time()
         while not self.stop.is_set():
             dropped = self.buffer.drop_stale(self.version)
             if dropped:
@@ -299,11 +300,8 @@ class Trainer:
                 )
             groups = self.buffer.take(self.tcfg.batch_size)
             if groups is not None:
-                if self.bus.starved:
-                    self.bus.starved = False
-                    await self.bus.status()
                 return groups
-            if not self.bus.starved and loop.time() - started > STARVED_AFTER_S:
+            if not self.bus.starved and loop.time() - last_data > STARVED_AFTER_S:
                 self.bus.starved = True  # explorers waiting on a version go on
                 await self.bus.status(detail="waiting for experiences")
             if self.bus.sync_requests:  # an explorer waits on us while we wait on data
@@ -324,6 +322,9 @@ class Trainer:
                         self.bus.count("experiences_consumed", len(group.experiences))
             if batches:
                 last_data = loop.time()
+                if self.bus.starved:
+                    self.bus.starved = False
+                    await self.bus.status()
             elif loop.time() - last_data > self.tcfg.idle_timeout_s:
                 log.warning(
                     "trainer: no experiences for %.0fs; finishing", self.tcfg.idle_timeout_s

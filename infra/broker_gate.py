@@ -38,6 +38,9 @@ from streamrft.schemas.errors import ServiceError
 
 _CLIENT_ID = b"streamrft-gate"
 FETCH_WAIT_MS = 5000
+ORPHAN_WAIT_S = 60.0
+"""How long a produce whose client went away may keep the produce lock, waiting for the
+broker's answer (aiokafka gives up on a request after 30 s)."""
 _MAX_FRAME = 256 << 20
 
 
@@ -86,8 +89,11 @@ def topic_partitions(sock: socket.socket) -> dict[str, int]:
     pos += 4
     out: dict[str, int] = {}
     for _ in range(n_topics):
-        pos += 2  # error code
+        (error,) = struct.unpack_from(">h", data, pos)
+        pos += 2
         name, pos = _string(data, pos)
+        if error:
+            raise ConnectionError(f"metadata of topic {name!r}: error code {error}")
         (n_parts,) = struct.unpack_from(">i", data, pos)
         pos += 4
         for _ in range(n_parts):
@@ -112,15 +118,17 @@ def end_offsets(sock: socket.socket, topic: str, partitions: int, cid: int) -> l
     (n,) = struct.unpack_from(">i", data, pos)
     pos += 4
     for _ in range(n):
-        partition, _error, _ts, offset = struct.unpack_from(">ihqq", data, pos)
+        partition, error, _ts, offset = struct.unpack_from(">ihqq", data, pos)
         pos += 22
+        if error or offset < 0:  # not loaded yet: better to retry than to guess "empty"
+            raise ConnectionError(f"end offset of {topic}[{partition}]: error code {error}")
         if 0 <= partition < partitions:
             ends[partition] = offset
     return ends
 
 
 def fetch_once(sock: socket.socket, topic: str, partition: int, offset: int, cid: int) -> None:
-    """A Fetch v4 of one partition from offset 0 that waits for data (the reply is not
+    """A Fetch v4 of one partition from ``offset`` that waits for data (the reply is not
     needed, only that the broker read its storage: that loads the partition's watermark).
     On s3 storage a fetch given too little time reads nothing, so it may wait 5 s."""
     name = topic.encode()
@@ -198,7 +206,10 @@ class BrokerGate:
         self._stopped = True
         self.close()
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        with contextlib.suppress(OSError):
             self._listener.close()
+        self._accepting.join(5.0)
 
     def _accept(self) -> None:
         while not self._stopped:
@@ -217,6 +228,7 @@ class BrokerGate:
                 client.close()
                 continue
             upstream.settimeout(None)
+            client.settimeout(None)
             with self._lock:
                 if self.target_port != target:  # closed meanwhile
                     client.close()
@@ -247,6 +259,9 @@ class BrokerGate:
         except (OSError, struct.error):
             pass
         finally:
+            # a produce still inside the broker keeps the lock until the broker answers
+            # (or goes away): releasing it now would let another produce run beside it
+            link.settled.wait(ORPHAN_WAIT_S)
             self._hang_up(client, upstream, link)
 
     def _responses(self, upstream: socket.socket, client: socket.socket, link: _Link) -> None:
@@ -257,9 +272,9 @@ class BrokerGate:
                 if frame is None:
                     break
                 (corr,) = struct.unpack_from(">i", frame, 4)
-                client.sendall(frame)
-                if link.answered(corr):
+                if link.answered(corr):  # the broker is done with it, client there or not
                     self._produce_lock.release()
+                client.sendall(frame)
         except (OSError, struct.error):
             pass
         finally:
@@ -290,43 +305,60 @@ class _Link:
         self._lock = threading.Lock()
         self._pending: collections.deque[tuple[int, bool]] = collections.deque()
         self._holding = False
+        self.settled = threading.Event()
+        """Set while this connection holds no produce lock."""
+        self.settled.set()
 
     def sent(self, corr: int, holds_produce_lock: bool) -> None:
         with self._lock:
             self._pending.append((corr, holds_produce_lock))
-            self._holding = self._holding or holds_produce_lock
+            if holds_produce_lock:
+                self._holding = True
+                self.settled.clear()
 
     def answered(self, corr: int) -> bool:
-        """Whether this response frees the produce lock."""
+        """Whether this response (or one it implies was skipped) frees the produce lock."""
         with self._lock:
+            frees = False
             while self._pending:
                 got, holds = self._pending.popleft()
+                frees = frees or holds
                 if got == corr:
-                    if holds:
-                        self._holding = False
-                    return holds
-            return False
+                    break
+            if frees:
+                self._holding = False
+                self.settled.set()
+            return frees
 
     def drop(self) -> bool:
         """On hang-up: whether this connection still held the produce lock (once)."""
         with self._lock:
             holding, self._holding = self._holding, False
             self._pending.clear()
+            self.settled.set()
             return holding
 
 
 def _read_frame(sock: socket.socket) -> bytes | None:
     """One size-prefixed Kafka frame (prefix included), or None at end of stream."""
-    head = sock.recv(4, socket.MSG_WAITALL)
-    if len(head) < 4:
+    head = _read_exactly(sock, 4)
+    if head is None:
         return None
     (size,) = struct.unpack(">i", head)
-    if size < 8 or size > _MAX_FRAME:
+    if size < 4 or size > _MAX_FRAME:
         raise OSError(f"bad Kafka frame size {size}")
-    body = sock.recv(size, socket.MSG_WAITALL)
-    if len(body) < size:
-        return None
-    return head + body
+    body = _read_exactly(sock, size)
+    return None if body is None else head + body
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
 
 
 def _expects_response(frame: bytes) -> bool:

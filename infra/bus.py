@@ -224,14 +224,12 @@ class EventBus:
             self.peers[event.component] = event
             self._peer_seen[event.component] = time.monotonic()
 
-    def peer_starved(self, component: str, within_s: float) -> bool:
-        """Whether ``component`` (the trainer) said, within ``within_s``, that it starves."""
+    def peer_starved(self, component: str, since: float) -> bool:
+        """Whether ``component`` (the trainer) said it starves in a status sent after
+        ``since`` (Unix time): an older word may predate what this process just sent."""
         ev = self.peers.get(component)
         return (
-            ev is not None
-            and ev.starved
-            and ev.state != RunState.STOPPED
-            and time.monotonic() - self._peer_seen[component] <= within_s
+            ev is not None and ev.starved and ev.state != RunState.STOPPED and ev.created_at > since
         )
 
     def live_peers(self, role: str, within_s: float) -> list[str]:

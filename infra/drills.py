@@ -314,6 +314,7 @@ class Drill:
             "dead_letters": len(sources),
             "dead_letters_unaccounted": len(sources - self.injected_invalid)
             + sum(1 for d in dead if d is None),
+            "dead_letters_missing": len(self.injected_invalid - sources),
             "duplicates_dropped": int(final.get("trainer/duplicates_dropped", 0)),
             "final_step": int(final.get("trainer/final_step", 0)),
         }
@@ -348,6 +349,7 @@ class Drill:
             versions_rejected=summary.get("versions_rejected"),
             duplicates_dropped=books.pop("duplicates_dropped"),
             foreign_trained=books.pop("foreign_trained"),
+            dead_letters_missing=books.pop("dead_letters_missing"),
             final_step=books.pop("final_step"),
         )
         finished = self.proc.returncode == 0 and self.detail["final_step"] == STEPS
@@ -355,6 +357,7 @@ class Drill:
             books["tasks_lost"] == 0
             and books["duplicates_trained"] == 0
             and books["dead_letters_unaccounted"] == 0
+            and self.detail["dead_letters_missing"] == 0  # every injected one was caught
             and books["tasks_fed"] == TASKS
         )
         return DrillResult(
@@ -458,7 +461,7 @@ class CorruptShard(Drill):
         if not listening.done() and self._events is not None:
             self._events.close()  # the run ended first
         with contextlib.suppress(Exception):
-            await listening
+            await asyncio.wait_for(listening, 10)
         self.fault_ended = time.time()
 
     def _corrupt_next_shards(self) -> None:

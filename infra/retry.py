@@ -67,9 +67,11 @@ async def retrying(
                 raise
             waited = loop.time() - started
             if waited + delay > timeout_s:
-                raise ServiceError(
+                error = ServiceError(
                     f"{what}: still failing after {waited:.0f}s ({exc}); see run.outage_timeout_s"
-                ) from exc
+                )
+                error.retriable = False  # the outage budget is spent; no outer retry
+                raise error from exc
             if on_retry is not None:
                 on_retry(exc)
             log.warning("%s failed (%s); retry %d in %.1fs", what, exc, n, delay)

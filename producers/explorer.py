@@ -30,7 +30,7 @@ from streamrft.producers.engine import make_engine
 from streamrft.producers.rewards import get_reward
 from streamrft.producers.workflows import check_workflow, run_math_workflow
 from streamrft.schemas.codec import EXPERIENCE_GROUP, TASK
-from streamrft.schemas.errors import SchemaError, StreamRFTError, SyncError
+from streamrft.schemas.errors import SchemaError, ServiceError, StreamRFTError, SyncError
 from streamrft.schemas.events import ModelVersionReady, RunState, SyncRequest
 from streamrft.schemas.experience import ExperienceGroup, Task
 from streamrft.sync.methods import Loaders
@@ -54,7 +54,8 @@ class Explorer:
     def __init__(self, cfg: Config, index: int | None = None) -> None:
         """``index``: the supervisor's numbering (id ``explorer-<index>``); None for an
         explorer started by hand, whose id ``explorer-<pid>-<4 hex>`` no numbered one has
-        (experience ids contain it, and the trainer deduplicates on those)."""
+        (its groups carry it in their ``explorer`` field; group ids do not, so a task that
+        two explorers explored is trained once)."""
         self.cfg = cfg
         if index is None:
             tag = secrets.token_hex(2)
@@ -109,13 +110,14 @@ class Explorer:
         except SyncError:
             return False
 
-    def _deadlocked(self) -> bool:
-        """Fixed style, with weights: the trainer says it starves for experiences, so the
-        version this explorer waits for cannot come until it explores on."""
+    def _deadlocked(self, waiting_since: float) -> bool:
+        """Fixed style, with weights: the trainer has said, since this explorer began
+        waiting, that it starves for experiences, so the version it waits for cannot
+        come until it explores on."""
         return (
             self.cfg.synchronizer.style == "fixed"
             and self.version >= 0
-            and self.bus.peer_starved("trainer", 3 * HEARTBEAT_S)
+            and self.bus.peer_starved("trainer", waiting_since)
         )
 
     def broadcast_pending(self) -> bool:
@@ -127,6 +129,7 @@ class Explorer:
     async def sync(self, step: int) -> bool:
         """At a step boundary: ask, wait and apply as the sync style says. False: stop."""
         sync = self.cfg.synchronizer
+        started = time.monotonic()
         plan = explorer_sync(
             sync.style, step - self.step_lag, self.version, sync.sync_interval, sync.sync_offset
         )
@@ -137,8 +140,10 @@ class Explorer:
         need = plan.wait_for
         if need is not None and max(self.usable_versions(), default=-1) < need:
             await self.bus.status(RunState.WAITING_SYNC, f"needs version >= {need}")
+            log.info("%s: step %d waits for version >= %d", self.name, step, need)
+            since = time.time()
             ready = await self.bus.wait_until(
-                lambda: max(self.usable_versions(), default=-1) >= need or self._deadlocked(),
+                lambda: max(self.usable_versions(), default=-1) >= need or self._deadlocked(since),
                 sync.sync_timeout,
                 self.stop,
                 f"no usable model version >= {need}",
@@ -179,10 +184,15 @@ class Explorer:
                     # the store is down: keep exploring on the current weights, try again
                     # at the next sync point (an explorer with no weights yet waits)
                     self.bus.count("store_unavailable")
-                    if self.version < 0:
+                    if self.version < 0:  # nothing to explore with: wait, within limits
                         log.warning("%s: no weights yet, store unavailable: %s", self.name, exc)
                         if self.stop.is_set() or self.bus.shutdown_event.is_set():
                             return False
+                        if time.monotonic() - started > self.cfg.run.outage_timeout_s:
+                            raise ServiceError(
+                                f"{self.name}: object store unavailable for "
+                                f"{self.cfg.run.outage_timeout_s:.0f}s: {exc}"
+                            ) from exc
                         await asyncio.sleep(1.0)
                         continue
                     log.warning(
@@ -220,13 +230,26 @@ class Explorer:
                 )
                 if self.version < 0 or (need is not None and self.version < need):
                     floor = max(need or 0, 0)
+                    if plan.request is not None:  # ask again: the answer was bad
+                        await self.bus.control(
+                            SyncRequest(
+                                explorer=self.name, min_version=chosen + 1, created_at=time.time()
+                            )
+                        )
+                    since = time.time()
                     if not await self.bus.wait_until(
-                        lambda f=floor: max(self.usable_versions(), default=-1) >= f,
+                        lambda f=floor, t=since: (
+                            max(self.usable_versions(), default=-1) >= f or self._deadlocked(t)
+                        ),
                         sync.sync_timeout,
                         self.stop,
                         f"no usable model version >= {floor} (version {chosen} was rejected)",
                     ):
                         return False
+                    if max(self.usable_versions(), default=-1) < floor:  # starved: go on
+                        self.step_lag += floor - max(self.version, 0)
+                        self.bus.count("sync_waits_cut")
+                        break
                     continue
                 break
             self.version = self.bus.version = chosen
@@ -409,6 +432,7 @@ class Explorer:
                     break
                 if not await self.sync(step):
                     break
+                log.debug("%s: step %d on version %d: taking tasks", self.name, step, self.version)
                 taken = await self.take_tasks(consumer, cfg.explorer.batch_size)
                 tasks = [t for _, _, t in taken if t is not None]
                 if not tasks:

@@ -70,6 +70,11 @@ _TRANSIENT_CODES = frozenset(
 def store_error(action: str, exc: Exception) -> SyncError:
     """The error to raise for a failed request: :class:`StoreUnavailable` (retriable) when
     the store did not answer or answered 5xx, a plain :class:`SyncError` otherwise."""
+    reason = getattr(exc, "reason", None)  # MaxRetryError wraps the last failure
+    if isinstance(exc, urllib3.exceptions.SSLError) or isinstance(
+        reason, urllib3.exceptions.SSLError
+    ):
+        return SyncError(f"{action}: TLS failed (check object_store.ca_file/cert_check): {exc}")
     transient = isinstance(exc, urllib3.exceptions.HTTPError | ServerError) or (
         isinstance(exc, S3Error) and exc.code in _TRANSIENT_CODES
     )

@@ -22,6 +22,7 @@ def test_drill_recovers_and_the_books_balance(name, tmp_path):
     assert r.duplicates_trained == 0
     assert detail["foreign_trained"] == 0
     assert r.dead_letters_unaccounted == 0
+    assert detail["dead_letters_missing"] == 0
     assert r.recovered, r
     if name == "explorer_kill":
         assert detail["restarts"]["explorer-0"] >= 1

@@ -58,8 +58,11 @@ def test_gives_up_after_the_outage_timeout_naming_it():
     async def attempt() -> None:
         raise StoreUnavailable("uploading s3://b/k: connection refused")
 
-    with pytest.raises(ServiceError, match=r"publishing v3: still failing .*outage_timeout_s"):
+    with pytest.raises(
+        ServiceError, match=r"publishing v3: still failing .*outage_timeout_s"
+    ) as info:
         asyncio.run(retry.retrying("publishing v3", attempt, 1.2))
+    assert info.value.retriable is False
 
 
 def test_a_permanent_error_is_raised_at_once():
