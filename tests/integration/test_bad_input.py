@@ -20,13 +20,9 @@ from streamrft.schemas import (
     DEAD_LETTER,
     EXPERIENCE_GROUP,
     DeadLetter,
-    Experience,
-    ExperienceGroup,
     ModelVersionReady,
-    pack_f32,
-    pack_i32,
-    pack_u8,
 )
+from tests.integration.test_experience_flow import make_group
 
 pytestmark = pytest.mark.integration
 
@@ -129,29 +125,6 @@ def test_control_fuzz_every_bad_message_is_dead_lettered(make_config):
     _check_accounting(topics.control, messages, offsets, valid, letters, "fuzz-target")
 
 
-def _group(run: str, task: str) -> ExperienceGroup:
-    gid = f"{run}/{task}@0"
-    return ExperienceGroup(
-        id=gid,
-        run=run,
-        task_id=task,
-        explorer="explorer-x",
-        model_version=0,
-        experiences=[
-            Experience(
-                id=f"{gid}#{j}",
-                tokens=pack_i32([1, 5, 6, 7, 8 + j, 2]),
-                prompt_length=4,
-                logprobs=pack_f32([-0.5, -0.25]),
-                action_mask=pack_u8([1, 1]),
-                reward=float(j % 2),
-                model_version=0,
-            )
-            for j in range(4)
-        ],
-    )
-
-
 def test_experience_fuzz_trainer_dead_letters_and_keeps_training(make_config):
     from streamrft.consumers.grpo import grpo_step
     from streamrft.consumers.trainer import Trainer
@@ -164,11 +137,11 @@ def test_experience_fuzz_trainer_dead_letters_and_keeps_training(make_config):
     vocab = trainer.model.get_input_embeddings().num_embeddings
     # many distinct seeds, so that most mutated groups that still decode carry new ids and
     # are trained on rather than dropped as duplicates
-    samples = [EXPERIENCE_GROUP.encode(_group(topics.run, f"fuzz-{i}")) for i in range(400)]
+    samples = [EXPERIENCE_GROUP.encode(make_group(topics.run, f"fuzz-{i}", 0)) for i in range(400)]
     messages = fuzz_messages("experiences", N_FUZZ, seed=42, samples=samples)
     valid = [expected_valid("experiences", m, vocab_size=vocab) for m in messages]
     assert 0 < sum(valid) < len(valid) - 500
-    after = [_group(topics.run, f"after-{i}") for i in range(2)]
+    after = [make_group(topics.run, f"after-{i}", 0) for i in range(2)]
     after_msgs = [
         FuzzMessage(EXPERIENCE_GROUP.encode(g), EXPERIENCE_GROUP.headers(), g.task_id.encode())
         for g in after

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 def make_group(run: str, task: str, version: int, n: int = 4, rewards=None) -> ExperienceGroup:
-    gid = f"{run}/{task}@0/explorer-x"
+    gid = f"{run}/{task}@0"
     rewards = rewards or [float(i % 2) for i in range(n)]
     exps = [
         Experience(
