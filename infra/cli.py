@@ -223,8 +223,6 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 async def _tail(kafka_cfg: KafkaConfig, topic: str, limit: int, follow: bool) -> int:
-    from aiokafka import TopicPartition
-
     from streamrft.infra import kafka
     from streamrft.schemas.codec import CODEC_BY_KIND, readable
     from streamrft.schemas.topics import TopicNames
@@ -234,14 +232,7 @@ async def _tail(kafka_cfg: KafkaConfig, topic: str, limit: int, follow: bool) ->
     await kafka.start_client(reader, "tail")
     printed = 0
     try:
-        parts = reader.partitions_for_topic(topic) or set()
-        if not parts:
-            await reader._client.force_metadata_update()
-            parts = reader.partitions_for_topic(topic) or set()
-        if not parts:
-            raise StreamRFTError(f"topic {topic!r} does not exist")
-        reader.assign([TopicPartition(topic, p) for p in sorted(parts)])
-        await reader.seek_to_beginning()
+        await kafka.assign_from_beginning(reader, topic)
         quiet = 0
         while limit == 0 or printed < limit:
             batches = await reader.getmany(timeout_ms=500)

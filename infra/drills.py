@@ -248,18 +248,12 @@ class Drill:
     # -- the books -------------------------------------------------------------------------
     async def _read_topic(self, topic: str, codec) -> list[tuple[int, int, object | None]]:
         """(partition, offset, decoded or None) of every message of a topic."""
-        from aiokafka import TopicPartition
 
         reader = kafka.topic_reader(self.cfg.kafka, "drill-books")
         await kafka.start_client(reader, "drill books")
         out = []
         try:
-            parts = reader.partitions_for_topic(topic) or set()
-            if not parts:
-                await reader._client.force_metadata_update()
-                parts = reader.partitions_for_topic(topic) or set()
-            reader.assign([TopicPartition(topic, p) for p in sorted(parts)])
-            await reader.seek_to_beginning()
+            await kafka.assign_from_beginning(reader, topic)
             quiet = 0
             while quiet < 4:
                 batches = await reader.getmany(timeout_ms=300)

@@ -412,3 +412,20 @@ async def list_topics(cfg: KafkaConfig) -> list[str]:
         return sorted(await admin.list_topics())
     finally:
         await admin.close()
+
+
+async def assign_from_beginning(reader: AIOKafkaConsumer, topic: str) -> None:
+    """Give a group-less reader every partition of ``topic``, at its first offset.
+
+    Raises :class:`ServiceError` when the topic does not exist.
+    """
+    from aiokafka import TopicPartition
+
+    parts = reader.partitions_for_topic(topic) or set()
+    if not parts:  # a new reader knows no topic before its first metadata request
+        await reader._client.force_metadata_update()
+        parts = reader.partitions_for_topic(topic) or set()
+    if not parts:
+        raise ServiceError(f"topic {topic!r} does not exist")
+    reader.assign([TopicPartition(topic, p) for p in sorted(parts)])
+    await reader.seek_to_beginning()
