@@ -426,12 +426,17 @@ class Explorer:
             await kafka.start_client(producer, f"{self.name} producer")
             await consumer.start()
             await self.bus.status(RunState.RUNNING, "started")
-            step = 0
+            step, synced = 0, -1
             while not self.stop.is_set() and not self.bus.shutdown_event.is_set():
                 if cfg.explorer.max_steps and step >= cfg.explorer.max_steps:
                     break
-                if not await self.sync(step):
-                    break
+                # one sync per step: a take that came back empty must not ask again (under
+                # dynamic_by_explorer that is an unasked-for request and a version
+                # published for nothing), unless a broadcast group waits for this explorer
+                if step != synced or self.broadcast_pending():
+                    if not await self.sync(step):
+                        break
+                    synced = step
                 log.debug("%s: step %d on version %d: taking tasks", self.name, step, self.version)
                 taken = await self.take_tasks(consumer, cfg.explorer.batch_size)
                 tasks = [t for _, _, t in taken if t is not None]
