@@ -127,12 +127,13 @@ def test_dynamic_by_explorer_syncs_only_when_asked(services, make_config, tmp_pa
             assert versions[e] > versions[e - 1], versions
         assert versions[e] <= e
     assert versions[0] == 0
-    assert len(requests) == len(range(3, len(versions), 3))
-    assert [r.min_version for r in requests] == [
-        versions[e - 1] + 1 for e in range(3, len(versions), 3)
-    ]
+    # one request per sync point; the last step's request may be sent as the run ends,
+    # before any of that step's groups reach the topic (then the trainer may not answer)
+    asked = [versions[e - 1] + 1 for e in range(3, len(versions) + 1, 3)]
+    assert len(asked) - 1 <= len(requests) <= len(asked)
+    assert [r.min_version for r in requests] == asked[: len(requests)]
     # the trainer published only when asked: version 0, one per request, and none unasked
-    assert len(published) == 1 + len(requests)
+    assert len(requests) <= len(published) <= 1 + len(requests)
     assert any(s.component == "explorer-0" and s.state == RunState.WAITING_SYNC for s in status)
 
 
