@@ -19,7 +19,8 @@ run: setup
 
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m streamrft.infra.docgen --check README.md
+	$(BIN)/python -m tools.check_layers
+	$(BIN)/python -m tools.docgen --check README.md
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -p no:cacheprovider
 
 test-unit: setup
@@ -33,6 +34,7 @@ test-e2e: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/python -m tools.check_layers
 	$(BIN)/ruff format --check .
 
 format: setup
@@ -40,7 +42,7 @@ format: setup
 	$(BIN)/ruff check --fix .
 
 docs: setup
-	$(BIN)/python -m streamrft.infra.docgen README.md
+	$(BIN)/python -m tools.docgen README.md
 
 bench: setup
 	OMP_NUM_THREADS=1 $(BIN)/python bench/experience_path.py

@@ -57,7 +57,7 @@ import numpy as np
 
 from streamrft.infra import kafka
 from streamrft.infra.config import KafkaConfig
-from streamrft.infra.services import LocalServices
+from streamrft.infra.local.services import LocalServices
 from streamrft.schemas import (
     EXPERIENCE_GROUP,
     Experience,

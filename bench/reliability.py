@@ -2,7 +2,7 @@
 
     python bench/reliability.py [--drills explorer_kill,trainer_kill,...] [--dir DIR]
 
-Each drill (see ``streamrft.infra.drills``) runs ``streamrft run`` on its own local broker
+Each drill (see ``tests.harness.drills``) runs ``streamrft run`` on its own local broker
 and object store with two explorers, injects one fault mid-run, lets the run finish and
 reads the topics back. Printed: a table (drill, recovered, time to recover, tasks lost,
 duplicates trained, dead letters) and a final JSON line with the totals.
@@ -23,7 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from streamrft.infra.drills import DRILLS, run_drill
+# the drills are test tooling (tests/harness/), not part of the installed package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.harness.drills import DRILLS, run_drill
 
 COLUMNS = (
     ("drill", 15),

@@ -93,7 +93,7 @@ import torch
 from torch import nn
 
 from streamrft.infra.config import ObjectStoreConfig
-from streamrft.infra.services import LocalServices
+from streamrft.infra.local.services import LocalServices
 from streamrft.sync.collective import CollectiveReceiver, CollectiveSender
 from streamrft.sync.filesystem import FilesystemLoader, FilesystemPublisher
 from streamrft.sync.object_store import ObjectStoreLoader, ObjectStorePublisher

@@ -17,6 +17,7 @@ import functools
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -27,7 +28,6 @@ from aiokafka.structs import OffsetAndMetadata
 
 from streamrft.consumers.buffer import ExperienceBuffer
 from streamrft.consumers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from streamrft.consumers.evaluation import greedy_accuracy
 from streamrft.consumers.grpo import grpo_step
 from streamrft.consumers.warmup import sft_warmup
 from streamrft.infra import kafka
@@ -36,9 +36,7 @@ from streamrft.infra.config import Config
 from streamrft.infra.modeling import load_policy
 from streamrft.infra.retry import retrying
 from streamrft.infra.shutdown import install_stop_handlers
-from streamrft.producers.engine import TransformersEngine
-from streamrft.producers.rewards import get_reward
-from streamrft.producers.taskset import read_taskset
+from streamrft.infra.taskset import read_taskset
 from streamrft.schemas.codec import CONTROL, EXPERIENCE_GROUP
 from streamrft.schemas.errors import SchemaError, StreamRFTError, SyncError
 from streamrft.schemas.events import ModelVersionReady, RunState, Shutdown, TrainedGroup
@@ -69,8 +67,13 @@ class _SeekOnAssign(ConsumerRebalanceListener):
                 self.consumer.seek(tp, offset)
 
 
+Evaluator = Callable[[torch.nn.Module, object], dict[str, float]]
+"""``evaluate(model, tokenizer) -> {"eval/accuracy": ...}``: handed to the trainer by the
+application layer (``producers.evaluation.GreedyEvaluator``)."""
+
+
 class Trainer:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, evaluate: Evaluator) -> None:
         self.cfg = cfg
         self.tcfg = cfg.trainer
         self.topics = cfg.topics()
@@ -79,7 +82,7 @@ class Trainer:
         torch.set_num_threads(self.tcfg.threads)
         torch.manual_seed(cfg.run.seed)
         self.model, self.tokenizer = load_policy(cfg.model)
-        self.engine = TransformersEngine(self.model, self.tokenizer)
+        self._evaluate = evaluate
         self.lora = cfg.model.lora.enabled
         self.optimizer: torch.optim.Optimizer | None = None  # made once the model is final
         self.ref_model = None
@@ -94,13 +97,7 @@ class Trainer:
             self.sender = CollectiveSender(
                 sync.nccl_host, sync.nccl_port, sync.sync_timeout, sync.nccl_bucket_mb
             )
-        self.reward = get_reward(cfg.explorer.reward)
         self.train_tasks = read_taskset(cfg.taskset.path, cfg.taskset)
-        self.eval_tasks = (
-            read_taskset(cfg.taskset.eval_path, cfg.taskset)
-            if cfg.taskset.eval_path
-            else self.train_tasks
-        )
         self.buffer = ExperienceBuffer(self.tcfg.max_staleness)
         self.ckpt_root = cfg.run_dir / "checkpoints"
         self.publisher = make_publisher(cfg)
@@ -165,7 +162,6 @@ class Trainer:
             from streamrft.sync.lora import BaseModelView, attach_lora
 
             self.model = attach_lora(self.model, self.cfg.model.lora)
-            self.engine.model = self.model
             if self.tcfg.kl_coef > 0:  # the base with the adapter off, no second copy
                 self.ref_model = BaseModelView(self.model)
         elif self.tcfg.kl_coef > 0:
@@ -275,17 +271,14 @@ class Trainer:
             await self.bus.status(RunState.REQUIRE_SYNC, f"version {self.version} ready")
         return True
 
-    async def evaluate(self) -> float:
-        acc = await asyncio.to_thread(
-            greedy_accuracy,
-            self.engine,
-            self.eval_tasks,
-            self.reward,
-            self.cfg.explorer.max_new_tokens,
+    async def evaluate(self) -> None:
+        values = await asyncio.to_thread(self._evaluate, self.model, self.tokenizer)
+        await self.bus.metrics(values)
+        log.info(
+            "trainer: step %d eval %s",
+            self.step,
+            ", ".join(f"{k} {v:.3f}" for k, v in values.items()),
         )
-        await self.bus.metrics({"eval/accuracy": acc})
-        log.info("trainer: step %d eval accuracy %.3f", self.step, acc)
-        return acc
 
     # -- consuming -------------------------------------------------------------------------
     async def collect(self, consumer) -> list[ExperienceGroup] | None:
@@ -459,5 +452,5 @@ class Trainer:
                 self.sender.close()
 
 
-def main(cfg: Config) -> None:
-    asyncio.run(Trainer(cfg).run())
+def main(cfg: Config, evaluate: Evaluator) -> None:
+    asyncio.run(Trainer(cfg, evaluate).run())

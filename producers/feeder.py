@@ -12,7 +12,7 @@ from streamrft.infra import kafka
 from streamrft.infra.bus import EventBus, read_history
 from streamrft.infra.config import Config
 from streamrft.infra.retry import retrying
-from streamrft.producers.taskset import read_taskset
+from streamrft.infra.taskset import read_taskset
 from streamrft.producers.workflows import check_workflow
 from streamrft.schemas.codec import STATUS, TASK
 from streamrft.schemas.events import RunState

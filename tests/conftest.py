@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import os
 import uuid
-from pathlib import Path
 
 import pytest
 
+from tests.helpers.paths import ADDITION
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "arithmetic.yaml"
 
 
 @pytest.fixture(scope="session")
 def services(tmp_path_factory):
     """The embedded Tansu broker and JuiceFS S3 gateway, started once per session."""
-    from streamrft.infra.services import LocalServices
+    from streamrft.infra.local.services import LocalServices
 
     svc = LocalServices(tmp_path_factory.mktemp("services"))
     eps = svc.start()
@@ -48,7 +46,7 @@ def make_config(services, tmp_path):
                 "secret_key": services.secret_key,
                 "bucket": f"b-{uuid.uuid4().hex[:12]}",
             },
-            "taskset": {"path": str(ROOT / "examples" / "data" / "addition.jsonl")},
+            "taskset": {"path": str(ADDITION)},
             "model": {
                 "hidden_size": 32,
                 "intermediate_size": 64,

@@ -26,7 +26,7 @@ def _env() -> dict[str, str]:
 
 
 def _streamrft(*args: str) -> list[str]:
-    return [sys.executable, "-m", "streamrft.infra.cli", *args]
+    return [sys.executable, "-m", "streamrft.infra.app.cli", *args]
 
 
 def wait_for(ready, proc: subprocess.Popen, timeout: float, what: str) -> None:

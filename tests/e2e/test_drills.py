@@ -1,11 +1,11 @@
 """Fault drills on real processes: each fault is injected into a running job, the job
-finishes, and the books read back from the topics balance (see streamrft.infra.drills)."""
+finishes, and the books read back from the topics balance (see tests.harness.drills)."""
 
 from __future__ import annotations
 
 import pytest
 
-from streamrft.infra.drills import DRILLS, STEPS, TASKS, run_drill
+from tests.harness.drills import DRILLS, STEPS, TASKS, run_drill
 
 pytestmark = pytest.mark.e2e
 

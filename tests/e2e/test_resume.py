@@ -39,7 +39,7 @@ def _service_overrides(services) -> list[str]:
 def _trainer_pid(run_id: str) -> int | None:
     for pid in _processes_mentioning(run_id):
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if b"train" in cmd and b"streamrft.infra.cli" in cmd:
+        if b"train" in cmd and b"streamrft.infra.app.cli" in cmd:
             return pid
     return None
 

@@ -15,13 +15,13 @@ import pytest
 
 from streamrft.infra import kafka
 from streamrft.infra.bus import EventBus
-from streamrft.infra.fuzz import FuzzMessage, expected_valid, fuzz_messages, inject
 from streamrft.schemas import (
     DEAD_LETTER,
     EXPERIENCE_GROUP,
     DeadLetter,
     ModelVersionReady,
 )
+from tests.harness.fuzz import FuzzMessage, expected_valid, fuzz_messages, inject
 from tests.integration.test_experience_flow import make_group
 
 pytestmark = pytest.mark.integration
@@ -128,10 +128,11 @@ def test_control_fuzz_every_bad_message_is_dead_lettered(make_config):
 def test_experience_fuzz_trainer_dead_letters_and_keeps_training(make_config):
     from streamrft.consumers.grpo import grpo_step
     from streamrft.consumers.trainer import Trainer
+    from streamrft.producers.evaluation import GreedyEvaluator
 
     cfg = make_config(trainer={"batch_size": 1, "max_staleness": 5, "idle_timeout_s": 30.0})
     topics = cfg.topics()
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, GreedyEvaluator(cfg))
     trainer._prepare_model()
     trainer.version = 0
     vocab = trainer.model.get_input_embeddings().num_embeddings

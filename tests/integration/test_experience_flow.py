@@ -100,6 +100,7 @@ def test_groups_publish_and_consume_whole(make_config):
 def test_trainer_dead_letters_malformed_and_keeps_going(make_config):
     """A malformed message and an invalid group go to dead letters; valid groups train."""
     from streamrft.consumers.trainer import Trainer
+    from streamrft.producers.evaluation import GreedyEvaluator
 
     cfg = make_config(trainer={"batch_size": 2, "max_staleness": 5})
     topics = cfg.topics()
@@ -127,7 +128,7 @@ def test_trainer_dead_letters_malformed_and_keeps_going(make_config):
                 )
         finally:
             await producer.stop()
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg, GreedyEvaluator(cfg))
         trainer._prepare_model()
         trainer.version = 0
         await trainer.bus.start()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from streamrft.infra.cli import _load, build_parser
+from streamrft.infra.app.cli import _load, build_parser
 from streamrft.infra.config import load_config, to_yaml, with_endpoints, with_run_id
-from streamrft.infra.services import LocalServices
+from streamrft.infra.local.services import LocalServices
 from streamrft.schemas.errors import StreamRFTError
-from tests.conftest import EXAMPLE
+from tests.helpers.paths import EXAMPLE
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from minio import Minio
 
-from streamrft.infra import services
-from streamrft.infra.services import Endpoints, LocalServices
+from streamrft.infra.local import services
+from streamrft.infra.local.services import Endpoints, LocalServices
 from streamrft.schemas.errors import ConfigError, ServiceError
 
 pytestmark = pytest.mark.integration
@@ -155,7 +155,7 @@ def test_up_status_down_roundtrip(tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""
         from pathlib import Path
-        from streamrft.infra.services import up
+        from streamrft.infra.local.services import up
         print(up(Path({str(tmp_path)!r})))
         """
     )

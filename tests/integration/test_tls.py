@@ -19,7 +19,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from streamrft.infra import kafka
 from streamrft.infra.config import from_dict
-from streamrft.infra.services import _juicefs_bin, free_port
+from streamrft.infra.local.services import _juicefs_bin, free_port
 from streamrft.schemas.errors import ServiceError
 from streamrft.sync.object_store import ObjectStoreLoader, ObjectStorePublisher
 from tests.certs import make_certs

@@ -9,7 +9,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from streamrft.infra import docgen
 from streamrft.infra.config import Config
 from streamrft.schemas import (
     DeadLetter,
@@ -27,6 +26,7 @@ from streamrft.schemas import (
 )
 from streamrft.schemas.codec import CODEC_BY_KIND
 from streamrft.schemas.topics import TOPIC_KINDS
+from tools import docgen
 
 pytestmark = pytest.mark.unit
 
@@ -204,5 +204,5 @@ def test_repo_readme_is_up_to_date():
     if not any(f"<!-- BEGIN GENERATED: {name} -->" in text for name in docgen.MARKERS):
         pytest.skip(f"{README} has no <!-- BEGIN GENERATED: ... --> markers yet")
     assert docgen.render_readme(text) == text, (
-        "README.md is stale; run: python -m streamrft.infra.docgen README.md"
+        "README.md is stale; run: python -m tools.docgen README.md"
     )

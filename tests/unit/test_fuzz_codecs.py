@@ -12,14 +12,6 @@ from collections import Counter
 import msgspec
 import pytest
 
-from streamrft.infra.fuzz import (
-    MUTATIONS,
-    FuzzMessage,
-    can_oversize,
-    expected_valid,
-    fuzz_messages,
-    sample_messages,
-)
 from streamrft.schemas import (
     CODEC_BY_KIND,
     CONTROL,
@@ -46,6 +38,14 @@ from streamrft.schemas import (
     pack_u8,
 )
 from streamrft.schemas.codec import DEAD_LETTER_REASON_CHARS
+from tests.harness.fuzz import (
+    MUTATIONS,
+    FuzzMessage,
+    can_oversize,
+    expected_valid,
+    fuzz_messages,
+    sample_messages,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -14,15 +14,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from streamrft.consumers.batching import response_logprobs
 from streamrft.consumers.checkpoint import CheckpointError, save_checkpoint
-from streamrft.consumers.evaluation import greedy_accuracy
 from streamrft.consumers.grpo import grpo_step
 from streamrft.consumers.warmup import sft_batch, sft_warmup
+from streamrft.infra.app.export import export
 from streamrft.infra.config import LoraConfig, ModelConfig, TasksetConfig, TrainerConfig, from_dict
-from streamrft.infra.export import export
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model, load_policy
+from streamrft.infra.taskset import read_taskset
 from streamrft.producers.engine import TransformersEngine
+from streamrft.producers.evaluation import greedy_accuracy
 from streamrft.producers.rewards import exact_match
-from streamrft.producers.taskset import read_taskset
 from streamrft.producers.workflows import run_math_workflow
 from streamrft.schemas.errors import ConfigError, SyncError
 from streamrft.schemas.experience import Task

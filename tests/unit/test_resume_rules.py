@@ -6,10 +6,10 @@ import msgspec
 import pytest
 import yaml
 
+from streamrft.infra.app.resume import check_resume, resume_conflicts
 from streamrft.infra.config import from_dict, to_yaml
-from streamrft.infra.resume import check_resume, resume_conflicts
 from streamrft.schemas.errors import ConfigError
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 
 def _cfg(tmp_path, **sections):

@@ -352,7 +352,7 @@ def test_s3_tls_options(certs):
 
 
 def test_topics_and_tail_use_the_configs_security_settings(tmp_path, certs):
-    from streamrft.infra.cli import _kafka_config, build_parser
+    from streamrft.infra.app.cli import _kafka_config, build_parser
 
     tls = {"bootstrap_servers": "k.example:9093", "security_protocol": "SSL"}
     path = write_config(tmp_path, on_disk(kafka=tls | {"ssl_cafile": str(certs.ca)}))

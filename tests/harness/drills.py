@@ -47,13 +47,11 @@ from streamrft.infra.config import (
     with_endpoints,
     with_run_id,
 )
-from streamrft.infra.services import BROKER, OBJECT_STORE, LocalServices
+from streamrft.infra.local.services import BROKER, OBJECT_STORE, LocalServices
 from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, TASK
 from streamrft.schemas.errors import SchemaError
 from streamrft.schemas.events import ModelVersionReady
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "arithmetic.yaml"
+from tests.helpers.paths import EXAMPLE
 
 EPOCHS = 2
 TASKS = 100 * EPOCHS  # examples/data/addition.jsonl has 100 tasks
@@ -144,7 +142,7 @@ class Drill:
         ]
 
     def _start_run(self) -> None:
-        argv = [sys.executable, "-m", "streamrft.infra.cli", "run", str(EXAMPLE)]
+        argv = [sys.executable, "-m", "streamrft.infra.app.cli", "run", str(EXAMPLE)]
         argv += ["--run-id", self.run_id, "--no-progress"]
         for item in self.overrides():
             argv += ["-o", item]
@@ -177,7 +175,7 @@ class Drill:
             except OSError:
                 continue
             text = b" ".join(args).decode(errors="replace")
-            if state == "Z" or "streamrft.infra.cli" not in text or self.run_id not in text:
+            if state == "Z" or "streamrft.infra.app.cli" not in text or self.run_id not in text:
                 continue
             if role in [a.decode(errors="replace") for a in args] and (
                 name is None or name in text
@@ -491,7 +489,7 @@ class Fuzz(Drill):
     PER_TOPIC = 800  # of which the invalid ones are injected
 
     async def fault(self) -> None:
-        from streamrft.infra.fuzz import expected_valid, fuzz_messages, inject
+        from tests.harness.fuzz import expected_valid, fuzz_messages, inject
 
         topics = self.cfg.topics()
         self.fault_started = time.time()

@@ -8,7 +8,7 @@ The README holds two generated blocks between markers::
 Types, defaults and bounds come from the msgspec structs; descriptions come from the string
 literal that follows a field in the class body (read from the source with :mod:`ast`).
 
-    python -m streamrft.infra.docgen [--check] [README.md]
+    python -m tools.docgen [--check] [README.md]
 
 rewrites the blocks in place, or with ``--check`` exits 1 (printing a diff) when stale.
 """
@@ -425,7 +425,7 @@ def render_readme(readme_text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m streamrft.infra.docgen",
+        prog="python -m tools.docgen",
         description="Regenerate the README's configuration and schema reference.",
     )
     parser.add_argument("readme", nargs="?", default="README.md", help="default: README.md")
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(diff[:60]))
         if len(diff) > 60:
             print(f"... ({len(diff) - 60} more diff lines)")
-        print(f"{path} is stale; run: python -m streamrft.infra.docgen {path}")
+        print(f"{path} is stale; run: python -m tools.docgen {path}")
         return 1
     path.write_text(new)
     print(f"{path}: updated")

@@ -43,7 +43,7 @@ def _setup_logging(level: str = "INFO") -> None:
 
 def _load(args: argparse.Namespace, need_run_id: bool):
     from streamrft.infra.config import load_config, with_endpoints, with_run_id
-    from streamrft.infra.services import status
+    from streamrft.infra.local.services import status
 
     overrides = list(args.override or [])
     if getattr(args, "max_steps", None) is not None:
@@ -81,7 +81,7 @@ def _run_endpoints(cfg) -> tuple[dict[str, str | None], str | None]:
     """
     import yaml
 
-    from streamrft.infra.services import status
+    from streamrft.infra.local.services import status
 
     own = status(cfg.run_dir / "services")
     if own is not None:
@@ -104,8 +104,8 @@ def _run_endpoints(cfg) -> tuple[dict[str, str | None], str | None]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from streamrft.infra.app.supervisor import run_with_services
     from streamrft.infra.config import to_yaml
-    from streamrft.infra.supervisor import run_with_services
 
     cfg = _load(args, need_run_id=False)
     log.info("run %s; resolved config:\n%s", cfg.run.id, to_yaml(cfg))
@@ -120,9 +120,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from streamrft.consumers.trainer import main
+    from streamrft.producers.evaluation import GreedyEvaluator
 
     cfg = _load(args, need_run_id=True)
-    main(cfg)
+    main(cfg, GreedyEvaluator(cfg))
     return 0
 
 
@@ -144,8 +145,8 @@ def cmd_feed(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from streamrft.consumers.checkpoint import latest_checkpoint
+    from streamrft.infra.app.export import export
     from streamrft.infra.config import load_config
-    from streamrft.infra.export import export
 
     _setup_logging()
     cfg = load_config(args.config, list(args.override or []))
@@ -160,7 +161,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_infra(args: argparse.Namespace) -> int:
-    from streamrft.infra import services
+    from streamrft.infra.local import services
 
     _setup_logging()
     state_dir = Path(args.dir)
@@ -196,7 +197,7 @@ def _kafka_config(args: argparse.Namespace) -> KafkaConfig:
     """The broker of ``topics`` / ``tail``: ``--bootstrap``, the config's, or ``infra up``'s;
     with a config, its security settings (TLS, SASL) too."""
     from streamrft.infra.config import KafkaConfig, load_config
-    from streamrft.infra.services import status
+    from streamrft.infra.local.services import status
 
     kafka_cfg = KafkaConfig()
     if getattr(args, "config", None):

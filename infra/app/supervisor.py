@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from streamrft.infra import kafka
+from streamrft.infra.app.monitor import RunMonitor
+from streamrft.infra.app.resume import check_resume
 from streamrft.infra.bus import EventBus
 from streamrft.infra.config import Config, credentials_env, for_s3_broker, to_yaml, with_endpoints
-from streamrft.infra.monitor import RunMonitor
-from streamrft.infra.resume import check_resume
 from streamrft.schemas.errors import ServiceError, StreamRFTError
 from streamrft.schemas.events import Shutdown
 
@@ -92,7 +92,7 @@ class Supervisor:
         self.services = None
 
     def _spawn(self, name: str, role_args: list[str], threads: int, config_path: Path) -> None:
-        argv = [sys.executable, "-m", "streamrft.infra.cli", *role_args, str(config_path)]
+        argv = [sys.executable, "-m", "streamrft.infra.app.cli", *role_args, str(config_path)]
         log_path = self.cfg.run_dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = child_env(threads, credentials_env(self.cfg))
@@ -274,7 +274,7 @@ class Supervisor:
 
 def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = True) -> dict:
     """Start embedded services where the config names none, run, write the summary."""
-    from streamrft.infra.services import LocalServices, status
+    from streamrft.infra.local.services import LocalServices, status
 
     if check_resume(cfg):  # before anything starts: a refused resume changes nothing
         log.info("run %s exists in %s: resuming it", cfg.run.id, cfg.run_dir)

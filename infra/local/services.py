@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from streamrft.infra.broker_gate import BrokerGate, warm_partitions
+from streamrft.infra.local.broker_gate import BrokerGate, warm_partitions
 from streamrft.schemas.errors import ConfigError, ServiceError
 
 __all__ = [

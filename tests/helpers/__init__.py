@@ -1,0 +1,1 @@
+"""Helpers shared by the test tiers (one place; no test imports another test module)."""

@@ -1,0 +1,65 @@
+"""The import-direction check (tools/check_layers.py) passes on the repo and catches a
+wrong import of every kind it forbids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.paths import ROOT
+from tools import check_layers
+
+pytestmark = pytest.mark.unit
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_the_repository_imports_run_one_way(capsys):
+    assert check_layers.main([str(ROOT)]) == 0
+    assert "all run one way" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("path", "source"),
+    [
+        ("schemas/x.py", "from streamrft.infra.config import Config\n"),
+        ("infra/x.py", "import streamrft.sync.weights\n"),
+        ("infra/x.py", "def f():\n    from streamrft.infra.app import cli\n"),  # lazy
+        ("infra/local/x.py", "from streamrft.sync import lora\n"),
+        ("sync/x.py", "from streamrft.producers.engine import Rollout\n"),
+        ("consumers/x.py", "from streamrft.producers import evaluation\n"),  # sideways
+        ("producers/x.py", "from streamrft.consumers.buffer import ExperienceBuffer\n"),
+        ("producers/x.py", "from streamrft.infra.local.services import LocalServices\n"),
+    ],
+)
+def test_a_forbidden_import_fails_the_check(tmp_path, capsys, path, source):
+    root = _tree(tmp_path, {path: source})
+    assert check_layers.main([str(root)]) == 1
+    assert f"{path}:" in capsys.readouterr().out
+
+
+def test_allowed_imports_pass(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "infra/app/x.py": "from streamrft.infra.local import services\n"
+            "from streamrft.consumers import trainer\nfrom streamrft.producers import engine\n",
+            "producers/x.py": "from streamrft.sync import styles\nfrom streamrft.infra import bus\n",
+            "infra/local/x.py": "from streamrft.infra.config import Config\n",
+            "schemas/x.py": "import msgspec\nfrom streamrft.schemas import codec\n",
+        },
+    )
+    assert check_layers.main([str(root)]) == 0
+
+
+def test_graph_lists_layer_edges(tmp_path, capsys):
+    root = _tree(tmp_path, {"sync/x.py": "from streamrft.infra import kafka\n"})
+    assert check_layers.main([str(root), "--graph"]) == 0
+    assert capsys.readouterr().out.strip() == "sync -> infra: 1 imports"

@@ -1,0 +1,154 @@
+"""Check that imports run one way through streamrft's layers (ARCHITECTURE.md, "Layers").
+
+    python -m tools.check_layers [--graph] [ROOT]
+
+Every module of the product belongs to one layer, decided by its folder:
+
+    application   infra/app/          may import anything below
+    producers     producers/          may import sync, infra core, schemas
+    consumers     consumers/          may import sync, infra core, schemas
+    sync          sync/               may import infra core, schemas
+    local         infra/local/        may import infra core, schemas (beside the stack)
+    infra core    infra/*.py          may import schemas
+    schemas       schemas/            may import nothing of streamrft but itself
+
+An import of a layer that is not allowed (an upward one, producers <-> consumers, or
+anything but the application reaching the local services) is printed with its file and
+line, and the exit code is 1. Imports inside functions and under ``TYPE_CHECKING`` count
+the same as the ones at the top: a lazy import is still a dependency. ``--graph`` prints
+the package-level import graph (which layer imports which) instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+FOLDERS = {
+    "schemas": "schemas",
+    "infra": "infra",
+    "infra/local": "local",
+    "infra/app": "app",
+    "sync": "sync",
+    "producers": "producers",
+    "consumers": "consumers",
+}
+"""Source folder (relative to the repository root) -> layer; the longest match wins."""
+
+MODULES = {
+    "streamrft.schemas": "schemas",
+    "streamrft.infra": "infra",
+    "streamrft.infra.local": "local",
+    "streamrft.infra.app": "app",
+    "streamrft.sync": "sync",
+    "streamrft.producers": "producers",
+    "streamrft.consumers": "consumers",
+}
+"""Imported module name -> layer; the longest prefix wins."""
+
+ALLOWED: dict[str, frozenset[str]] = {
+    "schemas": frozenset({"schemas"}),
+    "infra": frozenset({"schemas", "infra"}),
+    "local": frozenset({"schemas", "infra", "local"}),
+    "sync": frozenset({"schemas", "infra", "sync"}),
+    "producers": frozenset({"schemas", "infra", "sync", "producers"}),
+    "consumers": frozenset({"schemas", "infra", "sync", "consumers"}),
+    "app": frozenset(MODULES.values()),
+}
+"""What each layer may import."""
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    """Layer of the importing module."""
+    target: str
+    """Layer of the imported module."""
+    where: str
+    """``path:line`` of the import."""
+    module: str
+    """The imported module's name."""
+
+
+def layer_of_path(path: Path, root: Path) -> str | None:
+    rel = path.relative_to(root).parent.as_posix()
+    best = None
+    for folder, layer in FOLDERS.items():
+        if (rel == folder or rel.startswith(folder + "/")) and (
+            best is None or len(folder) > len(best[0])
+        ):
+            best = (folder, layer)
+    return best[1] if best else None
+
+
+def layer_of_module(name: str) -> str | None:
+    best = None
+    for prefix, layer in MODULES.items():
+        if (name == prefix or name.startswith(prefix + ".")) and (
+            best is None or len(prefix) > len(best[0])
+        ):
+            best = (prefix, layer)
+    return best[1] if best else None
+
+
+def _imported(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from streamrft.infra import kafka` imports streamrft.infra.kafka
+            for alias in node.names:
+                yield f"{node.module}.{alias.name}", node.lineno
+
+
+def edges(root: Path) -> list[Edge]:
+    out = []
+    for folder in sorted({f.split("/")[0] for f in FOLDERS}):
+        for path in sorted((root / folder).rglob("*.py")):
+            source = layer_of_path(path, root)
+            if source is None:
+                continue
+            tree = ast.parse(path.read_text(), str(path))
+            for module, line in _imported(tree):
+                target = layer_of_module(module)
+                if target is not None:
+                    where = f"{path.relative_to(root)}:{line}"
+                    out.append(Edge(source, target, where, module))
+    return out
+
+
+def violations(found: list[Edge]) -> list[Edge]:
+    return [e for e in found if e.target not in ALLOWED[e.source]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.check_layers", description=__doc__)
+    p.add_argument("root", nargs="?", default=".", help="repository root (default: .)")
+    p.add_argument("--graph", action="store_true", help="print the layer import graph")
+    args = p.parse_args(argv)
+    found = edges(Path(args.root).resolve())
+    if args.graph:
+        pairs: dict[tuple[str, str], int] = {}
+        for e in found:
+            if e.source != e.target:
+                pairs[(e.source, e.target)] = pairs.get((e.source, e.target), 0) + 1
+        for (s, t), n in sorted(pairs.items()):
+            print(f"{s} -> {t}: {n} imports")
+        return 0
+    bad = violations(found)
+    for e in bad:
+        print(f"{e.where}: {e.source} imports {e.module} ({e.target}); see ARCHITECTURE.md")
+    if bad:
+        print(f"{len(bad)} imports against the layers", file=sys.stderr)
+        return 1
+    print(f"layers: {len(found)} imports checked, all run one way")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
