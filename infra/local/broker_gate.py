@@ -21,121 +21,34 @@ and only then does the gate open again. The same two experiments then lose 0 rec
 The price: produce requests are serialised (this is a durability mode for tests and
 single-machine runs, not the fast path), and the relay costs a thread pair per connection.
 
-The Kafka requests here are written by hand (Metadata v0, ListOffsets v1, Fetch v4)
-because the warm-up must not follow the broker's advertised address: that is the gate.
+The warm-up's Kafka requests are written by hand (Metadata v0, ListOffsets v1, Fetch v4,
+in :mod:`streamrft.infra.local.kafka_wire`, which also reads the relayed frames) because
+the warm-up must not follow the broker's advertised address: that is the gate, still closed.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import socket
 import struct
 import threading
 import time
 
+from streamrft.infra.local import kafka_wire
 from streamrft.schemas.errors import ServiceError
 
 _CLIENT_ID = b"streamrft-gate"
 FETCH_WAIT_MS = 5000
+"""How long a warm-up fetch may wait: on s3 storage a fetch given too little time reads
+nothing, and reading is the point."""
 ORPHAN_WAIT_S = 60.0
 """How long a produce whose client went away may keep the produce lock, waiting for the
 broker's answer (aiokafka gives up on a request after 30 s)."""
-_MAX_FRAME = 256 << 20
 
 
-# --------------------------------------------------------------------------- wire
-
-
-def _request(sock: socket.socket, api_key: int, version: int, body: bytes, cid: int) -> bytes:
-    header = struct.pack(">hhih", api_key, version, cid, len(_CLIENT_ID)) + _CLIENT_ID
-    payload = header + body
-    sock.sendall(struct.pack(">i", len(payload)) + payload)
-    (size,) = struct.unpack(">i", _recv(sock, 4))
-    data = _recv(sock, size)
-    (got,) = struct.unpack_from(">i", data, 0)
-    if got != cid:
-        raise ConnectionError(f"bad correlation id {got} (sent {cid})")
-    return data[4:]
-
-
-def _recv(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("broker closed the connection")
-        buf += chunk
-    return bytes(buf)
-
-
-def _string(data: bytes, pos: int) -> tuple[str, int]:
-    (n,) = struct.unpack_from(">h", data, pos)
-    pos += 2
-    return data[pos : pos + n].decode(), pos + max(n, 0)
-
-
-def topic_partitions(sock: socket.socket) -> dict[str, int]:
-    """Every topic and its partition count (a Metadata v0 request)."""
-    data = _request(sock, 3, 0, struct.pack(">i", 0), 0x6A7E)
-    pos = 0
-    (n_brokers,) = struct.unpack_from(">i", data, pos)
-    pos += 4
-    for _ in range(n_brokers):
-        pos += 4  # node id
-        _, pos = _string(data, pos)
-        pos += 4  # port
-    (n_topics,) = struct.unpack_from(">i", data, pos)
-    pos += 4
-    out: dict[str, int] = {}
-    for _ in range(n_topics):
-        (error,) = struct.unpack_from(">h", data, pos)
-        pos += 2
-        name, pos = _string(data, pos)
-        if error:
-            raise ConnectionError(f"metadata of topic {name!r}: error code {error}")
-        (n_parts,) = struct.unpack_from(">i", data, pos)
-        pos += 4
-        for _ in range(n_parts):
-            pos += 2 + 4 + 4  # error, partition, leader
-            for _ in range(2):  # replicas, isr
-                (k,) = struct.unpack_from(">i", data, pos)
-                pos += 4 + 4 * k
-        out[name] = n_parts
-    return out
-
-
-def end_offsets(sock: socket.socket, topic: str, partitions: int, cid: int) -> list[int]:
-    """The log end offset of each partition (a ListOffsets v1 request for "latest")."""
-    name = topic.encode()
-    body = struct.pack(">i", -1) + struct.pack(">i", 1) + struct.pack(">h", len(name)) + name
-    body += struct.pack(">i", partitions)
-    body += b"".join(struct.pack(">iq", p, -1) for p in range(partitions))
-    data = _request(sock, 2, 1, body, cid)
-    ends = [0] * partitions
-    pos = 4  # one topic
-    _, pos = _string(data, pos)
-    (n,) = struct.unpack_from(">i", data, pos)
-    pos += 4
-    for _ in range(n):
-        partition, error, _ts, offset = struct.unpack_from(">ihqq", data, pos)
-        pos += 22
-        if error or offset < 0:  # not loaded yet: better to retry than to guess "empty"
-            raise ConnectionError(f"end offset of {topic}[{partition}]: error code {error}")
-        if 0 <= partition < partitions:
-            ends[partition] = offset
-    return ends
-
-
-def fetch_once(sock: socket.socket, topic: str, partition: int, offset: int, cid: int) -> None:
-    """A Fetch v4 of one partition from ``offset`` that waits for data (the reply is not
-    needed, only that the broker read its storage: that loads the partition's watermark).
-    On s3 storage a fetch given too little time reads nothing, so it may wait 5 s."""
-    name = topic.encode()
-    body = struct.pack(">iiiib", -1, FETCH_WAIT_MS, 1, 1 << 20, 0)
-    body += struct.pack(">i", 1) + struct.pack(">h", len(name)) + name
-    body += struct.pack(">i", 1) + struct.pack(">iqi", partition, offset, 1 << 20)
-    _request(sock, 1, 4, body, cid)
+# --------------------------------------------------------------------------- warm-up
 
 
 def warm_partitions(port: int, timeout_s: float = 30.0) -> int:
@@ -146,19 +59,38 @@ def warm_partitions(port: int, timeout_s: float = 30.0) -> int:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=5.0) as sock:
                 sock.settimeout(FETCH_WAIT_MS / 1000 + 10.0)
-                warmed, cid = 0, 1
-                for topic, n in sorted(topic_partitions(sock).items()):
-                    ends = end_offsets(sock, topic, n, cid)
-                    for partition, end in enumerate(ends):
-                        cid += 1
-                        if end > 0:
-                            fetch_once(sock, topic, partition, end - 1, cid)  # the last record
-                            warmed += 1
-                return warmed
-        except (OSError, ConnectionError, struct.error) as exc:
+                return _warm(sock)
+        except (OSError, struct.error) as exc:
             if time.monotonic() > deadline:
                 raise ServiceError(f"broker warm-up on port {port} failed: {exc}") from exc
             time.sleep(0.1)
+
+
+def _warm(sock: socket.socket) -> int:
+    """Fetch the last record of each non-empty partition; returns how many. The replies
+    are not needed, only that the broker read its storage: that loads the watermarks."""
+    ids = itertools.count(1)
+    meta = kafka_wire.metadata(sock, correlation_id=next(ids), client_id=_CLIENT_ID)
+    if meta.topic_errors:
+        raise ConnectionError(f"metadata of topics: error codes {meta.topic_errors}")
+    warmed = 0
+    for topic, n in sorted(meta.partitions.items()):
+        ends = kafka_wire.end_offsets(
+            sock, topic, n, correlation_id=next(ids), client_id=_CLIENT_ID
+        )
+        for partition, end in enumerate(ends):
+            if end > 0:
+                kafka_wire.fetch(
+                    sock,
+                    topic,
+                    partition,
+                    end - 1,
+                    FETCH_WAIT_MS,
+                    correlation_id=next(ids),
+                    client_id=_CLIENT_ID,
+                )
+                warmed += 1
+    return warmed
 
 
 # --------------------------------------------------------------------------- the gate
@@ -247,11 +179,11 @@ class BrokerGate:
         """Client to broker, frame by frame; a produce waits for the produce lock."""
         try:
             while True:
-                frame = _read_frame(client)
+                frame = kafka_wire.read_frame(client)
                 if frame is None:
                     break
-                api_key, corr = struct.unpack_from(">hxxi", frame, 4)
-                serial = api_key == _PRODUCE and _expects_response(frame)
+                api_key, corr = kafka_wire.request_header(frame)
+                serial = api_key == kafka_wire.PRODUCE and _expects_response(frame)
                 if serial:
                     self._produce_lock.acquire()
                 link.sent(corr, serial)
@@ -268,10 +200,10 @@ class BrokerGate:
         """Broker to client, frame by frame; a produce's response frees the produce lock."""
         try:
             while True:
-                frame = _read_frame(upstream)
+                frame = kafka_wire.read_frame(upstream)
                 if frame is None:
                     break
-                (corr,) = struct.unpack_from(">i", frame, 4)
+                corr = kafka_wire.response_correlation_id(frame)
                 if link.answered(corr):  # the broker is done with it, client there or not
                     self._produce_lock.release()
                 client.sendall(frame)
@@ -292,9 +224,6 @@ class BrokerGate:
         for s in (client, upstream):
             with contextlib.suppress(OSError):
                 s.close()
-
-
-_PRODUCE = 0
 
 
 class _Link:
@@ -339,43 +268,9 @@ class _Link:
             return holding
 
 
-def _read_frame(sock: socket.socket) -> bytes | None:
-    """One size-prefixed Kafka frame (prefix included), or None at end of stream."""
-    head = _read_exactly(sock, 4)
-    if head is None:
-        return None
-    (size,) = struct.unpack(">i", head)
-    if size < 4 or size > _MAX_FRAME:
-        raise OSError(f"bad Kafka frame size {size}")
-    body = _read_exactly(sock, size)
-    return None if body is None else head + body
-
-
-def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
 def _expects_response(frame: bytes) -> bool:
     """A produce request with acks != 0 (acks=0 gets no response); unparsed: True."""
     try:
-        return _produce_acks(frame) != 0
+        return kafka_wire.produce_acks(frame) != 0
     except struct.error:
         return True
-
-
-def _produce_acks(frame: bytes) -> int:
-    version = struct.unpack_from(">h", frame, 6)[0]
-    pos = 4 + 8
-    (client_len,) = struct.unpack_from(">h", frame, pos)
-    pos += 2 + max(client_len, 0)
-    if version >= 3:  # transactional_id (nullable string) comes first
-        (tx_len,) = struct.unpack_from(">h", frame, pos)
-        pos += 2 + max(tx_len, 0)
-    (acks,) = struct.unpack_from(">h", frame, pos)
-    return acks

@@ -19,20 +19,20 @@ Two ways to use them:
   process; their pids, ports, keys and log paths are kept in ``state_dir/services.json``
   (behind ``streamrft infra up|down|status``).
 
-Logs go to ``state_dir/logs/broker.log`` and ``state_dir/logs/object_store.log``.
+Logs go to ``state_dir/logs/broker.log`` and ``state_dir/logs/object_store.log``. The
+child processes are handled by :mod:`streamrft.infra.local.processes`; the broker's
+readiness probe speaks Kafka through :mod:`streamrft.infra.local.kafka_wire`.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import json
 import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import sysconfig
@@ -43,7 +43,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from streamrft.infra.local import kafka_wire
 from streamrft.infra.local.broker_gate import BrokerGate, warm_partitions
+from streamrft.infra.local.processes import (
+    STOP_GRACE_S,
+    Service,
+    log_header,
+    log_tail,
+    pid_is,
+    port_open,
+    spawn,
+    terminate_pid,
+)
 from streamrft.schemas.errors import ConfigError, ServiceError
 
 __all__ = [
@@ -64,9 +75,8 @@ STATE_FILE = "services.json"
 BROKER = "broker"
 OBJECT_STORE = "object_store"
 
-_STOP_GRACE_S = 5.0
-_LOG_TAIL_CHARS = 4000
 _PORT_RETRIES = 3
+_PROBE_ID = b"streamrft-probe"
 # Tansu: 'AddrInUse ... "Address in use"' (and exit code 0); JuiceFS: "port is already in use".
 _ADDR_IN_USE = ("address already in use", "address in use", "addrinuse", "port is already in use")
 _recent_ports: list[int] = []
@@ -137,218 +147,7 @@ def _juicefs_bin() -> str:
     )
 
 
-# --------------------------------------------------------------------------- processes
-
-
-def _log_tail(path: Path, offset: int = 0) -> str:
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            start = max(offset, size - _LOG_TAIL_CHARS)
-            f.seek(start)
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
-def _proc_start_time(pid: int) -> str | None:
-    """Start time of ``pid`` in clock ticks since boot (Linux /proc), or None if unknown.
-
-    Identifies a process across pid reuse. (Its command line is no good for that: JuiceFS
-    rewrites its own argv.)
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie counts as dead; our own zombies are reaped)."""
-    if pid <= 0:
-        return False
-    with contextlib.suppress(ChildProcessError, OSError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
-
-
-def _pid_is(pid: int, start_time: str | None) -> bool:
-    """Whether ``pid`` is alive and is still the process that started at ``start_time``."""
-    if not _pid_alive(pid):
-        return False
-    if start_time is None:
-        return True
-    current = _proc_start_time(pid)
-    return current is None or current == start_time
-
-
-def _terminate_pid(pid: int, grace_s: float = _STOP_GRACE_S) -> None:
-    """SIGTERM, wait up to ``grace_s``, then SIGKILL; returns when the process is gone."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while _pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if _pid_alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5.0
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-
-
-def _port_open(port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _die_with_parent_fn() -> Any:
-    """A ``preexec_fn`` that has Linux send SIGTERM to the child when its parent dies.
-
-    Only used when starting from the main thread: the death signal fires when the *thread*
-    that forked exits, so a child started from a short-lived worker thread would be
-    killed early.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-    sigterm = int(signal.SIGTERM)
-    parent = os.getpid()
-
-    def _preexec() -> None:
-        prctl(pr_set_pdeathsig, sigterm, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), sigterm)
-
-    return _preexec
-
-
-@dataclass
-class _Service:
-    name: str
-    port: int
-    argv: list[str]
-    log: Path
-    popen: subprocess.Popen[bytes] | None = None
-    pid: int = 0
-    log_offset: int = 0
-    start_time: str | None = None
-
-    def alive(self) -> bool:
-        if self.popen is not None:
-            return self.popen.poll() is None
-        return _pid_is(self.pid, self.start_time)
-
-    def tail(self) -> str:
-        return _log_tail(self.log, self.log_offset)
-
-    def stop(self) -> None:
-        if self.popen is not None:
-            if self.popen.poll() is None:
-                self.popen.terminate()
-                try:
-                    self.popen.wait(_STOP_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    self.popen.kill()
-                    self.popen.wait(5.0)
-        elif _pid_is(self.pid, self.start_time):
-            _terminate_pid(self.pid)
-
-
-def _spawn(
-    name: str, argv: list[str], log: Path, env: dict[str, str], *, detached: bool
-) -> _Service:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**env, "NO_COLOR": "1"}  # no ANSI escapes in the log files
-    with log.open("ab") as fh:
-        offset = fh.tell()
-        fh.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
-        fh.flush()
-        try:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-                preexec_fn=None if detached else _die_with_parent_fn(),
-            )
-        except OSError as e:
-            raise ServiceError(f"could not start the {name}: {e}") from e
-    return _Service(
-        name=name,
-        port=0,
-        argv=argv,
-        log=log,
-        popen=popen,
-        pid=popen.pid,
-        log_offset=offset,
-        start_time=_proc_start_time(popen.pid),
-    )
-
-
 # --------------------------------------------------------------------------- readiness
-
-
-def _kafka_metadata(port: int, timeout: float) -> list[tuple[str, int]]:
-    """Send a Kafka Metadata v0 request; return the advertised brokers as (host, port)."""
-    client_id = b"streamrft-probe"
-    correlation_id = 0x5EED
-    body = struct.pack(">hhih", 3, 0, correlation_id, len(client_id)) + client_id
-    body += struct.pack(">i", 0)  # topics: empty array = all topics
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.settimeout(timeout)
-        s.sendall(struct.pack(">i", len(body)) + body)
-
-        def recv(n: int) -> bytes:
-            buf = b""
-            while len(buf) < n:
-                chunk = s.recv(n - len(buf))
-                if not chunk:
-                    raise ConnectionError("broker closed the connection")
-                buf += chunk
-            return buf
-
-        (size,) = struct.unpack(">i", recv(4))
-        data = recv(size)
-    cid, n_brokers = struct.unpack_from(">ii", data, 0)
-    if cid != correlation_id:
-        raise ConnectionError(f"bad correlation id {cid} in Metadata response")
-    pos, brokers = 8, []
-    for _ in range(n_brokers):
-        _node, hlen = struct.unpack_from(">ih", data, pos)
-        pos += 6
-        host = data[pos : pos + hlen].decode()
-        pos += hlen
-        (bport,) = struct.unpack_from(">i", data, pos)
-        pos += 4
-        brokers.append((host, bport))
-    return brokers
 
 
 @contextlib.contextmanager
@@ -367,14 +166,14 @@ def _minio_client(port: int, access_key: str, secret_key: str, timeout: float) -
         http.clear()
 
 
-def _wait_ready(svc: _Service, probe: Any, deadline: float) -> None:
+def _wait_ready(svc: Service, probe: Any, deadline: float) -> None:
     """Poll ``probe()`` until it returns without raising; raise if the process dies."""
     last: BaseException | None = None
     while True:
         if not svc.alive():
             code = svc.popen.returncode if svc.popen is not None else None
             raise _Died(svc, code)
-        if _port_open(svc.port, timeout=0.5):
+        if port_open(svc.port, timeout=0.5):
             try:
                 probe()
             except Exception as e:
@@ -394,7 +193,7 @@ def _wait_ready(svc: _Service, probe: Any, deadline: float) -> None:
 
 
 class _Died(ServiceError):
-    def __init__(self, svc: _Service, code: int | None) -> None:
+    def __init__(self, svc: Service, code: int | None) -> None:
         self.tail = svc.tail()
         super().__init__(
             f"the {svc.name} exited with code {code} while starting; log {svc.log}:\n{self.tail}"
@@ -455,7 +254,7 @@ class LocalServices:
         self.access_key = access_key
         self.secret_key = secret_key
         self.startup_timeout_s = startup_timeout_s
-        self._services: dict[str, _Service] = {}
+        self._services: dict[str, Service] = {}
         self._gate: BrokerGate | None = None
         """In front of an s3-storage broker: clients reach it only once it is warmed up."""
         self._endpoints: Endpoints | None = None
@@ -529,7 +328,7 @@ class LocalServices:
             svc = self._service(name)
             if svc.popen is not None:
                 svc.popen.kill()
-                svc.popen.wait(_STOP_GRACE_S)
+                svc.popen.wait(STOP_GRACE_S)
             else:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(svc.pid, signal.SIGKILL)
@@ -554,7 +353,7 @@ class LocalServices:
                 self._gate.close()
             self._start_broker(deadline, detached=False, port=svc.port)
 
-    def _service(self, name: str) -> _Service:
+    def _service(self, name: str) -> Service:
         if name not in (BROKER, OBJECT_STORE):
             raise ConfigError(f"no service {name!r}: 'broker' or 'object_store'")
         svc = self._services.get(name)
@@ -621,33 +420,37 @@ class LocalServices:
         deadline: float,
         detached: bool,
         port: int | None = None,
-    ) -> _Service:
-        """Spawn on ``port`` (a restart), or on a fresh port, retrying when it was taken."""
-        fixed = port
-        for attempt in range(1 if fixed else _PORT_RETRIES):
-            port = fixed or free_port()
-            svc = _spawn(
-                name,
-                make_argv(port),
-                self.state_dir / "logs" / f"{name}.log",
-                env,
-                detached=detached,
-            )
-            svc.port = port
+    ) -> Service:
+        """Spawn on ``port`` (a restart), or on a fresh port, retrying when it was taken.
+
+        A service that dies while starting raises its log in a ServiceError; one that found
+        its port in use (a restart's port, or the last of ``_PORT_RETRIES`` fresh ones) says
+        so and names the port.
+        """
+        attempt = 0
+        while True:
+            attempt += 1
+            chosen = free_port() if port is None else port
+            log = self.state_dir / "logs" / f"{name}.log"
+            svc = spawn(name, chosen, make_argv(chosen), log, env, detached=detached)
             self._services[name] = svc
             try:
-                _wait_ready(svc, lambda p=port: probe(p), deadline)
+                _wait_ready(svc, lambda p=chosen: probe(p), deadline)
             except _Died as e:
                 self._services.pop(name, None)
-                if e.port_in_use and attempt + 1 < _PORT_RETRIES:
-                    continue
-                raise
+                if not e.port_in_use:
+                    raise
+                if port is None and attempt < _PORT_RETRIES:
+                    continue  # another process took the free port before the service did
+                raise ServiceError(
+                    f"the {name} could not listen on 127.0.0.1:{chosen}: the port is in use;"
+                    f" log {log}:\n{e.tail}"
+                ) from e
             return svc
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _start_object_store(
         self, deadline: float, detached: bool, port: int | None = None
-    ) -> _Service:
+    ) -> Service:
         exe = _juicefs_bin()
         root = self.state_dir / "object_store"
         (root / "data").mkdir(parents=True, exist_ok=True)
@@ -659,9 +462,7 @@ class LocalServices:
         fmt = [exe, "format", meta, VOLUME_NAME, "--storage", "file"]
         fmt += ["--bucket", f"{root / 'data'}/", "--trash-days", "0", "--no-update"]
         with log.open("ab") as fh:
-            offset = fh.tell()
-            fh.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(fmt)}\n".encode())
-            fh.flush()
+            offset = log_header(fh, fmt)
             try:
                 rc = subprocess.run(
                     fmt,
@@ -675,7 +476,7 @@ class LocalServices:
                 raise ServiceError(f"juicefs format failed: {e}; log {log}") from e
         if rc != 0:
             raise ServiceError(
-                f"juicefs format exited with code {rc}; log {log}:\n{_log_tail(log, offset)}"
+                f"juicefs format exited with code {rc}; log {log}:\n{log_tail(log, offset)}"
             )
         env = {
             **os.environ,
@@ -721,7 +522,7 @@ class LocalServices:
         except Exception as e:
             raise ServiceError(f"could not create bucket {bucket!r} for the broker: {e}") from e
 
-    def _start_broker(self, deadline: float, detached: bool, port: int | None = None) -> _Service:
+    def _start_broker(self, deadline: float, detached: bool, port: int | None = None) -> Service:
         exe = _broker_bin()
         env = dict(os.environ)
         if self.broker_storage == "s3":
@@ -753,7 +554,9 @@ class LocalServices:
             ]
 
         def probe(port: int) -> None:
-            brokers = _kafka_metadata(port, timeout=1.0)
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+                meta = kafka_wire.metadata(sock, correlation_id=0x5EED, client_id=_PROBE_ID)
+            brokers = meta.brokers
             if ("127.0.0.1", advertised(port)) not in brokers:
                 raise ServiceError(
                     f"broker advertises {brokers}, expected 127.0.0.1:{advertised(port)}"
@@ -762,13 +565,13 @@ class LocalServices:
         svc = self._launch(BROKER, argv, env, probe, deadline, detached, port)
         if self.broker_storage == "s3":
             # load every partition's watermark before any client may produce (see
-            # infra/broker_gate.py); the bucket may hold topics of an earlier broker
+            # broker_gate.py); the bucket may hold topics of an earlier broker
             warm_partitions(svc.port, max(1.0, deadline - time.monotonic()))
             if self._gate is not None:
                 self._gate.open(svc.port)
         return svc
 
-    def _public_port(self, broker: _Service) -> int:
+    def _public_port(self, broker: Service) -> int:
         """The port clients use: the gate's, or the broker's own."""
         return self._gate.public_port if self._gate is not None else broker.port
 
@@ -861,9 +664,9 @@ def down(state_dir: Path) -> bool:
         if rec is None:
             continue
         pid = int(rec["pid"])
-        if _pid_is(pid, rec.get("start_time")):
+        if pid_is(pid, rec.get("start_time")):
             was_running = True
-            _terminate_pid(pid)
+            terminate_pid(pid)
     with contextlib.suppress(FileNotFoundError):
         _state_path(state_dir).unlink()
     return was_running
@@ -881,8 +684,8 @@ def status(state_dir: Path) -> dict[str, Any] | None:
         return None
     services = state.get("services", {})
     for rec in services.values():
-        rec["alive"] = _pid_is(int(rec["pid"]), rec.get("start_time"))
-        rec["port_open"] = rec["alive"] and _port_open(int(rec["port"]))
+        rec["alive"] = pid_is(int(rec["pid"]), rec.get("start_time"))
+        rec["port_open"] = rec["alive"] and port_open(int(rec["port"]))
     state["running"] = bool(services) and all(
         r["alive"] and r["port_open"] for r in services.values()
     )

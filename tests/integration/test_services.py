@@ -224,7 +224,7 @@ def test_broker_killed_under_load_loses_no_acknowledged_record(tmp_path: Path) -
 
     from aiokafka import TopicPartition
 
-    from streamrft.infra import kafka
+    from streamrft.infra import admin, kafka
     from streamrft.infra.config import KafkaConfig
     from streamrft.infra.retry import retrying
     from streamrft.schemas.topics import TopicNames
@@ -253,7 +253,7 @@ def test_broker_killed_under_load_loses_no_acknowledged_record(tmp_path: Path) -
 
     async def scenario(svc: LocalServices) -> dict[bytes, int]:
         cfg = KafkaConfig(bootstrap_servers=svc.endpoints.bootstrap_servers)
-        await kafka.ensure_topics(cfg, topics)
+        await admin.ensure_topics(cfg, topics)
         stop = asyncio.Event()
         load = asyncio.create_task(produce(cfg, stop))
         while len(acked) < 100:
@@ -296,7 +296,7 @@ def test_concurrent_producers_on_s3_storage_lose_nothing(tmp_path: Path) -> None
 
     from aiokafka import TopicPartition
 
-    from streamrft.infra import kafka
+    from streamrft.infra import admin, kafka
     from streamrft.infra.config import KafkaConfig
     from streamrft.schemas.topics import TopicNames
 
@@ -316,7 +316,7 @@ def test_concurrent_producers_on_s3_storage_lose_nothing(tmp_path: Path) -> None
 
     async def scenario(bootstrap: str) -> set[bytes]:
         cfg = KafkaConfig(bootstrap_servers=bootstrap, control_fetch_max_wait_ms=500)
-        await kafka.ensure_topics(cfg, topics)
+        await admin.ensure_topics(cfg, topics)
         await asyncio.gather(*(produce(cfg, f"p{k}", 60) for k in range(4)))
         reader = kafka.topic_reader(cfg, "check")
         await kafka.start_client(reader, "check")
@@ -335,3 +335,24 @@ def test_concurrent_producers_on_s3_storage_lose_nothing(tmp_path: Path) -> None
         seen = asyncio.run(scenario(svc.endpoints.bootstrap_servers))
     assert len(acked) == 240
     assert sorted(acked - seen) == []
+
+
+def test_restart_on_a_port_in_use_reports_it(tmp_path: Path) -> None:
+    """A restart keeps the service's port; when something else holds it by then, the
+    restart fails with a ServiceError that names the port and carries the broker's log."""
+    with LocalServices(tmp_path, object_store=False, startup_timeout_s=20) as svc:
+        port = svc._services["broker"].port
+        svc.kill("broker")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+            # SO_REUSEADDR: the killed broker's connections may linger in TIME_WAIT
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            squatter.bind(("127.0.0.1", port))
+            squatter.listen()
+            with pytest.raises(ServiceError) as err:
+                svc.restart("broker")
+        message = str(err.value)
+        assert f"127.0.0.1:{port}" in message
+        assert "in use" in message
+        assert "broker.log" in message
+        assert "addr" in message.lower().split("broker.log", 1)[1]  # the broker's own words
+        assert "broker" not in svc._services
