@@ -2,7 +2,7 @@
 
 Starts the local Tansu broker (``LocalServices``, broker only, in a temporary folder that is
 removed afterwards), creates a fresh topic set per shape with ``TopicNames`` /
-``kafka.ensure_topics`` and pushes realistic ``ExperienceGroup`` messages (random token
+``admin.ensure_topics`` and pushes realistic ``ExperienceGroup`` messages (random token
 ids, log-probs and masks) through the real client code path:
 
 - producer: ``kafka.data_producer`` (acks=all, as configured for the explorer); per
@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamrft.infra import kafka
+from streamrft.infra import admin, kafka
 from streamrft.infra.config import KafkaConfig
 from streamrft.infra.local.services import LocalServices
 from streamrft.schemas import (
@@ -205,7 +205,7 @@ async def kafka_once(
     cfg: KafkaConfig, shape: Shape, groups: list[ExperienceGroup], run: str, timeout_s: float
 ) -> dict[str, float]:
     topics = TopicNames(cfg.topic_prefix, run)
-    await kafka.ensure_topics(cfg, topics)
+    await admin.ensure_topics(cfg, topics)
     consumer = kafka.experience_consumer(cfg, topics.experiences, f"{run}-trainer", "bench-trainer")
     producer = kafka.data_producer(cfg, "bench-explorer")
     started: list[object] = []

@@ -1,19 +1,67 @@
 """What the trainer holds between consuming and training. Pure logic, no I/O.
 
-- Deduplicates by experience id (at-least-once delivery upstream).
+- Deduplicates by experience id (at-least-once delivery upstream), remembering the most
+  recent ``dedup_window`` ids (:class:`SeenIds`).
 - Drops groups more than ``max_staleness`` versions behind, counted.
 - Tracks, per partition, the offset from which a restart must read again: the lowest
   offset still buffered (not trained), or the next offset when nothing is buffered.
+
+Why a window is enough: a restart resumes each partition at the offset the checkpoint
+stored, so records before it are never read again; what can still arrive is a new copy
+of a group published later (an explorer that crashed after publishing and explored the
+task again, the feeder sending an epoch again after a broker outage, two explorers after
+a rebalance). Such a copy comes soon after the original, within a window of recent ids.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from streamrft.consumers.state import DIGEST_SIZE, TrainerState, id_digest, offsets_list
 from streamrft.schemas.experience import ExperienceGroup
 
 PartitionKey = tuple[str, int]
+
+DEFAULT_DEDUP_WINDOW = 100_000
+"""``trainer.dedup_window``'s default."""
+
+
+class SeenIds:
+    """The most recent ``window`` experience ids, as digests (``state.id_digest``).
+
+    Adding beyond ``window`` forgets the oldest: a copy of an experience that arrives more
+    than ``window`` ids after its original is not recognised.
+    """
+
+    def __init__(self, window: int, digests: bytes = b"") -> None:
+        self.window = window
+        self._order: deque[bytes] = deque()
+        self._set: set[bytes] = set()
+        self.add(digests[i : i + DIGEST_SIZE] for i in range(0, len(digests), DIGEST_SIZE))
+
+    def any_of(self, digests: Iterable[bytes]) -> bool:
+        return any(d in self._set for d in digests)
+
+    def add(self, digests: Iterable[bytes]) -> None:
+        for d in digests:
+            if d not in self._set:
+                self._order.append(d)
+                self._set.add(d)
+        while len(self._order) > self.window:
+            self._set.discard(self._order.popleft())
+
+    def encode(self, leave_out: set[bytes]) -> bytes:
+        """The remembered digests, oldest first, concatenated, without ``leave_out``."""
+        return b"".join(d for d in self._order if d not in leave_out)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+def _digests(group: ExperienceGroup) -> list[bytes]:
+    return [id_digest(e.id) for e in group.experiences]
 
 
 @dataclass
@@ -26,20 +74,28 @@ class Buffered:
 @dataclass
 class ExperienceBuffer:
     max_staleness: int
-    seen: set[str] = field(default_factory=set)
+    dedup_window: int = DEFAULT_DEDUP_WINDOW
+    seen: SeenIds = field(init=False)
     queue: deque[Buffered] = field(default_factory=deque)
     next_offsets: dict[PartitionKey, int] = field(default_factory=dict)
     duplicates_dropped: int = 0
     stale_dropped: int = 0
 
+    def __post_init__(self) -> None:
+        self.seen = SeenIds(self.dedup_window)
+
+    def skip(self, partition: PartitionKey, offset: int) -> None:
+        """A record consumed but not offered (dead-lettered): a restart resumes after it."""
+        self.next_offsets[partition] = max(self.next_offsets.get(partition, 0), offset + 1)
+
     def offer(self, group: ExperienceGroup, partition: PartitionKey, offset: int) -> bool:
         """Take a consumed group; False when it was a duplicate (already seen)."""
-        self.next_offsets[partition] = max(self.next_offsets.get(partition, 0), offset + 1)
-        ids = [e.id for e in group.experiences]
-        if any(i in self.seen for i in ids):
+        self.skip(partition, offset)
+        digests = _digests(group)
+        if self.seen.any_of(digests):
             self.duplicates_dropped += 1
             return False
-        self.seen.update(ids)
+        self.seen.add(digests)
         self.queue.append(Buffered(group, partition, offset))
         return True
 
@@ -70,3 +126,33 @@ class ExperienceBuffer:
         for item in self.queue:
             offsets[item.partition] = min(offsets[item.partition], item.offset)
         return offsets
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def dedup_state(self) -> bytes:
+        """The dedup window as :attr:`TrainerState.seen`: the ids of groups still buffered
+        are left out, since a restart reads those groups again from the resume offsets."""
+        queued = {d for item in self.queue for d in _digests(item.group)}
+        return self.seen.encode(leave_out=queued)
+
+    def state(self, *, step: int, version: int, counters: Mapping[str, float]) -> TrainerState:
+        """The trainer's checkpoint state: this buffer's part plus the loop's own."""
+        return TrainerState(
+            step=step,
+            version=version,
+            offsets=offsets_list(self.resume_offsets()),
+            seen=self.dedup_state(),
+            counters=dict(counters),
+            duplicates_dropped=self.duplicates_dropped,
+            stale_dropped=self.stale_dropped,
+        )
+
+    def restore(self, state: TrainerState) -> None:
+        """Go on from ``state`` (in place: other components hold this buffer), emptied: the
+        dedup window (cut to the newest ``dedup_window`` ids if it was larger), the drop
+        counters, and the resume offsets as next offsets, so a partition nothing is read
+        from keeps its offset in the next checkpoint."""
+        self.queue.clear()
+        self.seen = SeenIds(self.dedup_window, state.seen)
+        self.next_offsets = state.resume_offsets()
+        self.duplicates_dropped = state.duplicates_dropped
+        self.stale_dropped = state.stale_dropped

@@ -3,26 +3,42 @@
 ``<run dir>/checkpoints/step_00000050/``:
 - ``model.safetensors``: the policy's weights (tied aliases stored once);
 - ``optimizer.safetensors``: every optimizer state tensor, named ``<param index>.<key>``;
-- ``state.json``: step, version, optimizer hyper-parameters and scalar state, consumed
-  offsets, seen experience ids, counters.
-A checkpoint is written to a temporary folder and renamed into place, then ``latest``
-is updated: a crash mid-write leaves the previous checkpoint intact.
+- ``optimizer.json``: the optimizer's hyper-parameters and scalar state;
+- ``state.json``: the :class:`~streamrft.consumers.state.TrainerState` (step, version,
+  resume offsets, the dedup window, counters);
+- ``keep`` (optional, made by hand): the folder is never deleted by retention.
+``latest`` names the newest complete folder.
+
+Atomic and durable: a checkpoint is written to a temporary folder, every file and the
+folder are fsynced, it is renamed into place, then ``latest`` is replaced the same way
+(temporary file, fsync, rename, fsync of the parent). The folder ``latest`` names is
+never deleted before its successor is in place: saving a step again first renames the
+old folder aside to ``step_N.prev``, which :func:`latest_checkpoint` reads if a crash
+came between the two renames. Only after ``latest`` names the new folder are older ones
+deleted: all but the newest ``keep`` (0: none deleted) and those holding a ``keep`` file.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from streamrft.consumers.state import STATE_DECODER, STATE_ENCODER, TrainerState, from_legacy
 from streamrft.schemas.errors import StreamRFTError
 from streamrft.sync.weights import apply_state_dict, unique_state_dict
+
+KEEP_MARKER = "keep"
+"""A file of this name in a checkpoint folder exempts it from retention."""
+
+_STEP_DIR = re.compile(r"step_(\d+)")
 
 
 class CheckpointError(StreamRFTError):
@@ -52,53 +68,136 @@ def _optimizer_join(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> d
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
+# -- durable files ---------------------------------------------------------------------------
+def _fsync(path: Path) -> None:
+    """Flush a file's or a folder's contents (a folder: its entries) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _point_latest(root: Path, name: str) -> None:
+    tmp = root / ".latest.tmp"
+    _write_durably(tmp, name.encode())
+    os.replace(tmp, root / "latest")
+    _fsync(root)
+
+
+def _write_folder(folder: Path, state: TrainerState, model, optimizer, marked: bool) -> None:
+    """Every file of a checkpoint into a fresh ``folder``, all of them on disk at return."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    save_file(unique_state_dict(model), str(folder / "model.safetensors"))
+    opt_tensors, opt_meta = _optimizer_split(optimizer)
+    save_file(opt_tensors, str(folder / "optimizer.safetensors"))
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        _fsync(folder / name)
+    _write_durably(folder / "optimizer.json", msgspec.json.encode(opt_meta))
+    _write_durably(folder / "state.json", STATE_ENCODER.encode(state))
+    if marked:
+        _write_durably(folder / KEEP_MARKER, b"")
+    _fsync(folder)
+
+
+# -- saving ----------------------------------------------------------------------------------
 def save_checkpoint(
     root: Path,
-    step: int,
+    state: TrainerState,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    state: dict[str, Any],
+    keep: int,
 ) -> Path:
+    """Write ``root/step_<state.step>`` durably, point ``latest`` at it, then delete the
+    checkpoints older than the newest ``keep`` (0: keep all) that hold no ``keep`` file."""
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:08d}"
-    tmp = root / f".tmp_step_{step:08d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file(unique_state_dict(model), str(tmp / "model.safetensors"))
-    opt_tensors, opt_meta = _optimizer_split(optimizer)
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-    (tmp / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": opt_meta}))
-    shutil.rmtree(final, ignore_errors=True)
+    final = root / f"step_{state.step:08d}"
+    tmp = root / f".tmp_{final.name}"
+    _write_folder(tmp, state, model, optimizer, marked=(final / KEEP_MARKER).exists())
+    if final.exists():  # this step saved again: set aside, deleted once latest moves on
+        aside = root / f"{final.name}.prev"
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
     os.replace(tmp, final)
-    latest_tmp = root / ".latest.tmp"
-    latest_tmp.write_text(final.name)
-    os.replace(latest_tmp, root / "latest")
+    _fsync(root)
+    _point_latest(root, final.name)
+    _prune(root, state.step, keep)
     return final
 
 
+def _step_folders(root: Path) -> list[tuple[int, Path]]:
+    found = []
+    for path in root.iterdir():
+        m = _STEP_DIR.fullmatch(path.name)
+        if m and path.is_dir():
+            found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def _prune(root: Path, step: int, keep: int) -> None:
+    """Delete what the save at ``step`` (now ``latest``) made obsolete: folders set aside
+    or left half-written by earlier saves, and checkpoints of earlier steps beyond the
+    newest ``keep`` unless marked. Later steps (an earlier run in this folder) stay."""
+    for leftover in [*root.glob("step_*.prev"), *root.glob(".tmp_step_*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
+    if keep == 0:
+        return
+    older = [path for s, path in _step_folders(root) if s < step]
+    for path in older[: max(len(older) - (keep - 1), 0)]:
+        if not (path / KEEP_MARKER).exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# -- loading ---------------------------------------------------------------------------------
 def latest_checkpoint(root: Path) -> Path | None:
+    """The folder ``latest`` names, or None when there is no complete checkpoint.
+
+    A crash while the step ``latest`` names was being saved again can leave that folder
+    aside as ``step_N.prev``; it is returned then.
+    """
     marker = root / "latest"
     if not marker.is_file():
         return None
-    path = root / marker.read_text().strip()
-    return path if (path / "state.json").is_file() else None
+    name = marker.read_text().strip()
+    for path in (root / name, root / f"{name}.prev"):
+        if (path / "state.json").is_file():
+            return path
+    return None
+
+
+def _read_state(path: Path) -> tuple[TrainerState, dict[str, Any]]:
+    """The trainer state and optimizer meta of ``path``, in either layout."""
+    raw = (path / "state.json").read_bytes()
+    meta_file = path / "optimizer.json"
+    if meta_file.is_file():
+        return STATE_DECODER.decode(raw), msgspec.json.decode(meta_file.read_bytes())
+    # written before TrainerState: one dict, the optimizer meta inside
+    old = msgspec.json.decode(raw, type=dict[str, Any])
+    return from_legacy(old), old["optimizer"]
 
 
 def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> dict[str, Any]:
+) -> TrainerState:
     """Restore model and optimizer from ``path``; returns the rest of the trainer state.
 
     Every file is read and decoded before anything is applied, so a damaged checkpoint
-    raises :class:`CheckpointError` and leaves model and optimizer untouched.
+    raises :class:`CheckpointError` and leaves model and optimizer untouched. A checkpoint
+    written before :class:`TrainerState` existed loads too.
     """
     try:
-        state = json.loads((path / "state.json").read_text())
+        state, opt_meta = _read_state(path)
         weights = load_file(str(path / "model.safetensors"))
-        opt_state = _optimizer_join(
-            load_file(str(path / "optimizer.safetensors")), state.pop("optimizer")
-        )
-    except (OSError, ValueError, KeyError, SafetensorError) as exc:
+        opt_state = _optimizer_join(load_file(str(path / "optimizer.safetensors")), opt_meta)
+    except (OSError, ValueError, KeyError, SafetensorError, msgspec.MsgspecError) as exc:
         raise CheckpointError(f"checkpoint {path}: {exc}") from exc
     apply_state_dict(model, weights)
     try:

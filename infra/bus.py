@@ -1,8 +1,16 @@
-"""A component's connection to the event topics: status, metrics, dead letters, control.
+"""A component's connection to the run's event topics, in two parts with one job each.
 
-Every long-running process (explorer, trainer, feeder) holds one :class:`EventBus`. It owns
-the event producer and, when asked, a background reader of the control topic that keeps
-the newest :class:`ModelVersionReady` and notices :class:`Shutdown`.
+- :class:`EventSender` sends: control events, status heartbeats, metrics, dead letters
+  (acks=all, retried through a broker outage). What a status or metrics event says about
+  the component (its step, version, whether it starves) comes from a ``position``
+  callback the owner passes in, so nobody assigns the sender's fields.
+- :class:`ControlView` reads: a background reader of the control topic (and, when asked,
+  the status topic) that keeps a read-only picture of the run: the versions announced,
+  the newest status of every peer, pending sync requests, whether a Shutdown came. Callers
+  query it and wait on it (:meth:`ControlView.wait_until`); they never change it.
+
+Every long-running process (explorer, trainer, feeder) holds one sender and, if it follows
+the run, one view. Both have an explicit lifecycle (``start``/``stop``, stop safe twice).
 """
 
 from __future__ import annotations
@@ -11,15 +19,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from streamrft.infra import kafka
 from streamrft.infra.config import Config
+from streamrft.infra.consume import Record, consume
 from streamrft.infra.retry import retrying
 from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, Codec, dead_letter_of
-from streamrft.schemas.errors import SchemaError, ServiceError, SyncTimeout
+from streamrft.schemas.errors import ServiceError, SyncTimeout
 from streamrft.schemas.events import (
     ControlEvent,
     MetricsEvent,
@@ -37,82 +48,100 @@ HEARTBEAT_S = 5.0
 """Long-running components re-send their status this often (liveness for the trainer)."""
 SHUTDOWN_CLOCK_SKEW_S = 2.0
 """A Shutdown event older than this process by more than this is from an earlier attempt."""
+PEER_HISTORY_S = 60.0
+"""Status events older than this process by more than this are from an earlier attempt."""
 
 
-class EventBus:
-    def __init__(self, cfg: Config, component: str, role: str) -> None:
+class Counters:
+    """A process's running totals (groups published, versions applied, ...), reported with
+    every status event. Components add to them; nobody replaces them."""
+
+    def __init__(self, initial: Mapping[str, float] | None = None) -> None:
+        self._values: dict[str, float] = dict(initial or {})
+
+    def add(self, name: str, n: float = 1) -> None:
+        self._values[name] = self._values.get(name, 0) + n
+
+    def set(self, name: str, value: float) -> None:
+        self._values[name] = value
+
+    def restore(self, values: Mapping[str, float]) -> None:
+        """Take the totals of an earlier attempt (a checkpoint), on top of these."""
+        self._values.update(values)
+
+    def get(self, name: str, default: float = 0) -> float:
+        return self._values.get(name, default)
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self._values)
+
+    def __getitem__(self, name: str) -> float:
+        return self._values[name]
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a component stands, as its status and metrics events report it."""
+
+    step: int = 0
+    version: int = -1
+    starved: bool = False
+    """Trainer only: it has waited a while for experiences (see StatusEvent.starved)."""
+
+
+class EventSender:
+    """Sends one component's events. ``position()`` is read at every send."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        component: str,
+        role: str,
+        counters: Counters | None = None,
+        position: Callable[[], Position] = Position,
+    ) -> None:
         self.cfg = cfg
         self.topics = cfg.topics()
         self.component = component
         self.role = role
-        self.counters: dict[str, float] = {}
+        self.counters = counters if counters is not None else Counters()
+        self._position = position
         self.state = RunState.RUNNING
-        self.starved = False
-        """Sent with every status: the trainer waits for experiences (see StatusEvent)."""
-        self.step = 0
-        self.version = -1
+        """The state this component last reported (see :meth:`status`)."""
         self._producer: AIOKafkaProducer | None = None
-        self._control: AIOKafkaConsumer | None = None
-        self._control_task: asyncio.Task[None] | None = None
-        self.versions: dict[int, ModelVersionReady] = {}
-        """Every version announced on the control topic, by number."""
-        self.version_event = asyncio.Event()
-        self.shutdown_event = asyncio.Event()
-        self.sync_requests: list[SyncRequest] = []
-        self.started_at = time.time()
-        self.peers: dict[str, StatusEvent] = {}
-        """Newest status of every other component (when started with ``listen_status``)."""
-        self._peer_seen: dict[str, float] = {}
         self._heartbeat_task: asyncio.Task[None] | None = None
 
-    async def start(
-        self, listen_control: bool = False, listen_status: bool = False, heartbeat_s: float = 0.0
-    ) -> None:
-        """Start the producer; optionally follow control (and status) and send heartbeats."""
+    async def start(self, heartbeat_s: float = 0.0) -> None:
+        """Start the producer; with ``heartbeat_s``, re-send the status that often."""
         self._producer = kafka.event_producer(self.cfg.kafka, f"{self.component}-events")
         await kafka.start_client(self._producer, f"{self.component} event producer")
-        topics = [self.topics.control] if listen_control else []
-        if listen_status:
-            topics.append(self.topics.status)
-        if topics:
-            self._control = kafka.event_reader(self.cfg.kafka, topics, f"{self.component}-control")
-            await kafka.start_client(self._control, f"{self.component} control reader")
-            self._control_task = asyncio.create_task(self._read_control())
         if heartbeat_s > 0:
             self._heartbeat_task = asyncio.create_task(self._heartbeat(heartbeat_s))
 
     async def stop(self) -> None:
-        """Stop the control reader and flush the producer; safe to call twice."""
+        """Stop the heartbeat and flush the producer; safe to call twice."""
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._heartbeat_task
             self._heartbeat_task = None
-        if self._control_task is not None:
-            self._control_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._control_task
-            self._control_task = None
-        if self._control is not None:
-            await self._control.stop()
-            self._control = None
         if self._producer is not None:
             await self._producer.stop()
             self._producer = None
 
-    async def __aenter__(self) -> EventBus:
+    async def __aenter__(self) -> EventSender:
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    # -- sending ---------------------------------------------------------------------------
     async def send(self, topic: str, codec: Codec, obj: object, key: str | None = None) -> None:
-        """Send one event (acks=all), retrying through a broker outage of up to
-        ``run.outage_timeout_s``; then :class:`ServiceError`."""
+        """Send one event (acks=all, awaited, as its own batch), retrying through a broker
+        outage of up to ``run.outage_timeout_s``; then :class:`ServiceError`."""
         producer = self._producer
         if producer is None:
-            raise ServiceError(f"{self.component}: event bus not started")
+            raise ServiceError(f"{self.component}: event sender not started")
         value, headers = codec.encode(obj), codec.headers()
 
         async def attempt() -> None:
@@ -124,110 +153,205 @@ class EventBus:
             f"{self.component}: sending to {topic}",
             attempt,
             self.cfg.run.outage_timeout_s,
-            lambda _exc: self.count("send_retries"),
+            lambda _exc: self.counters.add("send_retries"),
         )
 
     async def control(self, event: ControlEvent) -> None:
-        """Send one control event as its own batch (acks=all, awaited)."""
         await self.send(self.topics.control, CONTROL, event, key=self.component)
 
     async def status(self, state: RunState | None = None, detail: str = "") -> None:
+        """Send a status event; ``state`` (when given) becomes the state reported from now."""
         if state is not None:
             self.state = state
-        await self.send(
-            self.topics.status,
-            STATUS,
-            StatusEvent(
-                component=self.component,
-                role=self.role,
-                state=self.state,
-                step=self.step,
-                version=self.version,
-                created_at=time.time(),
-                detail=detail,
-                counters=dict(self.counters),
-                starved=self.starved,
-            ),
-            key=self.component,
+        pos = self._position()
+        event = StatusEvent(
+            component=self.component,
+            role=self.role,
+            state=self.state,
+            step=pos.step,
+            version=pos.version,
+            created_at=time.time(),
+            detail=detail,
+            counters=self.counters.snapshot(),
+            starved=pos.starved,
         )
+        await self.send(self.topics.status, STATUS, event, key=self.component)
 
     async def metrics(
         self, values: dict[str, float], trained: list[TrainedGroup] | None = None
     ) -> None:
-        await self.send(
-            self.topics.metrics,
-            METRICS,
-            MetricsEvent(
-                run=self.topics.run,
-                component=self.component,
-                step=self.step,
-                version=self.version,
-                values=values,
-                created_at=time.time(),
-                trained=trained or [],
-            ),
-            key=self.topics.run,
+        pos = self._position()
+        event = MetricsEvent(
+            run=self.topics.run,
+            component=self.component,
+            step=pos.step,
+            version=pos.version,
+            values=values,
+            created_at=time.time(),
+            trained=trained or [],
         )
+        await self.send(self.topics.metrics, METRICS, event, key=self.topics.run)
 
-    async def dead_letter(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        value: bytes | None,
-        exc: Exception,
-    ) -> None:
+    async def dead_letter(self, record: Record) -> None:
         """Record a message this component could not handle; never drop it silently."""
         letter = dead_letter_of(
-            topic,
-            partition,
-            offset,
-            key,
-            value,
-            exc,
+            record.topic,
+            record.partition,
+            record.offset,
+            record.key,
+            record.value,
+            record.error,
             self.component,
             self.cfg.kafka.max_request_bytes,
         )
-        log.warning("dead letter %s[%d]@%d: %s", topic, partition, offset, letter.reason)
-        self.count("dead_letters")
+        log.warning(
+            "dead letter %s[%d]@%d: %s",
+            record.topic,
+            record.partition,
+            record.offset,
+            letter.reason,
+        )
+        self.counters.add("dead_letters")
         await self.send(self.topics.dead_letters, DEAD_LETTER, letter, key=self.component)
 
-    def count(self, name: str, n: float = 1) -> None:
-        self.counters[name] = self.counters.get(name, 0) + n
-
-    # -- control ---------------------------------------------------------------------------
-    async def _read_control(self) -> None:
-        assert self._control is not None
+    async def _heartbeat(self, every_s: float) -> None:
         while True:
-            batches = await self._control.getmany(timeout_ms=200)
-            for tp, records in batches.items():
-                is_status = tp.topic == self.topics.status
-                for rec in records:
-                    try:
-                        if is_status:
-                            self._on_status(STATUS.decode(rec.value, rec.headers))
-                        else:
-                            self._on_control(CONTROL.decode(rec.value, rec.headers))
-                    except SchemaError as exc:
-                        await self.dead_letter(
-                            tp.topic, tp.partition, rec.offset, rec.key, rec.value, exc
-                        )
+            await asyncio.sleep(every_s)
+            with contextlib.suppress(ServiceError):
+                await self.status()
+
+
+class ControlView:
+    """What a component knows of the run from the control (and status) topics. Read-only.
+
+    ``dead_letter`` is how a record that does not decode is set aside (the component's
+    :meth:`EventSender.dead_letter`). If the reader fails for any other reason (a dead
+    letter that cannot be sent within ``run.outage_timeout_s``, a broker error), every
+    later :meth:`check` and :meth:`wait_until` raises :class:`ServiceError` with the cause:
+    the process fails loudly instead of waiting for versions that can no longer arrive.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        component: str,
+        dead_letter: Callable[[Record], object],
+        listen_status: bool = False,
+    ) -> None:
+        self.cfg = cfg
+        self.topics = cfg.topics()
+        self.component = component
+        self._dead_letter = dead_letter
+        self._listen_status = listen_status
+        self.started_at = time.time()
+        self.shutdown = asyncio.Event()
+        """Set once a Shutdown newer than this process arrives."""
+        self._changed = asyncio.Event()
+        self._versions: dict[int, ModelVersionReady] = {}
+        self._requests: list[SyncRequest] = []
+        self._peers: dict[str, StatusEvent] = {}
+        self._peer_seen: dict[str, float] = {}
+        self._reader: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        topics = [self.topics.control]
+        if self._listen_status:
+            topics.append(self.topics.status)
+        self._reader = kafka.event_reader(self.cfg.kafka, topics, f"{self.component}-control")
+        await kafka.start_client(self._reader, f"{self.component} control reader")
+        self._task = asyncio.create_task(self._read())
+
+    async def stop(self) -> None:
+        """Stop the reader; safe to call twice."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._reader is not None:
+            await self._reader.stop()
+            self._reader = None
+
+    # -- the reader --------------------------------------------------------------------------
+    async def _read(self) -> None:
+        """Follow the topics until cancelled. Sends it makes (dead letters) already ride out
+        a broker outage (:meth:`EventSender.send`); any failure that reaches here is kept
+        for :meth:`check` and ends the reader: the record it happened on was read and will
+        not come again, so reading on would lose it silently."""
+        codecs = {self.topics.control: CONTROL, self.topics.status: STATUS}
+        assert self._reader is not None
+        try:
+            await consume(self._reader, codecs, self._on_record, on_bad=self._dead_letter)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # kept for check(): the process fails with the cause
+            log.error("%s: control reader failed: %r", self.component, exc)
+            self._error = exc
+            self._changed.set()
+
+    def _on_record(self, rec: Record) -> None:
+        if rec.topic == self.topics.status:
+            self._on_status(rec.obj)
+        else:
+            self._on_control(rec.obj)
+        self._changed.set()
+
+    def _on_status(self, event: StatusEvent) -> None:
+        if event.component != self.component and event.created_at >= (
+            self.started_at - PEER_HISTORY_S
+        ):
+            self._peers[event.component] = event
+            self._peer_seen[event.component] = time.monotonic()
+
+    def _on_control(self, event: ControlEvent) -> None:
+        match event:
+            case ModelVersionReady():
+                # a later announcement of the same version (an nccl broadcast's object-store
+                # fallback) replaces the earlier one
+                self._versions[event.version] = event
+            case Shutdown():
+                # The control topic is read from the beginning, so a resumed run also sees
+                # the Shutdown that ended its previous attempt: only a newer one counts.
+                if event.created_at and event.created_at < self.started_at - SHUTDOWN_CLOCK_SKEW_S:
+                    log.debug("%s: ignoring a Shutdown from before this process", self.component)
+                    return
+                log.info("%s: shutdown requested (%s)", self.component, event.reason)
+                self.shutdown.set()
+            case SyncRequest():
+                self._requests.append(event)
+
+    # -- queries -----------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise :class:`ServiceError` (with the cause) if the reader has failed."""
+        if self._error is not None:
+            raise ServiceError(
+                f"{self.component}: the control-topic reader failed: {self._error!r}"
+            ) from self._error
+
+    @property
+    def versions(self) -> Mapping[int, ModelVersionReady]:
+        """Every version announced so far, by number (its latest announcement)."""
+        return types.MappingProxyType(self._versions)
 
     @property
     def latest_version(self) -> ModelVersionReady | None:
-        """The newest version announced so far (its latest announcement)."""
-        return self.versions[max(self.versions)] if self.versions else None
+        return self._versions[max(self._versions)] if self._versions else None
 
-    def _on_status(self, event: StatusEvent) -> None:
-        if event.component != self.component and event.created_at >= self.started_at - 60:
-            self.peers[event.component] = event
-            self._peer_seen[event.component] = time.monotonic()
+    def requests_above(self, version: int) -> list[SyncRequest]:
+        """Sync requests for a version above ``version`` (older ones are answered)."""
+        self._requests = [r for r in self._requests if r.min_version > version]
+        return list(self._requests)
+
+    def peer(self, component: str) -> StatusEvent | None:
+        return self._peers.get(component)
 
     def peer_starved(self, component: str, since: float) -> bool:
         """Whether ``component`` (the trainer) said it starves in a status sent after
         ``since`` (Unix time): an older word may predate what this process just sent."""
-        ev = self.peers.get(component)
+        ev = self._peers.get(component)
         return (
             ev is not None and ev.starved and ev.state != RunState.STOPPED and ev.created_at > since
         )
@@ -237,49 +361,25 @@ class EventBus:
         now = time.monotonic()
         return sorted(
             name
-            for name, ev in self.peers.items()
+            for name, ev in self._peers.items()
             if ev.role == role
             and ev.state != RunState.STOPPED
             and now - self._peer_seen[name] <= within_s
         )
 
-    async def _heartbeat(self, every_s: float) -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            with contextlib.suppress(ServiceError):
-                await self.status()
-
-    def _on_control(self, event: ControlEvent) -> None:
-        match event:
-            case ModelVersionReady():
-                # a later announcement of the same version (an nccl broadcast's object-store
-                # fallback) replaces the earlier one
-                self.versions[event.version] = event
-                self.version_event.set()
-            case Shutdown():
-                # The control topic is read from the beginning, so a resumed run also sees
-                # the Shutdown that ended its previous attempt: only a newer one counts.
-                if event.created_at and event.created_at < self.started_at - SHUTDOWN_CLOCK_SKEW_S:
-                    log.debug(
-                        "%s: ignoring a Shutdown from before this process started", self.component
-                    )
-                    return
-                log.info("%s: shutdown requested (%s)", self.component, event.reason)
-                self.shutdown_event.set()
-            case SyncRequest():
-                self.sync_requests.append(event)
-
     async def wait_until(
         self, ready: Callable[[], bool], timeout: float, stop: asyncio.Event, what: str
     ) -> bool:
-        """Wait (re-checking on every control event) until ``ready()``; False on stop/shutdown.
+        """Wait (re-checking on every event read) until ``ready()``; False on stop/shutdown.
 
-        Raises :class:`SyncTimeout` naming ``what`` after ``timeout`` seconds.
+        Raises :class:`SyncTimeout` naming ``what`` after ``timeout`` seconds, and
+        :class:`ServiceError` if the reader fails meanwhile.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not ready():
-            if stop.is_set() or self.shutdown_event.is_set():
+            self.check()
+            if stop.is_set() or self.shutdown.is_set():
                 return False
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -288,44 +388,7 @@ class EventBus:
                     f"{self.component}: {what} within {timeout:.0f}s (newest version seen: "
                     f"{have}); see synchronizer.sync_timeout"
                 )
-            self.version_event.clear()
+            self._changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.version_event.wait(), min(remaining, 0.5))
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.5))
         return True
-
-    async def wait_for_version(
-        self, min_version: int, timeout: float, stop: asyncio.Event
-    ) -> ModelVersionReady | None:
-        """Wait until a version >= ``min_version`` is announced; None on stop or shutdown."""
-        ok = await self.wait_until(
-            lambda: self.latest_version is not None and self.latest_version.version >= min_version,
-            timeout,
-            stop,
-            f"no model version >= {min_version}",
-        )
-        return self.latest_version if ok else None
-
-
-async def read_history(
-    cfg: Config, topic: str, codec: Codec, client_id: str, quiet_polls: int = 3
-) -> list:
-    """Every decodable message of a single-partition event topic, from the beginning.
-
-    The end is where the topic goes quiet for ``quiet_polls`` polls (the embedded broker's
-    "latest" offset cannot be trusted). Undecodable messages are skipped here: whoever
-    consumes the topic live dead-letters them.
-    """
-    reader = kafka.event_reader(cfg.kafka, [topic], client_id)
-    await kafka.start_client(reader, f"{client_id} reader")
-    events, quiet = [], 0
-    try:
-        while quiet < quiet_polls:
-            batches = await reader.getmany(timeout_ms=200)
-            quiet = 0 if batches else quiet + 1
-            for records in batches.values():
-                for rec in records:
-                    with contextlib.suppress(SchemaError):
-                        events.append(codec.decode(rec.value, rec.headers))
-    finally:
-        await reader.stop()
-    return events

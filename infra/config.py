@@ -198,7 +198,8 @@ class TasksetConfig(_Section):
     id_key: str = "id"
     """Field names in the JSONL objects (a missing id becomes the line number)."""
     workflow: str = "math"
-    """Workflow of tasks that do not name one."""
+    """Workflow of tasks that do not name one: a name registered in ``producers/workflows``
+    (``math``)."""
     total_epochs: Pos = 1
     """Passes over the taskset the feeder publishes."""
     shuffle: bool = True
@@ -208,8 +209,10 @@ class TasksetConfig(_Section):
 class ExplorerConfig(_Section):
     count: Pos = 1
     """Explorer processes ``streamrft run`` starts."""
-    engine: Literal["transformers", "vllm"] = "transformers"
-    """Rollout engine: transformers (CPU/GPU) or vLLM (GPU only, ``pip install streamrft[vllm]``)."""
+    engine: str = "transformers"
+    """Rollout engine, a name registered in ``producers/engines`` (checked when the explorer
+    starts): ``transformers`` (CPU/GPU) or ``vllm`` (GPU only, ``pip install streamrft[vllm]``;
+    not built yet)."""
     batch_size: Pos = 32
     """Tasks per explorer step (sampled together, one sync point per step)."""
     repeat_times: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 8
@@ -219,7 +222,10 @@ class ExplorerConfig(_Section):
     max_new_tokens: Pos = 16
     """Longest response, EOS included."""
     reward: str = "exact_match"
-    """Reward function of the math workflow (see producers/rewards.py)."""
+    """Reward function: a registered name (``exact_match``, ``last_number``; see
+    ``producers/rewards.py``) or a function of yours as ``"package.module:function"``,
+    importable by the explorer and callable as ``(response_text, task) -> (reward, info)``
+    with ``info`` a ``dict[str, float]``."""
     threads: Pos = 1
     """torch threads of an explorer process."""
     max_steps: NonNeg = 0
@@ -229,8 +235,18 @@ class ExplorerConfig(_Section):
 
 
 class TrainerConfig(_Section):
-    algorithm: Literal["grpo"] = "grpo"
-    """Policy-optimisation algorithm (GRPO; PPO/SFT/DPO come later)."""
+    algorithm: str = "grpo"
+    """Policy-optimisation algorithm, a preset of parts registered in ``consumers/algorithms``
+    (checked when the trainer starts): ``grpo`` (group advantages, PPO-clip loss, k3 KL)."""
+    advantage_fn: str | None = None
+    """Advantage estimator in place of the algorithm's (``grpo``); None: the algorithm's."""
+    policy_loss_fn: str | None = None
+    """Policy loss in place of the algorithm's (``ppo_clip``); None: the algorithm's."""
+    kl_loss_fn: str | None = None
+    """KL penalty estimator in place of the algorithm's (``k3``); None: the algorithm's."""
+    engine: str = "torch"
+    """What owns the model being trained, registered in ``consumers/train_engine.py``
+    (checked when the trainer starts): ``torch`` (one model in one process, float32)."""
     batch_size: Pos = 32
     """Experience groups per training step."""
     ppo_epochs: Pos = 1
@@ -251,7 +267,7 @@ class TrainerConfig(_Section):
     kl_coef: NonNegF = 0.0
     """Weight of the k3 KL penalty to the reference model (the post-warm-up weights)."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
-    """How per-token losses become one number (see consumers/losses.py ``aggregate``)."""
+    """How per-token losses become one number (``LOSS_AGG`` in consumers/algorithms/aggregation.py)."""
     std_normalize: bool = True
     """Divide group-centred rewards by the group's std (GRPO); False: Dr. GRPO."""
     max_staleness: NonNeg = 1
@@ -260,6 +276,17 @@ class TrainerConfig(_Section):
     """Training steps of the run (0: until the experience stream ends)."""
     save_interval: NonNeg = 50
     """Checkpoint every this many steps (0: only at the end)."""
+    keep_checkpoints: NonNeg = 3
+    """Checkpoints kept in ``<run dir>/checkpoints`` (0: all): once a new one is complete,
+    older ones beyond this many are deleted, except a folder holding a file named ``keep``
+    (create it by hand to keep that checkpoint)."""
+    dedup_window: Pos = 100_000
+    """Most recent experience ids the trainer remembers to drop duplicates (8 bytes each, in
+    memory and in every checkpoint). A copy that arrives more than this many ids after its
+    original is trained again. Copies usually follow within a few steps (an explorer that
+    died after publishing, two explorers after a rebalance); an epoch the feeder sends again
+    after a broker outage is caught only while this exceeds one epoch's ids (tasks x
+    ``explorer.repeat_times``)."""
     eval_interval: NonNeg = 10
     """Greedy accuracy on the eval taskset every this many steps (0: first and last only)."""
     warmup_sft_steps: NonNeg = 0

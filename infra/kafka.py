@@ -24,14 +24,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.group import JoinGroupRequest, LeaveGroupRequest
 
 from streamrft.infra.config import KafkaConfig
 from streamrft.schemas.errors import ConfigError, ServiceError
-from streamrft.schemas.topics import TopicNames
 
 log = logging.getLogger(__name__)
 
@@ -352,80 +351,3 @@ async def start_client(
             if loop.time() > deadline:
                 raise ServiceError(f"{what}: cannot reach the Kafka broker: {exc}") from exc
             await asyncio.sleep(0.5)
-
-
-def tasks_partitions(cfg: KafkaConfig, explorers: int = 1) -> int:
-    """Partitions of the tasks topic: ``kafka.partitions``, raised to ``explorers``.
-
-    Explorers share the tasks through one consumer group, and a partition goes to one
-    member at a time, so at most this many explorers work at once; more idle until one
-    leaves. Set ``kafka.partitions`` to the most explorers a run will have at any time,
-    hand-started ones included (``streamrft run --explorers N`` raises it to N).
-    """
-    return max(cfg.partitions, explorers)
-
-
-def topic_specs(cfg: KafkaConfig, topics: TopicNames, explorers: int = 1) -> list[NewTopic]:
-    """The six topics of a run: tasks and experiences partitioned, events single-partition.
-
-    Tasks get :func:`tasks_partitions`, experiences ``kafka.partitions``. Single-partition
-    event topics keep a total order of control events for every reader.
-    """
-    specs = []
-    for kind, name in topics.all().items():
-        parts = 1
-        if kind == "tasks":
-            parts = tasks_partitions(cfg, explorers)
-        elif kind == "experiences":
-            parts = cfg.partitions
-        config = {"max.message.bytes": str(cfg.max_request_bytes)}
-        specs.append(NewTopic(name, parts, cfg.replication_factor, topic_configs=config))
-    return specs
-
-
-async def ensure_topics(cfg: KafkaConfig, topics: TopicNames, explorers: int = 1) -> list[str]:
-    """Create the run's topics that do not exist yet; returns the names created.
-
-    ``explorers``: how many the run starts (see :func:`tasks_partitions`).
-    """
-    admin = admin_client(cfg)
-    await start_client(admin, "topic admin")
-    try:
-        existing = set(await admin.list_topics())
-        missing = [s for s in topic_specs(cfg, topics, explorers) if s.name not in existing]
-        if missing:
-            try:
-                await admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass
-            except KafkaError as exc:
-                raise ServiceError(f"creating topics {[s.name for s in missing]}: {exc}") from exc
-        return [s.name for s in missing]
-    finally:
-        await admin.close()
-
-
-async def list_topics(cfg: KafkaConfig) -> list[str]:
-    admin = admin_client(cfg)
-    await start_client(admin, "topic admin")
-    try:
-        return sorted(await admin.list_topics())
-    finally:
-        await admin.close()
-
-
-async def assign_from_beginning(reader: AIOKafkaConsumer, topic: str) -> None:
-    """Give a group-less reader every partition of ``topic``, at its first offset.
-
-    Raises :class:`ServiceError` when the topic does not exist.
-    """
-    from aiokafka import TopicPartition
-
-    parts = reader.partitions_for_topic(topic) or set()
-    if not parts:  # a new reader knows no topic before its first metadata request
-        await reader._client.force_metadata_update()
-        parts = reader.partitions_for_topic(topic) or set()
-    if not parts:
-        raise ServiceError(f"topic {topic!r} does not exist")
-    reader.assign([TopicPartition(topic, p) for p in sorted(parts)])
-    await reader.seek_to_beginning()

@@ -14,7 +14,7 @@ import torch
 
 from streamrft.infra.config import Config
 from streamrft.infra.taskset import read_taskset
-from streamrft.producers.engine import RolloutEngine, TransformersEngine
+from streamrft.producers.engines import RolloutEngine, TransformersEngine
 from streamrft.producers.rewards import RewardFn, get_reward
 from streamrft.schemas.experience import Task
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from typing import Any
 
 import msgspec
 
 from streamrft.infra import kafka
-from streamrft.infra.bus import EventBus, read_history
+from streamrft.infra.bus import Counters, EventSender, Position
 from streamrft.infra.config import Config
+from streamrft.infra.consume import read_history
 from streamrft.infra.retry import retrying
 from streamrft.infra.taskset import read_taskset
 from streamrft.producers.workflows import check_workflow
@@ -33,75 +35,92 @@ async def epochs_already_published(cfg: Config) -> int:
     Read back from the feeder's own status events, so a restarted ``streamrft run
     --run-id ID`` does not publish the taskset a second time.
     """
-    history = await read_history(cfg, cfg.topics().status, STATUS, "feeder-resume")
+    history = await read_history(cfg.kafka, cfg.topics().status, STATUS, "feeder-resume")
     return max((ev.step for ev in history if ev.component == "feeder"), default=0)
 
 
-async def feed(cfg: Config) -> int:
-    """Publish every task of every epoch; returns how many were acknowledged.
+class Feeder:
+    """Publishes every task of every epoch; its status step counts the epochs published.
 
     Tasks are spread round-robin over the partitions in each epoch's shuffled order (not
     by a hash of the task id): every partition then carries a uniform sample of the
     taskset, so an explorer that happens to read one partition ahead of the others still
     sees every kind of task, not the same quarter of them for many steps.
     """
-    tasks = read_taskset(cfg.taskset.path, cfg.taskset)
-    for t in tasks:
-        check_workflow(t.workflow)
-    topics = cfg.topics()
-    bus = EventBus(cfg, "feeder", "feeder")
-    producer = kafka.data_producer(cfg.kafka, "feeder")
-    await bus.start()
-    sent = 0
-    try:
-        await kafka.start_client(producer, "feeder producer")
-        await bus.status(
-            RunState.RUNNING, f"{len(tasks)} tasks x {cfg.taskset.total_epochs} epochs"
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.topics = cfg.topics()
+        self.tasks = read_taskset(cfg.taskset.path, cfg.taskset)
+        for t in self.tasks:
+            check_workflow(t.workflow)
+        self.epochs_done = 0
+        self.counters = Counters()
+        self.events = EventSender(
+            cfg, "feeder", "feeder", self.counters, lambda: Position(step=self.epochs_done)
         )
-        partitions = sorted(await producer.partitions_for(topics.tasks))
-        first = await epochs_already_published(cfg)
-        if first:
-            log.info(
-                "feeder: %d epochs were already published for this run; resuming after them", first
-            )
-        bus.step = first
-        for epoch in range(first, cfg.taskset.total_epochs):
-            order = epoch_order(len(tasks), epoch, cfg.run.seed, cfg.taskset.shuffle)
+        self.producer: Any = None  # made in run(), inside the event loop
 
-            async def publish_epoch(epoch=epoch, order=order, offset=sent) -> int:
-                futures = []
-                for n, i in enumerate(order):
-                    task = msgspec.structs.replace(tasks[i], epoch=epoch)
-                    futures.append(
-                        await producer.send(
-                            topics.tasks,
-                            TASK.encode(task),
-                            key=task.id.encode(),
-                            headers=TASK.headers(),
-                            partition=partitions[(offset + n) % len(partitions)],
-                        )
-                    )
-                await asyncio.gather(*futures)
-                return len(futures)
-
-            # after a broker outage the whole epoch is sent again: explorers then see some
-            # tasks twice, and the trainer keeps one group per (task, epoch)
-            count = await retrying(
-                f"feeder: publishing epoch {epoch}",
-                publish_epoch,
-                cfg.run.outage_timeout_s,
-                lambda _exc: bus.count("publish_retries"),
+    async def run(self) -> int:
+        """Publish what is left to publish; returns how many tasks were acknowledged."""
+        cfg = self.cfg
+        await self.events.start()
+        sent = 0
+        self.producer = kafka.data_producer(cfg.kafka, "feeder")
+        try:
+            await kafka.start_client(self.producer, "feeder producer")
+            total = cfg.taskset.total_epochs
+            await self.events.status(RunState.RUNNING, f"{len(self.tasks)} tasks x {total} epochs")
+            partitions = sorted(await self.producer.partitions_for(self.topics.tasks))
+            self.epochs_done = await epochs_already_published(cfg)
+            if self.epochs_done:
+                log.info("feeder: %d epochs already published; resuming", self.epochs_done)
+            for epoch in range(self.epochs_done, total):
+                sent += await self.publish_epoch(epoch, partitions, sent)
+                self.counters.set("tasks_published", (epoch + 1) * len(self.tasks))
+                self.epochs_done = epoch + 1
+                await self.events.status(detail=f"epoch {epoch + 1}/{total} published")
+            await self.events.status(
+                RunState.STOPPED, f"done: {sent} tasks published by this feeder"
             )
-            sent += count
-            bus.counters["tasks_published"] = (epoch + 1) * len(tasks)
-            bus.step = epoch + 1
-            await bus.status(detail=f"epoch {epoch + 1}/{cfg.taskset.total_epochs} published")
-        await bus.status(RunState.STOPPED, f"done: {sent} tasks published by this feeder")
-        log.info("feeder: %d tasks published", sent)
-        return sent
-    finally:
-        await producer.stop()
-        await bus.stop()
+            log.info("feeder: %d tasks published", sent)
+            return sent
+        finally:
+            await self.producer.stop()
+            await self.events.stop()
+
+    async def publish_epoch(self, epoch: int, partitions: list[int], offset: int) -> int:
+        """One epoch, acks=all. After a broker outage the whole epoch is sent again:
+        explorers then see some tasks twice, and the trainer keeps one group per (task,
+        epoch)."""
+        order = epoch_order(len(self.tasks), epoch, self.cfg.run.seed, self.cfg.taskset.shuffle)
+        tasks = [msgspec.structs.replace(self.tasks[i], epoch=epoch) for i in order]
+
+        async def attempt() -> int:
+            futures = [
+                await self.producer.send(
+                    self.topics.tasks,
+                    TASK.encode(task),
+                    key=task.id.encode(),
+                    headers=TASK.headers(),
+                    partition=partitions[(offset + n) % len(partitions)],
+                )
+                for n, task in enumerate(tasks)
+            ]
+            await asyncio.gather(*futures)
+            return len(futures)
+
+        return await retrying(
+            f"feeder: publishing epoch {epoch}",
+            attempt,
+            self.cfg.run.outage_timeout_s,
+            lambda _exc: self.counters.add("publish_retries"),
+        )
+
+
+async def feed(cfg: Config) -> int:
+    """Publish the run's taskset; returns how many tasks were acknowledged."""
+    return await Feeder(cfg).run()
 
 
 def main(cfg: Config) -> None:

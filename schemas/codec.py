@@ -199,11 +199,6 @@ def decode_manifest(data: bytes) -> WeightManifest:
         raise SchemaError(f"weight manifest: {exc}") from exc
 
 
-def to_builtins(obj: Any) -> Any:
-    """A JSON-friendly view of any wire object (bytes become base64)."""
-    return msgspec.to_builtins(obj)
-
-
 def _readable_experience(exp: Experience) -> dict[str, Any]:
     view = msgspec.to_builtins(exp)
     view["tokens"] = unpack_i32(exp.tokens)
@@ -213,7 +208,8 @@ def _readable_experience(exp: Experience) -> dict[str, Any]:
 
 
 def readable(obj: Any) -> Any:
-    """Like :func:`to_builtins`, with token ids, log-probs and masks as number lists."""
+    """A JSON-friendly view of any wire object (``msgspec.to_builtins``: bytes become base64),
+    with token ids, log-probs and masks as number lists."""
     if isinstance(obj, ExperienceGroup):
         view = msgspec.to_builtins(obj)
         view["experiences"] = [_readable_experience(e) for e in obj.experiences]

@@ -430,8 +430,6 @@ class _Epoch:
 class CollectiveSender:
     """Trainer side (rank 0): hosts the rendezvous store and broadcasts versions."""
 
-    method = "nccl"
-
     def __init__(
         self,
         host: str,

@@ -10,9 +10,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from streamrft.infra.config import Config
 from streamrft.schemas.errors import SyncError
 from streamrft.sync.versions import StoreLoader, StorePublisher
 from streamrft.sync.weights import sha256_hex
+
+
+def fs_root(cfg: Config) -> Path:
+    """The shared folder of the ``filesystem`` method (``synchronizer.fs_dir``)."""
+    return Path(cfg.synchronizer.fs_dir or Path(cfg.run.dir) / "weights")
 
 
 class FolderStore:

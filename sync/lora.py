@@ -146,7 +146,7 @@ def adapter_disabled(peft_model: PeftModel) -> Iterator[PeftModel]:
 class BaseModelView:
     """A callable that forwards through ``peft_model`` with its adapter switched off.
 
-    Pass it where a reference model is wanted (``grpo_step(..., ref_model=...)``): the
+    Pass it where a reference model is wanted (``policy_step(..., ref_model=...)``): the
     reference log-probs then come from the base weights, with no second copy of them.
     Not an ``nn.Module`` on purpose: it owns no parameters and must not be deep-copied.
     """

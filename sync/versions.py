@@ -12,17 +12,23 @@ before a single tensor is returned. Layout: ``<run id>/v<version:08d>/<file>``.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+import msgspec
 import torch
 
+from streamrft.infra.bus import Counters
+from streamrft.infra.retry import retrying
 from streamrft.schemas.codec import decode_manifest, encode_manifest
 from streamrft.schemas.errors import IntegrityError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.schemas.weights import ShardInfo, WeightManifest
+from streamrft.sync.transport import Announce, Payload, WeightReceiver, WeightSender
 from streamrft.sync.weights import decode_shard, sha256_hex, shard_state_dict, verify
 
 MANIFEST = "manifest.json"
@@ -174,3 +180,51 @@ class StoreLoader:
 
     def fetch(self, event: ModelVersionReady) -> dict[str, torch.Tensor]:
         return fetch_version(self.store, event)
+
+
+class StoreSender(WeightSender):
+    """Trainer side of a store method: publish (retried through a store outage), then
+    announce. While the store is down the step waits here and explorers keep exploring on
+    their current version."""
+
+    def __init__(self, publisher: StorePublisher, outage_timeout_s: float, counters: Counters):
+        self.publisher = publisher
+        self.method = publisher.method
+        self.outage_timeout_s = outage_timeout_s
+        self.counters = counters
+
+    async def publish(self, payload: Payload) -> ModelVersionReady:
+        """Write the version to the store; the event that will announce it."""
+        publish = functools.partial(
+            self.publisher.publish,
+            payload.tensors,
+            payload.version,
+            payload.step,
+            lora=payload.lora,
+            extra_files=payload.extra_files or None,
+        )
+        event = await retrying(
+            f"publishing version {payload.version} ({self.method})",
+            lambda: asyncio.to_thread(publish),
+            self.outage_timeout_s,
+            lambda _exc: self.counters.add("publish_retries"),
+        )
+        return msgspec.structs.replace(event, base_version=payload.base_version)
+
+    async def send(self, payload: Payload, announce: Announce) -> ModelVersionReady:
+        event = await self.publish(payload)
+        await announce(event)
+        return event
+
+
+class StoreReceiver(WeightReceiver):
+    """Explorer side of a store method: fetch and verify (the loader raises
+    :class:`StoreUnavailable`, retriable, while the store is down)."""
+
+    def __init__(self, loader: StoreLoader) -> None:
+        self.loader = loader
+
+    def receive(
+        self, event: ModelVersionReady, like: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        return self.loader.fetch(event)

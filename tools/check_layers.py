@@ -74,25 +74,18 @@ class Edge:
     """The imported module's name."""
 
 
+def _longest_match(table: dict[str, str], name: str, sep: str) -> str | None:
+    """The value of the longest key of ``table`` that ``name`` is, or lies under."""
+    keys = [k for k in table if name == k or name.startswith(k + sep)]
+    return table[max(keys, key=len)] if keys else None
+
+
 def layer_of_path(path: Path, root: Path) -> str | None:
-    rel = path.relative_to(root).parent.as_posix()
-    best = None
-    for folder, layer in FOLDERS.items():
-        if (rel == folder or rel.startswith(folder + "/")) and (
-            best is None or len(folder) > len(best[0])
-        ):
-            best = (folder, layer)
-    return best[1] if best else None
+    return _longest_match(FOLDERS, path.relative_to(root).parent.as_posix(), "/")
 
 
 def layer_of_module(name: str) -> str | None:
-    best = None
-    for prefix, layer in MODULES.items():
-        if (name == prefix or name.startswith(prefix + ".")) and (
-            best is None or len(prefix) > len(best[0])
-        ):
-            best = (prefix, layer)
-    return best[1] if best else None
+    return _longest_match(MODULES, name, ".")
 
 
 def _imported(tree: ast.AST) -> Iterator[tuple[str, int]]:

@@ -48,7 +48,7 @@ TOPIC_KEYS: dict[str, str] = {
     "tasks": "task id (`Task.id`); partition chosen round-robin by the feeder",
     # producers/explorer.py: key=g.task_id, so a group stays whole on one partition
     "experiences": "task id (`ExperienceGroup.task_id`)",
-    # infra/bus.py EventBus.control / status / metrics / dead_letter
+    # infra/bus.py EventSender.control / status / metrics / dead_letter
     "control": "id of the sending component",
     "status": "component id",
     "metrics": "run id",
@@ -306,7 +306,7 @@ def _message_type(tp: Any) -> str:
 
 def _partitions() -> dict[str, str]:
     """Partitions per topic kind, read from ``topic_specs`` (kafka.partitions or a number)."""
-    from streamrft.infra.kafka import topic_specs
+    from streamrft.infra.admin import topic_specs
 
     topics = TopicNames("p", "r")
     a = {s.name: s.num_partitions for s in topic_specs(KafkaConfig(partitions=2), topics)}

@@ -17,14 +17,8 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import msgspec
 
 from streamrft.schemas.errors import StreamRFTError
-
-if TYPE_CHECKING:
-    from streamrft.infra.config import KafkaConfig
 
 log = logging.getLogger("streamrft")
 DEFAULT_INFRA_DIR = "runs/infra"
@@ -41,9 +35,12 @@ def _setup_logging(level: str = "INFO") -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _load(args: argparse.Namespace, need_run_id: bool):
-    from streamrft.infra.config import load_config, with_endpoints, with_run_id
-    from streamrft.infra.local.services import status
+def _load(args: argparse.Namespace, joining: bool):
+    """The command's config: file, overrides, run id, endpoints (``infra.app.endpoints``).
+
+    ``joining``: the process joins a running run (``--run-id`` required)."""
+    from streamrft.infra.app.endpoints import resolve
+    from streamrft.infra.config import load_config, with_run_id
 
     overrides = list(args.override or [])
     if getattr(args, "max_steps", None) is not None:
@@ -51,63 +48,20 @@ def _load(args: argparse.Namespace, need_run_id: bool):
     if getattr(args, "explorers", None) is not None:
         overrides.append(f"explorer.count={args.explorers}")
     cfg = load_config(args.config, overrides)
-    if need_run_id and not (args.run_id or cfg.run.id):
+    if joining and not (args.run_id or cfg.run.id):
         raise StreamRFTError("--run-id is required (the run to join); `streamrft run` prints it")
-    cfg = with_run_id(cfg, args.run_id)
-    found = None
-    if not cfg.kafka.bootstrap_servers or not cfg.object_store.endpoint:
-        eps, found = _run_endpoints(cfg) if need_run_id else ({}, None)
-        if not eps:
-            shared = status(Path(cfg.run.dir) / "infra")
-            if shared and shared.get("running"):
-                eps, found = shared["endpoints"], f"`streamrft infra up` in {cfg.run.dir}/infra"
-        cfg = with_endpoints(
-            cfg,
-            None if cfg.kafka.bootstrap_servers else eps.get("bootstrap_servers"),
-            None if cfg.object_store.endpoint else eps.get("s3_endpoint"),
-        )
+    cfg, found = resolve(with_run_id(cfg, args.run_id), joining)
     _setup_logging(cfg.monitor.log_level)
     if found:
         log.info("broker / object store of %s", found)
     return cfg
 
 
-def _run_endpoints(cfg) -> tuple[dict[str, str | None], str | None]:
-    """Broker and object store of the run ``cfg`` joins, for a config that names none.
-
-    A run that started embedded services records them in ``<run dir>/services`` while
-    they run (checked alive); otherwise the run's resolved ``<run dir>/config.yaml``
-    names its endpoints. Returns them and where they came from (empty: neither).
-    """
-    import yaml
-
-    from streamrft.infra.local.services import status
-
-    own = status(cfg.run_dir / "services")
-    if own is not None:
-        if not own.get("running"):
-            raise StreamRFTError(
-                f"run {cfg.run.id}: its embedded services ({cfg.run_dir / 'services'}) are "
-                "not running; has the run ended?"
-            )
-        return own["endpoints"], f"run {cfg.run.id} (its embedded services)"
-    resolved = cfg.run_dir / "config.yaml"
-    if resolved.is_file():
-        data = yaml.safe_load(resolved.read_text()) or {}
-        eps = {
-            "bootstrap_servers": (data.get("kafka") or {}).get("bootstrap_servers"),
-            "s3_endpoint": (data.get("object_store") or {}).get("endpoint"),
-        }
-        if any(eps.values()):
-            return eps, f"run {cfg.run.id} ({resolved})"
-    return {}, None
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from streamrft.infra.app.supervisor import run_with_services
     from streamrft.infra.config import to_yaml
 
-    cfg = _load(args, need_run_id=False)
+    cfg = _load(args, joining=False)
     log.info("run %s; resolved config:\n%s", cfg.run.id, to_yaml(cfg))
     summary_path = Path(args.summary) if args.summary else cfg.run_dir / "summary.json"
     summary = run_with_services(cfg, summary_path, progress=not args.no_progress)
@@ -122,7 +76,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from streamrft.consumers.trainer import main
     from streamrft.producers.evaluation import GreedyEvaluator
 
-    cfg = _load(args, need_run_id=True)
+    cfg = _load(args, joining=True)
     main(cfg, GreedyEvaluator(cfg))
     return 0
 
@@ -130,7 +84,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_explore(args: argparse.Namespace) -> int:
     from streamrft.producers.explorer import main
 
-    cfg = _load(args, need_run_id=True)
+    cfg = _load(args, joining=True)
     main(cfg, args.index)
     return 0
 
@@ -138,7 +92,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
 def cmd_feed(args: argparse.Namespace) -> int:
     from streamrft.producers.feeder import main
 
-    cfg = _load(args, need_run_id=True)
+    cfg = _load(args, joining=True)
     main(cfg)
     return 0
 
@@ -193,83 +147,24 @@ def cmd_infra(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kafka_config(args: argparse.Namespace) -> KafkaConfig:
-    """The broker of ``topics`` / ``tail``: ``--bootstrap``, the config's, or ``infra up``'s;
-    with a config, its security settings (TLS, SASL) too."""
-    from streamrft.infra.config import KafkaConfig, load_config
-    from streamrft.infra.local.services import status
-
-    kafka_cfg = KafkaConfig()
-    if getattr(args, "config", None):
-        kafka_cfg = load_config(args.config).kafka
-    bootstrap = args.bootstrap or kafka_cfg.bootstrap_servers
-    if not bootstrap:
-        st = status(Path(args.dir))
-        if st and st.get("running"):
-            bootstrap = st["endpoints"].get("bootstrap_servers")
-    if not bootstrap:
-        raise StreamRFTError(
-            "no broker: pass --bootstrap HOST:PORT, a config naming one, or run `streamrft infra up`"
-        )
-    return msgspec.structs.replace(kafka_cfg, bootstrap_servers=bootstrap)
-
-
 def cmd_topics(args: argparse.Namespace) -> int:
-    from streamrft.infra import kafka
+    from streamrft.infra import admin
+    from streamrft.infra.app.endpoints import kafka_for_tools
 
     _setup_logging("WARNING")
-    for name in asyncio.run(kafka.list_topics(_kafka_config(args))):
+    kafka_cfg = kafka_for_tools(args.config, args.bootstrap, args.dir)
+    for name in asyncio.run(admin.list_topics(kafka_cfg)):
         print(name)
     return 0
 
 
-async def _tail(kafka_cfg: KafkaConfig, topic: str, limit: int, follow: bool) -> int:
-    from streamrft.infra import kafka
-    from streamrft.schemas.codec import CODEC_BY_KIND, readable
-    from streamrft.schemas.topics import TopicNames
-
-    codec = CODEC_BY_KIND.get(TopicNames.kind_of(topic) or "")
-    reader = kafka.topic_reader(kafka_cfg, "streamrft-tail")
-    await kafka.start_client(reader, "tail")
-    printed = 0
-    try:
-        await kafka.assign_from_beginning(reader, topic)
-        quiet = 0
-        while limit == 0 or printed < limit:
-            batches = await reader.getmany(timeout_ms=500)
-            if not batches:
-                quiet += 1
-                if not follow and quiet >= 4:
-                    break
-                continue
-            quiet = 0
-            for tp, records in batches.items():
-                for rec in records:
-                    head = {
-                        "partition": tp.partition,
-                        "offset": rec.offset,
-                        "key": rec.key.decode(errors="replace") if rec.key else None,
-                    }
-                    try:
-                        body = (
-                            readable(codec.decode(rec.value, rec.headers))
-                            if codec
-                            else {"raw_bytes": len(rec.value or b"")}
-                        )
-                    except StreamRFTError as exc:
-                        body = {"undecodable": str(exc)}
-                    print(msgspec.json.encode({**head, "value": body}).decode(), flush=True)
-                    printed += 1
-                    if limit and printed >= limit:
-                        return printed
-    finally:
-        await reader.stop()
-    return printed
-
-
 def cmd_tail(args: argparse.Namespace) -> int:
+    from streamrft.infra.app.endpoints import kafka_for_tools
+    from streamrft.infra.app.tail import tail
+
     _setup_logging("WARNING")
-    asyncio.run(_tail(_kafka_config(args), args.topic, args.max, args.follow))
+    kafka_cfg = kafka_for_tools(args.config, args.bootstrap, args.dir)
+    asyncio.run(tail(kafka_cfg, args.topic, args.max, args.follow))
     return 0
 
 

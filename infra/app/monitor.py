@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from dataclasses import dataclass, field
 
 from streamrft.infra import kafka
 from streamrft.infra.config import Config
+from streamrft.infra.consume import Record, consume
 from streamrft.schemas.codec import DEAD_LETTER, METRICS, STATUS
-from streamrft.schemas.errors import SchemaError
-from streamrft.schemas.events import MetricsEvent, RunState, StatusEvent
+from streamrft.schemas.events import DeadLetter, MetricsEvent, RunState, StatusEvent
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +42,6 @@ class RunMonitor:
     ledger: dict[int, MetricsEvent] = field(default_factory=dict)
     """Trainer step -> the metrics event carrying its ledger; a step redone after a resume
     from an older checkpoint replaces the lost attempt's entry (its update was lost too)."""
-    last_event_at: float = field(default_factory=time.monotonic)
 
     def on_metrics(self, ev: MetricsEvent) -> None:
         if ev.component == "trainer":
@@ -61,38 +59,42 @@ class RunMonitor:
         self.status[ev.component] = ev
 
     async def follow(self, stop: asyncio.Event, on_update=None) -> None:
-        """Consume the event topics until ``stop`` is set and they have gone quiet."""
+        """Consume the event topics until ``stop`` is set and they have gone quiet (1 s)."""
         topics = self.cfg.topics()
-        reader = kafka.event_reader(
-            self.cfg.kafka,
-            [topics.metrics, topics.status, topics.dead_letters],
-            "streamrft-monitor",
-        )
+        codecs = {topics.metrics: METRICS, topics.status: STATUS, topics.dead_letters: DEAD_LETTER}
+        handlers = {
+            topics.metrics: self.on_metrics,
+            topics.status: self.on_status,
+            topics.dead_letters: self.on_dead_letter,
+        }
+
+        def on_bad(rec: Record) -> None:
+            self.undecodable += 1
+            log.warning("monitor: undecodable event on %s: %s", rec.topic, rec.error)
+
+        def after_poll(records: list[Record]) -> None:
+            if records and on_update is not None:
+                on_update(self)
+
+        reader = kafka.event_reader(self.cfg.kafka, list(codecs), "streamrft-monitor")
         await kafka.start_client(reader, "run monitor")
         try:
-            while True:
-                batches = await reader.getmany(timeout_ms=250)
-                for tp, records in batches.items():
-                    for rec in records:
-                        self.last_event_at = time.monotonic()
-                        try:
-                            if tp.topic == topics.metrics:
-                                self.on_metrics(METRICS.decode(rec.value, rec.headers))
-                            elif tp.topic == topics.status:
-                                self.on_status(STATUS.decode(rec.value, rec.headers))
-                            else:
-                                DEAD_LETTER.decode(rec.value, rec.headers)
-                                self.dead_letters += 1
-                        except SchemaError as exc:
-                            self.undecodable += 1
-                            log.warning("monitor: undecodable event on %s: %s", tp.topic, exc)
-                if batches and on_update is not None:
-                    on_update(self)
-                if stop.is_set() and not batches and time.monotonic() - self.last_event_at > 1.0:
-                    return
+            await consume(
+                reader,
+                codecs,
+                lambda rec: handlers[rec.topic](rec.obj),
+                on_bad=on_bad,
+                stop=stop,
+                until_quiet=4,
+                poll_ms=250,
+                after_poll=after_poll,
+            )
         finally:
             with contextlib.suppress(Exception):
                 await reader.stop()
+
+    def on_dead_letter(self, _letter: DeadLetter) -> None:
+        self.dead_letters += 1
 
     def books(self) -> tuple[dict[str, int], int]:
         """Audit of the ledger, and how many distinct groups were trained."""

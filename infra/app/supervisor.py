@@ -20,11 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from streamrft.infra import kafka
+from streamrft.infra import admin
 from streamrft.infra.app.monitor import RunMonitor
 from streamrft.infra.app.resume import check_resume
-from streamrft.infra.bus import EventBus
+from streamrft.infra.bus import EventSender
 from streamrft.infra.config import Config, credentials_env, for_s3_broker, to_yaml, with_endpoints
+from streamrft.infra.local.services import LocalServices
+from streamrft.infra.signals import install_stop_handlers
 from streamrft.schemas.errors import ServiceError, StreamRFTError
 from streamrft.schemas.events import Shutdown
 
@@ -78,6 +80,17 @@ def child_env(threads: int, credentials: dict[str, str | None]) -> dict[str, str
     return env
 
 
+def _show(bar, m: RunMonitor) -> None:
+    """Progress line: trainer step, newest sampled reward and eval accuracy."""
+    if bar is None:
+        return
+    bar.n = m.trainer_step
+    acc = m.eval_accuracy[-1][1] if m.eval_accuracy else float("nan")
+    rew = m.train_reward[-1] if m.train_reward else float("nan")
+    bar.set_postfix_str(f"reward {rew:.2f} eval_acc {acc:.2f}", refresh=False)
+    bar.refresh()
+
+
 class Supervisor:
     def __init__(self, cfg: Config, summary_path: Path | None, progress: bool) -> None:
         self.cfg = cfg
@@ -87,8 +100,6 @@ class Supervisor:
         self.spawn_args: dict[str, tuple[list[str], int, Path]] = {}
         self.restarts: dict[str, int] = {}
         self.stop = asyncio.Event()
-        self.signal: str | None = None
-        """Name of the signal that stopped the run (SIGINT, SIGTERM), if one did."""
         self.services = None
 
     def _spawn(self, name: str, role_args: list[str], threads: int, config_path: Path) -> None:
@@ -137,37 +148,47 @@ class Supervisor:
         )
 
     async def _run(self) -> dict:
-        cfg = self.cfg
         started = time.monotonic()
-        loop = asyncio.get_running_loop()
-        hits = {"n": 0}
+        signals = install_stop_handlers(self.stop, "supervisor", on_force=self._kill_all)
+        config_path = await self._prepare()
+        monitor, bar = RunMonitor(self.cfg), self._bar()
+        monitor_done = asyncio.Event()
+        follow = asyncio.create_task(monitor.follow(monitor_done, lambda m: _show(bar, m)))
+        failure = None
+        try:
+            self._start_children(config_path)
+            failure = await self._watch(follow)
+        finally:
+            await self._shutdown()
+            monitor_done.set()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(follow, 30)
+            if bar is not None:
+                _show(bar, monitor)
+                bar.close()
+        summary = monitor.summary(time.monotonic() - started)
+        summary["interrupted"] = self.stop.is_set()
+        summary["signal"] = signals.received
+        summary["exit_codes"] = {n: c.returncode for n, c in self.children.items()}
+        summary["restarts"] = dict(self.restarts)
+        summary["run_dir"] = str(self.cfg.run_dir)
+        if failure:
+            summary["failure"] = failure
+        return summary
 
-        def _on_signal(signum: int) -> None:
-            hits["n"] += 1
-            if hits["n"] == 1:
-                self.signal = signal.Signals(signum).name
-                print(
-                    f"\n{signal.Signals(signum).name}: stopping the run (again to force)",
-                    file=sys.stderr,
-                )
-                self.stop.set()
-            else:
-                for child in self.children.values():
-                    child.kill()
-                os._exit(130)
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, _on_signal, sig)
-
+    async def _prepare(self) -> Path:
+        """The run's topics (tasks partitions for every explorer) and its resolved config
+        file, which every child loads."""
+        cfg = self.cfg
         if cfg.explorer.count > cfg.kafka.partitions:
             log.warning(
                 "explorer.count %d > kafka.partitions %d: the tasks topic gets %d partitions, "
                 "so that every explorer has one (an explorer started by hand on top idles)",
                 cfg.explorer.count,
                 cfg.kafka.partitions,
-                kafka.tasks_partitions(cfg.kafka, cfg.explorer.count),
+                admin.tasks_partitions(cfg.kafka, cfg.explorer.count),
             )
-        created = await kafka.ensure_topics(cfg.kafka, cfg.topics(), cfg.explorer.count)
+        created = await admin.ensure_topics(cfg.kafka, cfg.topics(), cfg.explorer.count)
         log.info(
             "topics ready (%d created) under %s.%s.*",
             len(created),
@@ -178,71 +199,43 @@ class Supervisor:
         config_path = cfg.run_dir / "config.yaml"
         config_path.write_text(to_yaml(cfg))
         log.info("resolved config written to %s", config_path)
+        return config_path
 
-        monitor = RunMonitor(cfg)
-        bar = self._bar()
+    def _start_children(self, config_path: Path) -> None:
+        cfg = self.cfg
+        self._spawn("trainer", ["train"], cfg.trainer.threads, config_path)
+        for i in range(cfg.explorer.count):
+            role_args = ["explore", "--index", str(i)]
+            self._spawn(f"explorer-{i}", role_args, cfg.explorer.threads, config_path)
+        self._spawn("feeder", ["feed"], 1, config_path)
 
-        def on_update(m: RunMonitor) -> None:
-            if bar is None:
-                return
-            bar.n = m.trainer_step
-            acc = m.eval_accuracy[-1][1] if m.eval_accuracy else float("nan")
-            rew = m.train_reward[-1] if m.train_reward else float("nan")
-            bar.set_postfix_str(f"reward {rew:.2f} eval_acc {acc:.2f}", refresh=False)
-            bar.refresh()
-
-        monitor_done = asyncio.Event()
-        monitor_task = asyncio.create_task(monitor.follow(monitor_done, on_update))
-        failure = None
-        try:
-            self._spawn("trainer", ["train"], cfg.trainer.threads, config_path)
-            for i in range(cfg.explorer.count):
-                self._spawn(
-                    f"explorer-{i}",
-                    ["explore", "--index", str(i)],
-                    cfg.explorer.threads,
-                    config_path,
-                )
-            self._spawn("feeder", ["feed"], 1, config_path)
-            while not self.stop.is_set():
-                if self.children["trainer"].returncode == 0:
-                    break  # the run is done
-                for name, child in list(self.children.items()):
-                    if child.returncode not in (None, 0):
-                        failure = self._restart_or_fail(name, child)
+    async def _watch(self, follow: asyncio.Task[None]) -> str | None:
+        """Until the trainer finishes, a signal stops the run, or a child fails for good
+        (restarting the ones that may be restarted). Returns the failure, if any."""
+        while not self.stop.is_set():
+            if self.children["trainer"].returncode == 0:
+                return None  # the run is done
+            for name, child in list(self.children.items()):
+                if child.returncode not in (None, 0):
+                    failure = self._restart_or_fail(name, child)
                     if failure:
-                        break
-                if failure:
-                    break
-                if monitor_task.done():
-                    monitor_task.result()  # surfaces a broker failure
-                await asyncio.sleep(0.25)
-        finally:
-            await self._shutdown()
-            monitor_done.set()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(monitor_task, 30)
-            if bar is not None:
-                on_update(monitor)
-                bar.close()
-        summary = monitor.summary(time.monotonic() - started)
-        summary["interrupted"] = self.stop.is_set()
-        summary["signal"] = self.signal
-        summary["exit_codes"] = {n: c.returncode for n, c in self.children.items()}
-        summary["restarts"] = dict(self.restarts)
-        summary["run_dir"] = str(cfg.run_dir)
-        if failure:
-            summary["failure"] = failure
-        return summary
+                        return failure
+            if follow.done():
+                follow.result()  # surfaces a broker failure
+            await asyncio.sleep(0.25)
+        return None
+
+    def _kill_all(self) -> None:
+        for child in self.children.values():
+            child.kill()
 
     async def _shutdown(self) -> None:
         """Shutdown event, wait for orderly exits, then SIGTERM, then SIGKILL."""
         alive = [c for c in self.children.values() if c.returncode is None]
         if alive:
             try:
-                async with EventBus(self.cfg, "supervisor", "supervisor") as bus:
-                    await bus.start()
-                    await bus.control(
+                async with EventSender(self.cfg, "supervisor", "supervisor") as sender:
+                    await sender.control(
                         Shutdown(reason="supervisor stopping the run", created_at=time.time())
                     )
             except StreamRFTError as exc:
@@ -272,40 +265,40 @@ class Supervisor:
         return asyncio.run(self._run())
 
 
-def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = True) -> dict:
-    """Start embedded services where the config names none, run, write the summary."""
-    from streamrft.infra.local.services import LocalServices, status
+def start_embedded(cfg: Config) -> tuple[Config, LocalServices | None]:
+    """Start the embedded broker and/or object store for what ``cfg`` names no endpoint of
+    (see ``infra.app.endpoints`` for where one is looked for first); ``cfg`` pointed at them.
 
-    if check_resume(cfg):  # before anything starts: a refused resume changes nothing
-        log.info("run %s exists in %s: resuming it", cfg.run.id, cfg.run_dir)
+    They are recorded in ``<run dir>/services`` so that a hand-started explorer finds them.
+    """
     need_broker = not cfg.kafka.bootstrap_servers
     need_store = not cfg.object_store.endpoint
-    services = None
-    if need_broker or need_store:
-        shared = status(Path(cfg.run.dir) / "infra")
-        if shared and shared.get("running"):
-            log.info("using the services of `streamrft infra up` in %s/infra", cfg.run.dir)
-            eps = shared["endpoints"]
-            cfg = with_endpoints(cfg, eps.get("bootstrap_servers"), eps.get("s3_endpoint"))
-        else:
-            services = LocalServices(
-                cfg.run_dir / "services",
-                broker=need_broker,
-                object_store=need_store,
-                access_key=cfg.object_store.access_key,
-                secret_key=cfg.object_store.secret_key,
-                broker_storage=cfg.kafka.embedded_storage if need_store else "memory",
-            )
-            eps = services.start()
-            services.record()  # `streamrft explore --run-id` finds them there
-            log.info(
-                "embedded services: broker %s, object store %s",
-                eps.bootstrap_servers,
-                eps.s3_endpoint,
-            )
-            cfg = with_endpoints(cfg, eps.bootstrap_servers, eps.s3_endpoint)
-            if services.broker and services.broker_storage == "s3":
-                cfg = for_s3_broker(cfg)
+    if not (need_broker or need_store):
+        return cfg, None
+    services = LocalServices(
+        cfg.run_dir / "services",
+        broker=need_broker,
+        object_store=need_store,
+        access_key=cfg.object_store.access_key,
+        secret_key=cfg.object_store.secret_key,
+        broker_storage=cfg.kafka.embedded_storage if need_store else "memory",
+    )
+    eps = services.start()
+    services.record()
+    log.info(
+        "embedded services: broker %s, object store %s", eps.bootstrap_servers, eps.s3_endpoint
+    )
+    cfg = with_endpoints(cfg, eps.bootstrap_servers, eps.s3_endpoint)
+    if services.broker and services.broker_storage == "s3":
+        cfg = for_s3_broker(cfg)
+    return cfg, services
+
+
+def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = True) -> dict:
+    """Check a resume, start embedded services where needed, run, write the summary."""
+    if check_resume(cfg):  # before anything starts: a refused resume changes nothing
+        log.info("run %s exists in %s: resuming it", cfg.run.id, cfg.run_dir)
+    cfg, services = start_embedded(cfg)
     try:
         summary = Supervisor(cfg, summary_path, progress).run()
     finally:

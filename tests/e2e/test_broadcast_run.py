@@ -8,17 +8,11 @@ import subprocess
 
 import pytest
 
-from streamrft.infra.bus import read_history
+from streamrft.infra.consume import read_history
 from streamrft.schemas import CONTROL, METRICS, ModelVersionReady
-from tests.e2e.test_cli_run import (
-    EXAMPLE,
-    _env,
-    _processes_mentioning,
-    _streamrft,
-    log_has,
-    wait_for,
-)
-from tests.e2e.test_resume import _service_overrides
+from tests.helpers.cli import env, explore_argv, run_argv
+from tests.helpers.paths import EXAMPLE
+from tests.helpers.processes import log_has, processes_mentioning, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -28,38 +22,17 @@ def test_broadcast_to_explorers_and_a_late_joiner(services, make_config, tmp_pat
     runs = tmp_path / "runs"
     steps = 60
     common = [
-        "--run-id",
-        run_id,
-        "-o",
-        f"run.dir={runs}",
-        "-o",
         "synchronizer.method=nccl",
-        "-o",
         "synchronizer.sync_offset=0",
-        "-o",
         "trainer.max_staleness=0",
-        "-o",
         "synchronizer.sync_timeout=60",
-        "-o",
         "trainer.warmup_sft_steps=20",
-        "-o",
         "trainer.eval_interval=0",
-        "-o",
         "explorer.count=2",
-        *_service_overrides(services),
     ]
     run = subprocess.Popen(
-        _streamrft(
-            "run",
-            str(EXAMPLE),
-            "--max-steps",
-            str(steps),
-            "--no-progress",
-            "--summary",
-            str(tmp_path / "s.json"),
-            *common,
-        ),
-        env=_env(),
+        run_argv(EXAMPLE, run_id, steps, runs, services, *common, summary=tmp_path / "s.json"),
+        env=env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -71,8 +44,8 @@ def test_broadcast_to_explorers_and_a_late_joiner(services, make_config, tmp_pat
         wait_for(lambda: log_has(log, "trainer: step 1 "), run, 240, "training to start")
         late_log = (tmp_path / "late.log").open("w")
         late = subprocess.Popen(
-            _streamrft("explore", str(EXAMPLE), "--index", "2", *common),
-            env=_env(),
+            explore_argv(EXAMPLE, run_id, runs, services, *common, index=2),
+            env=env(),
             stdout=late_log,
             stderr=subprocess.STDOUT,
             cwd=tmp_path,
@@ -91,7 +64,7 @@ def test_broadcast_to_explorers_and_a_late_joiner(services, make_config, tmp_pat
     assert s["books"]["max_staleness_seen"] == 0
 
     cfg = make_config(run={"id": run_id})
-    control = asyncio.run(read_history(cfg, cfg.topics().control, CONTROL, "bcast-test"))
+    control = asyncio.run(read_history(cfg.kafka, cfg.topics().control, CONTROL, "bcast-test"))
     versions = [e for e in control if isinstance(e, ModelVersionReady)]
     broadcasts = [e for e in versions if e.method == "nccl"]
     assert len(broadcasts) >= steps - 2  # v0 (and a fallback at most) went through the store
@@ -103,7 +76,7 @@ def test_broadcast_to_explorers_and_a_late_joiner(services, make_config, tmp_pat
 
     # every explorer's weights equal the trainer's: on-policy steps recompute the very
     # log-probs the explorers sampled with
-    metrics = asyncio.run(read_history(cfg, cfg.topics().metrics, METRICS, "bcast-metrics"))
+    metrics = asyncio.run(read_history(cfg.kafka, cfg.topics().metrics, METRICS, "bcast-metrics"))
     diffs = [
         m.values["train/logprob_max_abs_diff"]
         for m in metrics
@@ -117,4 +90,4 @@ def test_broadcast_to_explorers_and_a_late_joiner(services, make_config, tmp_pat
             assert dist == {"train/staleness_groups_0": 32.0}, dist
     text = (tmp_path / "late.log").read_text()
     assert re.search(r"explorer-2: applied version \d+ \(nccl\)", text), text[-2000:]
-    assert not _processes_mentioning(run_id)
+    assert not processes_mentioning(run_id)

@@ -3,78 +3,33 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import env, run_argv, streamrft_cmd
+from tests.helpers.paths import EXAMPLE
+from tests.helpers.processes import log_has, processes_mentioning, wait_for
+
 pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "arithmetic.yaml"
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"
-    env["TOKENIZERS_PARALLELISM"] = "false"
-    return env
-
-
-def _streamrft(*args: str) -> list[str]:
-    return [sys.executable, "-m", "streamrft.infra.app.cli", *args]
-
-
-def wait_for(ready, proc: subprocess.Popen, timeout: float, what: str) -> None:
-    """Poll ``ready()`` until true; fail with the process's stderr if it ends first."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
-def log_has(path: Path, text: str) -> bool:
-    return path.is_file() and text in path.read_text()
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if text in cmdline and state != "Z":
-            pids.append(int(entry.name))
-    return pids
 
 
 def test_run_learns_and_books_balance(tmp_path):
     summary_path = tmp_path / "summary.json"
     steps = 60
     proc = subprocess.run(
-        _streamrft(
-            "run",
-            str(EXAMPLE),
-            "--max-steps",
-            str(steps),
-            "--summary",
-            str(summary_path),
-            "--no-progress",
-            "-o",
-            f"run.dir={tmp_path / 'runs'}",
-            "-o",
+        run_argv(
+            EXAMPLE,
+            None,
+            steps,
+            tmp_path / "runs",
+            None,
             "trainer.eval_interval=20",
+            summary=summary_path,
         ),
-        env=_env(),
+        env=env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -104,7 +59,7 @@ def test_run_learns_and_books_balance(tmp_path):
     if not ckpt.is_absolute():
         ckpt = tmp_path / ckpt
     assert (ckpt / "checkpoints" / "latest").read_text() == f"step_{steps:08d}"
-    assert not _processes_mentioning(s["run_id"])
+    assert not processes_mentioning(s["run_id"])
 
 
 @pytest.mark.parametrize(("signame", "exit_code"), [("SIGINT", 130), ("SIGTERM", 0)])
@@ -114,20 +69,10 @@ def test_a_signal_stops_everything_cleanly(tmp_path, signame, exit_code):
     runs = tmp_path / "runs"
     summary_path = tmp_path / "summary.json"
     proc = subprocess.Popen(
-        _streamrft(
-            "run",
-            str(EXAMPLE),
-            "--max-steps",
-            "100000",
-            "--summary",
-            str(summary_path),
-            "--no-progress",
-            "-o",
-            f"run.dir={runs}",
-            "-o",
-            "trainer.warmup_sft_steps=0",
+        run_argv(
+            EXAMPLE, None, 100000, runs, None, "trainer.warmup_sft_steps=0", summary=summary_path
         ),
-        env=_env(),
+        env=env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -157,7 +102,7 @@ def test_a_signal_stops_everything_cleanly(tmp_path, signame, exit_code):
     # the trainer checkpointed on its way out
     latest = (runs / run_id / "checkpoints" / "latest").read_text()
     assert int(latest.split("_")[1]) >= 10
-    assert not _processes_mentioning(run_id)
+    assert not processes_mentioning(run_id)
 
 
 def test_bad_config_is_a_clear_error(tmp_path):
@@ -168,8 +113,8 @@ def test_bad_config_is_a_clear_error(tmp_path):
         )
     )
     proc = subprocess.run(
-        _streamrft("run", str(bad)),
-        env=_env(),
+        streamrft_cmd("run", str(bad)),
+        env=env(),
         capture_output=True,
         text=True,
         timeout=60,

@@ -35,3 +35,10 @@ def test_drill_recovers_and_the_books_balance(name, tmp_path):
         assert r.dead_letters == detail["injected"]  # each invalid message: one dead letter
     else:
         assert r.dead_letters == 0
+    if name == "store_outage":  # a publish or a fetch was retried through the outage
+        retries = detail["retries"]
+        assert retries["publish_retries"] + retries["store_unavailable"] >= 1, retries
+    elif name == "broker_restart":  # a new broker process, after a real outage, mid-run
+        assert detail["service_was_down"] and detail["service_back"], detail
+        assert detail["step_at_fault"] < STEPS
+        assert r.recover_s is not None  # the trainer stepped after the broker was back

@@ -16,23 +16,17 @@ from collections import Counter
 
 import pytest
 
-from streamrft.infra.bus import read_history
+from streamrft.infra.consume import read_history
 from streamrft.schemas.codec import EXPERIENCE_GROUP, STATUS
-from tests.e2e.test_cli_run import (
-    EXAMPLE,
-    _env,
-    _processes_mentioning,
-    _streamrft,
-    log_has,
-    wait_for,
-)
-from tests.e2e.test_resume import _service_overrides
+from tests.helpers.cli import env, explore_argv, run_argv
+from tests.helpers.paths import EXAMPLE
+from tests.helpers.processes import log_has, processes_mentioning, wait_for
 
 pytestmark = pytest.mark.e2e
 
 
 def _statuses(cfg) -> list:
-    return asyncio.run(read_history(cfg, cfg.topics().status, STATUS, "test-status", 2))
+    return asyncio.run(read_history(cfg.kafka, cfg.topics().status, STATUS, "test-status", 2))
 
 
 def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
@@ -44,29 +38,19 @@ def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
     # reads the run's topics on the session broker (only its kafka section is used)
     reader_cfg = make_config(run={"id": run_id})
     run = subprocess.Popen(
-        _streamrft(
-            "run",
-            str(EXAMPLE),
-            "--explorers",
-            "1",
-            "--run-id",
+        run_argv(
+            EXAMPLE,
             run_id,
-            "--max-steps",
-            str(steps),
-            "--no-progress",
-            "--summary",
-            str(tmp_path / "s.json"),
-            "-o",
-            f"run.dir={runs}",
-            "-o",
+            steps,
+            runs,
+            services,
             "trainer.eval_interval=0",
-            "-o",
             "trainer.warmup_sft_steps=20",
-            "-o",
             "trainer.max_staleness=2",
-            *_service_overrides(services),
+            explorers=1,
+            summary=tmp_path / "s.json",
         ),
-        env=_env(),
+        env=env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -85,19 +69,15 @@ def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
         with hand_log.open("w") as out:
             # names no broker or object store: it finds the run's from the run folder
             hand = subprocess.Popen(
-                _streamrft(
-                    "explore",
-                    str(EXAMPLE),
-                    "--run-id",
+                explore_argv(
+                    EXAMPLE,
                     run_id,
-                    "-o",
-                    f"run.dir={runs}",
-                    "-o",
+                    runs,
+                    None,
                     f"object_store.access_key={services.access_key}",
-                    "-o",
                     f"object_store.secret_key={services.secret_key}",
                 ),
-                env=_env(),
+                env=env(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=tmp_path,
@@ -143,7 +123,9 @@ def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
 
     async def groups_by_explorer() -> Counter:
         topic = reader_cfg.topics().experiences
-        groups = await read_history(reader_cfg, topic, EXPERIENCE_GROUP, "test-experiences", 3)
+        groups = await read_history(
+            reader_cfg.kafka, topic, EXPERIENCE_GROUP, "test-experiences", 3
+        )
         return Counter(g.explorer for g in groups)
 
     by_explorer = asyncio.run(groups_by_explorer())
@@ -157,4 +139,4 @@ def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
     assert s["groups_trained"] == steps * 32
     assert s["explorers_stopped"] == sorted(["explorer-0", hand_id])
     assert s["exit_codes"] == {"trainer": 0, "explorer-0": 0, "feeder": 0}
-    assert not _processes_mentioning(run_id)
+    assert not processes_mentioning(run_id)

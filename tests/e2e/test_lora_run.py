@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from streamrft.infra.bus import read_history
+from streamrft.infra.consume import read_history
 from streamrft.schemas import CONTROL, ModelVersionReady
-from tests.e2e.test_cli_run import ROOT, _env, _streamrft
-from tests.e2e.test_resume import _service_overrides
+from tests.helpers.cli import env, run_argv, streamrft_cmd
+from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.e2e
 
@@ -24,23 +24,16 @@ def test_lora_run_learns_publishes_adapters_and_exports(services, make_config, t
     steps = 40
     runs = tmp_path / "runs"
     proc = subprocess.run(
-        _streamrft(
-            "run",
-            str(LORA_EXAMPLE),
-            "--run-id",
+        run_argv(
+            LORA_EXAMPLE,
             run_id,
-            "--max-steps",
-            str(steps),
-            "--summary",
-            str(tmp_path / "s.json"),
-            "--no-progress",
-            "-o",
-            f"run.dir={runs}",
-            "-o",
+            steps,
+            runs,
+            services,
             "trainer.eval_interval=20",
-            *_service_overrides(services),
+            summary=tmp_path / "s.json",
         ),
-        env=_env(),
+        env=env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -55,7 +48,7 @@ def test_lora_run_learns_publishes_adapters_and_exports(services, make_config, t
     cfg = make_config(run={"id": run_id})
     events = [
         e
-        for e in asyncio.run(read_history(cfg, cfg.topics().control, CONTROL, "lora-test"))
+        for e in asyncio.run(read_history(cfg.kafka, cfg.topics().control, CONTROL, "lora-test"))
         if isinstance(e, ModelVersionReady)
     ]
     full, adapters = events[0], events[1:]
@@ -67,10 +60,10 @@ def test_lora_run_learns_publishes_adapters_and_exports(services, make_config, t
 
     out = tmp_path / "hf"
     exp = subprocess.run(
-        _streamrft(
+        streamrft_cmd(
             "export", str(LORA_EXAMPLE), "--checkpoint", str(runs / run_id), "--out", str(out)
         ),
-        env=_env(),
+        env=env(),
         capture_output=True,
         text=True,
         timeout=120,

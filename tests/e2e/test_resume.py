@@ -11,33 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_cli_run import (
-    EXAMPLE,
-    _env,
-    _processes_mentioning,
-    _streamrft,
-    log_has,
-    wait_for,
-)
+from tests.helpers.cli import env, run_argv
+from tests.helpers.paths import EXAMPLE
+from tests.helpers.processes import log_has, processes_mentioning, wait_for
 
 pytestmark = pytest.mark.e2e
 
 
-def _service_overrides(services) -> list[str]:
-    return [
-        "-o",
-        f"kafka.bootstrap_servers={services.bootstrap_servers}",
-        "-o",
-        f"object_store.endpoint={services.s3_endpoint}",
-        "-o",
-        f"object_store.access_key={services.access_key}",
-        "-o",
-        f"object_store.secret_key={services.secret_key}",
-    ]
-
-
 def _trainer_pid(run_id: str) -> int | None:
-    for pid in _processes_mentioning(run_id):
+    for pid in processes_mentioning(run_id):
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         if b"train" in cmd and b"streamrft.infra.app.cli" in cmd:
             return pid
@@ -48,34 +30,24 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, tmp_path):
     runs = tmp_path / "runs"
     run_id = f"resume-{os.getpid()}-{int(time.time())}"
     common = [
-        "--run-id",
-        run_id,
-        "--no-progress",
-        "-o",
-        f"run.dir={runs}",
-        "-o",
         "trainer.save_interval=5",
-        "-o",
         "trainer.eval_interval=0",
-        "-o",
         "trainer.warmup_sft_steps=20",
-        *_service_overrides(services),
     ]
     first = subprocess.Popen(
-        _streamrft(
-            "run",
-            str(EXAMPLE),
-            "--max-steps",
-            "1000",
-            "--summary",
-            str(tmp_path / "first.json"),
+        run_argv(
+            EXAMPLE,
+            run_id,
+            1000,
+            runs,
+            services,
+            *common,
             # no automatic restart here (the trainer_kill drill covers that): the run fails
             # and is resumed by hand, as after a lost machine
-            "-o",
             "trainer.max_restarts=0",
-            *common,
+            summary=tmp_path / "first.json",
         ),
-        env=_env(),
+        env=env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -104,16 +76,8 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, tmp_path):
 
     total = resumed_from + 12
     second = subprocess.run(
-        _streamrft(
-            "run",
-            str(EXAMPLE),
-            "--max-steps",
-            str(total),
-            "--summary",
-            str(tmp_path / "second.json"),
-            *common,
-        ),
-        env=_env(),
+        run_argv(EXAMPLE, run_id, total, runs, services, *common, summary=tmp_path / "second.json"),
+        env=env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -135,11 +99,11 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, tmp_path):
     assert s["exit_codes"] == {"trainer": 0, "explorer-0": 0, "feeder": 0}
     # versions keep rising across the crash: none was announced twice with other weights
     assert s["versions_rejected"] == {"explorer-0": 0}
-    assert not _processes_mentioning(run_id)
+    assert not processes_mentioning(run_id)
 
 
 def _explorer_pid(run_id: str, index: int) -> int | None:
-    for pid in _processes_mentioning(run_id):
+    for pid in processes_mentioning(run_id):
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         if b"explore" in cmd and str(index).encode() in cmd and b"--index" in cmd:
             return pid
@@ -151,29 +115,19 @@ def test_explorer_killed_mid_run_is_restarted_and_nothing_is_lost(services, tmp_
     run_id = f"explorer-kill-{os.getpid()}-{int(time.time())}"
     steps = 100  # long enough for the restarted explorer to rejoin and work
     proc = subprocess.Popen(
-        _streamrft(
-            "run",
-            str(EXAMPLE),
-            "--run-id",
+        run_argv(
+            EXAMPLE,
             run_id,
-            "--max-steps",
-            str(steps),
-            "--no-progress",
-            "--summary",
-            str(tmp_path / "s.json"),
-            "-o",
-            f"run.dir={runs}",
-            "-o",
+            steps,
+            runs,
+            services,
             "explorer.count=2",
-            "-o",
             "trainer.eval_interval=0",
-            "-o",
             "trainer.warmup_sft_steps=20",
-            "-o",
             "trainer.max_staleness=2",
-            *_service_overrides(services),
+            summary=tmp_path / "s.json",
         ),
-        env=_env(),
+        env=env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -200,4 +154,4 @@ def test_explorer_killed_mid_run_is_restarted_and_nothing_is_lost(services, tmp_
     assert "explorer-1 exited with code -9; restart 1 of 3" in err
     assert s["versions_applied"]["explorer-1"] >= 1
     assert s["explorers_stopped"] == ["explorer-0", "explorer-1"]
-    assert not _processes_mentioning(run_id)
+    assert not processes_mentioning(run_id)

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from tests.e2e.test_cli_run import EXAMPLE, _env, _streamrft
+from tests.helpers.cli import env, run_argv
+from tests.helpers.paths import EXAMPLE
 
 pytestmark = pytest.mark.e2e
 
@@ -18,28 +19,23 @@ def test_secrets_from_env_work_and_are_written_nowhere(services, tmp_path):
     children must get it too (their config.yaml has it redacted) for the run to finish."""
     s3_secret = f"s3-{secrets.token_hex(12)}"
     sasl_password = f"sasl-{secrets.token_hex(12)}"  # loaded but unused (PLAINTEXT broker)
-    env = _env() | {
+    secret_env = env() | {
         "STREAMRFT_S3_SECRET_KEY": s3_secret,
         "STREAMRFT_KAFKA_SASL_PASSWORD": sasl_password,
     }
     runs = tmp_path / "runs"
     proc = subprocess.run(
-        _streamrft(
-            "run",
-            str(EXAMPLE),
-            "--max-steps",
-            "3",
-            "--no-progress",
-            "-o",
-            f"run.dir={runs}",
-            "-o",
+        run_argv(
+            EXAMPLE,
+            None,
+            3,
+            runs,
+            None,  # the run starts its own object store, keyed from the environment
             "trainer.eval_interval=0",
-            "-o",
             "trainer.warmup_sft_steps=0",
-            "-o",
             f"kafka.bootstrap_servers={services.bootstrap_servers}",
         ),
-        env=env,
+        env=secret_env,
         capture_output=True,
         text=True,
         timeout=600,

@@ -33,8 +33,8 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,10 +47,12 @@ from streamrft.infra.config import (
     with_endpoints,
     with_run_id,
 )
+from streamrft.infra.consume import Record, consume, read_topic
+from streamrft.infra.local.processes import port_open
 from streamrft.infra.local.services import BROKER, OBJECT_STORE, LocalServices
 from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, TASK
-from streamrft.schemas.errors import SchemaError
-from streamrft.schemas.events import ModelVersionReady
+from streamrft.schemas.events import MetricsEvent, ModelVersionReady, StatusEvent
+from tests.helpers.cli import env, overrides, streamrft_cmd
 from tests.helpers.paths import EXAMPLE
 
 EPOCHS = 2
@@ -111,8 +113,13 @@ class _Watch:
     explorer_versions: dict[str, int] = field(default_factory=dict)
 
 
-class Drill:
-    """One drill: services, the run as a subprocess, a fault, the books."""
+class Drill(ABC):
+    """One drill: services, the run as a subprocess, a fault, the books.
+
+    A drill states its fault (:meth:`fault`) and its own evidence that the fault really
+    happened and was handled (:meth:`check`); balanced books alone would also balance
+    after a fault that never came.
+    """
 
     fault_at_step = FAULT_AT_STEP
     """The fault comes once the trainer has finished this many steps."""
@@ -142,15 +149,14 @@ class Drill:
         ]
 
     def _start_run(self) -> None:
-        argv = [sys.executable, "-m", "streamrft.infra.app.cli", "run", str(EXAMPLE)]
-        argv += ["--run-id", self.run_id, "--no-progress"]
-        for item in self.overrides():
-            argv += ["-o", item]
-        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-        env["STREAMRFT_S3_SECRET_KEY"] = self.services.endpoints.secret_key or ""
+        # every setting is an override (the drill's own config is built from the same list),
+        # the secret key comes from the environment only
+        argv = streamrft_cmd("run", str(EXAMPLE), "--run-id", self.run_id, "--no-progress")
+        argv += overrides(*self.overrides())
+        secret = {"STREAMRFT_S3_SECRET_KEY": self.services.endpoints.secret_key or ""}
         log = (self.workdir / f"{self.name}.log").open("wb")
         self.proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env() | secret, cwd=self.workdir
         )
 
     def _kill_leftovers(self) -> None:
@@ -185,33 +191,25 @@ class Drill:
 
     async def _follow(self, stop: asyncio.Event) -> None:
         topics = self.cfg.topics()
-        reader = kafka.event_reader(
-            self.cfg.kafka, [topics.metrics, topics.control, topics.status], "drill"
-        )
+        codecs = {topics.metrics: METRICS, topics.control: CONTROL, topics.status: STATUS}
+        reader = kafka.event_reader(self.cfg.kafka, list(codecs), "drill")
         await kafka.start_client(reader, "drill watch")
-        try:
-            while not stop.is_set():
-                batches = await reader.getmany(timeout_ms=200)
-                for tp, records in batches.items():
-                    for rec in records:
-                        try:
-                            if tp.topic == topics.metrics:
-                                ev = METRICS.decode(rec.value, rec.headers)
-                                if ev.component == "trainer" and "train/loss" in ev.values:
-                                    self.watch.step = max(self.watch.step, ev.step)
-                                    self.watch.step_times.append((time.time(), ev.step))
-                            elif tp.topic == topics.status:
-                                ev = STATUS.decode(rec.value, rec.headers)
-                                if ev.role == "explorer":
-                                    self.watch.explorer_versions[ev.component] = ev.version
-                            else:
-                                ev = CONTROL.decode(rec.value, rec.headers)
-                                if isinstance(ev, ModelVersionReady):
-                                    self.watch.versions[ev.version] = ev
-                        except SchemaError:
-                            continue  # the fuzz drill's own messages
+        try:  # undecodable records are the fuzz drill's own messages: skipped here
+            await consume(reader, codecs, self._watch, stop=stop)
         finally:
             await reader.stop()
+
+    def _watch(self, rec: Record) -> None:
+        ev = rec.obj
+        if isinstance(ev, MetricsEvent):
+            if ev.component == "trainer" and "train/loss" in ev.values:
+                self.watch.step = max(self.watch.step, ev.step)
+                self.watch.step_times.append((time.time(), ev.step))
+        elif isinstance(ev, StatusEvent):
+            if ev.role == "explorer":
+                self.watch.explorer_versions[ev.component] = ev.version
+        elif isinstance(ev, ModelVersionReady):
+            self.watch.versions[ev.version] = ev
 
     async def _wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -222,15 +220,16 @@ class Drill:
                 raise RuntimeError(f"{self.name}: timed out waiting for {what}")
             await asyncio.sleep(0.05)
 
+    @abstractmethod
     async def fault(self) -> None:
         """Inject this drill's fault; sets ``fault_started`` and ``fault_ended``."""
-        raise NotImplementedError
 
     async def _drive(self) -> None:
         stop = asyncio.Event()
         follower = asyncio.create_task(self._follow(stop))
         try:
             await self._wait(lambda: self.watch.step >= self.fault_at_step, 240, "the fault step")
+            self.detail["step_at_fault"] = self.watch.step
             await self.fault()
             deadline = time.monotonic() + RUN_TIMEOUT_S
             while self.proc.poll() is None and time.monotonic() < deadline:
@@ -246,26 +245,8 @@ class Drill:
     # -- the books -------------------------------------------------------------------------
     async def _read_topic(self, topic: str, codec) -> list[tuple[int, int, object | None]]:
         """(partition, offset, decoded or None) of every message of a topic."""
-
-        reader = kafka.topic_reader(self.cfg.kafka, "drill-books")
-        await kafka.start_client(reader, "drill books")
-        out = []
-        try:
-            await kafka.assign_from_beginning(reader, topic)
-            quiet = 0
-            while quiet < 4:
-                batches = await reader.getmany(timeout_ms=300)
-                quiet = 0 if batches else quiet + 1
-                for tp, records in batches.items():
-                    for rec in records:
-                        try:
-                            obj = codec.decode(rec.value, rec.headers)
-                        except SchemaError:
-                            obj = None
-                        out.append((tp.partition, rec.offset, obj))
-        finally:
-            await reader.stop()
-        return out
+        records = await read_topic(self.cfg.kafka, topic, codec, "drill-books")
+        return [(r.partition, r.offset, r.obj) for r in records]
 
     async def books(self) -> dict:
         topics = self.cfg.topics()
@@ -354,7 +335,7 @@ class Drill:
         )
         return DrillResult(
             drill=self.name,
-            recovered=finished and balanced and self.check(),
+            recovered=finished and balanced and self.check(books),
             recover_s=self._recover_s(),
             wall_s=round(time.monotonic() - started, 1),
             exit_code=self.proc.returncode,
@@ -362,9 +343,11 @@ class Drill:
             **books,
         )
 
-    def check(self) -> bool:
-        """A drill's own evidence that the fault really happened and was handled."""
-        return True
+    @abstractmethod
+    def check(self, books: dict) -> bool:
+        """This drill's own evidence that the fault really happened and was handled: from
+        ``self.detail`` (the run's summary and status counters, what the fault recorded)
+        and ``books`` (what :meth:`books` counted)."""
 
 
 class ExplorerKill(Drill):
@@ -375,7 +358,7 @@ class ExplorerKill(Drill):
         self.detail["killed_pid"] = pid
         self.fault_ended = time.time()
 
-    def check(self) -> bool:
+    def check(self, books: dict) -> bool:  # the supervisor restarted the killed explorer
         return (self.detail.get("restarts") or {}).get("explorer-0", 0) >= 1
 
 
@@ -388,27 +371,50 @@ class TrainerKill(Drill):
         self.detail["killed_at_step"] = self.watch.step
         self.fault_ended = time.time()
 
-    def check(self) -> bool:
+    def check(self, books: dict) -> bool:  # the supervisor restarted the killed trainer
         return (self.detail.get("restarts") or {}).get("trainer", 0) >= 1
 
 
 class ServiceDown(Drill):
-    """SIGKILL one local service, keep it down ``DOWN_S``, start it again on its port."""
+    """SIGKILL one local service, keep it down ``DOWN_S``, start it again on its port.
+
+    Records what it saw: ``service_pids`` (the process before and after),
+    ``service_was_down`` (the old process was gone and nothing answered on the service's
+    port, both right after the kill and at the end of the outage) and ``service_back`` (a
+    new process of the service is alive).
+    """
 
     SERVICE = OBJECT_STORE
     DOWN_S = 20.0
 
+    def _service_process(self) -> tuple[int, Callable[[], bool], int]:
+        """(pid, whether it is alive, port) of the service as LocalServices holds it now."""
+        svc = self.services._service(self.SERVICE)  # a drill reads it; never changes it
+        return svc.pid, svc.alive, svc.port
+
+    def _down(self, alive: Callable[[], bool], port: int) -> bool:
+        return not alive() and not port_open(port)
+
     async def fault(self) -> None:
+        old_pid, old_alive, port = self._service_process()
         self.fault_started = time.time()
         await asyncio.to_thread(self.services.kill, self.SERVICE)
+        down_at_kill = await asyncio.to_thread(self._down, old_alive, port)
         await asyncio.sleep(self.DOWN_S)
+        down_at_end = await asyncio.to_thread(self._down, old_alive, port)
         await asyncio.to_thread(self.services.restart, self.SERVICE)
         self.fault_ended = time.time()
-        self.detail["down_s"] = self.DOWN_S
+        new_pid, new_alive, _ = self._service_process()
+        self.detail.update(
+            down_s=self.DOWN_S,
+            service_pids=[old_pid, new_pid],
+            service_was_down=down_at_kill and down_at_end,
+            service_back=new_alive() and new_pid != old_pid,
+        )
 
 
 class StoreOutage(ServiceDown):
-    def check(self) -> bool:  # the outage was felt: a publish or a fetch was retried
+    def check(self, books: dict) -> bool:  # the outage was felt: a publish or a fetch was retried
         retries = self.detail.get("retries", {})
         return retries.get("publish_retries", 0) + retries.get("store_unavailable", 0) >= 1
 
@@ -427,6 +433,23 @@ class BrokerRestart(ServiceDown):
             f"kafka.control_fetch_max_wait_ms={wait}",
             f"kafka.data_fetch_max_wait_ms={wait}",
         ]
+
+    def check(self, books: dict) -> bool:
+        """The broker really went down mid-run, and the run rode it out.
+
+        Down: its process was gone and its port refused connections for the whole outage,
+        while the trainer was short of its last step; then a new broker process answered.
+        Rode it out: the trainer's metrics (read back from the restarted broker) show a
+        step finished after the broker was back. The clients' retry counters are kept in
+        ``detail["retries"]`` but not required: a short outage can be bridged inside
+        aiokafka (its own reconnects) without an error reaching the retry loop.
+        """
+        return (
+            self.detail.get("service_was_down") is True
+            and self.detail.get("service_back") is True
+            and self.detail.get("step_at_fault", STEPS) < STEPS
+            and self._recover_s() is not None
+        )
 
 
 class CorruptShard(Drill):
@@ -480,7 +503,7 @@ class CorruptShard(Drill):
                 if len(corrupted) >= self.VERSIONS:
                     return
 
-    def check(self) -> bool:
+    def check(self, books: dict) -> bool:  # explorers refused a corrupt version by its sha256
         rejected = self.detail.get("versions_rejected") or {}
         return sum(rejected.values()) >= 1
 
@@ -508,8 +531,9 @@ class Fuzz(Drill):
         self.detail["injected"] = total
         self.fault_ended = time.time()
 
-    def check(self) -> bool:
-        return self.detail.get("injected", 0) >= 1000
+    def check(self, books: dict) -> bool:  # 1,000+ invalid messages, each one dead-lettered
+        injected = self.detail.get("injected", 0)
+        return injected >= 1000 and books["dead_letters"] == injected
 
 
 DRILLS: dict[str, type[Drill]] = {

@@ -35,7 +35,6 @@ import msgspec
 
 from streamrft.infra import kafka
 from streamrft.infra.config import Config
-from streamrft.schemas.arrays import pack_f32, pack_i32, pack_u8
 from streamrft.schemas.codec import CODEC_BY_KIND, HEADER_SCHEMA, HEADER_TYPE, SCHEMA_VERSION
 from streamrft.schemas.errors import SchemaError
 from streamrft.schemas.events import (
@@ -47,8 +46,9 @@ from streamrft.schemas.events import (
     SyncRequest,
     TrainedGroup,
 )
-from streamrft.schemas.experience import Experience, ExperienceGroup, Task, check_token_ids
+from streamrft.schemas.experience import ExperienceGroup, Task, check_token_ids
 from streamrft.schemas.topics import TOPIC_KINDS, TopicNames
+from tests.helpers.groups import make_group
 
 BROKER_MAX_BYTES = 16 << 20
 """The broker's default largest message (``kafka.max_request_bytes``)."""
@@ -95,33 +95,25 @@ def sample_messages(kind: str) -> list[bytes]:
 
 
 def _experience_samples() -> list[ExperienceGroup]:
+    """Groups of 2, 4 and 3 experiences whose responses are 3, 2 and 5 tokens long."""
     groups = []
     for g, (n, width) in enumerate([(2, 3), (4, 2), (3, 5)]):
-        gid = f"fuzz/task-{g}@0"
-        exps = [
-            Experience(
-                id=f"{gid}#{i}",
-                tokens=pack_i32(
-                    [1, 3 + i % 4, 4, *[(5 + i + j) % SAMPLE_VOCAB for j in range(width)]]
-                ),
-                prompt_length=3,
-                logprobs=pack_f32([-0.5 - 0.25 * j for j in range(width)]),
-                action_mask=pack_u8([1] * (width - 1) + [i % 2]),
-                reward=float(i % 2),
-                model_version=0,
-                response_text="7",
-                info={"correct": float(i % 2)},
-            )
-            for i in range(n)
-        ]
         groups.append(
-            ExperienceGroup(
-                id=gid,
-                run="fuzz",
-                task_id=f"task-{g}",
+            make_group(
+                "fuzz",
+                f"task-{g}",
+                0,
+                n,
                 explorer="explorer-fuzz",
-                model_version=0,
-                experiences=exps,
+                tokens=[
+                    [1, 3 + i % 4, 4, *[(5 + i + j) % SAMPLE_VOCAB for j in range(width)]]
+                    for i in range(n)
+                ],
+                prompt_length=3,
+                logprobs=[[-0.5 - 0.25 * j for j in range(width)]] * n,
+                masks=[[1] * (width - 1) + [i % 2] for i in range(n)],
+                response_text="7",
+                infos=[{"correct": float(i % 2)} for i in range(n)],
                 created_at=1.7e9,
             )
         )

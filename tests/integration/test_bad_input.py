@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from streamrft.infra import kafka
-from streamrft.infra.bus import EventBus
+from streamrft.infra import admin
+from streamrft.infra.bus import ControlView, EventSender
+from streamrft.infra.consume import read_history
 from streamrft.schemas import (
     DEAD_LETTER,
     EXPERIENCE_GROUP,
@@ -22,39 +23,17 @@ from streamrft.schemas import (
     ModelVersionReady,
 )
 from tests.harness.fuzz import FuzzMessage, expected_valid, fuzz_messages, inject
-from tests.integration.test_experience_flow import make_group
+from tests.helpers.groups import make_group
+from tests.helpers.waits import until
 
 pytestmark = pytest.mark.integration
 
 N_FUZZ = 1100
 
 
-async def _wait(ready, timeout: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not ready():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-async def _read_dead_letters(cfg, want: int, timeout: float = 30.0) -> list[DeadLetter]:
-    topic = cfg.topics().dead_letters
-    reader = kafka.event_reader(cfg.kafka, [topic], "dead-letter-reader")
-    await kafka.start_client(reader, "dead-letter reader")
-    letters: list[DeadLetter] = []
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    try:
-        while len(letters) < want and loop.time() < deadline:
-            for records in (await reader.getmany(timeout_ms=200)).values():
-                letters.extend(DEAD_LETTER.decode(r.value, r.headers) for r in records)
-        # nothing beyond what was expected arrives
-        for records in (await reader.getmany(timeout_ms=500)).values():
-            letters.extend(DEAD_LETTER.decode(r.value, r.headers) for r in records)
-    finally:
-        await reader.stop()
-    return letters
+async def _read_dead_letters(cfg) -> list[DeadLetter]:
+    """Every dead letter of the run (the senders were stopped: all of them are there)."""
+    return await read_history(cfg.kafka, cfg.topics().dead_letters, DEAD_LETTER, "dl-reader")
 
 
 def _check_accounting(
@@ -102,40 +81,46 @@ def test_control_fuzz_every_bad_message_is_dead_lettered(make_config):
     )
 
     async def scenario():
-        await kafka.ensure_topics(cfg.kafka, topics)
-        bus = EventBus(cfg, "fuzz-target", "explorer")
-        sender = EventBus(cfg, "fuzz-sender", "trainer")
-        await bus.start(listen_control=True)
+        await admin.ensure_topics(cfg.kafka, topics)
+        target = EventSender(cfg, "fuzz-target", "explorer")
+        view = ControlView(cfg, "fuzz-target", target.dead_letter)
+        sender = EventSender(cfg, "fuzz-sender", "trainer")
+        await target.start()
+        await view.start()
         await sender.start()
         try:
             offsets = await inject(cfg, topics.control, messages)
             await sender.control(after)
             # the reader lived through the fuzz: the valid event sent after it arrives
-            await _wait(lambda: bus.versions.get(after.version) == after, 60, "the version")
+            await until(lambda: view.versions.get(after.version) == after, 60, "the version")
             want = valid.count(False)
-            await _wait(lambda: bus.counters.get("dead_letters", 0) >= want, 60, "dead letters")
-            assert bus._control_task is not None and not bus._control_task.done()
+            await until(lambda: target.counters.get("dead_letters") >= want, 60, "dead letters")
+            view.check()  # raises if the reader failed
+            assert view._task is not None and not view._task.done()
         finally:
             await sender.stop()
-            await bus.stop()
-        return offsets, await _read_dead_letters(cfg, want), bus.counters["dead_letters"]
+            await view.stop()
+            await target.stop()
+        return offsets, await _read_dead_letters(cfg), target.counters["dead_letters"]
 
     offsets, letters, counted = asyncio.run(scenario())
     assert counted == valid.count(False)
     _check_accounting(topics.control, messages, offsets, valid, letters, "fuzz-target")
 
 
+async def _nothing() -> None:
+    pass
+
+
 def test_experience_fuzz_trainer_dead_letters_and_keeps_training(make_config):
-    from streamrft.consumers.grpo import grpo_step
     from streamrft.consumers.trainer import Trainer
     from streamrft.producers.evaluation import GreedyEvaluator
 
     cfg = make_config(trainer={"batch_size": 1, "max_staleness": 5, "idle_timeout_s": 30.0})
     topics = cfg.topics()
     trainer = Trainer(cfg, GreedyEvaluator(cfg))
-    trainer._prepare_model()
-    trainer.version = 0
-    vocab = trainer.model.get_input_embeddings().num_embeddings
+    trainer.engine.prepare()
+    vocab = trainer.engine.vocab_size
     # many distinct seeds, so that most mutated groups that still decode carry new ids and
     # are trained on rather than dropped as duplicates
     samples = [EXPERIENCE_GROUP.encode(make_group(topics.run, f"fuzz-{i}", 0)) for i in range(400)]
@@ -149,12 +134,9 @@ def test_experience_fuzz_trainer_dead_letters_and_keeps_training(make_config):
     ]
 
     async def scenario():
-        await kafka.ensure_topics(cfg.kafka, topics)
-        await trainer.bus.start()
-        consumer = kafka.experience_consumer(
-            cfg.kafka, topics.experiences, f"g-{topics.run}", "trainer"
-        )
-        await kafka.start_client(consumer, "trainer consumer")
+        await admin.ensure_topics(cfg.kafka, topics)
+        await trainer.events.start()
+        await trainer.intake.start({})
         losses, trained = [], set()
         try:
             offsets = await inject(cfg, topics.experiences, messages)
@@ -162,34 +144,27 @@ def test_experience_fuzz_trainer_dead_letters_and_keeps_training(make_config):
             want = valid.count(False)
             while not (
                 {"after-0", "after-1"} <= trained
-                and trainer.bus.counters.get("dead_letters", 0) >= want
+                and trainer.counters.get("dead_letters") >= want
                 and len(trainer.buffer) == 0
             ):
-                groups = await asyncio.wait_for(trainer.collect(consumer), 60)
+                collect = trainer.intake.collect(1, 0, trainer.stop, _nothing)
+                groups = await asyncio.wait_for(collect, 60)
                 assert groups is not None, "the trainer went idle before the end"
-                values = await asyncio.to_thread(
-                    grpo_step,
-                    trainer.model,
-                    trainer.optimizer,
-                    groups,
-                    cfg.trainer,
-                    trainer.tokenizer.pad_token_id,
-                    1.0,
-                )
+                values = await asyncio.to_thread(trainer.engine.train_step, groups)
                 losses.append(values["train/loss"])
                 trained.update(g.task_id for g in groups)
         finally:
-            await consumer.stop()
-            await trainer.bus.stop()
-        return offsets, losses, await _read_dead_letters(cfg, want)
+            await trainer.intake.stop()
+            await trainer.events.stop()
+        return offsets, losses, await _read_dead_letters(cfg)
 
     offsets, losses, letters = asyncio.run(scenario())
-    assert trainer.bus.counters["dead_letters"] == valid.count(False)
+    assert trainer.counters["dead_letters"] == valid.count(False)
     _check_accounting(topics.experiences, messages, offsets, valid, letters, "trainer")
     # the mutated groups that were valid trained without a NaN; the model is still sound
     assert len(losses) > 80
     assert all(math.isfinite(x) for x in losses), losses
-    assert all(bool(p.isfinite().all()) for p in trainer.model.parameters())
+    assert all(bool(p.isfinite().all()) for p in trainer.engine.model.parameters())
     # the consumer read past every fuzzed record
     ends: dict[int, int] = {}
     for p, o in offsets:

@@ -7,52 +7,19 @@ import asyncio
 import pytest
 import torch
 
-from streamrft.infra import kafka
-from streamrft.schemas import (
-    DEAD_LETTER,
-    EXPERIENCE_GROUP,
-    Experience,
-    ExperienceGroup,
-    pack_f32,
-    pack_i32,
-    pack_u8,
-)
+from streamrft.infra import admin, kafka
+from streamrft.infra.consume import Record, consume, read_topic
+from streamrft.schemas import DEAD_LETTER, EXPERIENCE_GROUP
+from tests.helpers.groups import make_group
 
 pytestmark = pytest.mark.integration
 
 
-def make_group(run: str, task: str, version: int, n: int = 4, rewards=None) -> ExperienceGroup:
-    gid = f"{run}/{task}@0"
-    rewards = rewards or [float(i % 2) for i in range(n)]
-    exps = [
-        Experience(
-            id=f"{gid}#{i}",
-            tokens=pack_i32([1, 5, 6, 7, 8 + i, 2]),
-            prompt_length=4,
-            logprobs=pack_f32([-0.5, -0.25]),
-            action_mask=pack_u8([1, 1]),
-            reward=rewards[i],
-            model_version=version,
-        )
-        for i in range(n)
-    ]
-    return ExperienceGroup(
-        id=gid,
-        run=run,
-        task_id=task,
-        explorer="explorer-x",
-        model_version=version,
-        experiences=exps,
-    )
-
-
-async def _drain(consumer, want: int, timeout: float = 30.0):
-    got = []
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while len(got) < want and loop.time() < deadline:
-        for _tp, records in (await consumer.getmany(timeout_ms=200)).items():
-            got.extend(records)
+async def _take(consumer, want: int) -> list[Record]:
+    """``want`` raw records through the one consume path (or fewer, once the topic has been
+    quiet for 20 s: a group's first join alone takes a few seconds)."""
+    got: list[Record] = []
+    await consume(consumer, None, lambda r: (got.append(r), len(got) < want)[1], until_quiet=100)
     return got
 
 
@@ -61,7 +28,7 @@ def test_groups_publish_and_consume_whole(make_config):
     topics = cfg.topics()
 
     async def scenario():
-        await kafka.ensure_topics(cfg.kafka, topics)
+        await admin.ensure_topics(cfg.kafka, topics)
         sent = [make_group(topics.run, f"task-{i}", version=i % 3) for i in range(20)]
         producer = kafka.data_producer(cfg.kafka, "test-producer")
         await kafka.start_client(producer, "producer")
@@ -83,7 +50,7 @@ def test_groups_publish_and_consume_whole(make_config):
         )
         await kafka.start_client(consumer, "consumer")
         try:
-            records = await _drain(consumer, len(sent))
+            records = await _take(consumer, len(sent))
         finally:
             await consumer.stop()
         return sent, records
@@ -106,7 +73,7 @@ def test_trainer_dead_letters_malformed_and_keeps_going(make_config):
     topics = cfg.topics()
 
     async def scenario():
-        await kafka.ensure_topics(cfg.kafka, topics)
+        await admin.ensure_topics(cfg.kafka, topics)
         producer = kafka.data_producer(cfg.kafka, "test-producer")
         await kafka.start_client(producer, "producer")
         bad_group = make_group(topics.run, "bad", 0)
@@ -129,39 +96,27 @@ def test_trainer_dead_letters_malformed_and_keeps_going(make_config):
         finally:
             await producer.stop()
         trainer = Trainer(cfg, GreedyEvaluator(cfg))
-        trainer._prepare_model()
-        trainer.version = 0
-        await trainer.bus.start()
-        consumer = kafka.experience_consumer(
-            cfg.kafka, topics.experiences, f"g-{topics.run}", "trainer"
-        )
-        await kafka.start_client(consumer, "consumer")
+        trainer.engine.prepare()
+        await trainer.events.start()
+        await trainer.intake.start({})
+
+        async def nothing() -> None:
+            pass
+
         try:
-            groups = await asyncio.wait_for(trainer.collect(consumer), 60)
-            values = await asyncio.to_thread(
-                __import__("streamrft.consumers.grpo", fromlist=["grpo_step"]).grpo_step,
-                trainer.model,
-                trainer.optimizer,
-                groups,
-                cfg.trainer,
-                trainer.tokenizer.pad_token_id,
-                1.0,
-            )
+            collect = trainer.intake.collect(cfg.trainer.batch_size, 0, trainer.stop, nothing)
+            groups = await asyncio.wait_for(collect, 60)
+            values = await asyncio.to_thread(trainer.engine.train_step, groups)
         finally:
-            await consumer.stop()
-            await trainer.bus.stop()
-        reader = kafka.event_reader(cfg.kafka, [topics.dead_letters], "dl-reader")
-        await kafka.start_client(reader, "dl reader")
-        try:
-            letters = await _drain(reader, 2)
-        finally:
-            await reader.stop()
+            await trainer.intake.stop()
+            await trainer.events.stop()
+        letters = await read_topic(cfg.kafka, topics.dead_letters, None, "dl-reader")
         return groups, values, trainer, letters
 
     groups, values, trainer, letters = asyncio.run(scenario())
     assert sorted(g.task_id for g in groups) == ["ok-0", "ok-1"]
     assert torch.isfinite(torch.tensor(values["train/loss"]))
-    assert trainer.bus.counters["dead_letters"] == 2
+    assert trainer.counters["dead_letters"] == 2
     decoded = [DEAD_LETTER.decode(r.value, r.headers) for r in letters]
     assert len(decoded) == 2
     junk = next(d for d in decoded if d.key == b"junk")

@@ -25,7 +25,7 @@ def test_explore_finds_the_embedded_services_a_run_started(tmp_path):
     eps = svc.start()
     try:
         svc.record()  # as `streamrft run` does when it starts them
-        cfg = _load(_explore_args(runs, "joined"), need_run_id=True)
+        cfg = _load(_explore_args(runs, "joined"), joining=True)
         assert cfg.kafka.bootstrap_servers == eps.bootstrap_servers
         assert cfg.object_store.endpoint is None  # this run started no object store
     finally:
@@ -41,7 +41,7 @@ def test_explore_refuses_a_run_whose_services_are_gone(tmp_path):
     svc.stop()
     (runs / "ended" / "services" / "services.json").write_text(record)  # left by a crash
     with pytest.raises(StreamRFTError, match=r"embedded services .* not running"):
-        _load(_explore_args(runs, "ended"), need_run_id=True)
+        _load(_explore_args(runs, "ended"), joining=True)
 
 
 def test_explore_takes_the_endpoints_of_the_runs_resolved_config(tmp_path):
@@ -53,7 +53,7 @@ def test_explore_takes_the_endpoints_of_the_runs_resolved_config(tmp_path):
     )
     resolved.run_dir.mkdir(parents=True)
     (resolved.run_dir / "config.yaml").write_text(to_yaml(resolved))
-    cfg = _load(_explore_args(runs, "external"), need_run_id=True)
+    cfg = _load(_explore_args(runs, "external"), joining=True)
     assert (cfg.kafka.bootstrap_servers, cfg.object_store.endpoint) == (
         "10.0.0.1:9092",
         "10.0.0.2:9000",
@@ -61,7 +61,7 @@ def test_explore_takes_the_endpoints_of_the_runs_resolved_config(tmp_path):
     # a config that names its own broker keeps it
     args = _explore_args(runs, "external")
     args.override.append("kafka.bootstrap_servers=10.9.9.9:9092")
-    cfg = _load(args, need_run_id=True)
+    cfg = _load(args, joining=True)
     assert (cfg.kafka.bootstrap_servers, cfg.object_store.endpoint) == (
         "10.9.9.9:9092",
         "10.0.0.2:9000",
@@ -72,4 +72,4 @@ def test_run_explorers_flag_overrides_the_count(tmp_path):
     args = build_parser().parse_args(
         ["run", str(EXAMPLE), "--explorers", "3", "-o", f"run.dir={tmp_path}"]
     )
-    assert _load(args, need_run_id=False).explorer.count == 3
+    assert _load(args, joining=False).explorer.count == 3

@@ -9,8 +9,7 @@ from collections import defaultdict
 
 import pytest
 
-from streamrft.infra import kafka
-from streamrft.infra.bus import read_history
+from streamrft.infra.consume import read_history
 from streamrft.schemas import (
     CONTROL,
     EXPERIENCE_GROUP,
@@ -20,8 +19,8 @@ from streamrft.schemas import (
     SyncRequest,
 )
 from streamrft.sync.styles import required_version
-from tests.e2e.test_cli_run import EXAMPLE, _env, _streamrft
-from tests.e2e.test_resume import _service_overrides
+from tests.helpers.cli import env, run_argv
+from tests.helpers.paths import EXAMPLE
 
 pytestmark = pytest.mark.integration
 
@@ -31,37 +30,23 @@ STEPS = 10
 def _run(services, tmp_path, style: str, interval: int, offset: int, staleness: int):
     run_id = f"style-{style.replace('_', '-')}-{tmp_path.name[-8:]}"
     proc = subprocess.run(
-        _streamrft(
-            "run",
-            str(EXAMPLE),
-            "--run-id",
+        run_argv(
+            EXAMPLE,
             run_id,
-            "--max-steps",
-            str(STEPS),
-            "--no-progress",
-            "-o",
-            f"run.dir={tmp_path / 'runs'}",
-            "-o",
+            STEPS,
+            tmp_path / "runs",
+            services,
             "trainer.warmup_sft_steps=0",
-            "-o",
             "trainer.eval_interval=0",
-            "-o",
             "trainer.save_interval=0",
-            "-o",
             "explorer.batch_size=8",
-            "-o",
             "trainer.batch_size=8",
-            "-o",
             f"synchronizer.style={style}",
-            "-o",
             f"synchronizer.sync_interval={interval}",
-            "-o",
             f"synchronizer.sync_offset={offset}",
-            "-o",
             f"trainer.max_staleness={staleness}",
-            *_service_overrides(services),
         ),
-        env=_env(),
+        env=env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -76,19 +61,11 @@ def _read(make_config, run_id):
     topics = cfg.topics()
 
     async def read():
-        consumer = kafka.event_reader(cfg.kafka, [topics.experiences], "style-test")
-        await kafka.start_client(consumer, "reader")
-        groups, quiet = [], 0
-        try:
-            while quiet < 5:
-                batches = await consumer.getmany(timeout_ms=200)
-                quiet = 0 if batches else quiet + 1
-                for records in batches.values():
-                    groups += [EXPERIENCE_GROUP.decode(r.value, r.headers) for r in records]
-        finally:
-            await consumer.stop()
-        control = await read_history(cfg, topics.control, CONTROL, "style-test-control")
-        status = await read_history(cfg, topics.status, STATUS, "style-test-status")
+        groups = await read_history(
+            cfg.kafka, topics.experiences, EXPERIENCE_GROUP, "style-test", until_quiet=5
+        )
+        control = await read_history(cfg.kafka, topics.control, CONTROL, "style-test-control")
+        status = await read_history(cfg.kafka, topics.status, STATUS, "style-test-status")
         return groups, control, status
 
     groups, control, status = asyncio.run(read())

@@ -13,8 +13,8 @@ import logging
 
 import pytest
 
-from streamrft.infra import kafka
-from streamrft.producers.explorer import tasks_group
+from streamrft.infra import admin, kafka
+from streamrft.producers.task_intake import tasks_group
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ def test_partitions_split_on_join_and_return_on_leave(make_config):
     cfg = make_config(kafka={"partitions": 4, "session_timeout_ms": SESSION_MS})
 
     async def scenario() -> None:
-        await kafka.ensure_topics(cfg.kafka, cfg.topics())
+        await admin.ensure_topics(cfg.kafka, cfg.topics())
         first, first_poll = await _member(cfg, "explorer-0")
         second = second_poll = None
         try:
@@ -103,7 +103,7 @@ def test_a_member_leaving_at_generation_zero_frees_its_partitions_at_once(make_c
     cfg = make_config(kafka={"partitions": 2, "session_timeout_ms": SESSION_MS})
 
     async def scenario() -> None:
-        await kafka.ensure_topics(cfg.kafka, cfg.topics())
+        await admin.ensure_topics(cfg.kafka, cfg.topics())
         first, first_poll = await _member(cfg, "explorer-0")
         await asyncio.wait_for(first.assigned.wait(), 30)
         first_generation = first.generation
@@ -128,7 +128,7 @@ def test_a_member_without_a_partition_says_it_idles(make_config, caplog):
     cfg = make_config(kafka={"partitions": 1})
 
     async def scenario() -> tuple[tuple[int, ...], ...]:
-        await kafka.ensure_topics(cfg.kafka, cfg.topics())
+        await admin.ensure_topics(cfg.kafka, cfg.topics())
         members = [await _member(cfg, f"explorer-{i}") for i in range(2)]
         try:
             await _settled([m for m, _ in members])

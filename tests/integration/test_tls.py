@@ -22,7 +22,7 @@ from streamrft.infra.config import from_dict
 from streamrft.infra.local.services import _juicefs_bin, free_port
 from streamrft.schemas.errors import ServiceError
 from streamrft.sync.object_store import ObjectStoreLoader, ObjectStorePublisher
-from tests.certs import make_certs
+from tests.helpers.certs import make_certs
 
 pytestmark = pytest.mark.integration
 

@@ -65,22 +65,30 @@ def test_tampered_shard_rejected(make_config):
 
 
 @contextlib.asynccontextmanager
-async def explorer_and_trainer_bus(cfg):
-    """A live explorer (following control) and the trainer's event bus, on fresh topics."""
-    from streamrft.infra import kafka
-    from streamrft.infra.bus import EventBus
+async def explorer_and_trainer_sender(cfg):
+    """A live explorer (its sender and control view started; its weight follower is what
+    the tests drive) and the trainer's event sender, on fresh topics."""
+    from streamrft.infra import admin
+    from streamrft.infra.bus import EventSender
     from streamrft.producers.explorer import Explorer
 
-    await kafka.ensure_topics(cfg.kafka, cfg.topics())
+    await admin.ensure_topics(cfg.kafka, cfg.topics())
     explorer = Explorer(cfg, 0)
-    await explorer.bus.start(listen_control=True)
-    trainer_bus = EventBus(cfg, "trainer", "trainer")
-    await trainer_bus.start()
+    await explorer.events.start()
+    await explorer.view.start()
+    trainer = EventSender(cfg, "trainer", "trainer")
+    await trainer.start()
     try:
-        yield explorer, trainer_bus
+        yield explorer, trainer
     finally:
-        await trainer_bus.stop()
-        await explorer.bus.stop()
+        await trainer.stop()
+        await explorer.view.stop()
+        await explorer.events.stop()
+
+
+async def _announced(explorer, version: int) -> None:
+    view = explorer.view
+    await view.wait_until(lambda: version in view.versions, 30, asyncio.Event(), f"v{version}")
 
 
 def test_explorer_applies_good_version_and_stays_on_it_when_next_is_tampered(make_config):
@@ -90,26 +98,26 @@ def test_explorer_applies_good_version_and_stays_on_it_when_next_is_tampered(mak
     publisher = ObjectStorePublisher(cfg.object_store, cfg.run.id)
 
     async def scenario():
-        async with explorer_and_trainer_bus(cfg) as (explorer, trainer_bus):
+        async with explorer_and_trainer_sender(cfg) as (explorer, trainer):
             good = publisher.publish(unique_state_dict(src), 0, 0)
-            await trainer_bus.control(good)
-            assert await explorer.sync(0)
-            assert explorer.version == 0
+            await trainer.control(good)
+            assert await explorer.follower.sync_point(0)
+            assert explorer.follower.version == 0
             applied = {k: v.clone() for k, v in explorer.engine.model.state_dict().items()}
             with torch.no_grad():
                 for p in src.parameters():
                     p.add_(1.0)
             bad = publisher.publish(unique_state_dict(src), 1, 1)
             _tamper(cfg, bad)
-            await trainer_bus.control(bad)
-            await explorer.bus.wait_for_version(1, 30, asyncio.Event())
-            assert await explorer.sync(1)
+            await trainer.control(bad)
+            await _announced(explorer, 1)
+            assert await explorer.follower.sync_point(1)
             return explorer, applied
 
     explorer, applied = asyncio.run(scenario())
-    assert explorer.version == 0
-    assert explorer.bus.counters["versions_rejected"] == 1
-    assert explorer.bus.counters["versions_applied"] == 1
+    assert explorer.follower.version == 0
+    assert explorer.counters["versions_rejected"] == 1
+    assert explorer.counters["versions_applied"] == 1
     for name, tensor in explorer.engine.model.state_dict().items():
         assert torch.equal(tensor, applied[name]), name
 
@@ -143,26 +151,26 @@ def test_lora_explorer_builds_base_then_applies_adapter_and_rejects_a_tampered_o
         return msgspec.structs.replace(ev, base_version=0)
 
     async def scenario():
-        async with explorer_and_trainer_bus(cfg) as (explorer, trainer_bus):
-            await trainer_bus.control(publisher.publish(unique_state_dict(src), 0, 0))
-            assert await explorer.sync(0)
+        async with explorer_and_trainer_sender(cfg) as (explorer, trainer):
+            await trainer.control(publisher.publish(unique_state_dict(src), 0, 0))
+            assert await explorer.follower.sync_point(0)
             v1 = adapter_event(1)
             assert v1.bytes < 100_000
-            await trainer_bus.control(v1)
-            await explorer.bus.wait_for_version(1, 30, asyncio.Event())
-            assert await explorer.sync(1)
+            await trainer.control(v1)
+            await _announced(explorer, 1)
+            assert await explorer.follower.sync_point(1)
             good = {k: v.clone() for k, v in explorer.engine.model.state_dict().items()}
             for name, tensor in src.state_dict().items():
                 assert torch.equal(tensor, good[name]), name  # base + adapter equal the trainer's
             bad = adapter_event(2)
             _tamper(cfg, bad)
-            await trainer_bus.control(bad)
-            await explorer.bus.wait_for_version(2, 30, asyncio.Event())
-            assert await explorer.sync(2)
+            await trainer.control(bad)
+            await _announced(explorer, 2)
+            assert await explorer.follower.sync_point(2)
             return explorer, good
 
     explorer, good = asyncio.run(scenario())
-    assert explorer.version == 1 and explorer.base_version == 0
-    assert explorer.bus.counters["versions_rejected"] == 1
+    assert explorer.follower.version == 1 and explorer.follower.weights.base_version == 0
+    assert explorer.counters["versions_rejected"] == 1
     for name, tensor in explorer.engine.model.state_dict().items():
         assert torch.equal(tensor, good[name]), name

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from streamrft.consumers.buffer import ExperienceBuffer
-from streamrft.schemas import Experience, ExperienceGroup, pack_f32, pack_i32, pack_u8
+from streamrft.consumers.buffer import DEFAULT_DEDUP_WINDOW, ExperienceBuffer
+from streamrft.consumers.state import (
+    DIGEST_SIZE,
+    STATE_DECODER,
+    STATE_ENCODER,
+    id_digest,
+)
+from streamrft.schemas import ExperienceGroup
+from tests.helpers.groups import make_group
 
 pytestmark = pytest.mark.unit
 
@@ -16,26 +23,9 @@ P1 = ("run.experiences", 1)
 def group(
     gid: str, version: int = 0, n: int = 2, exp_ids: list[str] | None = None
 ) -> ExperienceGroup:
-    ids = exp_ids or [f"{gid}#{i}" for i in range(n)]
-    return ExperienceGroup(
-        id=gid,
-        run="run",
-        task_id=gid,
-        explorer="explorer-0",
-        model_version=version,
-        experiences=[
-            Experience(
-                id=i,
-                tokens=pack_i32([1, 2, 3]),
-                prompt_length=2,
-                logprobs=pack_f32([-1.0]),
-                action_mask=pack_u8([1]),
-                reward=0.0,
-                model_version=version,
-            )
-            for i in ids
-        ],
-    )
+    """A group whose id is ``gid`` (experience ids ``<gid>#<i>``): the buffer reads ids and
+    versions only."""
+    return make_group("run", gid, version, n, group_id=gid, exp_ids=exp_ids)
 
 
 def test_offer_and_dedup_by_experience_id():
@@ -129,3 +119,100 @@ def test_resume_offsets_with_out_of_order_offsets():
     assert buf.resume_offsets() == {P0: 15}
     buf.take(1)
     assert buf.resume_offsets() == {P0: 21}
+
+
+# -- the dedup window ------------------------------------------------------------------------
+
+
+def test_duplicates_inside_the_window_are_caught_older_ones_are_not():
+    buf = ExperienceBuffer(max_staleness=1, dedup_window=6)  # 3 groups of 2 ids
+    for offset in range(5):
+        assert buf.offer(group(f"g{offset}"), P0, offset)
+    assert len(buf.seen) == 6
+    # copies of the last three groups (any partition, any group id) are duplicates
+    assert buf.offer(group("g4"), P0, 5) is False
+    assert buf.offer(group("again", exp_ids=["new#0", "g2#1"]), P1, 0) is False
+    assert buf.duplicates_dropped == 2
+    # g1 left the window: a copy this late is taken (and trained) again, as documented
+    assert buf.offer(group("g1"), P0, 6) is True
+    assert len(buf.seen) == 6
+
+
+def _restored(buf: ExperienceBuffer, window: int) -> ExperienceBuffer:
+    """Through the checkpoint's encoding: msgspec JSON bytes and back."""
+    state = buf.state(step=7, version=6, counters={"checkpoints": 2})
+    decoded = STATE_DECODER.decode(STATE_ENCODER.encode(state))
+    assert decoded == state
+    resumed = ExperienceBuffer(max_staleness=buf.max_staleness, dedup_window=window)
+    resumed.restore(decoded)
+    return resumed
+
+
+def test_the_window_survives_a_checkpoint_and_queued_groups_are_read_again():
+    buf = ExperienceBuffer(max_staleness=1, dedup_window=100)
+    for offset in range(4):
+        buf.offer(group(f"g{offset}"), P0, offset)
+    buf.offer(group("g9"), P0, 4)  # a duplicate: counted, not buffered
+    buf.offer(group("h0"), P1, 0)
+    assert buf.offer(group("g0"), P1, 1) is False
+    assert [g.id for g in buf.take(3)] == ["g0", "g1", "g2"]  # g3, g9 and h0 stay buffered
+
+    resumed = _restored(buf, window=100)
+    assert resumed.resume_offsets() == {P0: 3, P1: 0}  # carried over before anything is read
+    assert resumed.duplicates_dropped == 1 and resumed.stale_dropped == 0
+    assert len(resumed) == 0
+    # the restart reads from the resume offsets: what was buffered is taken again ...
+    assert resumed.offer(group("g3"), P0, 3) is True
+    assert resumed.offer(group("g9"), P0, 4) is True
+    assert resumed.offer(group("h0"), P1, 0) is True
+    # ... the duplicate after h0 is dropped again, and so are copies of trained groups
+    assert resumed.offer(group("g0"), P1, 1) is False
+    assert resumed.offer(group("g2", exp_ids=["x#0", "g1#1"]), P1, 2) is False
+    assert resumed.duplicates_dropped == 3
+    assert [g.id for g in resumed.take(3)] == ["g3", "g9", "h0"]
+
+
+def test_a_smaller_window_on_resume_keeps_the_newest_ids():
+    buf = ExperienceBuffer(max_staleness=1, dedup_window=100)
+    for offset in range(5):
+        buf.offer(group(f"g{offset}"), P0, offset)
+    buf.take(5)
+    resumed = _restored(buf, window=4)
+    assert len(resumed.seen) == 4
+    assert resumed.offer(group("g3"), P0, 5) is False
+    assert resumed.offer(group("g4"), P0, 6) is False
+    assert resumed.offer(group("g2"), P0, 7) is True
+
+
+def test_checkpoint_state_stays_bounded_after_a_million_ids():
+    window = DEFAULT_DEDUP_WINDOW
+    buf = ExperienceBuffer(max_staleness=1)  # trainer.dedup_window's default
+    consumed = 10**6
+    buf.seen.add(
+        id_digest(f"run-20261122/task-{i // 8}@{i // 800}#{i % 8}") for i in range(consumed)
+    )
+    assert len(buf.seen) == window
+    for p in range(4):  # one buffered group per partition: its ids are left out
+        buf.offer(group(f"queued-{p}"), ("run.experiences", p), consumed // 32)
+    state = buf.state(step=consumed // 256, version=3900, counters={"checkpoints": 78})
+    size = len(STATE_ENCODER.encode(state))
+    # 8 bytes per remembered id, base64 (4/3), plus a few hundred bytes of the rest
+    bound = DIGEST_SIZE * window * 4 // 3 + 1024
+    print(f"\ncheckpoint state after {consumed} consumed ids: {size} bytes (bound {bound})")
+    assert size < bound < 2 * 1024 * 1024
+    # the newest ids are the ones remembered
+    last = f"run-20261122/task-{(consumed - 1) // 8}@{(consumed - 1) // 800}#{(consumed - 1) % 8}"
+    assert buf.seen.any_of([id_digest(last)])
+    assert not buf.seen.any_of([id_digest("run-20261122/task-0@0#0")])
+
+
+def test_a_skipped_record_counts_as_consumed():
+    buf = ExperienceBuffer(max_staleness=1)
+    buf.skip(P0, 4)  # dead-lettered: nothing buffered, resume after it
+    assert buf.resume_offsets() == {P0: 5}
+    buf.offer(group("a"), P0, 5)
+    buf.skip(P0, 6)
+    assert buf.resume_offsets() == {P0: 5}  # "a" is still buffered
+    buf.skip(P0, 2)  # an older record read again never moves the offset back
+    buf.take(1)
+    assert buf.resume_offsets() == {P0: 7}

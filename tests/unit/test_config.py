@@ -7,31 +7,13 @@ from pathlib import Path
 
 import msgspec
 import pytest
-import yaml
 
 from streamrft.infra.config import Config, from_dict, load_config, with_run_id
 from streamrft.schemas.errors import ConfigError
+from tests.helpers.configs import cfg_of, write_config
+from tests.helpers.paths import EXAMPLE
 
 pytestmark = pytest.mark.unit
-
-TASKSET = {"taskset": {"path": "tasks.jsonl"}}
-
-
-def cfg_of(**sections) -> dict:
-    return {**TASKSET, **sections}
-
-
-def write_config(folder: Path, data: dict | str, taskset: bool = True) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    if taskset:
-        (folder / "data").mkdir(exist_ok=True)
-        (folder / "data" / "tasks.jsonl").write_text(
-            '{"id": "t", "prompt": "1+1=", "answer": "2"}\n'
-        )
-    path = folder / "config.yaml"
-    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
-    return path
-
 
 # -- from_dict -------------------------------------------------------------------------------
 
@@ -219,8 +201,7 @@ def test_override_of_a_relative_taskset_path(tmp_path):
 
 
 def test_example_config_loads():
-    example = Path(__file__).resolve().parents[2] / "examples" / "arithmetic.yaml"
-    cfg = load_config(example)
+    cfg = load_config(EXAMPLE)
     assert cfg.run.name == "arithmetic"
     assert Path(cfg.taskset.path).is_file()
 

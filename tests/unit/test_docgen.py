@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -26,11 +25,12 @@ from streamrft.schemas import (
 )
 from streamrft.schemas.codec import CODEC_BY_KIND
 from streamrft.schemas.topics import TOPIC_KINDS
+from tests.helpers.paths import ROOT
 from tools import docgen
 
 pytestmark = pytest.mark.unit
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = ROOT / "README.md"
 WIRE_STRUCTS = (
     Task,
     Experience,

@@ -20,7 +20,6 @@ from streamrft.schemas import (
     STATUS,
     TASK,
     TOPIC_KINDS,
-    Experience,
     ExperienceGroup,
     MetricsEvent,
     ModelVersionReady,
@@ -33,9 +32,6 @@ from streamrft.schemas import (
     check_token_ids,
     dead_letter_of,
     limits,
-    pack_f32,
-    pack_i32,
-    pack_u8,
 )
 from streamrft.schemas.codec import DEAD_LETTER_REASON_CHARS
 from tests.harness.fuzz import (
@@ -46,6 +42,7 @@ from tests.harness.fuzz import (
     fuzz_messages,
     sample_messages,
 )
+from tests.helpers.groups import make_group
 
 pytestmark = pytest.mark.unit
 
@@ -212,29 +209,26 @@ def _group(
     logprobs: tuple[float, ...] = (-0.5, -1.25),
     mask: tuple[int, ...] = (1, 1),
     reward: float = 1.0,
+    task: str = "t1",
+    group_id: str = "run/t1@0",
+    explorer: str = "explorer-0",
     **group_fields,
 ) -> ExperienceGroup:
-    fields = {
-        "id": "run/t1@0",
-        "run": "run",
-        "task_id": "t1",
-        "explorer": "explorer-0",
-        "model_version": 3,
+    """``n`` copies of one experience (each value given once), in a group of version 3."""
+    return make_group(
+        "run",
+        task,
+        3,
+        n,
+        [reward] * n,
+        group_id=group_id,
+        explorer=explorer,
+        tokens=[tokens] * n,
+        prompt_length=prompt_length,
+        logprobs=[logprobs] * n,
+        masks=[mask] * n,
         **group_fields,
-    }
-    exps = [
-        Experience(
-            id=f"{fields['id']}#{i}",
-            tokens=pack_i32(tokens),
-            prompt_length=prompt_length,
-            logprobs=pack_f32(logprobs),
-            action_mask=pack_u8(mask),
-            reward=reward,
-            model_version=fields["model_version"],
-        )
-        for i in range(n)
-    ]
-    return ExperienceGroup(experiences=exps, **fields)
+    )
 
 
 @pytest.mark.parametrize(
@@ -250,9 +244,9 @@ def _group(
         (lambda: _group(reward=1e7), "reward 10000000.0 beyond"),
         (lambda: _group(reward=-1e300), "beyond"),
         (lambda: _group(n=limits.MAX_EXPERIENCES_PER_GROUP + 1), "1025 experiences, over 1024"),
-        (lambda: _group(id=""), "group id is empty"),
-        (lambda: _group(id="g" * 2000), "group id is 2000 characters, over 1024"),
-        (lambda: _group(task_id=""), "task_id is empty"),
+        (lambda: _group(group_id=""), "group id is empty"),
+        (lambda: _group(group_id="g" * 2000), "group id is 2000 characters, over 1024"),
+        (lambda: _group(task=""), "task_id is empty"),
         (lambda: _group(explorer="e" * 5000), "explorer is 5000 characters"),
         (lambda: _group(workflow=""), "workflow is empty"),
         (
@@ -295,7 +289,7 @@ def test_validate_group_accepts_edges():
         _group(logprobs=(0.0, -80.0), mask=(0, 0), reward=-1e6),
         _group(n=limits.MAX_EXPERIENCES_PER_GROUP),
         _group(
-            id="g" * (limits.MAX_ID_CHARS - 8),  # "#<i>" follows in experience ids
+            group_id="g" * (limits.MAX_ID_CHARS - 8),  # "#<i>" follows in experience ids
             tokens=(0, 2**31 - 1, 3),
             prompt_length=2,
             logprobs=(-1.0,),

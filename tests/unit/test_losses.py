@@ -8,8 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from streamrft.consumers.advantages import group_advantages
-from streamrft.consumers.losses import aggregate, clipped_surrogate, kl_k3, sft_loss
+from streamrft.consumers.algorithms.advantages import group_advantages
+from streamrft.consumers.algorithms.aggregation import aggregate
+from streamrft.consumers.algorithms.kl_losses import kl_k3
+from streamrft.consumers.algorithms.policy_losses import clipped_surrogate
+from streamrft.consumers.losses import sft_loss
 
 pytestmark = pytest.mark.unit
 torch.set_num_threads(1)
@@ -73,7 +76,7 @@ def test_aggregate_all_masked_is_zero_not_nan():
 
 def test_aggregate_unknown_mode():
     with pytest.raises(ValueError, match="unknown loss aggregation mode"):
-        aggregate(VALUES, MASK, "seq-sum")  # type: ignore[arg-type]
+        aggregate(VALUES, MASK, "seq-sum")
 
 
 # -- clipped surrogate -----------------------------------------------------------------------

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.paths import ROOT
+
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("schemas", "producers", "consumers", "sync", "infra", "bench")
 PICKLING_MODULES = {"pickle", "cPickle", "_pickle", "cloudpickle", "dill", "joblib", "shelve"}
 

@@ -9,13 +9,13 @@ import yaml
 from streamrft.infra.app.resume import check_resume, resume_conflicts
 from streamrft.infra.config import from_dict, to_yaml
 from streamrft.schemas.errors import ConfigError
-from tests.helpers.paths import ROOT
+from tests.helpers.paths import ADDITION
 
 
 def _cfg(tmp_path, **sections):
     base = {
         "run": {"id": "r1", "dir": str(tmp_path)},
-        "taskset": {"path": str(ROOT / "examples" / "data" / "addition.jsonl")},
+        "taskset": {"path": str(ADDITION)},
     }
     for name, values in sections.items():
         base.setdefault(name, {}).update(values)

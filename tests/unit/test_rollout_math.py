@@ -8,11 +8,11 @@ import torch
 from streamrft.consumers.batching import collate, response_logprobs
 from streamrft.infra.config import ModelConfig
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
-from streamrft.producers.engine import TransformersEngine
-from streamrft.producers.explorer import required_version
+from streamrft.producers.engines import TransformersEngine
 from streamrft.producers.rewards import exact_match, get_reward, last_number
-from streamrft.producers.workflows import run_math_workflow
+from streamrft.producers.workflows import RolloutSpec, get_workflow
 from streamrft.schemas import ConfigError, Task, unpack_f32, unpack_i32, validate_group
+from streamrft.sync.styles import required_version
 
 pytestmark = pytest.mark.unit
 torch.set_num_threads(1)
@@ -47,10 +47,7 @@ def engine(tokenizer):
 
 @pytest.fixture(scope="module")
 def groups(engine):
-    return run_math_workflow(
-        engine,
-        TASKS,
-        reward=exact_match,
+    spec = RolloutSpec(
         repeat_times=6,
         temperature=TEMPERATURE,
         max_new_tokens=MAX_NEW,
@@ -59,6 +56,7 @@ def groups(engine):
         explorer="explorer-0",
         model_version=0,
     )
+    return get_workflow("math")(engine, TASKS, exact_match, spec)
 
 
 # -- tokenizer -------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from streamrft.schemas import (
     validate_group,
 )
 from streamrft.schemas.arrays import unpack_u8
+from tests.helpers.groups import make_group
 
 pytestmark = pytest.mark.unit
 
@@ -78,30 +79,22 @@ def make_experience(
     )
 
 
-def make_group(experiences: list[Experience] | None = None, version: int = 3) -> ExperienceGroup:
-    gid = make_group_id("run", "t1", 0)
-    if experiences is None:
-        experiences = [
-            make_experience(f"{gid}#0", version=version),
-            make_experience(
-                f"{gid}#1",
-                response=(9, 9, 2),
-                logprobs=(-0.25, -2.0, -0.125),
-                mask=(1, 0, 1),
-                reward=0.0,
-                version=version,
-            ),
-        ]
-    return ExperienceGroup(
-        id=gid,
-        run="run",
-        task_id="t1",
+def two_experiences(version: int = 3) -> ExperienceGroup:
+    """Two experiences of different lengths, the second with a masked token."""
+    return make_group(
+        "run",
+        "t1",
+        version,
+        2,
+        [1.0, 0.0],
         explorer="explorer-0",
-        model_version=version,
-        experiences=experiences,
+        tokens=[(1, 5, 6, 7, 8, 2), (1, 5, 6, 7, 9, 9, 2)],
+        logprobs=[(-0.5, -1.25), (-0.25, -2.0, -0.125)],
+        masks=[(1, 1), (1, 0, 1)],
+        response_text="8",
+        infos=[{"correct": 1.0}] * 2,
         created_at=1700000000.5,
         workflow="math",
-        epoch=0,
     )
 
 
@@ -151,7 +144,7 @@ def test_task_defaults_fill_in():
 
 
 def test_experience_group_round_trip_keeps_arrays_bit_exact():
-    group = make_group()
+    group = two_experiences()
     data = EXPERIENCE_GROUP.encode(group)
     back = EXPERIENCE_GROUP.decode(data, EXPERIENCE_GROUP.headers())
     assert back == group
@@ -397,12 +390,12 @@ def test_real_types_evolve_both_ways():
 
 
 def test_valid_group_passes_validation():
-    group = make_group()
+    group = two_experiences()
     assert validate_group(group) is group
 
 
 def _with_first(**changes) -> ExperienceGroup:
-    group = make_group()
+    group = two_experiences()
     first = msgspec.structs.replace(group.experiences[0], **changes)
     return msgspec.structs.replace(group, experiences=[first, *group.experiences[1:]])
 
@@ -423,8 +416,8 @@ def _with_first(**changes) -> ExperienceGroup:
         (lambda: _with_first(reward=math.inf), "not finite"),
         (lambda: _with_first(reward=-math.inf), "not finite"),
         (lambda: _with_first(model_version=2), "model_version 2 != group's 3"),
-        (lambda: make_group(experiences=[]), "no experiences"),
-        (lambda: make_group(version=-1), "model_version -1 < 0"),
+        (lambda: make_group("run", "t1", 3, 0), "no experiences"),
+        (lambda: two_experiences(version=-1), "model_version -1 < 0"),
     ],
     ids=[
         "tokens-bytes",

@@ -20,8 +20,8 @@ from streamrft.infra.config import (
 )
 from streamrft.schemas.errors import ConfigError
 from streamrft.sync.object_store import tls_options
-from tests.certs import make_certs
-from tests.unit.test_config import cfg_of, write_config
+from tests.helpers.certs import make_certs
+from tests.helpers.configs import cfg_of, write_config
 
 pytestmark = pytest.mark.unit
 
@@ -352,7 +352,11 @@ def test_s3_tls_options(certs):
 
 
 def test_topics_and_tail_use_the_configs_security_settings(tmp_path, certs):
-    from streamrft.infra.app.cli import _kafka_config, build_parser
+    from streamrft.infra.app.cli import build_parser
+    from streamrft.infra.app.endpoints import kafka_for_tools
+
+    def _kafka_config(args):
+        return kafka_for_tools(args.config, args.bootstrap, args.dir)
 
     tls = {"bootstrap_servers": "k.example:9093", "security_protocol": "SSL"}
     path = write_config(tmp_path, on_disk(kafka=tls | {"ssl_cafile": str(certs.ca)}))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from streamrft.consumers.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from streamrft.consumers.state import STATE_DECODER, PartitionOffset, TrainerState, id_digest
 from streamrft.infra.config import ModelConfig
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.schemas.errors import IntegrityError, SyncError
@@ -179,17 +179,25 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer(tokenizer, tmp_pat
     for step in range(2):
         _train_step(model, opt, seed=step)
     root = tmp_path / "checkpoints"
-    extra = {"version": 2, "offsets": [["run.experiences", 0, 17]], "seen": ["g#0"]}
-    path = save_checkpoint(root, 2, model, opt, extra)
+    saved_state = TrainerState(
+        step=2,
+        version=2,
+        offsets=[PartitionOffset("run.experiences", 0, 17)],
+        seen=id_digest("g#0"),
+        counters={"checkpoints": 1.0},
+        duplicates_dropped=3,
+        stale_dropped=4,
+    )
+    path = save_checkpoint(root, saved_state, model, opt, keep=3)
     assert path == root / "step_00000002"
     assert latest_checkpoint(root) == path
     assert "lm_head.weight" not in load_file(str(path / "model.safetensors"))  # stored once
-    assert json.loads((path / "state.json").read_text())["step"] == 2
+    assert STATE_DECODER.decode((path / "state.json").read_bytes()) == saved_state
 
     fresh = tiny(tokenizer, seed=5)
     fresh_opt = _adamw(fresh, lr=0.5)  # different hyper-parameter, restored from the checkpoint
     state = load_checkpoint(path, fresh, fresh_opt)
-    assert state == {**extra, "step": 2}
+    assert state == saved_state
     assert_state_equal(snapshot(fresh), snapshot(model))
     assert fresh.lm_head.weight is fresh.model.embed_tokens.weight
     assert fresh_opt.param_groups[0]["lr"] == 1e-2
@@ -215,8 +223,8 @@ def test_latest_checkpoint_moves_forward(tokenizer, tmp_path):
     opt = _adamw(model)
     assert latest_checkpoint(tmp_path / "none") is None
     _train_step(model, opt, 0)
-    save_checkpoint(tmp_path, 1, model, opt, {})
-    second = save_checkpoint(tmp_path, 2, model, opt, {})
+    save_checkpoint(tmp_path, TrainerState(step=1), model, opt, keep=3)
+    second = save_checkpoint(tmp_path, TrainerState(step=2), model, opt, keep=3)
     assert latest_checkpoint(tmp_path) == second
     assert not list(tmp_path.glob(".tmp_*"))  # the temporary folder was renamed away
 
@@ -231,7 +239,7 @@ def test_corrupt_checkpoint_raises_checkpoint_error(tokenizer, tmp_path):
     model = tiny(tokenizer)
     opt = _adamw(model)
     _train_step(model, opt, 0)
-    path = save_checkpoint(tmp_path, 1, model, opt, {})
+    path = save_checkpoint(tmp_path, TrainerState(step=1), model, opt, keep=3)
     (path / "model.safetensors").write_bytes(b"\xff" * 64)
     with pytest.raises(CheckpointError):
         load_checkpoint(path, model, opt)
@@ -241,7 +249,7 @@ def test_corrupt_optimizer_file_leaves_model_untouched(tokenizer, tmp_path):
     model = tiny(tokenizer)
     opt = _adamw(model)
     _train_step(model, opt, 0)
-    path = save_checkpoint(tmp_path, 1, model, opt, {})
+    path = save_checkpoint(tmp_path, TrainerState(step=1), model, opt, keep=3)
     (path / "optimizer.safetensors").write_bytes(b"\xff" * 64)
     fresh = tiny(tokenizer)
     before = {k: v.clone() for k, v in fresh.state_dict().items()}

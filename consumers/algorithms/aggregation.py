@@ -1,0 +1,60 @@
+"""Loss aggregation: per-token values to one number. Pure functions of tensors.
+
+Every function takes ``values`` and ``mask`` of shape ``(batch, response_len)``, ``mask`` 1 on
+the tokens that are trained, and returns a scalar. :data:`LOSS_AGG` is chosen by
+``trainer.loss_agg_mode``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+AggregateFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(values, mask) -> scalar``."""
+
+
+def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over every unmasked token of the batch (long responses weigh more, as in DAPO)."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens within each sequence, then over sequences (the original GRPO)."""
+    mask = mask.to(values.dtype)
+    per_seq = (values * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
+    return _mean_over_sequences(per_seq, mask)
+
+
+def seq_mean_token_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum over tokens within each sequence, mean over sequences."""
+    mask = mask.to(values.dtype)
+    return _mean_over_sequences((values * mask).sum(dim=1), mask)
+
+
+def _mean_over_sequences(per_seq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the sequences with at least one trained token (an empty one counts for
+    nothing, and an all-empty batch gives 0, not NaN)."""
+    has_tokens = (mask.sum(dim=1) > 0).to(per_seq.dtype)
+    return (per_seq * has_tokens).sum() / has_tokens.sum().clamp_min(1.0)
+
+
+LOSS_AGG: dict[str, AggregateFn] = {
+    "token-mean": token_mean,
+    "seq-mean-token-mean": seq_mean_token_mean,
+    "seq-mean-token-sum": seq_mean_token_sum,
+}
+"""``trainer.loss_agg_mode`` -> aggregation."""
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Reduce per-token values to a scalar with the :data:`LOSS_AGG` entry ``mode``."""
+    try:
+        fn = LOSS_AGG[mode]
+    except KeyError:
+        raise ValueError(
+            f"unknown loss aggregation mode {mode!r}; known: {', '.join(LOSS_AGG)}"
+        ) from None
+    return fn(values, mask)

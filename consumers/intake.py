@@ -1,0 +1,159 @@
+"""The trainer's experience intake: consume, decode, dead-letter, deduplicate, drop stale,
+hand out batches, and say when it starves.
+
+Offsets are the intake's business too: after a restore it seeks each partition to the
+offset the checkpoint holds, once (the first assignment of that partition), and it commits
+the buffer's resume offsets when the trainer has checkpointed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata
+
+from streamrft.consumers.buffer import ExperienceBuffer
+from streamrft.infra import kafka
+from streamrft.infra.bus import HEARTBEAT_S, Counters, EventSender
+from streamrft.infra.config import Config
+from streamrft.infra.consume import Record, poll
+from streamrft.schemas.codec import EXPERIENCE_GROUP
+from streamrft.schemas.errors import SchemaError
+from streamrft.schemas.experience import ExperienceGroup, check_token_ids
+
+log = logging.getLogger(__name__)
+
+STARVED_AFTER_S = 2 * HEARTBEAT_S
+"""No experience at all for this long, with no batch to train, marks the trainer starved
+on its status (see StatusEvent)."""
+
+
+class SeekOnFirstAssign(ConsumerRebalanceListener):
+    """Seeks each partition to its restored offset the first time it is assigned, and
+    never again: a later assignment (a rejoin after a session timeout, a rebalance) goes on
+    from the group's position instead of re-reading (and re-dead-lettering) old records."""
+
+    def __init__(self, consumer, offsets: dict[tuple[str, int], int]) -> None:
+        self.consumer = consumer
+        self.pending = dict(offsets)
+        """Restored offsets not applied yet."""
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        pass
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        for tp in assigned:
+            offset = self.pending.pop((tp.topic, tp.partition), None)
+            if offset is not None:
+                self.consumer.seek(tp, offset)
+
+
+class ExperienceIntake:
+    """Batches of fresh experience groups for the trainer, from the experiences topic."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        buffer: ExperienceBuffer,
+        events: EventSender,
+        counters: Counters,
+        vocab_size: int,
+    ) -> None:
+        self.cfg = cfg
+        self.buffer = buffer
+        self.events = events
+        self.counters = counters
+        self.vocab_size = vocab_size
+        topics = cfg.topics()
+        self.topic = topics.experiences
+        self.group = f"{topics.prefix}.{topics.run}.trainer"
+        self.consumer: Any = None  # made in start(), inside the event loop
+        self.starved = False
+        """The trainer has had no experience for :data:`STARVED_AFTER_S` (on its status)."""
+
+    async def start(self, resume_offsets: dict[tuple[str, int], int]) -> None:
+        """Join the trainer's group; partitions restored from a checkpoint start at its
+        offsets."""
+        self.consumer = kafka.experience_consumer(self.cfg.kafka, self.topic, self.group, "trainer")
+        self.consumer.subscribe(
+            [self.topic], listener=SeekOnFirstAssign(self.consumer, resume_offsets)
+        )
+        await kafka.start_client(self.consumer, "trainer experience consumer")
+
+    async def stop(self) -> None:
+        """Leave the group; safe to call twice, and before start."""
+        if self.consumer is not None:
+            await self.consumer.stop()
+
+    async def collect(
+        self,
+        n: int,
+        version: int,
+        stop: asyncio.Event,
+        while_waiting: Callable[[], Awaitable[object]],
+    ) -> list[ExperienceGroup] | None:
+        """``n`` fresh groups for a trainer at ``version``; None on stop or when the stream
+        stays idle ``trainer.idle_timeout_s``. ``while_waiting()`` runs on every poll that
+        has no batch yet (the trainer answers sync requests there)."""
+        loop = asyncio.get_running_loop()
+        last_data = loop.time()
+        while not stop.is_set():
+            dropped = self.buffer.drop_stale(version)
+            if dropped:
+                log.info("trainer: dropped %d stale groups (version %d)", len(dropped), version)
+            groups = self.buffer.take(n)
+            if groups is not None:
+                return groups
+            if not self.starved and loop.time() - last_data > STARVED_AFTER_S:
+                await self._set_starved(True)  # explorers waiting on a version go on
+            await while_waiting()
+            records = await poll(self.consumer, EXPERIENCE_GROUP, 200)
+            for rec in records:
+                await self._offer(rec)
+            if records:
+                last_data = loop.time()
+                if self.starved:
+                    await self._set_starved(False)
+            elif loop.time() - last_data > self.cfg.trainer.idle_timeout_s:
+                log.warning(
+                    "trainer: no experiences for %.0fs; finishing", self.cfg.trainer.idle_timeout_s
+                )
+                return None
+        return None
+
+    async def _offer(self, rec: Record) -> None:
+        error = rec.error
+        if error is None:
+            try:
+                check_token_ids(rec.obj, self.vocab_size)
+            except SchemaError as exc:
+                error = exc
+        if error is not None:
+            await self.events.dead_letter(dataclasses.replace(rec, obj=None, error=error))
+            self.buffer.skip((rec.topic, rec.partition), rec.offset)
+            return
+        if self.buffer.offer(rec.obj, (rec.topic, rec.partition), rec.offset):
+            self.counters.add("experiences_consumed", len(rec.obj.experiences))
+
+    async def _set_starved(self, starved: bool) -> None:
+        self.starved = starved
+        await self.events.status(detail="waiting for experiences" if starved else "")
+
+    async def commit(self) -> None:
+        """Commit the buffer's resume offsets (after a checkpoint that holds them)."""
+        offsets = {
+            TopicPartition(t, p): OffsetAndMetadata(o, "")
+            for (t, p), o in self.buffer.resume_offsets().items()
+        }
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except KafkaError as exc:  # the checkpoint holds the offsets; resume seeks to them
+            log.warning("trainer: offset commit failed (%s); the checkpoint has them", exc)

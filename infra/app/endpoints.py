@@ -1,0 +1,112 @@
+"""Where a command finds the broker and the object store when its config names none.
+
+One resolver for every command (``run``, ``train``/``explore``/``feed``, ``topics``/``tail``),
+in this order, each only for what is still missing:
+
+1. the config (``kafka.bootstrap_servers``, ``object_store.endpoint``) and the command line;
+2. for a process joining a run (``--run-id``): the run's own embedded services, recorded in
+   ``<run dir>/services/services.json`` while they run; else the run's resolved
+   ``<run dir>/config.yaml``;
+3. the services of ``streamrft infra up`` (``<run.dir>/infra``, or ``--dir``).
+
+What is still missing after that, ``streamrft run`` starts itself (embedded services).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import yaml
+
+from streamrft.infra.config import Config, KafkaConfig, with_endpoints
+from streamrft.infra.local.services import status
+from streamrft.schemas.errors import StreamRFTError
+
+INFRA_DIR = "infra"
+"""Folder under ``run.dir`` where ``streamrft infra up`` keeps its state by default."""
+
+
+@dataclass(frozen=True)
+class Found:
+    """Endpoints found outside the config, and where (for the log)."""
+
+    bootstrap_servers: str | None
+    s3_endpoint: str | None
+    source: str
+
+
+def infra_up(state_dir: Path) -> Found | None:
+    """The running services of ``streamrft infra up`` in ``state_dir``, if any."""
+    shared = status(state_dir)
+    if not (shared and shared.get("running")):
+        return None
+    eps = shared["endpoints"]
+    return Found(
+        eps.get("bootstrap_servers"), eps.get("s3_endpoint"), f"`streamrft infra up` in {state_dir}"
+    )
+
+
+def of_run(cfg: Config) -> Found | None:
+    """The broker and store of the run ``cfg`` names (a process joining it).
+
+    A run that started embedded services records them in ``<run dir>/services`` while they
+    run (checked alive); otherwise its resolved ``<run dir>/config.yaml`` names them.
+    """
+    own = status(cfg.run_dir / "services")
+    if own is not None:
+        if not own.get("running"):
+            raise StreamRFTError(
+                f"run {cfg.run.id}: its embedded services ({cfg.run_dir / 'services'}) are "
+                "not running; has the run ended?"
+            )
+        eps = own["endpoints"]
+        source = f"run {cfg.run.id} (its embedded services)"
+        return Found(eps.get("bootstrap_servers"), eps.get("s3_endpoint"), source)
+    resolved = cfg.run_dir / "config.yaml"
+    if resolved.is_file():
+        data = yaml.safe_load(resolved.read_text()) or {}
+        found = Found(
+            (data.get("kafka") or {}).get("bootstrap_servers"),
+            (data.get("object_store") or {}).get("endpoint"),
+            f"run {cfg.run.id} ({resolved})",
+        )
+        if found.bootstrap_servers or found.s3_endpoint:
+            return found
+    return None
+
+
+def resolve(cfg: Config, joining: bool) -> tuple[Config, str | None]:
+    """``cfg`` with missing endpoints filled in (see the module docstring), and where they
+    came from (None: nothing was missing, or nothing found)."""
+    if cfg.kafka.bootstrap_servers and cfg.object_store.endpoint:
+        return cfg, None
+    found = (of_run(cfg) if joining else None) or infra_up(Path(cfg.run.dir) / INFRA_DIR)
+    if found is None:
+        return cfg, None
+    filled = with_endpoints(
+        cfg,
+        None if cfg.kafka.bootstrap_servers else found.bootstrap_servers,
+        None if cfg.object_store.endpoint else found.s3_endpoint,
+    )
+    return filled, found.source
+
+
+def kafka_for_tools(
+    config_path: str | None, bootstrap: str | None, infra_dir: str | Path
+) -> KafkaConfig:
+    """The broker of ``topics`` / ``tail``: ``--bootstrap``, the config's, or ``infra up``'s;
+    with a config, its security settings (TLS, SASL) too."""
+    from streamrft.infra.config import load_config
+
+    kafka_cfg = load_config(config_path).kafka if config_path else KafkaConfig()
+    bootstrap = bootstrap or kafka_cfg.bootstrap_servers
+    if not bootstrap:
+        found = infra_up(Path(infra_dir))
+        bootstrap = found.bootstrap_servers if found else None
+    if not bootstrap:
+        raise StreamRFTError(
+            "no broker: pass --bootstrap HOST:PORT, a config naming one, or run `streamrft infra up`"
+        )
+    return msgspec.structs.replace(kafka_cfg, bootstrap_servers=bootstrap)

@@ -1,0 +1,71 @@
+"""The transformers engine: batched sampling with a causal LM on CPU or GPU."""
+
+from __future__ import annotations
+
+import torch
+
+from streamrft.producers.engines.base import Rollout
+from streamrft.producers.sampling import sample
+
+
+class TransformersEngine:
+    """Batched sampling with a transformers causal LM on CPU or GPU."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, device: str = "cpu") -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+
+    def encode_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=True)
+        return enc.input_ids.to(self.device), enc.attention_mask.to(self.device)
+
+    def _run(
+        self, prompts: list[str], temperature: float, max_new_tokens: int, greedy: bool, seed: int
+    ):
+        ids, mask = self.encode_prompts(prompts)
+        gen = torch.Generator().manual_seed(seed)
+        out = sample(
+            self.model,
+            ids,
+            mask,
+            max_new_tokens=max_new_tokens,
+            eos_id=self.tokenizer.eos_token_id,
+            pad_id=self.tokenizer.pad_token_id,
+            temperature=temperature,
+            greedy=greedy,
+            generator=gen,
+        )
+        return ids, mask, out
+
+    @torch.no_grad()
+    def rollout(
+        self, prompts: list[str], n: int, temperature: float, max_new_tokens: int, seed: int
+    ) -> list[list[Rollout]]:
+        """``n`` samples of each prompt, grouped per prompt."""
+        flat = [p for p in prompts for _ in range(n)]
+        ids, mask, out = self._run(flat, temperature, max_new_tokens, False, seed)
+        rollouts = []
+        for i in range(len(flat)):
+            length = int(out.lengths[i])
+            prompt_ids = ids[i][mask[i].bool()].tolist()
+            resp = out.tokens[i, :length].tolist()
+            rollouts.append(
+                Rollout(
+                    prompt_ids=prompt_ids,
+                    response_ids=resp,
+                    logprobs=out.logprobs[i, :length].tolist(),
+                    text=self.tokenizer.decode(resp, skip_special_tokens=True),
+                )
+            )
+        return [rollouts[j * n : (j + 1) * n] for j in range(len(prompts))]
+
+    @torch.no_grad()
+    def greedy(self, prompts: list[str], max_new_tokens: int) -> list[str]:
+        _, _, out = self._run(prompts, 1.0, max_new_tokens, True, 0)
+        return [
+            self.tokenizer.decode(
+                out.tokens[i, : int(out.lengths[i])].tolist(), skip_special_tokens=True
+            )
+            for i in range(len(prompts))
+        ]

@@ -1,0 +1,45 @@
+"""What a workflow is: tasks in, experience groups out, with the engine and reward it is given."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from streamrft.producers.engines.base import RolloutEngine
+from streamrft.producers.rewards import RewardFn
+from streamrft.schemas.experience import ExperienceGroup, Task
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """How one explorer step samples, and how its groups are stamped."""
+
+    repeat_times: int
+    """Rollouts per task (one experience group)."""
+    temperature: float
+    max_new_tokens: int
+    seed: int
+    """Seed of the step's sampling."""
+    run: str
+    """Run namespace (group ids are derived from it)."""
+    explorer: str
+    """Name of the explorer that publishes the groups."""
+    model_version: int
+    """Version of the weights that sampled."""
+    explorer_step: int = -1
+
+
+class Workflow(Protocol):
+    """Turns tasks that share a workflow name into one experience group per task.
+
+    A workflow owns prompt formatting, turns and scoring; the engine owns sampling.
+    """
+
+    def __call__(
+        self,
+        engine: RolloutEngine,
+        tasks: Sequence[Task],
+        reward: RewardFn,
+        spec: RolloutSpec,
+    ) -> list[ExperienceGroup]: ...

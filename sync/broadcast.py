@@ -1,0 +1,139 @@
+"""The ``nccl`` transport: a torch.distributed broadcast (NCCL on GPUs, gloo on CPU) from the
+trainer to the explorers alive now, with the object store as its fallback.
+
+The collective itself (group epochs, rendezvous, buckets) is :mod:`.collective`. Here:
+who is in the group (the explorers heard from lately, given by the trainer), when a new
+group epoch opens (membership changed, or the last one failed), and the fallback: a version
+whose broadcast fails, or that has no member to go to (version 0, before any explorer has
+announced itself), is published and announced again through the object store, where every
+explorer, member or not, can load it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+
+import torch
+
+from streamrft.infra.config import Config
+from streamrft.schemas.errors import SyncError
+from streamrft.schemas.events import ModelVersionReady
+from streamrft.sync.collective import (
+    CollectiveReceiver,
+    CollectiveSender,
+    parse_rendezvous,
+    spec_digest,
+    tensor_specs,
+)
+from streamrft.sync.transport import (
+    Announce,
+    Payload,
+    SenderContext,
+    WeightReceiver,
+    WeightSender,
+)
+
+log = logging.getLogger(__name__)
+
+
+class BroadcastSender(WeightSender):
+    """Trainer side: announce, broadcast to the group; on failure, the store."""
+
+    method = "nccl"
+
+    def __init__(self, cfg: Config, ctx: SenderContext, fallback: WeightSender) -> None:
+        sync = cfg.synchronizer
+        self.collective = CollectiveSender(
+            sync.nccl_host, sync.nccl_port, sync.sync_timeout, sync.nccl_bucket_mb
+        )
+        self.ctx = ctx
+        self.fallback = fallback
+        self._members: list[str] = []
+        """Members of the current group epoch (empty: the next broadcast forms a new one)."""
+        self._plan: tuple[list[str], bool] | None = None
+
+    def _group(self) -> tuple[list[str], bool]:
+        """Who the next version goes to, and whether that needs a new group epoch."""
+        members = self.ctx.members()
+        new = bool(members) and (members != self._members or not self.collective.usable)
+        return members, new
+
+    def needs_full(self) -> bool:
+        self._plan = self._group()  # the send that follows goes to exactly this group
+        return self._plan[1]
+
+    async def send(self, payload: Payload, announce: Announce) -> ModelVersionReady:
+        members, new = self._plan or self._group()
+        self._plan = None
+        event = await self._broadcast(payload, members, new, announce) if members else None
+        if event is None:  # nobody to broadcast to yet, or the broadcast failed
+            event = await self.fallback.send(payload, announce)
+        return event
+
+    async def _broadcast(
+        self, payload: Payload, members: list[str], new: bool, announce: Announce
+    ) -> ModelVersionReady | None:
+        """Announce and broadcast ``payload`` to ``members``; None when the group failed."""
+        tensors = payload.tensors
+        uri = self.collective.open_epoch(members) if new else self.collective.uri
+        self._members = members
+        event = ModelVersionReady(
+            version=payload.version,
+            method=self.method,
+            uri=uri or "",
+            manifest_sha256=spec_digest(tensor_specs(tensors)).hex(),
+            bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
+            step=payload.step,
+            lora=payload.lora,
+            created_at=time.time(),
+            base_version=payload.base_version,
+        )
+        await announce(event)
+        try:
+            await asyncio.to_thread(self.collective.broadcast, tensors, payload.version)
+        except SyncError as exc:
+            self.ctx.counters.add("broadcast_failures")
+            log.warning(
+                "broadcast of version %d failed (%s); object store fallback", payload.version, exc
+            )
+            self._members = []  # the next version forms a new group
+            return None
+        self.ctx.counters.add("versions_broadcast")
+        return event
+
+    def close(self) -> None:
+        self.collective.close()
+
+
+class BroadcastReceiver(WeightReceiver):
+    """Explorer side: take part in a broadcast this explorer is a member of, receiving into
+    staging tensors (the caller applies them only when complete)."""
+
+    refetchable = False
+
+    def __init__(self, member: str, timeout_s: float) -> None:
+        self.member = member
+        self.timeout_s = timeout_s
+        self._receiver: CollectiveReceiver | None = None
+
+    def can_load(self, event: ModelVersionReady) -> bool:
+        try:
+            return self.member in parse_rendezvous(event.uri).members
+        except SyncError:
+            return False
+
+    def receive(
+        self, event: ModelVersionReady, like: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        if self._receiver is None:
+            self._receiver = CollectiveReceiver(self.member, self.timeout_s)
+        staging = {k: torch.empty_like(v) for k, v in like.items()}
+        self._receiver.receive(event.uri, staging, event.version)
+        return staging
+
+    def close(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()

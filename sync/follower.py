@@ -1,0 +1,299 @@
+"""The explorer's side of the sync protocol: which version to sample with, and getting it.
+
+At every sync point :meth:`WeightFollower.sync_point` does, in order:
+
+1. **plan** — the sync style says what this step needs (:func:`~.styles.explorer_sync`,
+   a pure function of the style, the step and the version held): ask the trainer for a
+   version (``dynamic_by_explorer``), wait for one, apply one, or nothing;
+2. **wait** — until a usable version the plan needs is announced (WAITING_SYNC). One rule
+   cuts a wait short: under the fixed style, when the trainer says it starves for
+   experiences while this explorer waits for a version only more experiences can make, the
+   explorer goes on with the newest version it has and shifts its schedule (``step_lag``,
+   counter ``sync_waits_cut``) instead of waiting forever;
+3. **choose** — the version to apply (:func:`~.styles.choose_version`; a newer broadcast
+   this explorer is a member of always wins: its group waits for every member);
+4. **apply** — receive it through the transport its event names, verified, and copy it in
+   (:mod:`.payload` knows adapters and bases);
+5. **on failure** — one policy (:func:`on_failure`): keep the current weights and try at
+   the next sync point (the store is down), retry soon (down, and no weights yet), wait for
+   the store fallback (a broadcast failed), or reject the version for good (it failed
+   verification) and wait for the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+
+from streamrft.infra.bus import ControlView, Counters, EventSender
+from streamrft.infra.config import Config
+from streamrft.schemas.errors import ServiceError, SyncError
+from streamrft.schemas.events import ModelVersionReady, RunState, SyncRequest
+from streamrft.sync.payload import ModelWeights
+from streamrft.sync.styles import ExplorerSync, choose_version, explorer_sync
+from streamrft.sync.transport import Receivers
+
+log = logging.getLogger(__name__)
+
+RETRY_SOON_S = 1.0
+"""Pause before loading again when the store is down and there are no weights to go on with."""
+
+
+class OnFailure(enum.Enum):
+    STAY = "keep the current weights; try again at the next sync point"
+    RETRY_SOON = "no weights to go on with: try again in a second"
+    WAIT_FALLBACK = "wait for the version through the store (or a newer one)"
+    REJECT = "never try this version again"
+
+
+def on_failure(exc: SyncError, refetchable: bool, have_weights: bool) -> OnFailure:
+    """What to do after loading a version failed with ``exc``."""
+    if not refetchable:  # a broadcast happens once; the trainer re-announces it by the store
+        return OnFailure.WAIT_FALLBACK
+    if exc.retriable:  # the store did not answer
+        return OnFailure.STAY if have_weights else OnFailure.RETRY_SOON
+    return OnFailure.REJECT  # it failed verification: it never will pass
+
+
+class WeightFollower:
+    """Keeps one explorer's model on the versions its sync style asks for.
+
+    Gets what it needs at construction: the view of the control topic (versions, the
+    trainer's status), the sender (sync requests, WAITING_SYNC), the process's counters and
+    its stop event. Reports the version it holds as :attr:`version`.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        name: str,
+        weights: ModelWeights,
+        view: ControlView,
+        events: EventSender,
+        counters: Counters,
+        stop: asyncio.Event,
+    ) -> None:
+        self.cfg = cfg
+        self.name = name
+        self.weights = weights
+        self.view = view
+        self.events = events
+        self.counters = counters
+        self.stop = stop
+        self.receivers = Receivers(cfg, name)
+        self.version = -1
+        """The version the model holds (-1: none yet)."""
+        self.step_lag = 0
+        """Steps the fixed style's schedule was shifted by after a cut wait (see module)."""
+        self.rejected: set[tuple[int, str]] = set()
+        """(version, manifest sha256) of versions that failed verification here."""
+
+    # -- what can be loaded ------------------------------------------------------------------
+    def usable(self) -> dict[int, ModelVersionReady]:
+        """Announced versions this explorer can load and has not rejected."""
+        return {
+            v: ev
+            for v, ev in self.view.versions.items()
+            if (v, ev.manifest_sha256) not in self.rejected and self.receivers.can_load(ev)
+        }
+
+    def newest(self) -> int:
+        return max(self.usable(), default=-1)
+
+    def broadcast_pending(self) -> bool:
+        """A newer broadcast this explorer is a member of is waiting for it."""
+        usable = self.usable()
+        newest = max(usable, default=-1)
+        return newest > self.version and not self.receivers.for_event(usable[newest]).refetchable
+
+    # -- the sync point ----------------------------------------------------------------------
+    async def sync_point(self, step: int) -> bool:
+        """Ask, wait and apply as the sync style says before explorer step ``step``.
+        False: stop (a stop signal or a Shutdown came while waiting)."""
+        sync = self.cfg.synchronizer
+        plan = explorer_sync(
+            sync.style, step - self.step_lag, self.version, sync.sync_interval, sync.sync_offset
+        )
+        if plan.request is not None:
+            await self._request(plan.request)
+        need = plan.wait_for
+        if need is not None and self.newest() < need:
+            await self.events.status(RunState.WAITING_SYNC, f"needs version >= {need}")
+            log.info("%s: step %d waits for version >= %d", self.name, step, need)
+            if not await self._wait(need, f"no usable model version >= {need}"):
+                return False
+        if not await self._apply_chosen(plan):
+            return False
+        if self.events.state != RunState.RUNNING:
+            await self.events.status(RunState.RUNNING)
+        return True
+
+    async def _request(self, min_version: int) -> None:
+        await self.events.control(
+            SyncRequest(explorer=self.name, min_version=min_version, created_at=time.time())
+        )
+
+    async def _wait(self, floor: int, what: str) -> bool:
+        """Wait for a usable version >= ``floor``, or for the starvation cut (see module).
+        False on stop or shutdown."""
+        since = time.time()
+        ready = await self.view.wait_until(
+            lambda: self.newest() >= floor or self._deadlocked(since),
+            self.cfg.synchronizer.sync_timeout,
+            self.stop,
+            what,
+        )
+        if not ready:
+            return False
+        have = max(self.newest(), self.version)
+        if have < floor:  # the cut: explore on with the newest version, count from here
+            self.step_lag += floor - have
+            self.counters.add("sync_waits_cut")
+            log.warning(
+                "%s: the trainer waits for experiences and this explorer for version %d; "
+                "going on with version %d",
+                self.name,
+                floor,
+                have,
+            )
+        return True
+
+    def _deadlocked(self, waiting_since: float) -> bool:
+        """Fixed style, with weights: the trainer has said, since this explorer began
+        waiting, that it starves for experiences, so the version waited for cannot come
+        until this explorer explores on."""
+        return (
+            self.cfg.synchronizer.style == "fixed"
+            and self.version >= 0
+            and self.view.peer_starved("trainer", waiting_since)
+        )
+
+    def _choose(self, plan: ExplorerSync) -> ModelVersionReady | None:
+        usable = self.usable()
+        chosen = choose_version(list(usable), plan, self.version, self.cfg.trainer.max_staleness)
+        newest = max(usable, default=-1)
+        if newest > self.version and not self.receivers.for_event(usable[newest]).refetchable:
+            chosen = newest  # a broadcast waits for every member of its group
+        return None if chosen is None else usable[chosen]
+
+    async def _apply_chosen(self, plan: ExplorerSync) -> bool:
+        """Load the chosen version, handling failures by :func:`on_failure`. False: stop."""
+        started = time.monotonic()
+        while (event := self._choose(plan)) is not None:
+            exc = await self._load(event)
+            if exc is None:
+                return True
+            refetchable = self.receivers.for_event(event).refetchable
+            action = on_failure(exc, refetchable, self.version >= 0)
+            if action is OnFailure.STAY:
+                self.counters.add("store_unavailable")
+                log.warning(
+                    "%s: version %d unavailable (%s); staying on version %d for now",
+                    self.name,
+                    event.version,
+                    exc,
+                    self.version,
+                )
+                return True
+            if action is OnFailure.RETRY_SOON:
+                self.counters.add("store_unavailable")
+                if not await self._retry_soon(started, exc):
+                    return False
+            elif action is OnFailure.WAIT_FALLBACK:
+                if not await self._wait_fallback(event, exc):
+                    return False
+            else:
+                self._reject(event, exc)
+                need = plan.wait_for
+                if self.version >= 0 and (need is None or self.version >= need):
+                    return True  # the weights held serve this step
+                if not await self._wait_after_reject(event, plan):
+                    return False
+        return True
+
+    async def _load(self, event: ModelVersionReady) -> SyncError | None:
+        """Receive and apply ``event`` (off the event loop); the error, if it failed."""
+        t0 = time.perf_counter()
+        try:
+            await asyncio.to_thread(self._receive_and_apply, event)
+        except SyncError as exc:
+            return exc
+        self.version = event.version
+        self.counters.add("versions_applied")
+        self.counters.add("sync_seconds", time.perf_counter() - t0)
+        log.info("%s: applied version %d (%s)", self.name, event.version, event.method)
+        return None
+
+    def _receive_and_apply(self, event: ModelVersionReady) -> None:
+        """Everything is received and verified before the model is touched; an adapter
+        whose base the model lacks brings the base first."""
+        base_event, base = None, None
+        if self.weights.needs_base(event):
+            base_event = self.view.versions.get(event.base_version)
+            if base_event is None:
+                raise SyncError(
+                    f"adapter version {event.version} needs full version "
+                    f"{event.base_version}, which was never announced"
+                )
+            receiver = self.receivers.for_event(base_event)
+            if not receiver.refetchable:
+                raise SyncError(
+                    f"adapter version {event.version} is on base {event.base_version}, sent "
+                    f"by broadcast only; this explorer holds base {self.weights.base_version}"
+                )
+            base = receiver.receive(base_event, self.weights.template(base_event))
+        tensors = self.receivers.for_event(event).receive(event, self.weights.template(event))
+        if base_event is not None and base is not None:
+            self.weights.apply(base_event, base)
+        self.weights.apply(event, tensors)
+
+    async def _retry_soon(self, started: float, exc: SyncError) -> bool:
+        """The store is down and there are no weights yet: wait, within the outage budget."""
+        log.warning("%s: no weights yet, store unavailable: %s", self.name, exc)
+        if self.stop.is_set() or self.view.shutdown.is_set():
+            return False
+        outage = self.cfg.run.outage_timeout_s
+        if time.monotonic() - started > outage:
+            raise ServiceError(
+                f"{self.name}: object store unavailable for {outage:.0f}s: {exc}"
+            ) from exc
+        await asyncio.sleep(RETRY_SOON_S)
+        return True
+
+    async def _wait_fallback(self, event: ModelVersionReady, exc: SyncError) -> bool:
+        """A broadcast failed: the trainer announces the same version again by the store."""
+        self.counters.add("broadcast_failures")
+        log.warning("%s: broadcast of version %d failed (%s)", self.name, event.version, exc)
+        v = event.version
+        return await self.view.wait_until(
+            lambda: self.view.versions.get(v) is not event or self.newest() > v,
+            self.cfg.synchronizer.sync_timeout,
+            self.stop,
+            f"no fallback for version {v}",
+        )
+
+    def _reject(self, event: ModelVersionReady, exc: SyncError) -> None:
+        """Never try ``event`` again."""
+        self.rejected.add((event.version, event.manifest_sha256))
+        self.counters.add("versions_rejected")
+        log.error(
+            "%s: version %d rejected, staying on %d: %s",
+            self.name,
+            event.version,
+            self.version,
+            exc,
+        )
+
+    async def _wait_after_reject(self, event: ModelVersionReady, plan: ExplorerSync) -> bool:
+        """No weights, or short of the version this step needs: ask again (when this style
+        asks at all: the answer was bad) and wait for a newer one."""
+        if plan.request is not None:
+            await self._request(event.version + 1)
+        floor = max(plan.wait_for or 0, 0)
+        what = f"no usable model version >= {floor} (version {event.version} was rejected)"
+        return await self._wait(floor, what)
+
+    def close(self) -> None:
+        self.receivers.close()

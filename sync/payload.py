@@ -1,0 +1,81 @@
+"""What a version carries of a model, and how it goes back in: the one place that knows LoRA.
+
+Every transport moves plain named tensors. Whether those are the full weights or a LoRA
+adapter on top of a full version (``ModelVersionReady.lora`` / ``base_version``) is decided
+here for the trainer (:meth:`ModelWeights.outgoing`) and undone here for an explorer
+(:meth:`ModelWeights.template`, :meth:`ModelWeights.apply`), for every method alike.
+
+A LoRA run publishes the full model once per trainer process (the warmed-up base, so that
+explorers that join later can build it), and after that only the adapter; a transport may
+ask for a full version again (:meth:`WeightSender.needs_full`: a new broadcast group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from streamrft.schemas.events import ModelVersionReady
+from streamrft.sync.transport import Payload
+from streamrft.sync.weights import apply_state_dict, unique_state_dict
+
+
+class ModelWeights:
+    """A live model seen as versions: full weights, or a LoRA adapter over a base version.
+
+    ``base_version`` is the full version the model's base weights are (-1: none yet): the
+    trainer sets it when it publishes a full version, an explorer when it applies one.
+    """
+
+    def __init__(self, model: torch.nn.Module, lora: bool) -> None:
+        self.model = model
+        self.lora = lora
+        self.base_version = -1
+
+    # -- trainer side ------------------------------------------------------------------------
+    def wants_full(self, transport_needs_full: bool) -> bool:
+        """Whether the next version carries the full weights."""
+        return not self.lora or self.base_version < 0 or transport_needs_full
+
+    def payload(self, version: int, step: int, full: bool) -> Payload:
+        """Version ``version`` of the model (detached CPU copies of its tensors): the full
+        weights, which become the base later adapters apply on, or the adapter alone."""
+        if full:
+            self.base_version = version
+            return Payload(version, step, unique_state_dict(self.model), base_version=version)
+        from streamrft.sync.lora import adapter_config_json, adapter_state_dict
+
+        return Payload(
+            version,
+            step,
+            adapter_state_dict(self.model),
+            lora=True,
+            base_version=self.base_version,
+            extra_files={"adapter_config.json": adapter_config_json(self.model)},
+        )
+
+    # -- explorer side -----------------------------------------------------------------------
+    def template(self, event: ModelVersionReady) -> dict[str, torch.Tensor]:
+        """The model's tensors that ``event`` replaces: names, shapes and dtypes a transport
+        may need to receive into."""
+        if event.lora:
+            from streamrft.sync.lora import adapter_state_dict
+
+            return adapter_state_dict(self.model)
+        return unique_state_dict(self.model)
+
+    def needs_base(self, event: ModelVersionReady) -> bool:
+        """Whether ``event`` (an adapter) needs a full version first that the model lacks."""
+        return event.lora and event.base_version != self.base_version
+
+    def apply(self, event: ModelVersionReady, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy a received version into the model in place (names and shapes are checked
+        before the first copy, so a mismatch leaves the model as it was)."""
+        if event.lora:
+            from streamrft.sync.lora import apply_adapter
+
+            apply_adapter(self.model, tensors)
+            return
+        apply_state_dict(self.model, tensors)
+        self.base_version = event.version

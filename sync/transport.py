@@ -1,0 +1,197 @@
+"""Weight transports behind one interface, chosen by ``synchronizer.method``.
+
+A transport has two sides:
+
+- a :class:`WeightSender` (trainer side) makes one version reach the explorers and
+  announces it (``ModelVersionReady`` on the control topic) through the ``announce``
+  callback it is given;
+- a :class:`WeightReceiver` (explorer side) turns an announced version into verified
+  tensors; the explorer picks the receiver by the method the event names (an ``nccl`` run
+  also announces versions through the object store, its fallback).
+
+Neither side knows about LoRA: what a version carries (the full weights, or an adapter on
+a base) is decided and applied in one place, :mod:`streamrft.sync.payload`. Neither loop
+names a method: they call :func:`make_sender` / :class:`Receivers`.
+
+Adding a transport: a file with a sender and a receiver, and a line in :data:`SENDERS` and
+:data:`RECEIVERS`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from streamrft.infra.bus import Counters
+from streamrft.infra.config import Config
+from streamrft.schemas.errors import SyncError
+from streamrft.schemas.events import ModelVersionReady
+
+Announce = Callable[[ModelVersionReady], Awaitable[None]]
+"""Sends a ``ModelVersionReady`` on the control topic (the trainer's ``EventSender.control``)."""
+
+
+@dataclass(frozen=True)
+class Payload:
+    """One version as the trainer hands it to a transport."""
+
+    version: int
+    step: int
+    tensors: Mapping[str, torch.Tensor]
+    lora: bool = False
+    """True: ``tensors`` are a LoRA adapter for full version ``base_version``."""
+    base_version: int = -1
+    """The full version these weights are (a full version) or apply on (an adapter)."""
+    extra_files: Mapping[str, bytes] = field(default_factory=dict)
+    """Files beside the tensors (a LoRA adapter's ``adapter_config.json``)."""
+
+
+@dataclass(frozen=True)
+class SenderContext:
+    """What a sender may need from the trainer, given at construction."""
+
+    counters: Counters
+    """The trainer's counters (``publish_retries``, ``broadcast_failures``, ...)."""
+    members: Callable[[], list[str]]
+    """The explorers alive now (from their status heartbeats): who a broadcast goes to."""
+
+
+class WeightSender(abc.ABC):
+    """Trainer side of one method."""
+
+    method: str
+
+    def needs_full(self) -> bool:
+        """Whether the next version must carry the full weights even in a LoRA run (a new
+        broadcast group: a member that joined late has no base for an adapter)."""
+        return False
+
+    @abc.abstractmethod
+    async def send(self, payload: Payload, announce: Announce) -> ModelVersionReady:
+        """Make ``payload`` reach the explorers and announce it; returns the event that
+        announced it last (the one explorers load from). Raises :class:`ServiceError` once
+        an outage outlasts ``run.outage_timeout_s``."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release what the sender holds (a rendezvous store); safe to call twice."""
+
+
+class WeightReceiver(abc.ABC):
+    """Explorer side of one method."""
+
+    refetchable = True
+    """Whether an announced version can be fetched at any later time (a store), or only
+    while it is being sent (a broadcast)."""
+
+    def can_load(self, event: ModelVersionReady) -> bool:
+        """Whether this explorer can load ``event`` at all (a broadcast: is it a member)."""
+        return True
+
+    @abc.abstractmethod
+    def receive(
+        self, event: ModelVersionReady, like: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """The version's tensors, every byte verified, before any of them is used. ``like``:
+        the tensors the version replaces (names, shapes, dtypes), for a transport that must
+        know them in advance. Blocking: run it off the event loop. Raises :class:`SyncError`
+        (``retriable`` when the transport may work again soon)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Leave what the receiver joined; safe to call twice."""
+
+
+def _object_store_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
+    from streamrft.sync.object_store import ObjectStorePublisher
+    from streamrft.sync.versions import StoreSender
+
+    publisher = ObjectStorePublisher(cfg.object_store, cfg.topics().run)
+    return StoreSender(publisher, cfg.run.outage_timeout_s, ctx.counters)
+
+
+def _filesystem_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
+    from streamrft.sync.filesystem import FilesystemPublisher, fs_root
+    from streamrft.sync.versions import StoreSender
+
+    publisher = FilesystemPublisher(
+        fs_root(cfg), cfg.topics().run, cfg.object_store.shard_size_mb << 20
+    )
+    return StoreSender(publisher, cfg.run.outage_timeout_s, ctx.counters)
+
+
+def _nccl_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
+    from streamrft.sync.broadcast import BroadcastSender
+
+    return BroadcastSender(cfg, ctx, fallback=_object_store_sender(cfg, ctx))
+
+
+def _object_store_receiver(cfg: Config, member: str) -> WeightReceiver:
+    from streamrft.sync.object_store import ObjectStoreLoader
+    from streamrft.sync.versions import StoreReceiver
+
+    return StoreReceiver(ObjectStoreLoader(cfg.object_store))
+
+
+def _filesystem_receiver(cfg: Config, member: str) -> WeightReceiver:
+    from streamrft.sync.filesystem import FilesystemLoader, fs_root
+    from streamrft.sync.versions import StoreReceiver
+
+    return StoreReceiver(FilesystemLoader(fs_root(cfg)))
+
+
+def _nccl_receiver(cfg: Config, member: str) -> WeightReceiver:
+    from streamrft.sync.broadcast import BroadcastReceiver
+
+    return BroadcastReceiver(member, cfg.synchronizer.sync_timeout)
+
+
+SENDERS: dict[str, Callable[[Config, SenderContext], WeightSender]] = {
+    "object_store": _object_store_sender,
+    "filesystem": _filesystem_sender,
+    "nccl": _nccl_sender,
+}
+"""``synchronizer.method`` -> the trainer's sender."""
+
+RECEIVERS: dict[str, Callable[[Config, str], WeightReceiver]] = {
+    "object_store": _object_store_receiver,
+    "filesystem": _filesystem_receiver,
+    "nccl": _nccl_receiver,
+}
+"""``ModelVersionReady.method`` -> an explorer's receiver for it."""
+
+
+def make_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
+    """The sender of ``synchronizer.method``."""
+    method = cfg.synchronizer.method
+    if method not in SENDERS:
+        raise SyncError(f"synchronizer.method: unknown method {method!r}; known: {list(SENDERS)}")
+    return SENDERS[method](cfg, ctx)
+
+
+class Receivers:
+    """An explorer's receivers, one per method an event names, each made on first use."""
+
+    def __init__(self, cfg: Config, member: str) -> None:
+        self.cfg = cfg
+        self.member = member
+        self._made: dict[str, WeightReceiver] = {}
+
+    def for_event(self, event: ModelVersionReady) -> WeightReceiver:
+        receiver = self._made.get(event.method)
+        if receiver is None:
+            if event.method not in RECEIVERS:
+                raise SyncError(
+                    f"version {event.version}: no receiver for method {event.method!r} "
+                    f"(known: {list(RECEIVERS)})"
+                )
+            receiver = self._made[event.method] = RECEIVERS[event.method](self.cfg, self.member)
+        return receiver
+
+    def can_load(self, event: ModelVersionReady) -> bool:
+        return event.method in RECEIVERS and self.for_event(event).can_load(event)
+
+    def close(self) -> None:
+        for receiver in self._made.values():
+            receiver.close()

@@ -1,0 +1,73 @@
+"""The trainer's experience intake on the real broker: restored offsets apply once, so a
+rebalance after a restore goes on from the offsets committed since, and does not re-read
+(and re-dead-letter) what was consumed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from streamrft.consumers.buffer import ExperienceBuffer
+from streamrft.consumers.intake import ExperienceIntake
+from streamrft.infra import admin, kafka
+from streamrft.infra.bus import Counters, EventSender
+from streamrft.infra.consume import poll
+from streamrft.schemas.codec import EXPERIENCE_GROUP
+from tests.harness.fuzz import FuzzMessage, inject
+from tests.helpers.groups import make_group
+from tests.helpers.waits import until
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_rebalance_after_a_restore_does_not_read_again(make_config):
+    cfg = make_config(trainer={"max_staleness": 5})
+    topics = cfg.topics()
+    groups = [make_group(topics.run, f"task-{i}", 0) for i in range(6)]
+    messages = [FuzzMessage(b"\xc1 junk", key=b"junk")] + [
+        FuzzMessage(EXPERIENCE_GROUP.encode(g), EXPERIENCE_GROUP.headers(), g.task_id.encode())
+        for g in groups
+    ]
+
+    async def scenario():
+        await admin.ensure_topics(cfg.kafka, topics)
+        await inject(cfg, topics.experiences, messages)
+        partitions = range(cfg.kafka.partitions)
+        restored = {(topics.experiences, p): 0 for p in partitions}  # a checkpoint at 0
+        counters, buffer = Counters(), ExperienceBuffer(max_staleness=5)
+        events = EventSender(cfg, "trainer", "trainer", counters)
+        intake = ExperienceIntake(cfg, buffer, events, counters, vocab_size=64)
+        other = kafka.experience_consumer(cfg.kafka, topics.experiences, intake.group, "other")
+        await events.start()
+        await intake.start(restored)
+        try:
+            stop = asyncio.Event()
+
+            async def nothing() -> None:
+                pass
+
+            first = await asyncio.wait_for(intake.collect(6, 0, stop, nothing), 60)
+            await intake.commit()  # as after a checkpoint
+            # another member joins (the intake's partitions are reassigned: a rebalance),
+            # then leaves (they are reassigned again, all of them)
+            await kafka.start_client(other, "other member")
+            await until(lambda: other.assignment(), 60, "the other member's partitions")
+            await other.stop()
+            assigned = len(partitions)
+            await until(
+                lambda: len(intake.consumer.assignment()) == assigned, 60, "all partitions back"
+            )
+            again = []
+            for _ in range(15):  # 3 s of polls: anything read again would show up
+                again += await poll(intake.consumer, EXPERIENCE_GROUP, 200)
+            return first, again, counters.snapshot(), buffer
+        finally:
+            await intake.stop()
+            await events.stop()
+
+    first, again, counters, buffer = asyncio.run(scenario())
+    assert sorted(g.task_id for g in first) == [f"task-{i}" for i in range(6)]
+    assert counters["dead_letters"] == 1  # the junk, once
+    assert again == []  # before the fix: every record again, from offset 0
+    assert buffer.duplicates_dropped == 0
