@@ -20,12 +20,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from streamrft.consumers.state import DIGEST_SIZE, TrainerState, id_digest, offsets_list
+from streamrft.infra.config import TrainerConfig
 from streamrft.schemas.experience import ExperienceGroup
 
 PartitionKey = tuple[str, int]
-
-DEFAULT_DEDUP_WINDOW = 100_000
-"""``trainer.dedup_window``'s default."""
 
 
 class SeenIds:
@@ -74,7 +72,7 @@ class Buffered:
 @dataclass
 class ExperienceBuffer:
     max_staleness: int
-    dedup_window: int = DEFAULT_DEDUP_WINDOW
+    dedup_window: int = TrainerConfig().dedup_window
     seen: SeenIds = field(init=False)
     queue: deque[Buffered] = field(default_factory=deque)
     next_offsets: dict[PartitionKey, int] = field(default_factory=dict)

@@ -118,7 +118,9 @@ def save_checkpoint(
 ) -> Path:
     """Write ``root/step_<state.step>`` durably, point ``latest`` at it, then delete the
     checkpoints older than the newest ``keep`` (0: keep all) that hold no ``keep`` file."""
-    root.mkdir(parents=True, exist_ok=True)
+    if not root.is_dir():
+        root.mkdir(parents=True)
+        _fsync(root.parent)  # the new folder's entry, before anything inside it counts
     final = root / f"step_{state.step:08d}"
     tmp = root / f".tmp_{final.name}"
     _write_folder(tmp, state, model, optimizer, marked=(final / KEEP_MARKER).exists())

@@ -94,19 +94,22 @@ class ExperienceIntake:
     async def collect(
         self,
         n: int,
-        version: int,
+        version: Callable[[], int],
         stop: asyncio.Event,
         while_waiting: Callable[[], Awaitable[object]],
     ) -> list[ExperienceGroup] | None:
-        """``n`` fresh groups for a trainer at ``version``; None on stop or when the stream
-        stays idle ``trainer.idle_timeout_s``. ``while_waiting()`` runs on every poll that
-        has no batch yet (the trainer answers sync requests there)."""
+        """``n`` fresh groups for the trainer's ``version()`` (read on every pass:
+        ``while_waiting`` may publish a newer one, and groups it makes too stale are
+        dropped); None on stop or when the stream stays idle ``trainer.idle_timeout_s``.
+        ``while_waiting()`` runs on every poll that has no batch yet (the trainer answers
+        sync requests there)."""
         loop = asyncio.get_running_loop()
         last_data = loop.time()
         while not stop.is_set():
-            dropped = self.buffer.drop_stale(version)
+            now = version()
+            dropped = self.buffer.drop_stale(now)
             if dropped:
-                log.info("trainer: dropped %d stale groups (version %d)", len(dropped), version)
+                log.info("trainer: dropped %d stale groups (version %d)", len(dropped), now)
             groups = self.buffer.take(n)
             if groups is not None:
                 return groups

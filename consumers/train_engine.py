@@ -152,10 +152,14 @@ TRAIN_ENGINES: dict[str, Callable[[Config], TrainEngine]] = {"torch": TorchTrain
 """``trainer.engine`` -> the engine class."""
 
 
-def make_train_engine(cfg: Config) -> TrainEngine:
-    name = cfg.trainer.engine
+def check_train_engine(name: str) -> Callable[[Config], TrainEngine]:
+    """The engine registered as ``name``; a :class:`ConfigError` naming the field if none."""
     if name not in TRAIN_ENGINES:
         raise ConfigError(
             f"trainer.engine: unknown engine {name!r}; known: {', '.join(TRAIN_ENGINES)}"
         )
-    return TRAIN_ENGINES[name](cfg)
+    return TRAIN_ENGINES[name]
+
+
+def make_train_engine(cfg: Config) -> TrainEngine:
+    return check_train_engine(cfg.trainer.engine)(cfg)

@@ -14,6 +14,7 @@ together (:class:`~.state.TrainerState`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -70,60 +71,67 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------
     async def run(self) -> None:
         install_stop_handlers(self.stop, "trainer")
-        try:
-            await self._start()
+        async with contextlib.AsyncExitStack() as stack:  # stops what started, in reverse
+            await self._start(stack)
             while not self.stop.is_set() and not (
                 self.tcfg.max_steps and self.step >= self.tcfg.max_steps
             ):
-                groups = await self._collect()
-                if groups is None:
+                self.view.check()
+                collected = await self._collect()
+                if collected is None:
                     break
-                values, trained = await self._train(groups)
+                values, trained = await self._train(*collected)
                 await self._after_step(values, trained)
             await self._finish()
-        finally:
-            await self._close()
 
-    async def _start(self) -> None:
+    async def _start(self, stack: contextlib.AsyncExitStack) -> None:
         """Warm-up (a fresh run) or restore (a resumed one), version 0 (or the next), a
         first evaluation, then join the experiences group at the restored offsets."""
         await self.events.start(heartbeat_s=HEARTBEAT_S)
+        stack.push_async_callback(self.events.stop)
+        stack.push_async_callback(self._report_stopped)
         await self.view.start()
+        stack.push_async_callback(self.view.stop)
         ckpt = self.engine.latest() if self.tcfg.resume else None
         if ckpt is None and self.tcfg.warmup_sft_steps:
-            await self.events.status(
-                RunState.RUNNING, f"SFT warm-up, {self.tcfg.warmup_sft_steps} steps"
-            )
-            tasks = read_taskset(self.cfg.taskset.path, self.cfg.taskset)
-            losses = await asyncio.to_thread(self.engine.warmup, tasks)
-            await self.events.metrics(
-                {"warmup/sft_loss_first": losses[0], "warmup/sft_loss_last": losses[-1]}
-            )
+            await self._warmup()
         weights = self.engine.prepare()
         ctx = SenderContext(
             self.counters, lambda: self.view.live_peers("explorer", 3 * HEARTBEAT_S)
         )
-        self.publisher = VersionPublisher(
-            weights, make_sender(self.cfg, ctx), self.events.control, self.counters
-        )
+        sender = await asyncio.to_thread(make_sender, self.cfg, ctx)  # may reach the store
+        stack.callback(sender.close)
+        self.publisher = VersionPublisher(weights, sender, self.events.control, self.counters)
         state = self.engine.load(ckpt) if ckpt is not None else None
         if state is not None:
             self._restore(state, ckpt)
         self.publisher.resume(state.version if state else -1, await announced_floor(self.cfg))
         await self.publisher.publish(self.step)
         await self.evaluate()
+        stack.push_async_callback(self.intake.stop)
         await self.intake.start(state.resume_offsets() if state else {})
         await self.events.status(RunState.RUNNING, "training")
 
-    async def _collect(self) -> list[ExperienceGroup] | None:
+    async def _warmup(self) -> None:
+        steps = self.tcfg.warmup_sft_steps
+        await self.events.status(RunState.RUNNING, f"SFT warm-up, {steps} steps")
+        tasks = read_taskset(self.cfg.taskset.path, self.cfg.taskset)
+        losses = await asyncio.to_thread(self.engine.warmup, tasks)
+        await self.events.metrics(
+            {"warmup/sft_loss_first": losses[0], "warmup/sft_loss_last": losses[-1]}
+        )
+
+    async def _collect(self) -> tuple[list[ExperienceGroup], float] | None:
+        """The next batch and how long the trainer waited for it; None: finish."""
         t0 = time.perf_counter()
         groups = await self.intake.collect(
-            self.tcfg.batch_size, self.version, self.stop, self._answer_requests
+            self.tcfg.batch_size, lambda: self.version, self.stop, self._answer_requests
         )
-        self._wait_s = time.perf_counter() - t0
-        return groups
+        return None if groups is None else (groups, time.perf_counter() - t0)
 
-    async def _train(self, groups: list[ExperienceGroup]) -> tuple[dict[str, float], list]:
+    async def _train(
+        self, groups: list[ExperienceGroup], wait_s: float
+    ) -> tuple[dict[str, float], list]:
         """One engine step; its metrics with staleness and the ledger of groups trained."""
         t0 = time.perf_counter()
         values = await asyncio.to_thread(self.engine.train_step, groups)
@@ -134,7 +142,7 @@ class Trainer:
         values.update(
             {
                 "train/step_seconds": time.perf_counter() - t0,
-                "train/wait_seconds": self._wait_s,
+                "train/wait_seconds": wait_s,
                 "train/staleness_mean": sum(staleness) / len(staleness),
                 "train/staleness_max": float(max(staleness)),
                 # the distribution: how many groups of the batch were k versions old
@@ -179,16 +187,11 @@ class Trainer:
             Shutdown(reason=f"trainer finished at step {self.step}", created_at=time.time())
         )
 
-    async def _close(self) -> None:
+    async def _report_stopped(self) -> None:
         try:
             await self.events.status(RunState.STOPPED, f"stopped at step {self.step}")
         except StreamRFTError:
             pass
-        await self.intake.stop()
-        await self.view.stop()
-        await self.events.stop()
-        if self.publisher is not None:
-            self.publisher.close()
 
     # -- sync decisions ----------------------------------------------------------------------
     async def maybe_publish(self) -> bool:
@@ -207,6 +210,7 @@ class Trainer:
 
     async def _answer_requests(self) -> None:
         """While waiting for data: an explorer that waits on a version waits on us."""
+        self.view.check()
         if self.view.requests_above(self.version):
             await self.maybe_publish()
 

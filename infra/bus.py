@@ -113,8 +113,9 @@ class EventSender:
 
     async def start(self, heartbeat_s: float = 0.0) -> None:
         """Start the producer; with ``heartbeat_s``, re-send the status that often."""
-        self._producer = kafka.event_producer(self.cfg.kafka, f"{self.component}-events")
-        await kafka.start_client(self._producer, f"{self.component} event producer")
+        producer = kafka.event_producer(self.cfg.kafka, f"{self.component}-events")
+        await kafka.start_client(producer, f"{self.component} event producer")
+        self._producer = producer  # only once started: until then send() refuses at once
         if heartbeat_s > 0:
             self._heartbeat_task = asyncio.create_task(self._heartbeat(heartbeat_s))
 
@@ -260,8 +261,9 @@ class ControlView:
         topics = [self.topics.control]
         if self._listen_status:
             topics.append(self.topics.status)
-        self._reader = kafka.event_reader(self.cfg.kafka, topics, f"{self.component}-control")
-        await kafka.start_client(self._reader, f"{self.component} control reader")
+        reader = kafka.event_reader(self.cfg.kafka, topics, f"{self.component}-control")
+        await kafka.start_client(reader, f"{self.component} control reader")
+        self._reader = reader
         self._task = asyncio.create_task(self._read())
 
     async def stop(self) -> None:
@@ -341,12 +343,8 @@ class ControlView:
         return self._versions[max(self._versions)] if self._versions else None
 
     def requests_above(self, version: int) -> list[SyncRequest]:
-        """Sync requests for a version above ``version`` (older ones are answered)."""
-        self._requests = [r for r in self._requests if r.min_version > version]
-        return list(self._requests)
-
-    def peer(self, component: str) -> StatusEvent | None:
-        return self._peers.get(component)
+        """Sync requests for a version above ``version`` (the older ones are answered)."""
+        return [r for r in self._requests if r.min_version > version]
 
     def peer_starved(self, component: str, since: float) -> bool:
         """Whether ``component`` (the trainer) said it starves in a status sent after

@@ -42,15 +42,11 @@ class Record:
     """Why the record could not be decoded (a :class:`SchemaError`) or used; such a record
     is "bad"."""
 
-    @property
-    def where(self) -> tuple[str, int, int]:
-        return self.topic, self.partition, self.offset
-
 
 Handler = Callable[[Record], "bool | Awaitable[bool | None] | None"]
 """Called with each good record; return False to stop consuming."""
-OnBad = Callable[[Record], "Awaitable[None] | None"]
-"""Called with each bad record (dead-letter it, count it, print it)."""
+OnBad = Callable[[Record], "bool | Awaitable[bool | None] | None"]
+"""Called with each bad record (dead-letter it, count it, print it); False stops too."""
 
 
 def _codec_for(codecs: Codecs, topic: str) -> Codec | None:
@@ -101,7 +97,10 @@ async def consume(
     """Read and decode until told to stop; returns how many good records were handled.
 
     - ``handle(record)`` gets every good record in order; returning False stops at once.
-    - ``on_bad(record)`` gets every record that did not decode (default: skipped).
+      The rest of that poll is not handled, yet the reader's position is past it: stop
+      this way only a reader whose position nobody commits (tools, audits), or re-seek.
+    - ``on_bad(record)`` gets every record that did not decode (default: skipped);
+      returning False stops the same way.
     - ``stop`` (an ``asyncio.Event``): consuming ends once it is set; with ``until_quiet`` too,
       only once the stream has also been quiet that many polls (a drain).
     - ``until_quiet`` alone: ends after that many polls in a row came back empty (the embedded
@@ -114,12 +113,11 @@ async def consume(
         records = await poll(reader, codecs, poll_ms)
         quiet = 0 if records else quiet + 1
         for rec in records:
-            if rec.error is not None:
-                if on_bad is not None:
-                    await _maybe_await(on_bad(rec))
-                continue
-            handled += 1
-            if await _maybe_await(handle(rec)) is False:
+            if rec.error is None:
+                handled += 1
+                if await _maybe_await(handle(rec)) is False:
+                    return handled
+            elif on_bad is not None and await _maybe_await(on_bad(rec)) is False:
                 return handled
         if after_poll is not None:
             await _maybe_await(after_poll(records))

@@ -18,6 +18,7 @@ client. Choices that matter for correctness:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Callable, Sequence
@@ -349,5 +350,16 @@ async def start_client(
             return
         except KafkaConnectionError as exc:
             if loop.time() > deadline:
+                await _close_quietly(client)
                 raise ServiceError(f"{what}: cannot reach the Kafka broker: {exc}") from exc
             await asyncio.sleep(0.5)
+        except BaseException:
+            await _close_quietly(client)
+            raise
+
+
+async def _close_quietly(client: Any) -> None:
+    """Release a client whose start failed (its error is the one worth raising)."""
+    close = getattr(client, "close", None) or client.stop
+    with contextlib.suppress(Exception):
+        await close()

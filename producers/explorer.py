@@ -11,6 +11,7 @@ explorer that dies mid-step loses nothing: its tasks are explored again (at-leas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -23,7 +24,7 @@ from streamrft.infra import kafka
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
 from streamrft.infra.modeling import load_policy
-from streamrft.infra.retry import retrying
+from streamrft.infra.produce import OutRecord, send_all
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.engines import make_engine
 from streamrft.producers.rewards import get_reward
@@ -84,21 +85,21 @@ class Explorer:
         return Position(step=self.step, version=self.follower.version)
 
     def _stopping(self) -> bool:
+        """A stop signal or a Shutdown came; raises if the control reader failed (the
+        Shutdown could never come)."""
+        self.view.check()
         return self.stop.is_set() or self.view.shutdown.is_set()
 
     # -- the loop ----------------------------------------------------------------------------
     async def run(self) -> None:
         install_stop_handlers(self.stop, self.name)
-        try:
-            await self._start()
+        async with contextlib.AsyncExitStack() as stack:  # stops what started, in reverse
+            await self._start(stack)
             await self._loop()
-        finally:
-            await self._close()
 
     async def _loop(self) -> None:
         max_steps, synced = self.cfg.explorer.max_steps, -1
         while not self._stopping() and not (max_steps and self.step >= max_steps):
-            self.view.check()
             # one sync per step: a take that came back empty must not ask again (under
             # dynamic_by_explorer that is an unasked-for request and a version published
             # for nothing), unless a broadcast group waits for this explorer
@@ -147,27 +148,22 @@ class Explorer:
         return groups
 
     async def publish(self, groups: list[ExperienceGroup]) -> None:
-        """Publish a step's groups (acks=all), all of them again after a broker outage.
-
-        A group sent twice is harmless: the trainer deduplicates by experience id.
-        """
-        values = [EXPERIENCE_GROUP.encode(g) for g in groups]
-
-        async def attempt() -> None:
-            futures = [
-                await self.producer.send(
-                    self.topics.experiences,
-                    value,
-                    key=g.task_id.encode(),
-                    headers=EXPERIENCE_GROUP.headers(),
-                )
-                for g, value in zip(groups, values, strict=True)
-            ]
-            await asyncio.gather(*futures)
-
-        await retrying(
+        """Publish a step's groups (acks=all), all of them again after a broker outage. A
+        group sent twice is harmless: the trainer deduplicates by experience id. Key: the
+        task id, so a group stays whole on one partition."""
+        records = [
+            OutRecord(
+                self.topics.experiences,
+                EXPERIENCE_GROUP.encode(g),
+                g.task_id.encode(),
+                EXPERIENCE_GROUP.headers(),
+            )
+            for g in groups
+        ]
+        await send_all(
+            self.producer,
+            records,
             f"{self.name}: publishing {len(groups)} experience groups",
-            attempt,
             self.cfg.run.outage_timeout_s,
             lambda _exc: self.counters.add("publish_retries"),
         )
@@ -188,25 +184,25 @@ class Explorer:
         await self.events.status()
 
     # -- lifecycle ---------------------------------------------------------------------------
-    async def _start(self) -> None:
+    async def _start(self, stack: contextlib.AsyncExitStack) -> None:
         await self.events.start(heartbeat_s=HEARTBEAT_S)
+        stack.push_async_callback(self.events.stop)
+        stack.push_async_callback(self._report_stopped)
+        stack.callback(self.follower.close)
         await self.view.start()
+        stack.push_async_callback(self.view.stop)
         self.producer = kafka.data_producer(self.cfg.kafka, f"{self.name}-data")
-        await kafka.start_client(self.producer, f"{self.name} producer")
+        await kafka.start_client(self.producer, f"{self.name} producer")  # closes on failure
+        stack.push_async_callback(self.producer.stop)
+        stack.push_async_callback(self.intake.stop)
         await self.intake.start()
         await self.events.status(RunState.RUNNING, "started")
 
-    async def _close(self) -> None:
+    async def _report_stopped(self) -> None:
         try:
             await self.events.status(RunState.STOPPED, "stopped")
         except StreamRFTError:
             pass
-        await self.intake.stop()
-        if self.producer is not None:
-            await self.producer.stop()
-        await self.view.stop()
-        await self.events.stop()
-        self.follower.close()
 
 
 def main(cfg: Config, index: int | None = None) -> None:

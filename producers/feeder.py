@@ -13,7 +13,7 @@ from streamrft.infra import kafka
 from streamrft.infra.bus import Counters, EventSender, Position
 from streamrft.infra.config import Config
 from streamrft.infra.consume import read_history
-from streamrft.infra.retry import retrying
+from streamrft.infra.produce import OutRecord, send_all
 from streamrft.infra.taskset import read_taskset
 from streamrft.producers.workflows import check_workflow
 from streamrft.schemas.codec import STATUS, TASK
@@ -95,24 +95,20 @@ class Feeder:
         epoch)."""
         order = epoch_order(len(self.tasks), epoch, self.cfg.run.seed, self.cfg.taskset.shuffle)
         tasks = [msgspec.structs.replace(self.tasks[i], epoch=epoch) for i in order]
-
-        async def attempt() -> int:
-            futures = [
-                await self.producer.send(
-                    self.topics.tasks,
-                    TASK.encode(task),
-                    key=task.id.encode(),
-                    headers=TASK.headers(),
-                    partition=partitions[(offset + n) % len(partitions)],
-                )
-                for n, task in enumerate(tasks)
-            ]
-            await asyncio.gather(*futures)
-            return len(futures)
-
-        return await retrying(
+        records = [
+            OutRecord(
+                self.topics.tasks,
+                TASK.encode(task),
+                task.id.encode(),
+                TASK.headers(),
+                partitions[(offset + n) % len(partitions)],
+            )
+            for n, task in enumerate(tasks)
+        ]
+        return await send_all(
+            self.producer,
+            records,
             f"feeder: publishing epoch {epoch}",
-            attempt,
             self.cfg.run.outage_timeout_s,
             lambda _exc: self.counters.add("publish_retries"),
         )

@@ -30,6 +30,7 @@ from streamrft.sync.collective import (
 )
 from streamrft.sync.transport import (
     Announce,
+    MakePayload,
     Payload,
     SenderContext,
     WeightReceiver,
@@ -53,7 +54,6 @@ class BroadcastSender(WeightSender):
         self.fallback = fallback
         self._members: list[str] = []
         """Members of the current group epoch (empty: the next broadcast forms a new one)."""
-        self._plan: tuple[list[str], bool] | None = None
 
     def _group(self) -> tuple[list[str], bool]:
         """Who the next version goes to, and whether that needs a new group epoch."""
@@ -61,16 +61,12 @@ class BroadcastSender(WeightSender):
         new = bool(members) and (members != self._members or not self.collective.usable)
         return members, new
 
-    def needs_full(self) -> bool:
-        self._plan = self._group()  # the send that follows goes to exactly this group
-        return self._plan[1]
-
-    async def send(self, payload: Payload, announce: Announce) -> ModelVersionReady:
-        members, new = self._plan or self._group()
-        self._plan = None
+    async def send(self, make: MakePayload, announce: Announce) -> ModelVersionReady:
+        members, new = self._group()
+        payload = make(new)  # a new group starts with the full weights
         event = await self._broadcast(payload, members, new, announce) if members else None
         if event is None:  # nobody to broadcast to yet, or the broadcast failed
-            event = await self.fallback.send(payload, announce)
+            event = await self.fallback.send(lambda _full: payload, announce)
         return event
 
     async def _broadcast(
@@ -113,6 +109,7 @@ class BroadcastReceiver(WeightReceiver):
     staging tensors (the caller applies them only when complete)."""
 
     refetchable = False
+    needs_template = True
 
     def __init__(self, member: str, timeout_s: float) -> None:
         self.member = member

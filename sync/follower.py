@@ -33,7 +33,7 @@ from streamrft.schemas.errors import ServiceError, SyncError
 from streamrft.schemas.events import ModelVersionReady, RunState, SyncRequest
 from streamrft.sync.payload import ModelWeights
 from streamrft.sync.styles import ExplorerSync, choose_version, explorer_sync
-from streamrft.sync.transport import Receivers
+from streamrft.sync.transport import Receivers, WeightReceiver
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +102,17 @@ class WeightFollower:
     def newest(self) -> int:
         return max(self.usable(), default=-1)
 
+    def _waiting_broadcast(self, usable: dict[int, ModelVersionReady]) -> int | None:
+        """The newest usable version if it is newer than the model's and a broadcast (its
+        group waits for every member), else None."""
+        newest = max(usable, default=-1)
+        if newest > self.version and not self.receivers.for_event(usable[newest]).refetchable:
+            return newest
+        return None
+
     def broadcast_pending(self) -> bool:
         """A newer broadcast this explorer is a member of is waiting for it."""
-        usable = self.usable()
-        newest = max(usable, default=-1)
-        return newest > self.version and not self.receivers.for_event(usable[newest]).refetchable
+        return self._waiting_broadcast(self.usable()) is not None
 
     # -- the sync point ----------------------------------------------------------------------
     async def sync_point(self, step: int) -> bool:
@@ -172,10 +178,10 @@ class WeightFollower:
 
     def _choose(self, plan: ExplorerSync) -> ModelVersionReady | None:
         usable = self.usable()
-        chosen = choose_version(list(usable), plan, self.version, self.cfg.trainer.max_staleness)
-        newest = max(usable, default=-1)
-        if newest > self.version and not self.receivers.for_event(usable[newest]).refetchable:
-            chosen = newest  # a broadcast waits for every member of its group
+        chosen = self._waiting_broadcast(usable)
+        if chosen is None:
+            max_staleness = self.cfg.trainer.max_staleness
+            chosen = choose_version(list(usable), plan, self.version, max_staleness)
         return None if chosen is None else usable[chosen]
 
     async def _apply_chosen(self, plan: ExplorerSync) -> bool:
@@ -243,11 +249,15 @@ class WeightFollower:
                     f"adapter version {event.version} is on base {event.base_version}, sent "
                     f"by broadcast only; this explorer holds base {self.weights.base_version}"
                 )
-            base = receiver.receive(base_event, self.weights.template(base_event))
-        tensors = self.receivers.for_event(event).receive(event, self.weights.template(event))
+            base = receiver.receive(base_event, self._template(receiver, base_event))
+        receiver = self.receivers.for_event(event)
+        tensors = receiver.receive(event, self._template(receiver, event))
         if base_event is not None and base is not None:
             self.weights.apply(base_event, base)
         self.weights.apply(event, tensors)
+
+    def _template(self, receiver: WeightReceiver, event: ModelVersionReady):
+        return self.weights.template(event) if receiver.needs_template else {}
 
     async def _retry_soon(self, started: float, exc: SyncError) -> bool:
         """The store is down and there are no weights yet: wait, within the outage budget."""
@@ -268,7 +278,9 @@ class WeightFollower:
         log.warning("%s: broadcast of version %d failed (%s)", self.name, event.version, exc)
         v = event.version
         return await self.view.wait_until(
-            lambda: self.view.versions.get(v) is not event or self.newest() > v,
+            lambda: (
+                self.receivers.for_event(self.view.versions[v]).refetchable or self.newest() > v
+            ),
             self.cfg.synchronizer.sync_timeout,
             self.stop,
             f"no fallback for version {v}",

@@ -7,7 +7,7 @@ here for the trainer (:meth:`ModelWeights.outgoing`) and undone here for an expl
 
 A LoRA run publishes the full model once per trainer process (the warmed-up base, so that
 explorers that join later can build it), and after that only the adapter; a transport may
-ask for a full version again (:meth:`WeightSender.needs_full`: a new broadcast group).
+ask for a full version again (``MakePayload``'s argument: a new broadcast group).
 """
 
 from __future__ import annotations
@@ -34,14 +34,11 @@ class ModelWeights:
         self.base_version = -1
 
     # -- trainer side ------------------------------------------------------------------------
-    def wants_full(self, transport_needs_full: bool) -> bool:
-        """Whether the next version carries the full weights."""
-        return not self.lora or self.base_version < 0 or transport_needs_full
-
-    def payload(self, version: int, step: int, full: bool) -> Payload:
+    def payload(self, version: int, step: int, must_be_full: bool = False) -> Payload:
         """Version ``version`` of the model (detached CPU copies of its tensors): the full
-        weights, which become the base later adapters apply on, or the adapter alone."""
-        if full:
+        weights, which become the base later adapters apply on (always without LoRA, once
+        per process with it, and whenever ``must_be_full``), or the adapter alone."""
+        if not self.lora or self.base_version < 0 or must_be_full:
             self.base_version = version
             return Payload(version, step, unique_state_dict(self.model), base_version=version)
         from streamrft.sync.lora import adapter_config_json, adapter_state_dict

@@ -52,10 +52,10 @@ class VersionPublisher:
         """Publish the weights after ``step`` as the next version, and announce it."""
         t0 = time.perf_counter()
         version = max(step, self._floor + 1, self.version + 1)
-        full = self.weights.wants_full(self.sender.needs_full())
-        payload = self.weights.payload(version, step, full)
         self._floor = version
-        event = await self.sender.send(payload, self.announce)
+        event = await self.sender.send(
+            lambda must_be_full: self.weights.payload(version, step, must_be_full), self.announce
+        )
         self.version = event.version
         self.counters.add("versions_published")
         self.counters.add("publish_seconds", time.perf_counter() - t0)

@@ -32,6 +32,10 @@ from streamrft.schemas.events import ModelVersionReady
 
 Announce = Callable[[ModelVersionReady], Awaitable[None]]
 """Sends a ``ModelVersionReady`` on the control topic (the trainer's ``EventSender.control``)."""
+MakePayload = Callable[[bool], "Payload"]
+"""``make(must_be_full) -> Payload``: the version to send. ``must_be_full`` is the
+transport's say (a new broadcast group: a member that joined late has no base for a LoRA
+adapter); whether it is full in the end is the payload's decision (``sync/payload.py``)."""
 
 
 @dataclass(frozen=True)
@@ -64,16 +68,11 @@ class WeightSender(abc.ABC):
 
     method: str
 
-    def needs_full(self) -> bool:
-        """Whether the next version must carry the full weights even in a LoRA run (a new
-        broadcast group: a member that joined late has no base for an adapter)."""
-        return False
-
     @abc.abstractmethod
-    async def send(self, payload: Payload, announce: Announce) -> ModelVersionReady:
-        """Make ``payload`` reach the explorers and announce it; returns the event that
-        announced it last (the one explorers load from). Raises :class:`ServiceError` once
-        an outage outlasts ``run.outage_timeout_s``."""
+    async def send(self, make: MakePayload, announce: Announce) -> ModelVersionReady:
+        """Make the payload (see :data:`MakePayload`), get it to the explorers and announce
+        it; returns the event that announced it last (the one explorers load from). Raises
+        :class:`ServiceError` once an outage outlasts ``run.outage_timeout_s``."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release what the sender holds (a rendezvous store); safe to call twice."""
@@ -85,6 +84,8 @@ class WeightReceiver(abc.ABC):
     refetchable = True
     """Whether an announced version can be fetched at any later time (a store), or only
     while it is being sent (a broadcast)."""
+    needs_template = False
+    """Whether :meth:`receive` needs ``like`` (the tensors it replaces) to receive into."""
 
     def can_load(self, event: ModelVersionReady) -> bool:
         """Whether this explorer can load ``event`` at all (a broadcast: is it a member)."""
@@ -95,8 +96,8 @@ class WeightReceiver(abc.ABC):
         self, event: ModelVersionReady, like: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         """The version's tensors, every byte verified, before any of them is used. ``like``:
-        the tensors the version replaces (names, shapes, dtypes), for a transport that must
-        know them in advance. Blocking: run it off the event loop. Raises :class:`SyncError`
+        the tensors the version replaces (names, shapes, dtypes) when :attr:`needs_template`,
+        else empty. Blocking: run it off the event loop. Raises :class:`SyncError`
         (``retriable`` when the transport may work again soon)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default

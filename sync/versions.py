@@ -28,7 +28,7 @@ from streamrft.schemas.codec import decode_manifest, encode_manifest
 from streamrft.schemas.errors import IntegrityError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.schemas.weights import ShardInfo, WeightManifest
-from streamrft.sync.transport import Announce, Payload, WeightReceiver, WeightSender
+from streamrft.sync.transport import Announce, MakePayload, Payload, WeightReceiver, WeightSender
 from streamrft.sync.weights import decode_shard, sha256_hex, shard_state_dict, verify
 
 MANIFEST = "manifest.json"
@@ -211,8 +211,8 @@ class StoreSender(WeightSender):
         )
         return msgspec.structs.replace(event, base_version=payload.base_version)
 
-    async def send(self, payload: Payload, announce: Announce) -> ModelVersionReady:
-        event = await self.publish(payload)
+    async def send(self, make: MakePayload, announce: Announce) -> ModelVersionReady:
+        event = await self.publish(make(False))
         await announce(event)
         return event
 

@@ -15,7 +15,8 @@ Every module of the product belongs to one layer, decided by its folder:
 An import of a layer that is not allowed (an upward one, producers <-> consumers, or
 anything but the application reaching the local services) is printed with its file and
 line, and the exit code is 1. Imports inside functions and under ``TYPE_CHECKING`` count
-the same as the ones at the top: a lazy import is still a dependency. ``--graph`` prints
+the same as the ones at the top (a lazy import is still a dependency), and relative
+imports are resolved to the module they name. ``--graph`` prints
 the package-level import graph (which layer imports which) instead.
 """
 
@@ -88,15 +89,29 @@ def layer_of_module(name: str) -> str | None:
     return _longest_match(MODULES, name, ".")
 
 
-def _imported(tree: ast.AST) -> Iterator[tuple[str, int]]:
+def module_of_path(path: Path, root: Path) -> str:
+    """The import name of a product file (``infra/app/cli.py`` -> ``streamrft.infra.app.cli``)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["streamrft", *parts])
+
+
+def _imported(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[str, int]]:
+    """Every module ``tree`` imports, as an absolute name (relative imports resolved)."""
+    package = module if is_package else module.rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # `from ..x import y` inside streamrft
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
             # `from streamrft.infra import kafka` imports streamrft.infra.kafka
             for alias in node.names:
-                yield f"{node.module}.{alias.name}", node.lineno
+                yield f"{base}.{alias.name}", node.lineno
 
 
 def edges(root: Path) -> list[Edge]:
@@ -107,7 +122,8 @@ def edges(root: Path) -> list[Edge]:
             if source is None:
                 continue
             tree = ast.parse(path.read_text(), str(path))
-            for module, line in _imported(tree):
+            name = module_of_path(path, root)
+            for module, line in _imported(tree, name, path.name == "__init__.py"):
                 target = layer_of_module(module)
                 if target is not None:
                     where = f"{path.relative_to(root)}:{line}"

@@ -294,8 +294,27 @@ def start_embedded(cfg: Config) -> tuple[Config, LocalServices | None]:
     return cfg, services
 
 
+def check_extension_names(cfg: Config) -> None:
+    """Every extension the config names by registry (engine, reward, workflow, algorithm
+    and its parts, train engine) exists: checked before any process starts, so a typo is
+    one error naming the field, not a child that fails and is restarted."""
+    from streamrft.consumers.algorithms import resolve_algorithm
+    from streamrft.consumers.train_engine import check_train_engine
+    from streamrft.producers.engines import check_engine
+    from streamrft.producers.rewards import get_reward
+    from streamrft.producers.workflows import check_workflow
+
+    check_engine(cfg.explorer.engine)
+    get_reward(cfg.explorer.reward)
+    check_workflow(cfg.taskset.workflow)
+    resolve_algorithm(cfg.trainer)
+    check_train_engine(cfg.trainer.engine)
+
+
 def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = True) -> dict:
-    """Check a resume, start embedded services where needed, run, write the summary."""
+    """Check names and a resume, start embedded services where needed, run, write the
+    summary."""
+    check_extension_names(cfg)
     if check_resume(cfg):  # before anything starts: a refused resume changes nothing
         log.info("run %s exists in %s: resuming it", cfg.run.id, cfg.run_dir)
     cfg, services = start_embedded(cfg)

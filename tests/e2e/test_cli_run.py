@@ -122,3 +122,29 @@ def test_bad_config_is_a_clear_error(tmp_path):
     )
     assert proc.returncode == 2
     assert "trainer.batch_size" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("explorer.engine=transformerz", "explorer.engine"),
+        ("explorer.reward=no_such_reward", "explorer.reward"),
+        ("explorer.reward=os.path:no_such_function", "explorer.reward"),
+        ("taskset.workflow=mathz", "taskset.workflow"),
+        ("trainer.algorithm=grpoo", "trainer.algorithm"),
+        ("trainer.policy_loss_fn=ppo_clipp", "trainer.policy_loss_fn"),
+        ("trainer.engine=fsdp9", "trainer.engine"),
+    ],
+)
+def test_an_unknown_extension_name_stops_the_run_before_it_starts(tmp_path, override, field):
+    proc = subprocess.run(
+        streamrft_cmd("run", str(EXAMPLE), "-o", override, "-o", f"run.dir={tmp_path}"),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert field in proc.stderr and "Traceback" not in proc.stderr
+    assert not list(tmp_path.glob("*/services")), "no service was started"

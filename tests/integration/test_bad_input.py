@@ -147,7 +147,7 @@ def test_experience_fuzz_trainer_dead_letters_and_keeps_training(make_config):
                 and trainer.counters.get("dead_letters") >= want
                 and len(trainer.buffer) == 0
             ):
-                collect = trainer.intake.collect(1, 0, trainer.stop, _nothing)
+                collect = trainer.intake.collect(1, lambda: 0, trainer.stop, _nothing)
                 groups = await asyncio.wait_for(collect, 60)
                 assert groups is not None, "the trainer went idle before the end"
                 values = await asyncio.to_thread(trainer.engine.train_step, groups)

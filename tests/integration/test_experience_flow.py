@@ -104,7 +104,9 @@ def test_trainer_dead_letters_malformed_and_keeps_going(make_config):
             pass
 
         try:
-            collect = trainer.intake.collect(cfg.trainer.batch_size, 0, trainer.stop, nothing)
+            collect = trainer.intake.collect(
+                cfg.trainer.batch_size, lambda: 0, trainer.stop, nothing
+            )
             groups = await asyncio.wait_for(collect, 60)
             values = await asyncio.to_thread(trainer.engine.train_step, groups)
         finally:

@@ -47,7 +47,7 @@ def test_a_rebalance_after_a_restore_does_not_read_again(make_config):
             async def nothing() -> None:
                 pass
 
-            first = await asyncio.wait_for(intake.collect(6, 0, stop, nothing), 60)
+            first = await asyncio.wait_for(intake.collect(6, lambda: 0, stop, nothing), 60)
             await intake.commit()  # as after a checkpoint
             # another member joins (the intake's partitions are reassigned: a rebalance),
             # then leaves (they are reassigned again, all of them)
@@ -71,3 +71,44 @@ def test_a_rebalance_after_a_restore_does_not_read_again(make_config):
     assert counters["dead_letters"] == 1  # the junk, once
     assert again == []  # before the fix: every record again, from offset 0
     assert buffer.duplicates_dropped == 0
+
+
+def test_groups_made_too_stale_by_a_version_published_while_waiting_are_dropped(make_config):
+    """The trainer publishes while it waits for a batch (answering a sync request): groups
+    already buffered that this makes older than max_staleness are dropped, not trained."""
+    cfg = make_config(trainer={"max_staleness": 1})
+    topics = cfg.topics()
+
+    def records(groups):
+        return [
+            FuzzMessage(EXPERIENCE_GROUP.encode(g), EXPERIENCE_GROUP.headers(), g.task_id.encode())
+            for g in groups
+        ]
+
+    async def scenario():
+        await admin.ensure_topics(cfg.kafka, topics)
+        await inject(cfg, topics.experiences, records([make_group(topics.run, "old", 5)]))
+        counters, buffer = Counters(), ExperienceBuffer(max_staleness=1)
+        events = EventSender(cfg, "trainer", "trainer", counters)
+        intake = ExperienceIntake(cfg, buffer, events, counters, vocab_size=64)
+        version = [5]
+
+        async def publish_while_waiting() -> None:
+            if len(buffer) == 1:  # "old" is buffered, the batch is not full: publish v7
+                version[0] = 7
+                fresh = [make_group(topics.run, f"new-{i}", 7) for i in range(2)]
+                await inject(cfg, topics.experiences, records(fresh))
+
+        await events.start()
+        await intake.start({})
+        try:
+            collect = intake.collect(2, lambda: version[0], asyncio.Event(), publish_while_waiting)
+            batch = await asyncio.wait_for(collect, 60)
+        finally:
+            await intake.stop()
+            await events.stop()
+        return batch, buffer
+
+    batch, buffer = asyncio.run(scenario())
+    assert sorted(g.task_id for g in batch) == ["new-0", "new-1"]
+    assert buffer.stale_dropped == 1

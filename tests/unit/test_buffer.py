@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from streamrft.consumers.buffer import DEFAULT_DEDUP_WINDOW, ExperienceBuffer
+from streamrft.consumers.buffer import ExperienceBuffer
 from streamrft.consumers.state import (
     DIGEST_SIZE,
     STATE_DECODER,
     STATE_ENCODER,
     id_digest,
 )
+from streamrft.infra.config import TrainerConfig
 from streamrft.schemas import ExperienceGroup
 from tests.helpers.groups import make_group
 
@@ -185,7 +186,7 @@ def test_a_smaller_window_on_resume_keeps_the_newest_ids():
 
 
 def test_checkpoint_state_stays_bounded_after_a_million_ids():
-    window = DEFAULT_DEDUP_WINDOW
+    window = TrainerConfig().dedup_window
     buf = ExperienceBuffer(max_staleness=1)  # trainer.dedup_window's default
     consumed = 10**6
     buf.seen.add(

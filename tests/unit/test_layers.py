@@ -37,6 +37,8 @@ def test_the_repository_imports_run_one_way(capsys):
         ("consumers/x.py", "from streamrft.producers import evaluation\n"),  # sideways
         ("producers/x.py", "from streamrft.consumers.buffer import ExperienceBuffer\n"),
         ("producers/x.py", "from streamrft.infra.local.services import LocalServices\n"),
+        ("sync/x.py", "from ..producers import engines\n"),  # relative
+        ("infra/local/x.py", "from ..app import cli\n"),
     ],
 )
 def test_a_forbidden_import_fails_the_check(tmp_path, capsys, path, source):
@@ -54,6 +56,7 @@ def test_allowed_imports_pass(tmp_path):
             "producers/x.py": "from streamrft.sync import styles\nfrom streamrft.infra import bus\n",
             "infra/local/x.py": "from streamrft.infra.config import Config\n",
             "schemas/x.py": "import msgspec\nfrom streamrft.schemas import codec\n",
+            "sync/y.py": "from . import weights\nfrom ..infra import kafka\n",
         },
     )
     assert check_layers.main([str(root)]) == 0

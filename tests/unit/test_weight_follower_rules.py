@@ -71,10 +71,8 @@ class RecordingSender(WeightSender):
         self.sent: list[Payload] = []
         self.full_next = full_next
 
-    def needs_full(self) -> bool:
-        return self.full_next
-
-    async def send(self, payload, announce):
+    async def send(self, make, announce):
+        payload = make(self.full_next)
         self.sent.append(payload)
         event = _event(payload)
         await announce(event)
@@ -128,8 +126,8 @@ def test_an_explorer_applies_the_base_then_the_adapter():
         for p in trainer_model.parameters():
             p.add_(0.5)
     sent = ModelWeights(trainer_model, True)
-    full = sent.payload(0, 0, full=True)
-    adapter = sent.payload(1, 1, full=False)
+    full = sent.payload(0, 0)  # the first of a process is full
+    adapter = sent.payload(1, 1)
     got = ModelWeights(explorer_model, True)
     assert got.needs_base(_event(adapter)) and not got.needs_base(_event(full))
     like = got.template(_event(adapter))

@@ -1,0 +1,47 @@
+"""The one produce path for data records: a batch sent acks=all, all of it again after an
+outage, until every record is acknowledged (at-least-once; consumers deduplicate)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from streamrft.infra.retry import retrying
+
+
+@dataclass(frozen=True, slots=True)
+class OutRecord:
+    """One record to send."""
+
+    topic: str
+    value: bytes
+    key: bytes | None = None
+    headers: Sequence[tuple[str, bytes]] = ()
+    partition: int | None = None
+    """None: the producer's partitioner (by key)."""
+
+
+async def send_all(
+    producer: Any,
+    records: Sequence[OutRecord],
+    what: str,
+    outage_timeout_s: float,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> int:
+    """Send ``records`` and wait until the broker acknowledged each; a failed attempt (the
+    broker away) sends all of them again, with backoff, for up to ``outage_timeout_s``.
+    Returns how many were sent."""
+
+    async def attempt() -> int:
+        futures = [
+            await producer.send(
+                r.topic, r.value, key=r.key, headers=list(r.headers), partition=r.partition
+            )
+            for r in records
+        ]
+        await asyncio.gather(*futures)
+        return len(futures)
+
+    return await retrying(what, attempt, outage_timeout_s, on_retry)
