@@ -18,7 +18,7 @@ import logging
 import sys
 from pathlib import Path
 
-from streamrft.schemas.errors import StreamRFTError
+from streamrft.schemas.errors import ConfigError, StreamRFTError
 
 log = logging.getLogger("streamrft")
 DEFAULT_INFRA_DIR = "runs/infra"
@@ -251,12 +251,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+EXIT_CONFIG = 78
+"""Exit status of a run's child process (train, explore, feed) stopped by a configuration
+error (``ConfigError``, sysexits' EX_CONFIG): restarting it cannot help, and the supervisor
+does not."""
+CHILD_ROLES = ("train", "explore", "feed")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except StreamRFTError as exc:
         print(f"streamrft: error: {exc}", file=sys.stderr)
+        if isinstance(exc, ConfigError) and args.command in CHILD_ROLES:
+            return EXIT_CONFIG
         return 2
     except KeyboardInterrupt:
         return 130

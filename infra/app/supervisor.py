@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from streamrft.infra import admin
+from streamrft.infra.app.cli import EXIT_CONFIG
 from streamrft.infra.app.monitor import RunMonitor
 from streamrft.infra.app.resume import check_resume
 from streamrft.infra.bus import EventSender
@@ -114,8 +115,13 @@ class Supervisor:
         """A process that died is started again, up to its role's ``max_restarts``: an
         explorer rejoins the tasks group and resyncs weights (its unacknowledged tasks are
         explored again); the trainer resumes from its latest checkpoint and seeks to the
-        offsets stored in it. Anything else fails the run. Returns the failure."""
+        offsets stored in it. Anything else fails the run, and so does a child stopped by a
+        configuration error (exit status ``EXIT_CONFIG``: an unknown engine, reward or
+        algorithm name, LoRA targets the model lacks...), which no restart can mend.
+        Returns the failure."""
         rc = child.returncode
+        if rc == EXIT_CONFIG:
+            return f"{name} stopped on a configuration error:\n{child.tail()}"
         limit = {"trainer": self.cfg.trainer.max_restarts}.get(
             name, self.cfg.explorer.max_restarts if name.startswith("explorer-") else 0
         )
@@ -294,27 +300,8 @@ def start_embedded(cfg: Config) -> tuple[Config, LocalServices | None]:
     return cfg, services
 
 
-def check_extension_names(cfg: Config) -> None:
-    """Every extension the config names by registry (engine, reward, workflow, algorithm
-    and its parts, train engine) exists: checked before any process starts, so a typo is
-    one error naming the field, not a child that fails and is restarted."""
-    from streamrft.consumers.algorithms import resolve_algorithm
-    from streamrft.consumers.train_engine import check_train_engine
-    from streamrft.producers.engines import check_engine
-    from streamrft.producers.rewards import get_reward
-    from streamrft.producers.workflows import check_workflow
-
-    check_engine(cfg.explorer.engine)
-    get_reward(cfg.explorer.reward)
-    check_workflow(cfg.taskset.workflow)
-    resolve_algorithm(cfg.trainer)
-    check_train_engine(cfg.trainer.engine)
-
-
 def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = True) -> dict:
-    """Check names and a resume, start embedded services where needed, run, write the
-    summary."""
-    check_extension_names(cfg)
+    """Check a resume, start embedded services where needed, run, write the summary."""
     if check_resume(cfg):  # before anything starts: a refused resume changes nothing
         log.info("run %s exists in %s: resuming it", cfg.run.id, cfg.run_dir)
     cfg, services = start_embedded(cfg)
