@@ -3,6 +3,11 @@
 - Deduplicates by experience id (at-least-once delivery upstream), remembering the most
   recent ``dedup_window`` ids (:class:`SeenIds`).
 - Drops groups more than ``max_staleness`` versions behind, counted.
+- Hands out batches in batch order (:attr:`ExperienceGroup.batch`): a step takes the
+  groups of the oldest batch buffered, and waits while that batch is incomplete (fewer of
+  its groups arrived than a step takes: the rest are still being explored), unless the
+  caller forces it (nothing arrived for ``trainer.batch_wait_s``). Groups without a batch
+  (an application's) go first, in arrival order, and wait for nothing.
 - Tracks, per partition, the offset from which a restart must read again: the lowest
   offset still buffered (not trained), or the next offset when nothing is buffered.
 
@@ -67,6 +72,17 @@ class Buffered:
     group: ExperienceGroup
     partition: PartitionKey
     offset: int
+    seq: int
+    """Arrival order."""
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Batch first (unstamped, -1, before any), then arrival."""
+        return (max(self.group.batch, -1), self.seq)
+
+
+ARRIVALS_KEPT = 4096
+"""Batches whose arrival counts are remembered (the newest; older ones are long done)."""
 
 
 @dataclass
@@ -78,6 +94,9 @@ class ExperienceBuffer:
     next_offsets: dict[PartitionKey, int] = field(default_factory=dict)
     duplicates_dropped: int = 0
     stale_dropped: int = 0
+    arrived: dict[int, int] = field(default_factory=dict)
+    """Per batch index: groups that arrived (not duplicates), trained, dropped or buffered."""
+    _seq: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.seen = SeenIds(self.dedup_window)
@@ -94,7 +113,12 @@ class ExperienceBuffer:
             self.duplicates_dropped += 1
             return False
         self.seen.add(digests)
-        self.queue.append(Buffered(group, partition, offset))
+        self._seq += 1
+        self.queue.append(Buffered(group, partition, offset, self._seq))
+        if group.batch >= 0:
+            self.arrived[group.batch] = self.arrived.get(group.batch, 0) + 1
+            if len(self.arrived) > ARRIVALS_KEPT:
+                del self.arrived[min(self.arrived)]
         return True
 
     def drop_stale(self, version: int) -> list[ExperienceGroup]:
@@ -109,11 +133,23 @@ class ExperienceBuffer:
         self.stale_dropped += len(dropped)
         return dropped
 
-    def take(self, n: int) -> list[ExperienceGroup] | None:
-        """The oldest ``n`` buffered groups, or None when fewer are buffered."""
+    def take(self, n: int, force: bool = False) -> list[ExperienceGroup] | None:
+        """The first ``n`` buffered groups in batch order; None when fewer are buffered, or
+        when the oldest batch among them has had fewer than ``n`` groups arrive (the rest
+        are still being explored) and ``force`` is not set."""
         if len(self.queue) < n:
             return None
-        return [self.queue.popleft().group for _ in range(n)]
+        chosen = sorted(self.queue, key=lambda item: item.order)[:n]
+        oldest = min((i.group.batch for i in chosen if i.group.batch >= 0), default=None)
+        if oldest is not None and self.arrived.get(oldest, 0) < n and not force:
+            return None
+        taken = {id(item) for item in chosen}
+        self.queue = deque(item for item in self.queue if id(item) not in taken)
+        return [item.group for item in chosen]
+
+    def waiting_for(self) -> int | None:
+        """The oldest batch buffered (None: none stamped), the one a step waits on."""
+        return min((i.group.batch for i in self.queue if i.group.batch >= 0), default=None)
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -150,6 +186,7 @@ class ExperienceBuffer:
         counters, and the resume offsets as next offsets, so a partition nothing is read
         from keeps its offset in the next checkpoint."""
         self.queue.clear()
+        self.arrived.clear()  # the batches read again arrive again
         self.seen = SeenIds(self.dedup_window, state.seen)
         self.next_offsets = state.resume_offsets()
         self.duplicates_dropped = state.duplicates_dropped

@@ -110,7 +110,7 @@ class ExperienceIntake:
             dropped = self.buffer.drop_stale(now)
             if dropped:
                 log.info("trainer: dropped %d stale groups (version %d)", len(dropped), now)
-            groups = self.buffer.take(n)
+            groups = self._take(n, loop.time() - last_data)
             if groups is not None:
                 return groups
             if not self.starved and loop.time() - last_data > STARVED_AFTER_S:
@@ -129,6 +129,25 @@ class ExperienceIntake:
                 )
                 return None
         return None
+
+    def _take(self, n: int, quiet_s: float) -> list[ExperienceGroup] | None:
+        """A batch in batch order; after ``trainer.batch_wait_s`` without any record, the
+        oldest groups buffered even though their batch is incomplete (counter
+        ``batches_forced``: a task was lost or dead-lettered, or an explorer is slower
+        than the wait)."""
+        groups = self.buffer.take(n)
+        if groups is None and quiet_s > self.cfg.trainer.batch_wait_s:
+            waited = self.buffer.waiting_for()
+            groups = self.buffer.take(n, force=True)
+            if groups is not None:
+                self.counters.add("batches_forced")
+                log.warning(
+                    "trainer: batch %s still incomplete after %.0fs without experiences; "
+                    "training the oldest groups buffered",
+                    waited,
+                    quiet_s,
+                )
+        return groups
 
     async def _offer(self, rec: Record) -> None:
         error = rec.error

@@ -211,8 +211,12 @@ class ExplorerConfig(_Section):
     """Explorer processes ``streamrft run`` starts."""
     engine: str = "transformers"
     """Rollout engine, a name registered in ``producers/engines`` (checked when the explorer
-    starts): ``transformers`` (CPU/GPU) or ``vllm`` (GPU only, ``pip install streamrft[vllm]``;
-    not built yet)."""
+    starts): ``transformers`` (CPU/GPU), ``vllm`` (GPU only, ``pip install streamrft[vllm]``;
+    not built yet) or ``simulated`` (no model: random tokens at a fixed cost per token, for
+    benches of the system around the engine)."""
+    simulated_seconds_per_token: NonNegF = 0.0
+    """``simulated`` engine only: seconds it sleeps per generated token (a rollout batch of
+    ``repeat_times`` x ``max_new_tokens`` tokens per task costs that many times this)."""
     batch_size: Pos = 32
     """Tasks per explorer step (sampled together, one sync point per step)."""
     repeat_times: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 8
@@ -271,7 +275,15 @@ class TrainerConfig(_Section):
     std_normalize: bool = True
     """Divide group-centred rewards by the group's std (GRPO); False: Dr. GRPO."""
     max_staleness: NonNeg = 1
-    """Drop groups whose version is more than this many versions behind the trainer's."""
+    """Drop groups whose version is more than this many versions behind the trainer's.
+    Explorers never run further ahead than this allows: they wait (WAITING_SYNC) instead."""
+    batch_wait_s: PosF = 120.0
+    """Longest wait for the rest of the oldest batch: the trainer trains batches in order
+    (a step takes the groups of the oldest batch, and waits while some of its groups are
+    still being explored) until no group arrived for this long with a step's worth buffered;
+    then it trains the oldest groups it has. Also how long a trainer that starves for
+    experiences makes a waiting explorer wait before it samples with the version it has.
+    Raise it above the longest rollout of one explorer step."""
     max_steps: NonNeg = 200
     """Training steps of the run (0: until the experience stream ends)."""
     save_interval: NonNeg = 50

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -208,6 +208,16 @@ class TaskConsumer:
 
     async def commit(self, offsets: dict) -> None:
         await self._consumer.commit(offsets)
+
+    def hold_back(self, partitions: Collection[int]) -> None:
+        """Fetch nothing from ``partitions`` of the topic until the next call; fetch every
+        other partition this member holds. Records fetched but not yet returned from a
+        held partition are fetched again later (the position does not move)."""
+        for tp in self._consumer.assignment():
+            if tp.partition in partitions:
+                self._consumer.pause(tp)
+            else:
+                self._consumer.resume(tp)
 
     def _assigned(self, assigned: set[TopicPartition]) -> None:
         coordinator = self._consumer._coordinator

@@ -1,9 +1,11 @@
 """The explorer process: tasks in, experience groups out, new weights applied at sync points.
 
 One explorer step:
-  sync point (:class:`~streamrft.sync.follower.WeightFollower`) -> take up to
-  ``batch_size`` tasks -> workflow (roll out and score) -> publish the groups (acks=all)
-  -> commit the tasks' offsets -> metrics and status.
+  take up to ``batch_size`` tasks of one batch (:class:`~.task_intake.TaskIntake`) ->
+  sync point (:class:`~streamrft.sync.follower.WeightFollower`: the version that batch
+  needs, waiting while this explorer is ahead of the trainer) -> workflow (roll out and
+  score) -> publish the groups (acks=all) -> commit the tasks' offsets -> metrics and
+  status.
 A task's offset is committed only after its group is acknowledged by the broker, so an
 explorer that dies mid-step loses nothing: its tasks are explored again (at-least-once).
 """
@@ -28,13 +30,13 @@ from streamrft.infra.produce import OutRecord, send_all
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.engines import make_engine
 from streamrft.producers.rewards import get_reward
-from streamrft.producers.task_intake import Taken, TaskIntake
+from streamrft.producers.task_intake import UNSTAMPED, Taken, TaskIntake
 from streamrft.producers.workflows import RolloutSpec, get_workflow
 from streamrft.schemas.codec import EXPERIENCE_GROUP
 from streamrft.schemas.errors import StreamRFTError
 from streamrft.schemas.events import RunState
 from streamrft.schemas.experience import ExperienceGroup, Task
-from streamrft.sync.follower import WeightFollower
+from streamrft.sync.follower import Synced, WeightFollower
 from streamrft.sync.payload import ModelWeights
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,7 @@ class Explorer:
             from streamrft.sync.lora import attach_lora
 
             model = attach_lora(model, cfg.model.lora)
-        self.engine = make_engine(cfg.explorer.engine, model, tokenizer)
+        self.engine = make_engine(cfg.explorer.engine, model, tokenizer, cfg.explorer)
         self.reward = get_reward(cfg.explorer.reward)
         self.follower = WeightFollower(
             cfg,
@@ -98,22 +100,34 @@ class Explorer:
             await self._loop()
 
     async def _loop(self) -> None:
-        max_steps, synced = self.cfg.explorer.max_steps, -1
+        max_steps = self.cfg.explorer.max_steps
         while not self._stopping() and not (max_steps and self.step >= max_steps):
-            # one sync per step: a take that came back empty must not ask again (under
-            # dynamic_by_explorer that is an unasked-for request and a version published
-            # for nothing), unless a broadcast group waits for this explorer
-            if self.step != synced or self.follower.broadcast_pending():
-                if not await self.follower.sync_point(self.step):
-                    break
-                synced = self.step
             taken = await self.intake.take(
                 self.cfg.explorer.batch_size, self._stopping, self.follower.broadcast_pending
             )
-            if taken.tasks:
+            synced = await self._sync(taken)
+            if synced is Synced.STOP:
+                break
+            if synced is Synced.RETAKE:
+                self.intake.give_back(taken)
+            elif taken.tasks:
                 await self.explore(taken)
-            else:
-                await self.intake.commit(taken)
+            else:  # nothing to explore: commit past what was dead-lettered
+                await self.intake.commit()
+
+    async def _sync(self, taken: Taken) -> Synced:
+        """The sync point before sampling ``taken`` (its batch; the explorer's own step for
+        unstamped tasks), or, with no tasks, only a broadcast group waiting for this
+        explorer. Ends early (RETAKE) when the partitions move while it waits."""
+        if not taken.tasks:
+            if not self.follower.broadcast_pending():
+                return Synced.READY
+            return await self.follower.sync_point(None, self.step)
+        batch = taken.batch if taken.batch != UNSTAMPED else self.step
+        assignments = self.intake.assignments
+        return await self.follower.sync_point(
+            batch, self.step, lambda: self.intake.assignments != assignments
+        )
 
     async def explore(self, taken: Taken) -> None:
         """One step on the tasks taken: roll out, publish, commit, report."""
@@ -121,7 +135,7 @@ class Explorer:
         groups = await asyncio.to_thread(self.rollout, taken.tasks)
         rollout_s = time.perf_counter() - t0
         await self.publish(groups)
-        await self.intake.commit(taken)
+        await self.intake.commit()
         self.step += 1
         await self.report(groups, rollout_s)
 

@@ -42,10 +42,10 @@ async def epochs_already_published(cfg: Config) -> int:
 class Feeder:
     """Publishes every task of every epoch; its status step counts the epochs published.
 
-    Tasks are spread round-robin over the partitions in each epoch's shuffled order (not
-    by a hash of the task id): every partition then carries a uniform sample of the
-    taskset, so an explorer that happens to read one partition ahead of the others still
-    sees every kind of task, not the same quarter of them for many steps.
+    Tasks are spread round-robin over the partitions by their position in the run's task
+    stream (not by a hash of the task id): every partition then carries a uniform sample
+    of the taskset and an equal share of every batch, so N explorers holding the
+    partitions share each batch's tasks evenly.
     """
 
     def __init__(self, cfg: Config) -> None:
@@ -76,7 +76,7 @@ class Feeder:
             if self.epochs_done:
                 log.info("feeder: %d epochs already published; resuming", self.epochs_done)
             for epoch in range(self.epochs_done, total):
-                sent += await self.publish_epoch(epoch, partitions, sent)
+                sent += await self.publish_epoch(epoch, partitions)
                 self.counters.set("tasks_published", (epoch + 1) * len(self.tasks))
                 self.epochs_done = epoch + 1
                 await self.events.status(detail=f"epoch {epoch + 1}/{total} published")
@@ -89,19 +89,25 @@ class Feeder:
             await self.producer.stop()
             await self.events.stop()
 
-    async def publish_epoch(self, epoch: int, partitions: list[int], offset: int) -> int:
-        """One epoch, acks=all. After a broker outage the whole epoch is sent again:
-        explorers then see some tasks twice, and the trainer keeps one group per (task,
-        epoch)."""
+    async def publish_epoch(self, epoch: int, partitions: list[int]) -> int:
+        """One epoch, acks=all, each task stamped with its global batch index
+        (:attr:`Task.batch`). After a broker outage the whole epoch is sent again, with the
+        same stamps: explorers then see some tasks twice, and the trainer keeps one group
+        per (task, epoch)."""
         order = epoch_order(len(self.tasks), epoch, self.cfg.run.seed, self.cfg.taskset.shuffle)
-        tasks = [msgspec.structs.replace(self.tasks[i], epoch=epoch) for i in order]
+        first = epoch * len(self.tasks)  # position in the run's task stream
+        per_batch = self.cfg.trainer.batch_size
+        tasks = [
+            msgspec.structs.replace(self.tasks[i], epoch=epoch, batch=(first + n) // per_batch)
+            for n, i in enumerate(order)
+        ]
         records = [
             OutRecord(
                 self.topics.tasks,
                 TASK.encode(task),
                 task.id.encode(),
                 TASK.headers(),
-                partitions[(offset + n) % len(partitions)],
+                partitions[(first + n) % len(partitions)],
             )
             for n, task in enumerate(tasks)
         ]

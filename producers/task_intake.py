@@ -1,10 +1,18 @@
-"""An explorer's share of the tasks topic: take a step's tasks, commit them once published.
+"""An explorer's share of the tasks topic: take one batch's tasks, commit them once published.
 
 Explorers of one run share the tasks through one consumer group (``<prefix>.<run>.explorers``),
 so a partition feeds one explorer at a time and a dead explorer's partitions move to the
 others. A task's offset is committed only after its experience group was acknowledged by
 the broker (at-least-once): an explorer that dies mid-step loses nothing, its tasks are
 explored again, and the trainer deduplicates.
+
+**One batch per take.** Every task carries its global batch index (:attr:`Task.batch`,
+stamped by the feeder), and the tasks of a batch are spread over every partition. A take
+hands out the tasks of the *lowest* batch this explorer has read, once its share of that
+batch is complete: every partition it holds has shown a task of a later batch (or the
+topic went quiet, or the step is full). What was read past the batch waits in a backlog
+for the next take, and the partitions already past it are not fetched meanwhile. So N
+explorers produce each batch once between them, each its share, in batch order.
 """
 
 from __future__ import annotations
@@ -43,24 +51,41 @@ def tasks_group(topics: TopicNames) -> str:
     return f"{topics.prefix}.{topics.run}.explorers"
 
 
+UNSTAMPED = -1
+"""Batch index of a task the feeder did not stamp (an application's own): handed out
+first, in the order read, a step's worth at a time."""
+
+
+@dataclass
+class Pending:
+    """A task read and not yet handed out."""
+
+    tp: TopicPartition
+    offset: int
+    task: Task
+
+
 @dataclass
 class Taken:
-    """What one take got: the tasks to explore, and every offset read (bad records too:
-    they are committed past, their dead letters keep them)."""
+    """What one take handed out: tasks of one batch (:data:`UNSTAMPED` for tasks without
+    one), in the order read."""
 
-    tasks: list[Task] = field(default_factory=list)
-    read: list[tuple[TopicPartition, int]] = field(default_factory=list)
+    batch: int = UNSTAMPED
+    items: list[Pending] = field(default_factory=list)
 
-    def next_offsets(self) -> dict[TopicPartition, int]:
-        offsets: dict[TopicPartition, int] = {}
-        for tp, offset in self.read:
-            offsets[tp] = max(offsets.get(tp, -1), offset + 1)
-        return offsets
+    @property
+    def tasks(self) -> list[Task]:
+        return [p.task for p in self.items]
+
+
+def batch_of(task: Task) -> int:
+    return task.batch if task.batch >= 0 else UNSTAMPED
 
 
 class TaskIntake:
-    """Takes tasks for one explorer; dead-letters tasks that do not decode or name an
-    unknown workflow; reports the partitions it holds after every rebalance."""
+    """Takes tasks for one explorer a batch at a time; dead-letters tasks that do not
+    decode or name an unknown workflow; reports the partitions it holds after every
+    rebalance."""
 
     def __init__(self, cfg: Config, name: str, events: EventSender, counters: Counters) -> None:
         self.name = name
@@ -70,6 +95,14 @@ class TaskIntake:
         self.consumer: kafka.TaskConsumer | None = None  # made in start(), inside the loop
         self.partitions: tuple[int, ...] = ()
         """Tasks partitions this explorer holds (from the newest rebalance)."""
+        self.assignments = 0
+        """Rebalances seen so far (a take's tasks are stale for waiting once it changed)."""
+        self.backlog: list[Pending] = []
+        """Read past the batch handed out; waits for a later take."""
+        self.read_to: dict[int, int] = {}
+        """Per partition held: the offset after the last record read."""
+        self.passed: dict[int, int] = {}
+        """Per partition held: the highest batch index read from it."""
         self._to_report = False
 
     async def start(self) -> None:
@@ -85,9 +118,16 @@ class TaskIntake:
             await self.consumer.stop()
 
     def _on_assign(self, partitions: tuple[int, ...]) -> None:
-        """A rebalance gave this explorer ``partitions``: counted now, reported on status at
-        the next take (counters ``tasks_partitions`` and ``rebalances``)."""
+        """A rebalance gave this explorer ``partitions``: what was read from partitions it
+        no longer holds is forgotten (their new holder reads them from the committed
+        offset); counted now, reported on status at the next take (counters
+        ``tasks_partitions`` and ``rebalances``)."""
+        held = set(partitions)
+        self.backlog = [p for p in self.backlog if p.tp.partition in held]
+        self.read_to = {p: o for p, o in self.read_to.items() if p in held}
+        self.passed = {p: b for p, b in self.passed.items() if p in held}
         self.partitions = partitions
+        self.assignments += 1
         self.counters.set("tasks_partitions", len(partitions))
         self.counters.add("rebalances")
         self._to_report = True
@@ -102,49 +142,108 @@ class TaskIntake:
             detail = "no tasks partition: idle (more explorers than tasks partitions)"
         await self.events.status(detail=detail)
 
+    # -- taking ----------------------------------------------------------------------------
+    def lowest(self) -> int | None:
+        """The lowest batch in the backlog (None: empty)."""
+        return min((batch_of(p.task) for p in self.backlog), default=None)
+
+    def share_complete(self, batch: int, n: int) -> bool:
+        """This explorer holds all of ``batch`` it will get (every partition it holds has
+        shown a later batch), or ``n`` of its tasks (a full step)."""
+        have = sum(1 for p in self.backlog if batch_of(p.task) == batch)
+        return have >= n or all(self.passed.get(p, UNSTAMPED) > batch for p in self.partitions)
+
     async def take(
         self, n: int, give_up: Callable[[], bool], empty_ok: Callable[[], bool]
     ) -> Taken:
-        """Up to ``n`` tasks. Returns early with fewer when the topic stays idle for
-        :data:`IDLE_RETURN_S`, with none when ``empty_ok()`` (something else wants this
-        explorer, e.g. a broadcast group), and at once when ``give_up()`` (stop)."""
-        taken = Taken()
+        """Up to ``n`` tasks of the lowest batch read, once this explorer's share of it is
+        complete (see module). Returns early with what it has when the topic stays idle
+        for :data:`IDLE_RETURN_S`, with nothing when ``empty_ok()`` and nothing was read
+        (something else wants this explorer, e.g. a broadcast group), and at once when
+        ``give_up()`` (stop)."""
         idle_since = time.monotonic()
-        while len(taken.read) < n and not give_up():
+        while not give_up():
             await self._report_assignment()
-            records = await poll(self.consumer, TASK, 200, max_records=n - len(taken.read))
+            low = self.lowest()
+            if low is not None and self.share_complete(low, n):
+                break
+            if low is None and empty_ok():
+                break
+            # partitions already past the batch wait: what they hold is for later takes
+            self.consumer.hold_back(
+                {p for p, b in self.passed.items() if low is not None and b > low}
+            )
+            records = await poll(self.consumer, TASK, 200, max_records=n)
             for rec in records:
-                await self._take(rec, taken)
+                await self._read(rec)
             if records:
                 idle_since = time.monotonic()
-            elif (taken.read and time.monotonic() - idle_since > IDLE_RETURN_S) or (
-                not taken.read and empty_ok()
-            ):
+            elif low is not None and time.monotonic() - idle_since > IDLE_RETURN_S:
                 break
+        return self._hand_out(n)
+
+    def _hand_out(self, n: int) -> Taken:
+        low = self.lowest()
+        if low is None:
+            return Taken()
+        taken = Taken(batch=low)
+        keep: list[Pending] = []
+        for p in self.backlog:
+            if batch_of(p.task) == low and len(taken.items) < n:
+                taken.items.append(p)
+            else:
+                keep.append(p)
+        self.backlog = keep
         return taken
 
-    async def _take(self, rec: Record, taken: Taken) -> None:
+    def give_back(self, taken: Taken) -> None:
+        """Return tasks handed out but not explored (the partitions moved while this
+        explorer waited); those of partitions it no longer holds are dropped (their new
+        holder has them)."""
+        held = set(self.partitions)
+        back = [p for p in taken.items if p.tp.partition in held]
+        self.backlog = sorted(back + self.backlog, key=lambda p: (p.tp.partition, p.offset))
+
+    async def _read(self, rec: Record) -> None:
+        part = rec.partition
+        if rec.offset < self.read_to.get(part, 0) or part not in self.partitions:
+            return  # read already (a rebalance reset the position), or no longer held
+        self.read_to[part] = rec.offset + 1
         error = rec.error
         if error is None:
             try:
                 check_workflow(rec.obj.workflow)
             except StreamRFTError as exc:
                 error = exc
-        taken.read.append((TopicPartition(rec.topic, rec.partition), rec.offset))
-        if error is None:
-            taken.tasks.append(rec.obj)
-        else:
+        if error is not None:
             await self.events.dead_letter(dataclasses.replace(rec, obj=None, error=error))
+            return
+        self.passed[part] = max(self.passed.get(part, UNSTAMPED), batch_of(rec.obj))
+        self.backlog.append(Pending(TopicPartition(rec.topic, part), rec.offset, rec.obj))
 
-    async def commit(self, taken: Taken) -> None:
-        """Commit past every record taken. After a rebalance moved a partition the commit
-        fails: another explorer redoes those tasks, the trainer deduplicates, nothing is lost."""
-        offsets = taken.next_offsets()
+    # -- committing ------------------------------------------------------------------------
+    def commit_offsets(self) -> dict[int, int]:
+        """Per partition held and read from: the first offset not yet explored (the
+        oldest task still in the backlog, else the offset after the last read)."""
+        offsets = dict(self.read_to)
+        for p in self.backlog:
+            offsets[p.tp.partition] = min(offsets[p.tp.partition], p.offset)
+        return offsets
+
+    async def commit(self) -> None:
+        """Commit up to the first task not yet explored, in every partition held; call it
+        once the tasks handed out were published. After a rebalance moved a partition the
+        commit fails: another explorer redoes those tasks, the trainer deduplicates,
+        nothing is lost."""
+        offsets = self.commit_offsets()
         if not offsets:
             return
-        log.debug("%s: committing %s", self.name, {tp.partition: o for tp, o in offsets.items()})
+        topic = self.consumer.topic
+        log.debug("%s: committing %s", self.name, offsets)
         try:
-            await self.consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
+            await self.consumer.commit(
+                {TopicPartition(topic, p): OffsetAndMetadata(o, "") for p, o in offsets.items()}
+            )
         except (CommitFailedError, KafkaError) as exc:
             self.counters.add("commit_failures")
             log.warning(

@@ -31,6 +31,12 @@ class Task(msgspec.Struct, kw_only=True):
     """Which pass over the taskset this delivery belongs to."""
     metadata: dict[str, str] = {}
     """Free-form string attributes carried through to the experiences."""
+    batch: int = -1
+    """Global batch index: the task's position in the run's task stream (all epochs)
+    divided by ``trainer.batch_size``, stamped by the feeder. Batch *b* is sampled with
+    the version the sync style requires for *b*, whichever explorer takes it, and the
+    trainer trains batches in order. -1: not stamped (an application's own task): the
+    explorer's own step count stands in."""
 
 
 class Experience(msgspec.Struct, kw_only=True):
@@ -92,6 +98,10 @@ class ExperienceGroup(msgspec.Struct, kw_only=True):
     """Taskset pass the task was delivered in."""
     explorer_step: int = -1
     """The explorer's step that sampled it (-1: unknown, e.g. an external producer)."""
+    batch: int = -1
+    """Global batch index of its task (:attr:`Task.batch`); -1: none (an external
+    producer, or a task that was not stamped): trained in arrival order, waiting for
+    nothing."""
 
 
 def make_group_id(run: str, task_id: str, epoch: int) -> str:
@@ -105,11 +115,14 @@ def _where(exp_id: str) -> str:
 
 
 def validate_task(task: Task) -> Task:
-    """A task has an id and a workflow name of sane length, and a non-negative epoch."""
+    """A task has an id and a workflow name of sane length, a non-negative epoch and a
+    batch index >= -1."""
     check_id(task.id, "task id")
     check_id(task.workflow, f"task {task.id!r}: workflow")
     if task.epoch < 0:
         raise SchemaError(f"task {task.id!r}: epoch {task.epoch} < 0")
+    if task.batch < -1:
+        raise SchemaError(f"task {task.id!r}: batch {task.batch} < -1")
     return task
 
 
@@ -176,6 +189,8 @@ def validate_group(group: ExperienceGroup) -> ExperienceGroup:
         )
     if group.model_version < 0:
         raise SchemaError(f"{where}: model_version {group.model_version} < 0")
+    if group.batch < -1:
+        raise SchemaError(f"{where}: batch {group.batch} < -1")
     for exp in group.experiences:
         _check_experience(exp, group.model_version)
     return group

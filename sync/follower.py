@@ -1,15 +1,19 @@
 """The explorer's side of the sync protocol: which version to sample with, and getting it.
 
-At every sync point :meth:`WeightFollower.sync_point` does, in order:
+At every sync point (the explorer has taken tasks of one batch and is about to sample
+them) :meth:`WeightFollower.sync_point` does, in order:
 
-1. **plan** — the sync style says what this step needs (:func:`~.styles.explorer_sync`,
-   a pure function of the style, the step and the version held): ask the trainer for a
-   version (``dynamic_by_explorer``), wait for one, apply one, or nothing;
-2. **wait** — until a usable version the plan needs is announced (WAITING_SYNC). One rule
-   cuts a wait short: under the fixed style, when the trainer says it starves for
-   experiences while this explorer waits for a version only more experiences can make, the
-   explorer goes on with the newest version it has and shifts its schedule (``step_lag``,
-   counter ``sync_waits_cut``) instead of waiting forever;
+1. **plan** — the sync style says what this batch needs (:func:`~.styles.explorer_sync`,
+   a pure function of the style, the batch, the explorer's step and the version held): ask
+   the trainer for a version (``dynamic_by_explorer``, or an explorer too far ahead), wait
+   for one, apply one, or nothing;
+2. **wait** — until a usable version the plan needs is announced (WAITING_SYNC: the
+   explorer is ahead of the trainer; this is the backpressure). Two things end a wait
+   early: the explorer's tasks partitions moved (:attr:`Synced.RETAKE`: it may now hold
+   tasks of an earlier batch, which the version waited for needs), and a trainer that
+   says it starves for experiences ``trainer.batch_wait_s`` after the wait began (the
+   version cannot come until someone explores on: the explorer samples with the newest
+   version it has, counter ``sync_waits_cut``);
 3. **choose** — the version to apply (:func:`~.styles.choose_version`; a newer broadcast
    this explorer is a member of always wins: its group waits for every member);
 4. **apply** — receive it through the transport its event names, verified, and copy it in
@@ -26,19 +30,28 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Callable
 
 from streamrft.infra.bus import ControlView, Counters, EventSender
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import ServiceError, SyncError
 from streamrft.schemas.events import ModelVersionReady, RunState, SyncRequest
 from streamrft.sync.payload import ModelWeights
-from streamrft.sync.styles import ExplorerSync, choose_version, explorer_sync
+from streamrft.sync.styles import ExplorerSync, Schedule, choose_version, explorer_sync
 from streamrft.sync.transport import Receivers, WeightReceiver
 
 log = logging.getLogger(__name__)
 
 RETRY_SOON_S = 1.0
 """Pause before loading again when the store is down and there are no weights to go on with."""
+
+
+class Synced(enum.Enum):
+    """How a sync point ended."""
+
+    READY = "sample the batch"
+    STOP = "a stop signal or a Shutdown came"
+    RETAKE = "the tasks partitions moved while waiting: take tasks again"
 
 
 class OnFailure(enum.Enum):
@@ -85,8 +98,12 @@ class WeightFollower:
         self.receivers = Receivers(cfg, name)
         self.version = -1
         """The version the model holds (-1: none yet)."""
-        self.step_lag = 0
-        """Steps the fixed style's schedule was shifted by after a cut wait (see module)."""
+        self.schedule = Schedule(
+            cfg.synchronizer.style,
+            cfg.synchronizer.sync_interval,
+            cfg.synchronizer.sync_offset,
+            cfg.trainer.max_staleness,
+        )
         self.rejected: set[tuple[int, str]] = set()
         """(version, manifest sha256) of versions that failed verification here."""
 
@@ -115,65 +132,71 @@ class WeightFollower:
         return self._waiting_broadcast(self.usable()) is not None
 
     # -- the sync point ----------------------------------------------------------------------
-    async def sync_point(self, step: int) -> bool:
-        """Ask, wait and apply as the sync style says before explorer step ``step``.
-        False: stop (a stop signal or a Shutdown came while waiting)."""
-        sync = self.cfg.synchronizer
-        plan = explorer_sync(
-            sync.style, step - self.step_lag, self.version, sync.sync_interval, sync.sync_offset
-        )
-        if plan.request is not None:
+    async def sync_point(
+        self, batch: int | None, step: int, moved: Callable[[], bool] = lambda: False
+    ) -> Synced:
+        """Ask, wait and apply as the sync style says before explorer step ``step`` samples
+        tasks of ``batch`` (None: no tasks; only join a broadcast that waits for this
+        explorer). ``moved()``: the tasks partitions moved since the tasks were taken."""
+        if batch is None:
+            plan = ExplorerSync(apply=False)
+        else:
+            plan = explorer_sync(self.schedule, batch, step, self.version)
+        if plan.request is not None and self.newest() < plan.request:
             await self._request(plan.request)
         need = plan.wait_for
         if need is not None and self.newest() < need:
-            await self.events.status(RunState.WAITING_SYNC, f"needs version >= {need}")
-            log.info("%s: step %d waits for version >= %d", self.name, step, need)
-            if not await self._wait(need, f"no usable model version >= {need}"):
-                return False
-        if not await self._apply_chosen(plan):
-            return False
+            await self.events.status(
+                RunState.WAITING_SYNC, f"batch {batch} needs version >= {need}"
+            )
+            log.info("%s: batch %s waits for version >= %d", self.name, batch, need)
+            waited = await self._wait(need, f"no usable model version >= {need}", moved)
+            if waited is not Synced.READY:
+                return waited
+        if not await self._apply_chosen(plan, moved):
+            return Synced.STOP
         if self.events.state != RunState.RUNNING:
             await self.events.status(RunState.RUNNING)
-        return True
+        return Synced.READY
 
     async def _request(self, min_version: int) -> None:
         await self.events.control(
             SyncRequest(explorer=self.name, min_version=min_version, created_at=time.time())
         )
 
-    async def _wait(self, floor: int, what: str) -> bool:
-        """Wait for a usable version >= ``floor``, or for the starvation cut (see module).
-        False on stop or shutdown."""
+    async def _wait(self, floor: int, what: str, moved: Callable[[], bool]) -> Synced:
+        """Wait for a usable version >= ``floor``, for the partitions to move, or for the
+        starvation cut (see module)."""
         since = time.time()
         ready = await self.view.wait_until(
-            lambda: self.newest() >= floor or self._deadlocked(since),
+            lambda: self.newest() >= floor or moved() or self._deadlocked(since),
             self.cfg.synchronizer.sync_timeout,
             self.stop,
             what,
         )
         if not ready:
-            return False
-        have = max(self.newest(), self.version)
-        if have < floor:  # the cut: explore on with the newest version, count from here
-            self.step_lag += floor - have
-            self.counters.add("sync_waits_cut")
-            log.warning(
-                "%s: the trainer waits for experiences and this explorer for version %d; "
-                "going on with version %d",
-                self.name,
-                floor,
-                have,
-            )
-        return True
+            return Synced.STOP
+        if self.newest() >= floor:
+            return Synced.READY
+        if moved():
+            self.counters.add("sync_waits_retaken")
+            return Synced.RETAKE
+        self.counters.add("sync_waits_cut")  # the cut: sample with the newest version
+        log.warning(
+            "%s: the trainer starves for experiences and this explorer waits for version "
+            "%d; going on with version %d",
+            self.name,
+            floor,
+            max(self.newest(), self.version),
+        )
+        return Synced.READY
 
     def _deadlocked(self, waiting_since: float) -> bool:
-        """Fixed style, with weights: the trainer has said, since this explorer began
-        waiting, that it starves for experiences, so the version waited for cannot come
-        until this explorer explores on."""
-        return (
-            self.cfg.synchronizer.style == "fixed"
-            and self.version >= 0
-            and self.view.peer_starved("trainer", waiting_since)
+        """With weights: the trainer has said, ``trainer.batch_wait_s`` after this explorer
+        began waiting, that it starves for experiences, so the version waited for cannot
+        come until this explorer explores on."""
+        return self.version >= 0 and self.view.peer_starved(
+            "trainer", waiting_since + self.cfg.trainer.batch_wait_s
         )
 
     def _choose(self, plan: ExplorerSync) -> ModelVersionReady | None:
@@ -184,7 +207,7 @@ class WeightFollower:
             chosen = choose_version(list(usable), plan, self.version, max_staleness)
         return None if chosen is None else usable[chosen]
 
-    async def _apply_chosen(self, plan: ExplorerSync) -> bool:
+    async def _apply_chosen(self, plan: ExplorerSync, moved: Callable[[], bool]) -> bool:
         """Load the chosen version, handling failures by :func:`on_failure`. False: stop."""
         started = time.monotonic()
         while (event := self._choose(plan)) is not None:
@@ -215,7 +238,7 @@ class WeightFollower:
                 need = plan.wait_for
                 if self.version >= 0 and (need is None or self.version >= need):
                     return True  # the weights held serve this step
-                if not await self._wait_after_reject(event, plan):
+                if await self._wait_after_reject(event, plan, moved) is Synced.STOP:
                     return False
         return True
 
@@ -298,14 +321,16 @@ class WeightFollower:
             exc,
         )
 
-    async def _wait_after_reject(self, event: ModelVersionReady, plan: ExplorerSync) -> bool:
-        """No weights, or short of the version this step needs: ask again (when this style
-        asks at all: the answer was bad) and wait for a newer one."""
+    async def _wait_after_reject(
+        self, event: ModelVersionReady, plan: ExplorerSync, moved: Callable[[], bool]
+    ) -> Synced:
+        """No weights, or short of the version this batch needs: ask again (when this
+        style asks at all: the answer was bad) and wait for a newer one."""
         if plan.request is not None:
             await self._request(event.version + 1)
         floor = max(plan.wait_for or 0, 0)
         what = f"no usable model version >= {floor} (version {event.version} was rejected)"
-        return await self._wait(floor, what)
+        return await self._wait(floor, what, moved)
 
     def close(self) -> None:
         self.receivers.close()

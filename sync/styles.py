@@ -1,17 +1,29 @@
-"""Sync styles: when the trainer publishes and which version an explorer step samples with.
+"""Sync styles: when the trainer publishes and which version a batch is sampled with.
 
 Pure functions; the explorer and trainer loops call them at every step boundary.
 
-- ``fixed``: the trainer publishes every ``sync_interval`` steps; explorer step ``e`` is a
-  sync point when ``e % sync_interval == 0`` and samples with the weights after trainer
-  step ``e - sync_offset`` (rounded down to a published version), waiting for them if
-  needed. ``sync_offset: 0`` is strictly on-policy; ``1`` is one-step-off asynchronous.
-- ``dynamic_by_trainer``: the trainer publishes every ``sync_interval`` steps and marks
-  REQUIRE_SYNC; explorers never wait (after version 0) and take the newest version at
-  their next step boundary.
-- ``dynamic_by_explorer``: every ``sync_interval`` explorer steps an explorer asks for a
-  newer version (``SyncRequest``) and waits (WAITING_SYNC) until the trainer, at its next
-  step boundary, publishes one. The trainer publishes only when asked.
+Versions follow the batch a task belongs to, not an explorer's own step count: the feeder
+stamps every task with its global batch index *b* (its position in the run's task stream
+divided by ``trainer.batch_size``), the trainer trains batch *b* at its step *b + 1* and
+then holds version *b* (or the last one it published before), and whichever explorer takes
+a task of batch *b* samples it as follows (*k* = ``sync_interval``):
+
+- ``fixed``: the trainer publishes every *k* steps; batch *b* is sampled with the weights
+  after trainer step ``b - b % k - sync_offset`` (rounded down to a published version,
+  :func:`batch_version`), waiting for them if needed. ``sync_offset: 0`` is strictly
+  on-policy; ``1`` is one-step-off asynchronous.
+- ``dynamic_by_trainer``: the trainer publishes every *k* steps and marks REQUIRE_SYNC;
+  explorers take the newest version at their next step boundary.
+- ``dynamic_by_explorer``: every *k* explorer steps an explorer asks for a newer version
+  (``SyncRequest``) and waits (WAITING_SYNC) until the trainer, at its next step boundary,
+  publishes one. The trainer publishes only when asked.
+
+**Backpressure**, in every style: batch *b* is never sampled with a version more than
+``max_staleness`` below the one the trainer will hold when it trains *b*
+(:func:`staleness_floor`); an explorer that would be further ahead waits (and, under
+``dynamic_by_explorer``, asks), so no group is made only to be dropped as stale. The fixed
+style's :func:`batch_version` is always above that floor (the config check makes
+``max_staleness >= sync_offset + sync_interval - 1``).
 """
 
 from __future__ import annotations
@@ -22,10 +34,41 @@ from typing import Literal
 Style = Literal["fixed", "dynamic_by_trainer", "dynamic_by_explorer"]
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """The sync settings the rules read (``synchronizer.*`` and ``trainer.max_staleness``)."""
+
+    style: Style = "fixed"
+    sync_interval: int = 1
+    sync_offset: int = 1
+    max_staleness: int = 1
+
+
 def required_version(step: int, sync_interval: int, sync_offset: int) -> int:
-    """Version explorer step ``step`` samples with under the fixed style."""
+    """The fixed style's version for position ``step``: ``step - sync_offset`` rounded
+    down to a multiple of ``sync_interval`` (the trainer publishes every interval)."""
     wanted = max(0, step - sync_offset)
     return wanted - wanted % sync_interval
+
+
+def batch_version(batch: int, sync_interval: int, sync_offset: int) -> int:
+    """Version the fixed style samples batch ``batch`` with: the one required at the first
+    batch of its sync interval, so every batch of an interval uses the same weights."""
+    return required_version(batch - batch % sync_interval, sync_interval, sync_offset)
+
+
+def trainer_version_at(schedule: Schedule, batch: int) -> int:
+    """Highest version the trainer can hold when it trains ``batch`` (at its step
+    ``batch + 1``): the last multiple of the interval under the scheduled styles; the
+    batch itself under ``dynamic_by_explorer``, whose versions come on request."""
+    if schedule.style == "dynamic_by_explorer":
+        return batch
+    return batch - batch % schedule.sync_interval
+
+
+def staleness_floor(schedule: Schedule, batch: int) -> int:
+    """Lowest version ``batch`` may be sampled with and still be trained (backpressure)."""
+    return max(0, trainer_version_at(schedule, batch) - schedule.max_staleness)
 
 
 def is_sync_point(step: int, sync_interval: int) -> bool:
@@ -34,7 +77,7 @@ def is_sync_point(step: int, sync_interval: int) -> bool:
 
 @dataclass(frozen=True)
 class ExplorerSync:
-    """What an explorer does before step ``step``."""
+    """What an explorer does before it samples a batch."""
 
     request: int | None = None
     """Send a SyncRequest for a version >= this (dynamic_by_explorer)."""
@@ -46,24 +89,24 @@ class ExplorerSync:
     """Whether to apply a version at all at this boundary."""
 
 
-def explorer_sync(
-    style: Style, step: int, current: int, sync_interval: int, sync_offset: int
-) -> ExplorerSync:
-    if current < 0:  # no weights yet: everyone waits for the first version
-        target = required_version(step, sync_interval, sync_offset) if style == "fixed" else None
-        return ExplorerSync(wait_for=target or 0, target=target)
-    if style == "fixed":
-        if not is_sync_point(step, sync_interval):
-            return ExplorerSync(apply=False)
-        need = required_version(step, sync_interval, sync_offset)
+def explorer_sync(schedule: Schedule, batch: int, step: int, current: int) -> ExplorerSync:
+    """The plan before sampling tasks of ``batch`` at explorer step ``step`` with version
+    ``current`` held (-1: none yet)."""
+    floor = staleness_floor(schedule, batch)
+    if schedule.style == "fixed":
+        need = batch_version(batch, schedule.sync_interval, schedule.sync_offset)
         return ExplorerSync(wait_for=need, target=need, apply=need > current)
-    if style == "dynamic_by_trainer":
-        return ExplorerSync()
-    if style == "dynamic_by_explorer":
-        if step > 0 and is_sync_point(step, sync_interval):
-            return ExplorerSync(request=current + 1, wait_for=current + 1)
-        return ExplorerSync(apply=False)
-    raise ValueError(f"unknown sync style {style!r}")
+    if current < 0:  # no weights yet
+        return ExplorerSync(wait_for=floor)
+    if schedule.style == "dynamic_by_trainer":
+        return ExplorerSync(wait_for=floor if floor > current else None)
+    if schedule.style == "dynamic_by_explorer":
+        asked = step > 0 and is_sync_point(step, schedule.sync_interval)
+        want = max(current + 1 if asked else -1, floor if floor > current else -1)
+        if want < 0:
+            return ExplorerSync(apply=False)
+        return ExplorerSync(request=want, wait_for=want)
+    raise ValueError(f"unknown sync style {schedule.style!r}")
 
 
 def choose_version(
@@ -73,8 +116,8 @@ def choose_version(
 
     A ``target`` is honoured when it is announced (or, after versions jumped on a trainer
     resume, the first one above it) and still within ``max_staleness`` of the newest;
-    otherwise (an explorer far behind a trainer fed by many explorers) the newest wins,
-    so its experiences are not all dropped as stale.
+    otherwise (the trainer ran ahead of the batch, e.g. on experiences an application
+    published) the newest wins, so the experiences are not all dropped as stale.
     """
     if not plan.apply or not announced:
         return None

@@ -26,6 +26,7 @@ FIXED_ON_RESUME = (
     "taskset.path",
     "taskset.id_key",
     "taskset.shuffle",
+    "trainer.batch_size",  # the feeder stamps batches of this many tasks (Task.batch)
     "trainer.algorithm",
     "trainer.advantage_fn",
     "trainer.policy_loss_fn",

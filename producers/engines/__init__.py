@@ -1,9 +1,11 @@
 """Rollout engines behind one interface, chosen by ``explorer.engine``.
 
-An engine is a factory ``(model, tokenizer) -> RolloutEngine`` registered in
-:data:`ENGINES`; adding one is a module here and a line in that dict. The transformers
-engine is the CPU path (and works on a GPU); vLLM is an optional GPU engine (not part of
-this build: selecting it raises an ImportError that says what to do).
+An engine is a factory ``(model, tokenizer, explorer_cfg) -> RolloutEngine`` registered
+in :data:`ENGINES`; adding one is a module here and a line in that dict (its options are
+``explorer.*`` fields). The transformers engine is the CPU path (and works on a GPU); vLLM
+is an optional GPU engine (not part of this build: selecting it raises an ImportError that
+says what to do); the simulated engine runs no model (random tokens at a fixed cost per
+token, for benches).
 """
 
 from __future__ import annotations
@@ -12,17 +14,23 @@ from collections.abc import Callable
 
 import torch
 
+from streamrft.infra.config import ExplorerConfig
 from streamrft.producers.engines.base import Rollout, RolloutEngine
-from streamrft.producers.engines.transformers_engine import TransformersEngine
+from streamrft.producers.engines.simulated import SimulatedEngine, make_simulated_engine
+from streamrft.producers.engines.transformers_engine import (
+    TransformersEngine,
+    make_transformers_engine,
+)
 from streamrft.producers.engines.vllm_engine import make_vllm_engine
 from streamrft.schemas.errors import ConfigError
 
-EngineFactory = Callable[[torch.nn.Module, object], RolloutEngine]
-"""``(model, tokenizer) -> engine``."""
+EngineFactory = Callable[[torch.nn.Module, object, ExplorerConfig], RolloutEngine]
+"""``(model, tokenizer, explorer_cfg) -> engine``."""
 
 ENGINES: dict[str, EngineFactory] = {
-    "transformers": TransformersEngine,
+    "transformers": make_transformers_engine,
     "vllm": make_vllm_engine,
+    "simulated": make_simulated_engine,
 }
 """``explorer.engine`` name -> factory."""
 
@@ -31,6 +39,7 @@ __all__ = [
     "EngineFactory",
     "Rollout",
     "RolloutEngine",
+    "SimulatedEngine",
     "TransformersEngine",
     "check_engine",
     "make_engine",
@@ -47,6 +56,7 @@ def check_engine(name: str) -> EngineFactory:
         ) from None
 
 
-def make_engine(name: str, model: torch.nn.Module, tokenizer) -> RolloutEngine:
-    """The engine ``explorer.engine`` names, around ``model``."""
-    return check_engine(name)(model, tokenizer)
+def make_engine(name: str, model: torch.nn.Module, tokenizer, cfg: ExplorerConfig) -> RolloutEngine:
+    """The engine ``explorer.engine`` names, around ``model``, with its options from ``cfg``
+    (the ``explorer`` section)."""
+    return check_engine(name)(model, tokenizer, cfg)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from streamrft.infra.config import ExplorerConfig
 from streamrft.producers.engines.base import Rollout
 from streamrft.producers.sampling import sample
 
@@ -69,3 +70,10 @@ class TransformersEngine:
             )
             for i in range(len(prompts))
         ]
+
+
+def make_transformers_engine(
+    model: torch.nn.Module, tokenizer, cfg: ExplorerConfig
+) -> TransformersEngine:
+    """The ``transformers`` engine (it has no ``explorer.*`` options)."""
+    return TransformersEngine(model, tokenizer)

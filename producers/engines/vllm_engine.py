@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from streamrft.infra.config import ExplorerConfig
 from streamrft.producers.engines.base import RolloutEngine
 
 
-def make_vllm_engine(model: torch.nn.Module, tokenizer) -> RolloutEngine:
+def make_vllm_engine(model: torch.nn.Module, tokenizer, cfg: ExplorerConfig) -> RolloutEngine:
     try:
         import vllm  # noqa: F401
     except ImportError as exc:

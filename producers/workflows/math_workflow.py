@@ -48,6 +48,7 @@ def _group(
         workflow=task.workflow,
         epoch=task.epoch,
         explorer_step=spec.explorer_step,
+        batch=task.batch,
     )
 
 

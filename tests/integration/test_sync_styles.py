@@ -4,6 +4,7 @@ read back from the experiences, status and control topics, follow the style's ru
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 from collections import defaultdict
 
@@ -96,17 +97,29 @@ def test_dynamic_by_explorer_syncs_only_when_asked(services, make_config, tmp_pa
     versions, control, status = _read(make_config, run_id)
     requests = [ev for ev in control if isinstance(ev, SyncRequest)]
     published = [ev for ev in control if isinstance(ev, ModelVersionReady)]
-    # the explorer asks at steps 3, 6, 9 and each time moves to a newer version
+
+    # the explorer asks at steps 3, 6, 9, each time for a newer version, and in between
+    # only when batch e would otherwise be sampled more than max_staleness (3) versions
+    # below the one it is trained with (at most e): the backpressure
+    def request_at(e: int) -> int | None:
+        """The version step e asks for, given the version the step before it used."""
+        floor = e - 3
+        if e % 3 == 0:
+            return max(versions[e - 1] + 1, floor)
+        return floor if versions[e - 1] < floor else None
+
+    # the step after the last one seen may have asked too (see below)
+    asked = [r for e in range(1, len(versions) + 1) if (r := request_at(e)) is not None]
     for e in range(1, len(versions)):
-        if e % 3:
-            assert versions[e] == versions[e - 1], versions
+        assert e - 3 <= versions[e] <= e, versions  # never further ahead than allowed
+        wanted = request_at(e)
+        if wanted is None:
+            assert versions[e] == versions[e - 1], (e, versions)
         else:
-            assert versions[e] > versions[e - 1], versions
-        assert versions[e] <= e
+            assert versions[e] >= wanted, (e, versions)
     assert versions[0] == 0
-    # one request per sync point; the last step's request may be sent as the run ends,
-    # before any of that step's groups reach the topic (then the trainer may not answer)
-    asked = [versions[e - 1] + 1 for e in range(3, len(versions) + 1, 3)]
+    # one request per step that asks; the step after the last one seen may have sent its
+    # request as the run ended, before any of its groups reached the topic
     assert len(asked) - 1 <= len(requests) <= len(asked)
     assert [r.min_version for r in requests] == asked[: len(requests)]
     # the trainer published only when asked: version 0, one per request, and none unasked
@@ -114,7 +127,9 @@ def test_dynamic_by_explorer_syncs_only_when_asked(services, make_config, tmp_pa
     assert any(s.component == "explorer-0" and s.state == RunState.WAITING_SYNC for s in status)
 
 
-def test_dynamic_by_trainer_explorer_never_waits_after_v0(services, make_config, tmp_path):
+def test_dynamic_by_trainer_explorer_waits_only_for_v0_or_when_too_far_ahead(
+    services, make_config, tmp_path
+):
     run_id = _run(services, tmp_path, "dynamic_by_trainer", interval=2, offset=0, staleness=4)
     versions, control, status = _read(make_config, run_id)
     published = sorted(ev.version for ev in control if isinstance(ev, ModelVersionReady))
@@ -126,5 +141,14 @@ def test_dynamic_by_trainer_explorer_never_waits_after_v0(services, make_config,
         {s.version for s in status if s.component == "trainer" and s.state == RunState.REQUIRE_SYNC}
     )
     assert marks == published[1:]
+    # the explorer waits only for version 0, or when it is so far ahead of the trainer that
+    # its batch would be dropped as stale (the backpressure): batch b is trained with
+    # version b - b % 2, so it needs one >= b - b % 2 - 4
     waits = [s for s in status if s.component == "explorer-0" and s.state == RunState.WAITING_SYNC]
-    assert all("needs version >= 0" in s.detail for s in waits)
+    assert waits
+    for wait in waits:
+        batch, need = map(
+            int, re.fullmatch(r"batch (\d+) needs version >= (\d+)", wait.detail).groups()
+        )
+        assert need == max(0, batch - batch % 2 - 4), wait.detail
+    assert all(v >= e - e % 2 - 4 for e, v in enumerate(versions)), versions

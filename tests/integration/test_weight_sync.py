@@ -11,6 +11,7 @@ import torch
 
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.schemas import IntegrityError, ModelVersionReady, decode_manifest
+from streamrft.sync.follower import Synced
 from streamrft.sync.object_store import ObjectStoreLoader, ObjectStorePublisher, parse_uri
 from streamrft.sync.weights import apply_state_dict, unique_state_dict
 
@@ -101,7 +102,7 @@ def test_explorer_applies_good_version_and_stays_on_it_when_next_is_tampered(mak
         async with explorer_and_trainer_sender(cfg) as (explorer, trainer):
             good = publisher.publish(unique_state_dict(src), 0, 0)
             await trainer.control(good)
-            assert await explorer.follower.sync_point(0)
+            assert await explorer.follower.sync_point(0, 0) is Synced.READY
             assert explorer.follower.version == 0
             applied = {k: v.clone() for k, v in explorer.engine.model.state_dict().items()}
             with torch.no_grad():
@@ -111,7 +112,7 @@ def test_explorer_applies_good_version_and_stays_on_it_when_next_is_tampered(mak
             _tamper(cfg, bad)
             await trainer.control(bad)
             await _announced(explorer, 1)
-            assert await explorer.follower.sync_point(1)
+            assert await explorer.follower.sync_point(1, 1) is Synced.READY
             return explorer, applied
 
     explorer, applied = asyncio.run(scenario())
@@ -153,12 +154,12 @@ def test_lora_explorer_builds_base_then_applies_adapter_and_rejects_a_tampered_o
     async def scenario():
         async with explorer_and_trainer_sender(cfg) as (explorer, trainer):
             await trainer.control(publisher.publish(unique_state_dict(src), 0, 0))
-            assert await explorer.follower.sync_point(0)
+            assert await explorer.follower.sync_point(0, 0) is Synced.READY
             v1 = adapter_event(1)
             assert v1.bytes < 100_000
             await trainer.control(v1)
             await _announced(explorer, 1)
-            assert await explorer.follower.sync_point(1)
+            assert await explorer.follower.sync_point(1, 1) is Synced.READY
             good = {k: v.clone() for k, v in explorer.engine.model.state_dict().items()}
             for name, tensor in src.state_dict().items():
                 assert torch.equal(tensor, good[name]), name  # base + adapter equal the trainer's
@@ -166,7 +167,7 @@ def test_lora_explorer_builds_base_then_applies_adapter_and_rejects_a_tampered_o
             _tamper(cfg, bad)
             await trainer.control(bad)
             await _announced(explorer, 2)
-            assert await explorer.follower.sync_point(2)
+            assert await explorer.follower.sync_point(2, 2) is Synced.READY
             return explorer, good
 
     explorer, good = asyncio.run(scenario())

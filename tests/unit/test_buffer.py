@@ -22,11 +22,52 @@ P1 = ("run.experiences", 1)
 
 
 def group(
-    gid: str, version: int = 0, n: int = 2, exp_ids: list[str] | None = None
+    gid: str, version: int = 0, n: int = 2, exp_ids: list[str] | None = None, batch: int = -1
 ) -> ExperienceGroup:
-    """A group whose id is ``gid`` (experience ids ``<gid>#<i>``): the buffer reads ids and
-    versions only."""
-    return make_group("run", gid, version, n, group_id=gid, exp_ids=exp_ids)
+    """A group whose id is ``gid`` (experience ids ``<gid>#<i>``): the buffer reads ids,
+    versions and batch indices only."""
+    return make_group("run", gid, version, n, group_id=gid, exp_ids=exp_ids, batch=batch)
+
+
+def test_batches_go_in_order_and_wait_for_their_stragglers():
+    """Two explorers share batches of 4: the fast one's half of batch 1 arrives before
+    the slow one's half of batch 0; the step waits for batch 0 whole, then batch 1."""
+    buf = ExperienceBuffer(max_staleness=1)
+    arrivals = [("a0", 0), ("a1", 0), ("a2", 1), ("a3", 1), ("b0", 0)]
+    for offset, (gid, batch) in enumerate(arrivals):
+        buf.offer(group(gid, batch=batch), P0, offset)
+    assert len(buf) == 5 and buf.waiting_for() == 0
+    assert buf.take(4) is None  # 3 of batch 0 arrived: one is still being explored
+    buf.offer(group("b1", batch=0), P1, 0)
+    assert [g.id for g in buf.take(4)] == ["a0", "a1", "b0", "b1"]
+    assert buf.waiting_for() == 1 and buf.take(4) is None
+    for offset, gid in enumerate(["b2", "b3"], start=1):
+        buf.offer(group(gid, batch=1), P1, offset)
+    assert [g.id for g in buf.take(4)] == ["a2", "a3", "b2", "b3"]
+
+
+def test_a_forced_take_trains_the_oldest_groups_of_an_incomplete_batch():
+    buf = ExperienceBuffer(max_staleness=1)
+    for offset, (gid, batch) in enumerate([("x", 2), ("a", 0), ("y", 2), ("b", 1), ("z", 2)]):
+        buf.offer(group(gid, batch=batch), P0, offset)
+    assert buf.take(3) is None  # batch 0 has 1 of 3
+    assert [g.id for g in buf.take(3, force=True)] == ["a", "b", "x"]
+    # duplicates and stale drops: a duplicate does not count as an arrival
+    buf.offer(group("a", batch=0), P0, 9)
+    assert buf.arrived == {0: 1, 1: 1, 2: 3}
+    assert [g.id for g in buf.take(2)] == ["y", "z"]  # batch 2 complete (3 of 2 needed)
+
+
+def test_groups_without_a_batch_go_first_and_wait_for_nothing():
+    buf = ExperienceBuffer(max_staleness=1)
+    buf.offer(group("s0", batch=0), P0, 0)
+    buf.offer(group("app1"), P0, 1)
+    buf.offer(group("app2"), P0, 2)
+    assert [g.id for g in buf.take(2)] == ["app1", "app2"]  # batch 0 is incomplete
+    buf.offer(group("app3"), P0, 3)
+    assert buf.take(2) is None  # app3 and s0: batch 0 still has 1 of 2
+    buf.offer(group("s1", batch=0), P1, 0)
+    assert [g.id for g in buf.take(2)] == ["app3", "s0"]
 
 
 def test_offer_and_dedup_by_experience_id():

@@ -7,9 +7,10 @@ import importlib.util
 import pytest
 import torch
 
-from streamrft.infra.config import ModelConfig, from_dict
+from streamrft.infra.config import ExplorerConfig, ModelConfig, from_dict
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.producers.engines import ENGINES, TransformersEngine, check_engine, make_engine
+from streamrft.producers.engines.transformers_engine import make_transformers_engine
 from streamrft.producers.rewards import REWARDS, exact_match, get_reward, last_number
 from streamrft.producers.workflows import (
     WORKFLOWS,
@@ -27,6 +28,7 @@ torch.set_num_threads(1)
 
 EXAMPLE = "tests.helpers.rewards_example"
 TASKS = [Task(id="a", prompt="3+5=", answer="8"), Task(id="b", prompt="12+30=", answer="42")]
+EXPLORER = ExplorerConfig()
 SPEC = RolloutSpec(
     repeat_times=3,
     temperature=0.9,
@@ -55,7 +57,7 @@ def model(tokenizer):
 
 @pytest.fixture(scope="module")
 def engine(model, tokenizer):
-    return make_engine("transformers", model, tokenizer)
+    return make_engine("transformers", model, tokenizer, EXPLORER)
 
 
 # -- engines ---------------------------------------------------------------------------------
@@ -64,32 +66,33 @@ def engine(model, tokenizer):
 def test_transformers_engine_by_name(engine, model, tokenizer):
     assert isinstance(engine, TransformersEngine)
     assert engine.model is model and engine.tokenizer is tokenizer
-    assert check_engine("transformers") is TransformersEngine
+    assert check_engine("transformers") is make_transformers_engine
 
 
 def test_vllm_is_registered_and_says_what_is_missing(model, tokenizer):
     assert "vllm" in ENGINES
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ImportError, match=r"pip install 'streamrft\[vllm\]'"):
-            make_engine("vllm", model, tokenizer)
+            make_engine("vllm", model, tokenizer, EXPLORER)
     else:
         with pytest.raises(NotImplementedError, match="not built yet"):
-            make_engine("vllm", model, tokenizer)
+            make_engine("vllm", model, tokenizer, EXPLORER)
 
 
 def test_unknown_engine_is_a_config_error_naming_the_field_and_the_engines(model, tokenizer):
     with pytest.raises(
-        ConfigError, match=r"^explorer\.engine: unknown engine 'tgi'; known: transformers, vllm$"
+        ConfigError,
+        match=r"^explorer\.engine: unknown engine 'tgi'; known: transformers, vllm, simulated$",
     ):
-        make_engine("tgi", model, tokenizer)
+        make_engine("tgi", model, tokenizer, EXPLORER)
 
 
 def test_registering_an_engine_is_one_line(monkeypatch, model, tokenizer):
     class Echo(TransformersEngine):
         pass
 
-    monkeypatch.setitem(ENGINES, "echo", Echo)
-    assert type(make_engine("echo", model, tokenizer)) is Echo
+    monkeypatch.setitem(ENGINES, "echo", lambda model, tokenizer, cfg: Echo(model, tokenizer))
+    assert type(make_engine("echo", model, tokenizer, EXPLORER)) is Echo
 
 
 def test_config_takes_any_engine_name_and_leaves_the_check_to_the_explorer():

@@ -32,7 +32,7 @@ def test_changes_that_keep_the_checkpoint_usable_are_allowed(tmp_path):
     (first.run_dir / "config.yaml").write_text(to_yaml(first))
     later = _cfg(
         tmp_path,
-        trainer={"lr": 1e-4, "max_steps": 500, "batch_size": 8, "max_staleness": 2},
+        trainer={"lr": 1e-4, "max_steps": 500, "ppo_epochs": 3, "max_staleness": 2},
         explorer={"count": 3},
         synchronizer={"sync_interval": 2, "sync_offset": 1},
     )
@@ -46,6 +46,8 @@ def test_changes_that_keep_the_checkpoint_usable_are_allowed(tmp_path):
         ("model", {"lora": {"enabled": True}}, "model.lora.enabled"),
         ("kafka", {"partitions": 8}, "kafka.partitions"),
         ("run", {"seed": 7}, "run.seed"),
+        # the feeder stamps batches of trainer.batch_size tasks; the trainer waits for them
+        ("trainer", {"batch_size": 8}, "trainer.batch_size"),
         ("taskset", {"shuffle": False}, "taskset.shuffle"),
         ("object_store", {"bucket": "other-bucket"}, "object_store.bucket"),
     ],
