@@ -144,7 +144,11 @@ def test_dynamic_by_trainer_explorer_waits_only_for_v0_or_when_too_far_ahead(
     # the explorer waits only for version 0, or when it is so far ahead of the trainer that
     # its batch would be dropped as stale (the backpressure): batch b is trained with
     # version b - b % 2, so it needs one >= b - b % 2 - 4
-    waits = [s for s in status if s.component == "explorer-0" and s.state == RunState.WAITING_SYNC]
+    waits = [
+        s
+        for s in status
+        if s.component == "explorer-0" and s.state == RunState.WAITING_SYNC and s.detail
+    ]  # heartbeats while waiting repeat the state without a detail
     assert waits
     for wait in waits:
         batch, need = map(
