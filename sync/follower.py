@@ -180,6 +180,7 @@ class WeightFollower:
             return Synced.READY
         if moved():
             self.counters.add("sync_waits_retaken")
+            log.info("%s: tasks partitions moved while waiting; taking tasks again", self.name)
             return Synced.RETAKE
         self.counters.add("sync_waits_cut")  # the cut: sample with the newest version
         log.warning(
