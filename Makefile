@@ -48,6 +48,7 @@ bench: setup
 	OMP_NUM_THREADS=1 $(BIN)/python bench/experience_path.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/weight_sync.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/reliability.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/scale_explorers.py
 
 infra-up: setup
 	$(BIN)/streamrft infra up
