@@ -96,6 +96,9 @@ class ExperienceBuffer:
     stale_dropped: int = 0
     arrived: dict[int, int] = field(default_factory=dict)
     """Per batch index: groups that arrived (not duplicates), trained, dropped or buffered."""
+    trained_through: int = -1
+    """Highest batch index trained so far: an older batch still buffered is the rest of a
+    batch trained in part (a forced step, a restart), and waits for nothing more."""
     _seq: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -141,11 +144,17 @@ class ExperienceBuffer:
             return None
         chosen = sorted(self.queue, key=lambda item: item.order)[:n]
         oldest = min((i.group.batch for i in chosen if i.group.batch >= 0), default=None)
-        if oldest is not None and self.arrived.get(oldest, 0) < n and not force:
+        if not force and oldest is not None and not self.complete(oldest, n):
             return None
         taken = {id(item) for item in chosen}
         self.queue = deque(item for item in self.queue if id(item) not in taken)
+        self.trained_through = max([self.trained_through] + [i.group.batch for i in chosen])
         return [item.group for item in chosen]
+
+    def complete(self, batch: int, n: int) -> bool:
+        """Whether nothing more of ``batch`` is worth waiting for: ``n`` of its groups
+        arrived, or a later batch was trained already."""
+        return self.arrived.get(batch, 0) >= n or batch < self.trained_through
 
     def waiting_for(self) -> int | None:
         """The oldest batch buffered (None: none stamped), the one a step waits on."""
@@ -178,6 +187,7 @@ class ExperienceBuffer:
             counters=dict(counters),
             duplicates_dropped=self.duplicates_dropped,
             stale_dropped=self.stale_dropped,
+            trained_through=self.trained_through,
         )
 
     def restore(self, state: TrainerState) -> None:
@@ -191,3 +201,4 @@ class ExperienceBuffer:
         self.next_offsets = state.resume_offsets()
         self.duplicates_dropped = state.duplicates_dropped
         self.stale_dropped = state.stale_dropped
+        self.trained_through = state.trained_through

@@ -76,6 +76,8 @@ class ExperienceIntake:
         self.consumer: Any = None  # made in start(), inside the event loop
         self.starved = False
         """The trainer has had no experience for :data:`STARVED_AFTER_S` (on its status)."""
+        self._progress: tuple[int | None, int, float] = (None, 0, 0.0)
+        """(oldest batch buffered, groups of it arrived, when that last changed)."""
 
     async def start(self, resume_offsets: dict[tuple[str, int], int]) -> None:
         """Join the trainer's group; partitions restored from a checkpoint start at its
@@ -110,7 +112,7 @@ class ExperienceIntake:
             dropped = self.buffer.drop_stale(now)
             if dropped:
                 log.info("trainer: dropped %d stale groups (version %d)", len(dropped), now)
-            groups = self._take(n, loop.time() - last_data)
+            groups = self._take(n, loop.time())
             if groups is not None:
                 return groups
             if not self.starved and loop.time() - last_data > STARVED_AFTER_S:
@@ -130,22 +132,28 @@ class ExperienceIntake:
                 return None
         return None
 
-    def _take(self, n: int, quiet_s: float) -> list[ExperienceGroup] | None:
-        """A batch in batch order; after ``trainer.batch_wait_s`` without any record, the
-        oldest groups buffered even though their batch is incomplete (counter
-        ``batches_forced``: a task was lost or dead-lettered, or an explorer is slower
-        than the wait)."""
+    def _take(self, n: int, now: float) -> list[ExperienceGroup] | None:
+        """A batch in batch order; when no group of the oldest batch arrived for
+        ``trainer.batch_wait_s``, the oldest groups buffered even though that batch is
+        incomplete (counter ``batches_forced``: a task was lost or dead-lettered, or an
+        explorer is slower than the wait)."""
         groups = self.buffer.take(n)
-        if groups is None and quiet_s > self.cfg.trainer.batch_wait_s:
-            waited = self.buffer.waiting_for()
+        oldest = self.buffer.waiting_for()
+        progress = (oldest, self.buffer.arrived.get(oldest, 0) if oldest is not None else 0)
+        if progress != self._progress[:2]:
+            self._progress = (*progress, now)
+        stuck_s = now - self._progress[2]
+        if groups is None and oldest is not None and stuck_s > self.cfg.trainer.batch_wait_s:
             groups = self.buffer.take(n, force=True)
             if groups is not None:
                 self.counters.add("batches_forced")
                 log.warning(
-                    "trainer: batch %s still incomplete after %.0fs without experiences; "
-                    "training the oldest groups buffered",
-                    waited,
-                    quiet_s,
+                    "trainer: batch %d has had %d of %d groups for %.0fs; training the "
+                    "oldest groups buffered",
+                    oldest,
+                    progress[1],
+                    n,
+                    stuck_s,
                 )
         return groups
 

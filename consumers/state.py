@@ -63,6 +63,8 @@ class TrainerState(msgspec.Struct, kw_only=True, frozen=True):
     """Groups dropped because one of their experience ids was already seen."""
     stale_dropped: int = 0
     """Groups dropped for being more than ``trainer.max_staleness`` versions behind."""
+    trained_through: int = -1
+    """Highest batch index (:attr:`ExperienceGroup.batch`) trained so far (-1: none)."""
 
     def resume_offsets(self) -> dict[tuple[str, int], int]:
         """``{(topic, partition): offset}``: where the restart seeks each partition."""

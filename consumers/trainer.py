@@ -68,6 +68,15 @@ class Trainer:
     def _position(self) -> Position:
         return Position(step=self.step, version=self.version, starved=self.intake.starved)
 
+    @property
+    def clock(self) -> int:
+        """Where the run is, in steps: the step count, or one past the highest batch trained
+        when that is further (after a restart the trainer goes on from the batches the
+        explorers reached, not from its checkpoint's step). Versions are numbered by it
+        and the sync schedule follows it, so a batch's version stays ``batch -
+        sync_offset`` (:mod:`streamrft.sync.styles`)."""
+        return max(self.step, self.buffer.trained_through + 1)
+
     # -- the loop ----------------------------------------------------------------------------
     async def run(self) -> None:
         install_stop_handlers(self.stop, "trainer")
@@ -135,6 +144,8 @@ class Trainer:
         """One engine step; its metrics with staleness and the ledger of groups trained."""
         t0 = time.perf_counter()
         values = await asyncio.to_thread(self.engine.train_step, groups)
+        assert self.publisher is not None
+        self.publisher.stepped()
         staleness = [self.version - g.model_version for g in groups]
         self.step += 1
         self.counters.add("groups_trained", len(groups))
@@ -198,21 +209,27 @@ class Trainer:
         """Publish at a step boundary when the sync style says so (and answer requests)."""
         sync = self.cfg.synchronizer
         pending = self.view.requests_above(self.version)
-        if self.step <= self.version or not trainer_publishes(
-            sync.style, self.step, sync.sync_interval, len(pending)
+        clock = self.clock
+        if clock <= self.version or not trainer_publishes(
+            sync.style, clock, sync.sync_interval, len(pending)
         ):
             return False
         assert self.publisher is not None
-        await self.publisher.publish(self.step)
+        await self.publisher.publish(self.step, clock)
         if sync.style == "dynamic_by_trainer":
             await self.events.status(RunState.REQUIRE_SYNC, f"version {self.version} ready")
         return True
 
     async def _answer_requests(self) -> None:
-        """While waiting for data: an explorer that waits on a version waits on us."""
+        """While waiting for data: an explorer that waits on a version waits on us (it
+        asked for one, or cannot load the one out: it joined after its broadcast)."""
         self.view.check()
         if self.view.requests_above(self.version):
             await self.maybe_publish()
+        assert self.publisher is not None
+        waiting = self.view.waiting_peers(3 * HEARTBEAT_S)
+        if waiting:
+            await self.publisher.reach(waiting)
 
     # -- evaluation and checkpoints ----------------------------------------------------------
     async def evaluate(self) -> None:

@@ -354,6 +354,24 @@ class ControlView:
             ev is not None and ev.starved and ev.state != RunState.STOPPED and ev.created_at > since
         )
 
+    def waiting_peers(self, within_s: float) -> list[str]:
+        """Explorers heard from within ``within_s`` seconds that say they wait for a version."""
+        return [
+            name
+            for name in self.live_peers("explorer", within_s)
+            if self._peers[name].state == RunState.WAITING_SYNC
+        ]
+
+    def exploring_peers(self, within_s: float) -> list[str]:
+        """Explorers heard from within ``within_s`` seconds that say they are RUNNING and
+        hold tasks partitions: the ones that may still publish experiences."""
+        return [
+            name
+            for name in self.live_peers("explorer", within_s)
+            if self._peers[name].state == RunState.RUNNING
+            and self._peers[name].counters.get("tasks_partitions", 0) > 0
+        ]
+
     def live_peers(self, role: str, within_s: float) -> list[str]:
         """Components of ``role`` heard from within ``within_s`` seconds and not STOPPED."""
         now = time.monotonic()

@@ -278,12 +278,12 @@ class TrainerConfig(_Section):
     """Drop groups whose version is more than this many versions behind the trainer's.
     Explorers never run further ahead than this allows: they wait (WAITING_SYNC) instead."""
     batch_wait_s: PosF = 120.0
-    """Longest wait for the rest of the oldest batch: the trainer trains batches in order
-    (a step takes the groups of the oldest batch, and waits while some of its groups are
-    still being explored) until no group arrived for this long with a step's worth buffered;
-    then it trains the oldest groups it has. Also how long a trainer that starves for
-    experiences makes a waiting explorer wait before it samples with the version it has.
-    Raise it above the longest rollout of one explorer step."""
+    """Longest wait for the rest of the oldest batch. The trainer trains batches in order:
+    a step takes the groups of the oldest batch and waits while some are still being
+    explored. When no group of that batch arrived for this long (a task dead-lettered, an
+    explorer far slower than the others), it trains the oldest groups it has (counter
+    ``batches_forced``); the late ones may then be dropped as stale. Keep it above the
+    longest rollout of one explorer step."""
     max_steps: NonNeg = 200
     """Training steps of the run (0: until the experience stream ends)."""
     save_interval: NonNeg = 50

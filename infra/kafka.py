@@ -209,6 +209,25 @@ class TaskConsumer:
     async def commit(self, offsets: dict) -> None:
         await self._consumer.commit(offsets)
 
+    def unread(self) -> set[int]:
+        """Partitions held and fetched (not held back) that may have records this member
+        has not been given yet: no fetch answer since the assignment (position or
+        high-water mark unknown), or the position below the high-water mark. Read from
+        aiokafka's subscription state, which has no public accessor for it."""
+        assignment = self._consumer._subscription.subscription
+        assignment = assignment.assignment if assignment is not None else None
+        if assignment is None:
+            return set()
+        out = set()
+        for tp in self._consumer.assignment():
+            state = assignment.state_value(tp)
+            if state is None or state.paused:
+                continue
+            known = state.highwater is not None and state.has_valid_position
+            if not known or state.position < state.highwater:
+                out.add(tp.partition)
+        return out
+
     def hold_back(self, partitions: Collection[int]) -> None:
         """Fetch nothing from ``partitions`` of the topic until the next call; fetch every
         other partition this member holds. Records fetched but not yet returned from a

@@ -20,6 +20,7 @@ import secrets
 import time
 from typing import Any
 
+import msgspec
 import torch
 
 from streamrft.infra import kafka
@@ -102,10 +103,11 @@ class Explorer:
     async def _loop(self) -> None:
         max_steps = self.cfg.explorer.max_steps
         while not self._stopping() and not (max_steps and self.step >= max_steps):
+            assignments = self.intake.assignments  # a rebalance from here on: take again
             taken = await self.intake.take(
                 self.cfg.explorer.batch_size, self._stopping, self.follower.broadcast_pending
             )
-            synced = await self._sync(taken)
+            synced = await self._sync(taken, assignments)
             if synced is Synced.STOP:
                 break
             if synced is Synced.RETAKE:
@@ -115,16 +117,16 @@ class Explorer:
             else:  # nothing to explore: commit past what was dead-lettered
                 await self.intake.commit()
 
-    async def _sync(self, taken: Taken) -> Synced:
+    async def _sync(self, taken: Taken, assignments: int) -> Synced:
         """The sync point before sampling ``taken`` (its batch; the explorer's own step for
         unstamped tasks), or, with no tasks, only a broadcast group waiting for this
-        explorer. Ends early (RETAKE) when the partitions move while it waits."""
+        explorer. Ends early (RETAKE) when it has to wait and the partitions moved since
+        the take began (``assignments``: the intake's count then)."""
         if not taken.tasks:
             if not self.follower.broadcast_pending():
                 return Synced.READY
             return await self.follower.sync_point(None, self.step)
         batch = taken.batch if taken.batch != UNSTAMPED else self.step
-        assignments = self.intake.assignments
         return await self.follower.sync_point(
             batch, self.step, lambda: self.intake.assignments != assignments
         )
@@ -159,7 +161,9 @@ class Explorer:
                 explorer_step=self.step,
             )
             groups += get_workflow(name)(self.engine, batch, self.reward, spec)
-        return groups
+        # every group carries its task's batch, whatever the workflow filled in
+        batches = {task.id: task.batch for task in tasks}
+        return [msgspec.structs.replace(g, batch=batches[g.task_id]) for g in groups]
 
     async def publish(self, groups: list[ExperienceGroup]) -> None:
         """Publish a step's groups (acks=all), all of them again after a broker outage. A

@@ -40,7 +40,10 @@ from streamrft.schemas.topics import TopicNames
 log = logging.getLogger(__name__)
 
 IDLE_RETURN_S = 1.0
-"""A take that has some tasks returns them after the topic stayed idle this long."""
+"""A take that has some tasks returns them after the topic stayed idle this long, once no
+partition it holds may still have unread records (a fresh assignment is still fetching)."""
+UNREAD_GRACE_S = 10.0
+"""... or after this long idle, whatever the partitions say."""
 
 
 def tasks_group(topics: TopicNames) -> str:
@@ -178,9 +181,17 @@ class TaskIntake:
                 await self._read(rec)
             if records:
                 idle_since = time.monotonic()
-            elif low is not None and time.monotonic() - idle_since > IDLE_RETURN_S:
+            elif low is not None and self._idle_enough(time.monotonic() - idle_since):
                 break
         return self._hand_out(n)
+
+    def _idle_enough(self, idle_s: float) -> bool:
+        """Hand out a partial share: the topic was idle :data:`IDLE_RETURN_S` and nothing
+        held may still hold unread tasks (a partition just assigned may hold an older
+        batch), or it was idle :data:`UNREAD_GRACE_S`."""
+        if idle_s > UNREAD_GRACE_S:
+            return True
+        return idle_s > IDLE_RETURN_S and not self.consumer.unread()
 
     def _hand_out(self, n: int) -> Taken:
         low = self.lowest()
@@ -201,8 +212,11 @@ class TaskIntake:
         explorer waited); those of partitions it no longer holds are dropped (their new
         holder has them)."""
         held = set(self.partitions)
-        back = [p for p in taken.items if p.tp.partition in held]
-        self.backlog = sorted(back + self.backlog, key=lambda p: (p.tp.partition, p.offset))
+        items = {(p.tp.partition, p.offset): p for p in taken.items if p.tp.partition in held}
+        items.update({(p.tp.partition, p.offset): p for p in self.backlog})  # read again
+        self.backlog = [items[key] for key in sorted(items)]
+        for part, offset in items:
+            self.read_to[part] = max(self.read_to.get(part, 0), offset + 1)
 
     async def _read(self, rec: Record) -> None:
         part = rec.partition
@@ -227,7 +241,8 @@ class TaskIntake:
         oldest task still in the backlog, else the offset after the last read)."""
         offsets = dict(self.read_to)
         for p in self.backlog:
-            offsets[p.tp.partition] = min(offsets[p.tp.partition], p.offset)
+            part = p.tp.partition
+            offsets[part] = min(offsets.get(part, p.offset), p.offset)
         return offsets
 
     async def commit(self) -> None:

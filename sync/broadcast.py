@@ -100,6 +100,14 @@ class BroadcastSender(WeightSender):
         self.ctx.counters.add("versions_broadcast")
         return event
 
+    def reaches(self, explorer: str) -> bool:
+        return not self._members or explorer in self._members
+
+    async def resend(self, make: MakePayload, announce: Announce) -> ModelVersionReady | None:
+        """The last version through the object store (an explorer that joined after its
+        broadcast waits for it)."""
+        return await self.fallback.send(lambda _full: make(True), announce)
+
     def close(self) -> None:
         self.collective.close()
 

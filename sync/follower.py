@@ -11,9 +11,9 @@ them) :meth:`WeightFollower.sync_point` does, in order:
    explorer is ahead of the trainer; this is the backpressure). Two things end a wait
    early: the explorer's tasks partitions moved (:attr:`Synced.RETAKE`: it may now hold
    tasks of an earlier batch, which the version waited for needs), and a trainer that
-   says it starves for experiences ``trainer.batch_wait_s`` after the wait began (the
-   version cannot come until someone explores on: the explorer samples with the newest
-   version it has, counter ``sync_waits_cut``);
+   says it starves for experiences while no other explorer is exploring (the version
+   cannot come until someone explores on: the explorer samples with the newest version
+   it has, counter ``sync_waits_cut``);
 3. **choose** — the version to apply (:func:`~.styles.choose_version`; a newer broadcast
    this explorer is a member of always wins: its group waits for every member);
 4. **apply** — receive it through the transport its event names, verified, and copy it in
@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from streamrft.infra.bus import ControlView, Counters, EventSender
+from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import ServiceError, SyncError
 from streamrft.schemas.events import ModelVersionReady, RunState, SyncRequest
@@ -193,11 +193,13 @@ class WeightFollower:
         return Synced.READY
 
     def _deadlocked(self, waiting_since: float) -> bool:
-        """With weights: the trainer has said, ``trainer.batch_wait_s`` after this explorer
-        began waiting, that it starves for experiences, so the version waited for cannot
-        come until this explorer explores on."""
-        return self.version >= 0 and self.view.peer_starved(
-            "trainer", waiting_since + self.cfg.trainer.batch_wait_s
+        """With weights: the trainer has said, since this explorer began waiting, that it
+        starves for experiences, and no other explorer is exploring (all wait, or none is
+        left), so the version waited for cannot come until this explorer explores on."""
+        return (
+            self.version >= 0
+            and self.view.peer_starved("trainer", waiting_since)
+            and not [p for p in self.view.exploring_peers(3 * HEARTBEAT_S) if p != self.name]
         )
 
     def _choose(self, plan: ExplorerSync) -> ModelVersionReady | None:

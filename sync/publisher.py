@@ -1,6 +1,8 @@
 """The trainer's side of the sync protocol: number a version and hand it to the transport.
 
-Version *v* is the trainer's weights after step *v* (version 0: after the warm-up).
+Version *v* is the trainer's weights after step *v* (version 0: after the warm-up), where
+the step is the trainer's clock: after a restart, one past the highest batch trained
+(``Trainer.clock``), so versions keep following the batches explorers sample.
 Numbers only grow, across a trainer restart too: a resumed trainer may restart from a
 checkpoint older than the last version it announced, so new versions continue above every
 version already on the control topic and a number never names two sets of weights.
@@ -42,21 +44,28 @@ class VersionPublisher:
         self.version = -1
         """The version the trainer's weights are (its last published; -1 before the first)."""
         self._floor = -1
+        self._step = 0
+        self._fresh = False
+        """The model still holds exactly :attr:`version` (no step since it was published)."""
+        self._resent = -1
 
     def resume(self, version: int, floor: int) -> None:
         """After a restore: the checkpoint's version, and the highest one ever announced."""
         self.version = version
         self._floor = floor
 
-    async def publish(self, step: int) -> ModelVersionReady:
-        """Publish the weights after ``step`` as the next version, and announce it."""
+    async def publish(self, step: int, clock: int | None = None) -> ModelVersionReady:
+        """Publish the weights after ``step`` as the next version, and announce it. The
+        number is ``clock`` (default ``step``; see ``Trainer.clock``) unless a version that
+        high was announced already."""
         t0 = time.perf_counter()
-        version = max(step, self._floor + 1, self.version + 1)
+        version = max(step if clock is None else clock, self._floor + 1, self.version + 1)
         self._floor = version
         event = await self.sender.send(
             lambda must_be_full: self.weights.payload(version, step, must_be_full), self.announce
         )
         self.version = event.version
+        self._step, self._fresh = step, True
         self.counters.add("versions_published")
         self.counters.add("publish_seconds", time.perf_counter() - t0)
         log.info(
@@ -66,6 +75,28 @@ class VersionPublisher:
             ", adapter" if event.lora else "",
         )
         return event
+
+    def stepped(self) -> None:
+        """The model changed since the last version (a training step)."""
+        self._fresh = False
+
+    async def reach(self, waiting: list[str]) -> bool:
+        """Send the current version again where every explorer can load it, for explorers
+        in ``waiting`` that cannot load it (``nccl``: not members of the group it went to,
+        e.g. one that joined since and whose first batch needs it), while the model still
+        holds it; once per version. True when it was sent again."""
+        if self.version < 0 or not self._fresh or self._resent == self.version:
+            return False
+        if all(self.sender.reaches(name) for name in waiting):
+            return False
+        self._resent = self.version
+        version, step = self.version, self._step
+        event = await self.sender.resend(
+            lambda full: self.weights.payload(version, step, full), self.announce
+        )
+        if event is not None:
+            log.info("trainer: version %d sent again (%s) for %s", version, event.method, waiting)
+        return event is not None
 
     def close(self) -> None:
         self.sender.close()

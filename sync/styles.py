@@ -96,12 +96,14 @@ def explorer_sync(schedule: Schedule, batch: int, step: int, current: int) -> Ex
     if schedule.style == "fixed":
         need = batch_version(batch, schedule.sync_interval, schedule.sync_offset)
         return ExplorerSync(wait_for=need, target=need, apply=need > current)
-    if current < 0:  # no weights yet
-        return ExplorerSync(wait_for=floor)
     if schedule.style == "dynamic_by_trainer":
         return ExplorerSync(wait_for=floor if floor > current else None)
     if schedule.style == "dynamic_by_explorer":
-        asked = step > 0 and is_sync_point(step, schedule.sync_interval)
+        if current < 0:  # no weights yet: version 0 is always published; ask for more
+            return ExplorerSync(request=floor or None, wait_for=floor)
+        # at a sync point one version newer, but never one that needs this batch trained
+        # (version b comes after batch b - 1): the explorer would wait on its own tasks
+        asked = step > 0 and is_sync_point(step, schedule.sync_interval) and current < batch
         want = max(current + 1 if asked else -1, floor if floor > current else -1)
         if want < 0:
             return ExplorerSync(apply=False)

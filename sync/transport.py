@@ -74,6 +74,16 @@ class WeightSender(abc.ABC):
         it; returns the event that announced it last (the one explorers load from). Raises
         :class:`ServiceError` once an outage outlasts ``run.outage_timeout_s``."""
 
+    def reaches(self, explorer: str) -> bool:
+        """Whether ``explorer`` can load the version sent last (a broadcast: only the
+        members of its group can)."""
+        return True
+
+    async def resend(self, make: MakePayload, announce: Announce) -> ModelVersionReady | None:
+        """Send the version sent last again, where every explorer can load it; None when
+        every explorer can already."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release what the sender holds (a rendezvous store); safe to call twice."""
 

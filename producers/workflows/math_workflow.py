@@ -48,7 +48,6 @@ def _group(
         workflow=task.workflow,
         epoch=task.epoch,
         explorer_step=spec.explorer_step,
-        batch=task.batch,
     )
 
 

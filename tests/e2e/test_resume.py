@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from streamrft.infra.consume import read_history
+from streamrft.schemas.codec import EXPERIENCE_GROUP
 from tests.helpers.cli import env, run_argv
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.processes import log_has, processes_mentioning, wait_for
@@ -26,11 +29,14 @@ def _trainer_pid(run_id: str) -> int | None:
     return None
 
 
-def test_trainer_killed_then_resumed_keeps_the_books(services, tmp_path):
+def test_trainer_killed_then_resumed_keeps_the_books(services, make_config, tmp_path):
+    """Killed a few steps after its checkpoint: the resumed trainer numbers its versions
+    past every version announced and goes on from the batches the explorer reached, so
+    the batches sampled after the restart keep the batch rule (version = batch - 1)."""
     runs = tmp_path / "runs"
     run_id = f"resume-{os.getpid()}-{int(time.time())}"
     common = [
-        "trainer.save_interval=5",
+        "trainer.save_interval=10",
         "trainer.eval_interval=0",
         "trainer.warmup_sft_steps=20",
     ]
@@ -62,6 +68,7 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, tmp_path):
             240,
             "a checkpoint at step 10",
         )
+        time.sleep(2.0)  # a few steps (about 0.5 s each here) past the checkpoint
         pid = _trainer_pid(run_id)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
@@ -72,7 +79,7 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, tmp_path):
     assert first.returncode == 2 and "trainer exited with code -9" in err
     killed_at = json.loads((tmp_path / "first.json").read_text())["steps"]
     resumed_from = int((ckpts / "latest").read_text().split("_")[1])
-    assert killed_at >= resumed_from >= 10
+    assert killed_at >= resumed_from + 2 and resumed_from >= 10, (killed_at, resumed_from)
 
     total = resumed_from + 12
     second = subprocess.run(
@@ -100,6 +107,16 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, tmp_path):
     # versions keep rising across the crash: none was announced twice with other weights
     assert s["versions_rejected"] == {"explorer-0": 0}
     assert not processes_mentioning(run_id)
+    # the batches sampled only after the restart (the explorer ran at most one batch
+    # ahead of the killed trainer) were sampled with the version their batch needs
+    cfg = make_config(run={"id": run_id})
+    groups = asyncio.run(
+        read_history(cfg.kafka, cfg.topics().experiences, EXPERIENCE_GROUP, "t-resume", 3)
+    )
+    after = [g for g in groups if g.batch >= killed_at + 2]
+    assert after and all(g.model_version == g.batch - 1 for g in after), [
+        (g.batch, g.model_version) for g in after if g.model_version != g.batch - 1
+    ][:10]
 
 
 def _explorer_pid(run_id: str, index: int) -> int | None:

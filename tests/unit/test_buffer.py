@@ -55,7 +55,25 @@ def test_a_forced_take_trains_the_oldest_groups_of_an_incomplete_batch():
     # duplicates and stale drops: a duplicate does not count as an arrival
     buf.offer(group("a", batch=0), P0, 9)
     assert buf.arrived == {0: 1, 1: 1, 2: 3}
+    assert buf.trained_through == 2
     assert [g.id for g in buf.take(2)] == ["y", "z"]  # batch 2 complete (3 of 2 needed)
+
+
+def test_the_rest_of_a_batch_trained_in_part_waits_for_nothing_also_after_a_restore():
+    buf = ExperienceBuffer(max_staleness=1)
+    for offset, (gid, batch) in enumerate([("a", 0), ("b", 1), ("c", 1)]):
+        buf.offer(group(gid, batch=batch), P0, offset)
+    assert [g.id for g in buf.take(2, force=True)] == ["a", "b"]  # batch 0 had 1 of 2
+    buf.offer(group("a2", batch=0), P1, 0)  # the rest of batch 0, late
+    state = buf.state(step=1, version=1, counters={})
+    assert state.trained_through == 1
+    resumed = ExperienceBuffer(max_staleness=1)
+    resumed.restore(STATE_DECODER.decode(STATE_ENCODER.encode(state)))
+    assert resumed.trained_through == 1
+    for gid, batch, offset in [("c", 1, 2), ("a2", 0, 0)]:  # read again from the offsets
+        resumed.offer(group(gid, batch=batch), P1 if gid == "a2" else P0, offset)
+    # batch 0 (1 group arrived since the restore) is older than batch 1, trained in part
+    assert [g.id for g in resumed.take(2)] == ["a2", "c"]
 
 
 def test_groups_without_a_batch_go_first_and_wait_for_nothing():

@@ -38,8 +38,16 @@ def test_fixed_samples_every_batch_of_an_interval_with_the_version_of_its_first(
 
 def test_dynamic_by_explorer_requests_one_newer_version_every_interval():
     style = Schedule("dynamic_by_explorer", sync_interval=3, sync_offset=0, max_staleness=3)
-    assert explorer_sync(style, 2, 2, 5) == ExplorerSync(apply=False)
-    assert explorer_sync(style, 3, 3, 5) == ExplorerSync(request=6, wait_for=6)
+    assert explorer_sync(style, 7, 2, 5) == ExplorerSync(apply=False)
+    assert explorer_sync(style, 7, 3, 5) == ExplorerSync(request=6, wait_for=6)
+    # never a version that needs the explorer's own batch trained (a small explorer step)
+    assert explorer_sync(style, 5, 3, 5) == ExplorerSync(apply=False)
+
+
+def test_dynamic_by_explorer_without_weights_asks_for_what_its_batch_needs():
+    style = Schedule("dynamic_by_explorer", sync_interval=3, sync_offset=0, max_staleness=3)
+    assert explorer_sync(style, 10, 0, -1) == ExplorerSync(request=7, wait_for=7)
+    assert explorer_sync(style, 2, 0, -1) == ExplorerSync(wait_for=0)  # version 0 is out
 
 
 def test_dynamic_by_explorer_asks_when_too_far_ahead_of_its_version():
