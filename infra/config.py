@@ -218,7 +218,10 @@ class ExplorerConfig(_Section):
     """``simulated`` engine only: seconds it sleeps per generated token (a rollout batch of
     ``repeat_times`` x ``max_new_tokens`` tokens per task costs that many times this)."""
     batch_size: Pos = 32
-    """Tasks per explorer step (sampled together, one sync point per step)."""
+    """Most tasks per explorer step (sampled together, one sync point per step). A step
+    takes tasks of one batch only (``Task.batch``: ``trainer.batch_size`` tasks, shared by
+    the explorers holding the tasks partitions), so it holds at most this explorer's share
+    of a batch."""
     repeat_times: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 8
     """Rollouts per task (one experience group)."""
     temperature: PosF = 1.0
