@@ -10,7 +10,7 @@ import pytest
 
 from streamrft.infra.consume import read_history
 from streamrft.schemas import CONTROL, METRICS, ModelVersionReady
-from tests.helpers.cli import env, explore_argv, run_argv
+from tests.helpers.cli import env, explore_argv, run_argv, start_piped
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.processes import log_has, processes_mentioning, wait_for
 
@@ -30,13 +30,9 @@ def test_broadcast_to_explorers_and_a_late_joiner(services, make_config, tmp_pat
         "trainer.eval_interval=0",
         "explorer.count=2",
     ]
-    run = subprocess.Popen(
+    run = start_piped(
         run_argv(EXAMPLE, run_id, steps, runs, services, *common, summary=tmp_path / "s.json"),
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
+        tmp_path,
     )
     late = None
     try:

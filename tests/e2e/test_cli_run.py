@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import env, run_argv, streamrft_cmd
+from tests.helpers.cli import env, run_argv, run_ok, start_piped, streamrft_cmd
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.processes import log_has, processes_mentioning, wait_for
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 def test_run_learns_and_books_balance(tmp_path):
     summary_path = tmp_path / "summary.json"
     steps = 60
-    proc = subprocess.run(
+    run_ok(
         run_argv(
             EXAMPLE,
             None,
@@ -29,13 +29,8 @@ def test_run_learns_and_books_balance(tmp_path):
             "trainer.eval_interval=20",
             summary=summary_path,
         ),
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
+        tmp_path,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads(summary_path.read_text())
     # it learned: greedy accuracy and sampled reward rose by a wide margin
     assert s["steps"] == steps
@@ -68,15 +63,11 @@ def test_a_signal_stops_everything_cleanly(tmp_path, signame, exit_code):
     finishes its unit of work, reports STOPPED, exits 0, and the trainer checkpoints."""
     runs = tmp_path / "runs"
     summary_path = tmp_path / "summary.json"
-    proc = subprocess.Popen(
+    proc = start_piped(
         run_argv(
             EXAMPLE, None, 100000, runs, None, "trainer.warmup_sft_steps=0", summary=summary_path
         ),
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
+        tmp_path,
     )
     try:
         wait_for(

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import time
 from collections import Counter
 
@@ -18,7 +17,7 @@ import pytest
 
 from streamrft.infra.consume import read_history
 from streamrft.schemas.codec import EXPERIENCE_GROUP, STATUS
-from tests.helpers.cli import env, explore_argv, run_argv
+from tests.helpers.cli import explore_argv, run_argv, start_logged, start_piped
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.processes import log_has, processes_mentioning, wait_for
 
@@ -37,7 +36,7 @@ def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
     steps = 120  # the hand-started explorer needs ~10-30 s to import and load on 2 cores
     # reads the run's topics on the session broker (only its kafka section is used)
     reader_cfg = make_config(run={"id": run_id})
-    run = subprocess.Popen(
+    run = start_piped(
         run_argv(
             EXAMPLE,
             run_id,
@@ -50,11 +49,7 @@ def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
             explorers=1,
             summary=tmp_path / "s.json",
         ),
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
+        tmp_path,
     )
     hand_log = tmp_path / "hand-explorer.log"
     hand = None
@@ -66,22 +61,19 @@ def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
             240,
             "explorer-0 to hold every tasks partition",
         )
-        with hand_log.open("w") as out:
-            # names no broker or object store: it finds the run's from the run folder
-            hand = subprocess.Popen(
-                explore_argv(
-                    EXAMPLE,
-                    run_id,
-                    runs,
-                    None,
-                    f"object_store.access_key={services.access_key}",
-                    f"object_store.secret_key={services.secret_key}",
-                ),
-                env=env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=tmp_path,
-            )
+        # names no broker or object store: it finds the run's from the run folder
+        hand = start_logged(
+            explore_argv(
+                EXAMPLE,
+                run_id,
+                runs,
+                None,
+                f"object_store.access_key={services.access_key}",
+                f"object_store.secret_key={services.secret_key}",
+            ),
+            hand_log,
+            tmp_path,
+        )
         name = f"explorer-{hand.pid}-"
 
         def hand_worked() -> bool:

@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import time
 from collections import defaultdict
 
@@ -21,7 +20,7 @@ import pytest
 from streamrft.infra.consume import read_history
 from streamrft.schemas.codec import EXPERIENCE_GROUP, METRICS
 from streamrft.sync.styles import batch_version
-from tests.helpers.cli import env, explore_argv, run_argv
+from tests.helpers.cli import explore_argv, run_argv, run_ok, start_logged, start_piped
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.processes import log_has, processes_mentioning, wait_for
 
@@ -62,7 +61,7 @@ def _check_books(groups: list, metrics: list, steps: int, per_batch: int) -> dic
 
 def test_two_explorers_share_every_batch_and_nothing_goes_stale(services, make_config, tmp_path):
     steps, run_id = 24, f"addup-{os.getpid()}-{int(time.time())}"
-    proc = subprocess.run(
+    run_ok(
         run_argv(
             EXAMPLE,
             run_id,
@@ -74,13 +73,8 @@ def test_two_explorers_share_every_batch_and_nothing_goes_stale(services, make_c
             explorers=2,
             summary=tmp_path / "s.json",
         ),
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
+        tmp_path,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["stale_dropped"] == 0 and summary["groups_trained"] == steps * 32
     assert summary["books"]["trained_twice"] == 0 and summary["books"]["staler_than_max"] == 0
@@ -120,7 +114,7 @@ def test_a_batch_an_explorer_died_in_is_finished_by_the_one_that_inherits_it(
         "explorer.simulated_seconds_per_token=0.003",  # 16 tasks x 8 x 4 tokens: 1.5 s
         f"explorer.batch_size={per_batch}",
     )
-    run = subprocess.Popen(
+    run = start_piped(
         run_argv(
             EXAMPLE,
             run_id,
@@ -134,11 +128,7 @@ def test_a_batch_an_explorer_died_in_is_finished_by_the_one_that_inherits_it(
             explorers=1,
             summary=tmp_path / "s.json",
         ),
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
+        tmp_path,
     )
     hand_log, hand = tmp_path / "hand.log", None
     try:
@@ -149,21 +139,13 @@ def test_a_batch_an_explorer_died_in_is_finished_by_the_one_that_inherits_it(
             240,
             "explorer-0 to hold every tasks partition",
         )
-        with hand_log.open("w") as out:
-            hand = subprocess.Popen(
-                explore_argv(
-                    EXAMPLE,
-                    run_id,
-                    runs,
-                    services,
-                    f"trainer.batch_size={per_batch}",
-                    *simulated,
-                ),
-                env=env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=tmp_path,
-            )
+        hand = start_logged(
+            explore_argv(
+                EXAMPLE, run_id, runs, services, f"trainer.batch_size={per_batch}", *simulated
+            ),
+            hand_log,
+            tmp_path,
+        )
 
         def applied() -> int:
             assert hand.poll() is None, hand_log.read_text()[-3000:]

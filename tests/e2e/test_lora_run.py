@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from streamrft.infra.consume import read_history
 from streamrft.schemas import CONTROL, ModelVersionReady
-from tests.helpers.cli import env, run_argv, streamrft_cmd
+from tests.helpers.cli import run_argv, run_ok, streamrft_cmd
 from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +22,7 @@ def test_lora_run_learns_publishes_adapters_and_exports(services, make_config, t
     run_id = f"lora-{tmp_path.name[-10:]}"
     steps = 40
     runs = tmp_path / "runs"
-    proc = subprocess.run(
+    run_ok(
         run_argv(
             LORA_EXAMPLE,
             run_id,
@@ -33,13 +32,8 @@ def test_lora_run_learns_publishes_adapters_and_exports(services, make_config, t
             "trainer.eval_interval=20",
             summary=tmp_path / "s.json",
         ),
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
+        tmp_path,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["eval_accuracy_last"] >= s["eval_accuracy_first"] + 0.15, s["eval_accuracy"]
     assert s["books"]["trained_twice"] == 0 and s["versions_rejected"] == {"explorer-0": 0}
@@ -59,17 +53,13 @@ def test_lora_run_learns_publishes_adapters_and_exports(services, make_config, t
         assert ev.bytes < 200_000 and ev.bytes < full.bytes / 4
 
     out = tmp_path / "hf"
-    exp = subprocess.run(
+    run_ok(
         streamrft_cmd(
             "export", str(LORA_EXAMPLE), "--checkpoint", str(runs / run_id), "--out", str(out)
         ),
-        env=env(),
-        capture_output=True,
-        text=True,
+        tmp_path,
         timeout=120,
-        cwd=tmp_path,
     )
-    assert exp.returncode == 0, exp.stderr[-3000:]
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from streamrft.infra.consume import read_history
 from streamrft.schemas.codec import EXPERIENCE_GROUP
-from tests.helpers.cli import env, run_argv
+from tests.helpers.cli import run_argv, run_ok, start_piped
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.processes import log_has, processes_mentioning, wait_for
 
@@ -40,7 +39,7 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, make_config, tmp_
         "trainer.eval_interval=0",
         "trainer.warmup_sft_steps=20",
     ]
-    first = subprocess.Popen(
+    first = start_piped(
         run_argv(
             EXAMPLE,
             run_id,
@@ -53,11 +52,7 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, make_config, tmp_
             "trainer.max_restarts=0",
             summary=tmp_path / "first.json",
         ),
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
+        tmp_path,
     )
     ckpts = runs / run_id / "checkpoints"
     try:
@@ -82,15 +77,10 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, make_config, tmp_
     assert killed_at >= resumed_from + 2 and resumed_from >= 10, (killed_at, resumed_from)
 
     total = resumed_from + 12
-    second = subprocess.run(
+    run_ok(
         run_argv(EXAMPLE, run_id, total, runs, services, *common, summary=tmp_path / "second.json"),
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
+        tmp_path,
     )
-    assert second.returncode == 0, second.stderr[-3000:]
     s = json.loads((tmp_path / "second.json").read_text())
     log = (runs / run_id / "logs" / "trainer.log").read_text()
     assert f"resumed from {ckpts / f'step_{resumed_from:08d}'} at step {resumed_from}" in log
@@ -131,7 +121,7 @@ def test_explorer_killed_mid_run_is_restarted_and_nothing_is_lost(services, tmp_
     runs = tmp_path / "runs"
     run_id = f"explorer-kill-{os.getpid()}-{int(time.time())}"
     steps = 100  # long enough for the restarted explorer to rejoin and work
-    proc = subprocess.Popen(
+    proc = start_piped(
         run_argv(
             EXAMPLE,
             run_id,
@@ -144,11 +134,7 @@ def test_explorer_killed_mid_run_is_restarted_and_nothing_is_lost(services, tmp_
             "trainer.max_staleness=2",
             summary=tmp_path / "s.json",
         ),
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
+        tmp_path,
     )
     try:
         log = runs / run_id / "logs" / "trainer.log"

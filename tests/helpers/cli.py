@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +19,28 @@ def env() -> dict[str, str]:
     """This process's environment for a ``streamrft`` child: one thread per torch op (the
     machine has few cores and several processes), no tokenizer threads."""
     return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_ok(argv: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``argv`` (a ``streamrft`` command line) to its end in ``cwd`` with :func:`env`,
+    output captured; fails the test with the end of its stderr unless it exits 0."""
+    proc = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def start_piped(argv: list[str], cwd: Path) -> subprocess.Popen:
+    """Start ``argv`` in ``cwd`` with :func:`env`, stdout and stderr piped as text (read
+    them with ``communicate``)."""
+    return subprocess.Popen(
+        argv, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd
+    )
+
+
+def start_logged(argv: list[str], log: Path, cwd: Path) -> subprocess.Popen:
+    """Start ``argv`` in ``cwd`` with :func:`env`, stdout and stderr into the file ``log``."""
+    with log.open("w") as out:
+        return subprocess.Popen(argv, env=env(), stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
 
 
 def overrides(*settings: str) -> list[str]:
