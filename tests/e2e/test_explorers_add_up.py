@@ -107,11 +107,13 @@ def test_a_batch_an_explorer_died_in_is_finished_by_the_one_that_inherits_it(
     move to explorer-0, which was waiting for the version that needs that batch: it takes
     the dead explorer's tasks again, samples them (with the newer version it holds), and
     the trainer trains the batch whole, in order, with nothing stale."""
-    steps, per_batch = 60, 16
+    steps, per_batch = 40, 16
     runs, run_id = tmp_path / "runs", f"inherit-{os.getpid()}-{int(time.time())}"
     simulated = (
         "explorer.engine=simulated",
-        "explorer.simulated_seconds_per_token=0.003",  # 16 tasks x 8 x 4 tokens: 1.5 s
+        # a sleep per token, whatever the CPU: 16 tasks x 8 rollouts x 4 tokens = 2.6 s a
+        # batch, 1.3 s for a half share
+        "explorer.simulated_seconds_per_token=0.005",
         f"explorer.batch_size={per_batch}",
     )
     run = start_piped(
@@ -154,7 +156,7 @@ def test_a_batch_an_explorer_died_in_is_finished_by_the_one_that_inherits_it(
         wait_for(lambda: applied() >= 3, run, 240, "the hand-started explorer to work")
         before = applied()
         wait_for(lambda: applied() > before, run, 60, "its next batch")
-        time.sleep(0.35)  # into the ~0.8 s it samples its half of that batch
+        time.sleep(0.35)  # into the 1.3 s it samples its half of that batch
         hand.send_signal(signal.SIGKILL)
         hand.wait(timeout=30)
         _, err = run.communicate(timeout=600)
