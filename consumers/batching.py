@@ -22,6 +22,7 @@ class PolicyBatch:
     response_mask: torch.Tensor  # (B, R) float, 1 on trained response tokens
     old_logprobs: torch.Tensor  # (B, R)
     rewards: torch.Tensor  # (B,)
+    versions: torch.Tensor  # (B,) the model version each rollout was sampled with
 
     @property
     def response_ids(self) -> torch.Tensor:
@@ -51,7 +52,8 @@ def collate(experiences: list[Experience], pad_id: int) -> PolicyBatch:
         response_mask[i, : len(r)] = m
         old[i, : len(r)] = lp
     rewards = torch.tensor([e.reward for e in experiences], dtype=torch.float32)
-    return PolicyBatch(input_ids, attention, width_p, response_mask, old, rewards)
+    versions = torch.tensor([e.model_version for e in experiences], dtype=torch.long)
+    return PolicyBatch(input_ids, attention, width_p, response_mask, old, rewards, versions)
 
 
 def response_logprobs(

@@ -51,8 +51,9 @@ class TrainEngine(abc.ABC):
         weights a transport publishes from."""
 
     @abc.abstractmethod
-    def train_step(self, groups: list[ExperienceGroup]) -> dict[str, float]:
-        """One optimisation step on a batch of groups; its metrics (``train/...``)."""
+    def train_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
+        """One optimisation step on a batch of groups with the model at ``version``; its
+        metrics (``train/...``)."""
 
     @abc.abstractmethod
     def evaluate(self, evaluate: Evaluator) -> dict[str, float]:
@@ -119,7 +120,7 @@ class TorchTrainEngine(TrainEngine):
         )
         return ModelWeights(self.model, lora)
 
-    def train_step(self, groups: list[ExperienceGroup]) -> dict[str, float]:
+    def train_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
         assert self.optimizer is not None, "prepare() first"
         return policy_step(
             self.model,
@@ -129,6 +130,7 @@ class TorchTrainEngine(TrainEngine):
             self.tokenizer.pad_token_id,
             self.cfg.explorer.temperature,
             self.ref_model,
+            version,
         )
 
     def evaluate(self, evaluate: Evaluator) -> dict[str, float]:

@@ -143,7 +143,7 @@ class Trainer:
     ) -> tuple[dict[str, float], list]:
         """One engine step; its metrics with staleness and the ledger of groups trained."""
         t0 = time.perf_counter()
-        values = await asyncio.to_thread(self.engine.train_step, groups)
+        values = await asyncio.to_thread(self.engine.train_step, groups, self.version)
         assert self.publisher is not None
         self.publisher.stepped()
         staleness = [self.version - g.model_version for g in groups]

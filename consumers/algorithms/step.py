@@ -38,8 +38,10 @@ def policy_step(
     pad_id: int,
     temperature: float,
     ref_model: torch.nn.Module | None = None,
+    version: int | None = None,
 ) -> dict[str, float]:
-    """Advantages per group, then ``ppo_epochs`` passes of the policy loss (+ KL)."""
+    """Advantages per group, then ``ppo_epochs`` passes of the policy loss (+ KL).
+    ``version``: the one the model holds, for the rollout/trainer mismatch metrics."""
     algo = resolve_algorithm(cfg)
     inputs = prepare_inputs(algo, groups, cfg, pad_id, temperature, ref_model)
     n = len(inputs.advantages)
@@ -47,6 +49,7 @@ def policy_step(
     model.train()
     stats: dict[str, float] = {}
     first_logp_diff = 0.0
+    mismatch = Mismatch()
     for epoch in range(cfg.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         for lo in range(0, n, micro):
@@ -55,11 +58,13 @@ def policy_step(
             (loss * size / n).backward()
             if epoch == 0:
                 first_logp_diff = max(first_logp_diff, logprob_drift(inputs.batch, rows, logp))
+                mismatch.add(inputs.batch, rows, logp, version)
             for k, v in {"loss": float(loss.detach()), **info}.items():
                 stats[k] = stats.get(k, 0.0) + v * size / n / cfg.ppo_epochs
         grad_norm = optimizer_step(model, optimizer, cfg.grad_clip)
     model.eval()
-    return step_metrics(inputs, stats, grad_norm, first_logp_diff, len(groups))
+    metrics = step_metrics(inputs, stats, grad_norm, first_logp_diff, len(groups))
+    return metrics if version is None else {**metrics, **mismatch.metrics()}
 
 
 def prepare_inputs(
@@ -118,6 +123,37 @@ def logprob_drift(batch: PolicyBatch, rows: slice, logp: torch.Tensor) -> float:
     """Largest |recomputed - sampled| log-prob on trained tokens (0 up to numerics before
     the first update: the explorer and the trainer agree)."""
     return float(((logp - batch.old_logprobs[rows]).abs() * batch.response_mask[rows]).max())
+
+
+@dataclass
+class Mismatch:
+    """|trainer - rollout| log-probs of trained tokens sampled with the version the model
+    holds (before the step's first update): the engines' numerical mismatch, apart from
+    any policy change. Off-policy corrections need it; it is 0 up to numerics when the
+    explorer and the trainer compute alike."""
+
+    total: float = 0.0
+    tokens: float = 0.0
+    largest: float = 0.0
+
+    @torch.no_grad()
+    def add(self, batch: PolicyBatch, rows: slice, logp: torch.Tensor, version: int | None):
+        if version is None:
+            return
+        mask = batch.response_mask[rows] * (batch.versions[rows] == version)[:, None]
+        diff = (logp - batch.old_logprobs[rows]).abs() * mask
+        self.total += float(diff.sum())
+        self.tokens += float(mask.sum())
+        self.largest = max(self.largest, float(diff.max())) if mask.any() else self.largest
+
+    def metrics(self) -> dict[str, float]:
+        """``train/rollout_logprob_diff_{mean,max}`` and the tokens they cover; only the
+        count when no trained token was sampled with the model's version."""
+        out = {"train/rollout_logprob_diff_tokens": self.tokens}
+        if self.tokens:
+            out["train/rollout_logprob_diff_mean"] = self.total / self.tokens
+            out["train/rollout_logprob_diff_max"] = self.largest
+        return out
 
 
 def optimizer_step(

@@ -79,6 +79,10 @@ def test_broadcast_to_explorers_and_a_late_joiner(services, make_config, tmp_pat
         if m.component == "trainer" and "train/logprob_max_abs_diff" in m.values
     ]
     assert len(diffs) == steps and max(diffs) < 1e-4, diffs
+    # ... and so does the mismatch metric, over every trained token (all of the version held)
+    mismatch = [m.values for m in metrics if m.component == "trainer" and "train/loss" in m.values]
+    assert all(v["train/rollout_logprob_diff_tokens"] > 0 for v in mismatch)
+    assert max(v["train/rollout_logprob_diff_max"] for v in mismatch) < 1e-4
     # the per-step staleness distribution: every trained group was 0 versions old
     for m in metrics:
         if m.component == "trainer" and "train/loss" in m.values:

@@ -165,6 +165,60 @@ def test_recomputed_logprobs_match_recorded(engine, groups, tokenizer):
     assert (other - batch.old_logprobs)[mask].abs().max().item() > 1e-2
 
 
+def test_the_step_reports_the_rollout_mismatch_of_same_version_tokens(engine, groups, tokenizer):
+    """The trainer's recomputation against the rollout's log-probs, on trained tokens
+    sampled with the version the model holds: ~0 here (one engine, one model); a group of
+    an older version is left out; a skewed rollout log-prob shows in the mean and max."""
+    import copy
+
+    import msgspec
+
+    from streamrft.consumers.algorithms import policy_step
+    from streamrft.infra.config import TrainerConfig
+    from streamrft.schemas import pack_f32
+
+    old = msgspec.structs.replace(groups[0], model_version=2)
+    old = msgspec.structs.replace(
+        old,
+        experiences=[
+            msgspec.structs.replace(
+                e, model_version=2, logprobs=pack_f32([x - 3.0 for x in unpack_f32(e.logprobs)])
+            )
+            for e in old.experiences
+        ],
+    )
+    model = copy.deepcopy(engine.model)
+    cfg = TrainerConfig(lr=1e-6, ppo_epochs=1)
+    fresh_tokens = sum(e.response_length for e in groups[1].experiences)
+
+    def step(batch_groups):
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+        return policy_step(
+            model, opt, batch_groups, cfg, tokenizer.pad_token_id, TEMPERATURE, None, 0
+        )
+
+    values = step([old, groups[1]])  # group 1 was sampled with version 0, the model's
+    assert values["train/rollout_logprob_diff_tokens"] == fresh_tokens
+    assert values["train/rollout_logprob_diff_max"] < 1e-4
+    assert values["train/rollout_logprob_diff_mean"] <= values["train/rollout_logprob_diff_max"]
+    assert values["train/logprob_max_abs_diff"] > 2.9  # the version-2 group, all tokens
+
+    skewed = msgspec.structs.replace(
+        groups[1],
+        experiences=[
+            msgspec.structs.replace(e, logprobs=pack_f32([x - 0.5 for x in unpack_f32(e.logprobs)]))
+            for e in groups[1].experiences
+        ],
+    )
+    model.load_state_dict(engine.model.state_dict())
+    values = step([skewed])
+    assert abs(values["train/rollout_logprob_diff_mean"] - 0.5) < 1e-3
+    assert abs(values["train/rollout_logprob_diff_max"] - 0.5) < 1e-3
+    values = step([old])  # no token of the model's version: only the count
+    assert values["train/rollout_logprob_diff_tokens"] == 0
+    assert "train/rollout_logprob_diff_mean" not in values
+
+
 # -- versions and rewards --------------------------------------------------------------------
 
 
