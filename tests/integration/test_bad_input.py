@@ -150,7 +150,7 @@ def test_experience_fuzz_trainer_dead_letters_and_keeps_training(make_config):
                 collect = trainer.intake.collect(1, lambda: 0, trainer.stop, _nothing)
                 groups = await asyncio.wait_for(collect, 60)
                 assert groups is not None, "the trainer went idle before the end"
-                values = await asyncio.to_thread(trainer.engine.train_step, groups)
+                values = await asyncio.to_thread(trainer.engine.train_step, groups, trainer.version)
                 losses.append(values["train/loss"])
                 trained.update(g.task_id for g in groups)
         finally:

@@ -108,7 +108,7 @@ def test_trainer_dead_letters_malformed_and_keeps_going(make_config):
                 cfg.trainer.batch_size, lambda: 0, trainer.stop, nothing
             )
             groups = await asyncio.wait_for(collect, 60)
-            values = await asyncio.to_thread(trainer.engine.train_step, groups)
+            values = await asyncio.to_thread(trainer.engine.train_step, groups, trainer.version)
         finally:
             await trainer.intake.stop()
             await trainer.events.stop()
