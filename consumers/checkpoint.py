@@ -32,7 +32,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from streamrft.consumers.state import STATE_DECODER, STATE_ENCODER, TrainerState, from_legacy
-from streamrft.schemas.errors import StreamRFTError
+from streamrft.schemas.errors import StreamRFTError, SyncError
+from streamrft.sync.payload import ModuleTarget, WeightTarget
 from streamrft.sync.weights import apply_state_dict, unique_state_dict
 
 KEEP_MARKER = "keep"
@@ -175,6 +176,10 @@ def latest_checkpoint(root: Path) -> Path | None:
     return None
 
 
+_READ_ERRORS = (OSError, ValueError, KeyError, SafetensorError, msgspec.MsgspecError)
+"""What reading a damaged or missing checkpoint file raises."""
+
+
 def _read_state(path: Path) -> tuple[TrainerState, dict[str, Any]]:
     """The trainer state and optimizer meta of ``path``, in either layout."""
     raw = (path / "state.json").read_bytes()
@@ -199,11 +204,52 @@ def load_checkpoint(
         state, opt_meta = _read_state(path)
         weights = load_file(str(path / "model.safetensors"))
         opt_state = _optimizer_join(load_file(str(path / "optimizer.safetensors")), opt_meta)
-    except (OSError, ValueError, KeyError, SafetensorError, msgspec.MsgspecError) as exc:
+    except _READ_ERRORS as exc:
         raise CheckpointError(f"checkpoint {path}: {exc}") from exc
     apply_state_dict(model, weights)
     try:
         optimizer.load_state_dict(opt_state)
     except (ValueError, KeyError) as exc:
         raise CheckpointError(f"checkpoint {path}: optimizer state does not fit: {exc}") from exc
+    return state
+
+
+def checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Every complete checkpoint under ``root`` as (step, folder), oldest first (none: an
+    empty list). The one ``latest`` names is included even when a crash left it as
+    ``step_N.prev``."""
+    folders = _step_folders(root) if root.is_dir() else []
+    found = [(step, path) for step, path in folders if (path / "state.json").is_file()]
+    latest = latest_checkpoint(root)
+    if latest is not None and latest not in [path for _, path in found]:  # step_N.prev
+        step = _STEP_DIR.match(latest.name)
+        found = sorted([*found, (int(step.group(1)) if step else -1, latest)])
+    return found
+
+
+def load_weights(path: Path, model: torch.nn.Module | WeightTarget) -> TrainerState:
+    """The weights of checkpoint ``path`` into ``model``, for evaluation (no optimizer);
+    returns the checkpoint's trainer state (its step and version).
+
+    ``model`` must be built as the trainer built it: from the run's ``model`` section,
+    wrapped with its LoRA adapter (``sync.lora.attach_lora``) when ``model.lora.enabled``,
+    since a LoRA run checkpoints the whole wrapped model. Or it is a rollout engine around
+    such a model (a ``sync.payload.WeightTarget``): the weights go in as a full version of
+    the checkpoint's version number, as an explorer takes one. Everything is read and checked
+    before the first copy: a damaged checkpoint, or one that does not fit ``model``, raises
+    :class:`CheckpointError` and leaves ``model`` untouched.
+    """
+    try:
+        state, _ = _read_state(path)
+        weights = load_file(str(path / "model.safetensors"))
+    except _READ_ERRORS as exc:
+        raise CheckpointError(f"checkpoint {path}: {exc}") from exc
+    target = ModuleTarget(model) if isinstance(model, torch.nn.Module) else model
+    try:
+        target.load_weights(state.version, weights)
+    except SyncError as exc:
+        raise CheckpointError(
+            f"checkpoint {path} does not fit the model of this config (model.* and "
+            f"model.lora.* must be the run's): {exc}"
+        ) from exc
     return state

@@ -3,9 +3,10 @@
 The trainer's loop (:mod:`.trainer`) never touches a model or an optimizer. It asks its
 engine to warm up, to prepare for RL, to take one step on a batch of groups, to save and
 load checkpoints, and for the weights to publish (:class:`~streamrft.sync.payload.ModelWeights`,
-which a transport sends). Today's engine, ``torch``, trains one model in one process in
-float32; a sharded engine (FSDP2) or another precision scheme is a second engine, not a
-fork of the loop: a class here and a line in :data:`TRAIN_ENGINES`.
+which a transport sends). Today's engine, ``torch``, trains one model in one process on
+``model.device`` (float32 master weights, compute in ``model.dtype``: :mod:`.precision`);
+a sharded engine (FSDP2) is a second engine, not a fork of the loop: a class and a line in
+:data:`TRAIN_ENGINES`.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from typing import Any
 import torch
 
 from streamrft.consumers.algorithms import policy_step, resolve_algorithm
+from streamrft.consumers.algorithms.step import BatchShare
 from streamrft.consumers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from streamrft.consumers.precision import Precision
 from streamrft.consumers.state import TrainerState
 from streamrft.consumers.warmup import sft_warmup
 from streamrft.infra.config import Config
-from streamrft.infra.modeling import load_policy
+from streamrft.infra.modeling import DTYPES, load_policy, resolve_device
+from streamrft.infra.prompts import PromptRenderer
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import ExperienceGroup, Task
 from streamrft.sync.payload import ModelWeights
@@ -73,15 +77,25 @@ class TrainEngine(abc.ABC):
 
 
 class TorchTrainEngine(TrainEngine):
-    """One model in this process: float32, AdamW with grad clipping, the configured
-    algorithm (``trainer.algorithm``), optional LoRA (the adapter alone is trained)."""
+    """One model in this process on ``model.device``: float32 master weights and AdamW
+    state, forward/backward in ``model.dtype`` (autocast), grad clipping, optional gradient
+    checkpointing, the configured algorithm (``trainer.algorithm``), optional LoRA (the
+    adapter alone is trained)."""
+
+    share: BatchShare | None = None
+    """The rows of each step this process trains (None: all; ``fsdp2`` sets its own)."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.tcfg = cfg.trainer
         resolve_algorithm(cfg.trainer)  # a bad name fails at start-up, naming the field
         torch.manual_seed(cfg.run.seed)
-        self.model, self.tokenizer = load_policy(cfg.model)
+        self.model, self.tokenizer = load_policy(cfg.model, dtype=torch.float32)
+        self.precision = Precision.of(resolve_device(cfg.model.device), DTYPES[cfg.model.dtype])
+        if self.precision.device.type == "cuda" and self.tcfg.gpu_memory_fraction > 0:
+            torch.cuda.set_per_process_memory_fraction(
+                self.tcfg.gpu_memory_fraction, self.precision.device
+            )
         self.optimizer: torch.optim.Optimizer | None = None  # made once the model is final
         self.ref_model: Any = None
         self.ckpt_root = cfg.run_dir / "checkpoints"
@@ -100,6 +114,7 @@ class TorchTrainEngine(TrainEngine):
             t.warmup_sft_batch,
             t.warmup_sft_lr,
             self.cfg.run.seed,
+            PromptRenderer.from_config(self.cfg.taskset, self.tokenizer),
         )
 
     def prepare(self) -> ModelWeights:
@@ -110,15 +125,17 @@ class TorchTrainEngine(TrainEngine):
             self.model = attach_lora(self.model, self.cfg.model.lora)
             if self.tcfg.kl_coef > 0:  # the base with the adapter off, no second copy
                 self.ref_model = BaseModelView(self.model)
-        elif self.tcfg.kl_coef > 0:
-            self.ref_model = copy.deepcopy(self.model).eval()
+        elif self.tcfg.kl_coef > 0:  # frozen: kept in the compute dtype
+            self.ref_model = copy.deepcopy(self.model).to(self.precision.dtype).eval()
+        if self.tcfg.gradient_checkpointing:
+            enable_checkpointing(self.model)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=self.tcfg.lr,
             weight_decay=self.tcfg.weight_decay,
             betas=self.tcfg.betas,
         )
-        return ModelWeights(self.model, lora)
+        return ModelWeights(self.model, lora, DTYPES[self.cfg.model.dtype])
 
     def train_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
         assert self.optimizer is not None, "prepare() first"
@@ -131,6 +148,8 @@ class TorchTrainEngine(TrainEngine):
             self.cfg.explorer.temperature,
             self.ref_model,
             version,
+            self.precision,
+            self.share,
         )
 
     def evaluate(self, evaluate: Evaluator) -> dict[str, float]:
@@ -150,7 +169,27 @@ class TorchTrainEngine(TrainEngine):
         return load_checkpoint(path, self.model, self.optimizer)
 
 
-TRAIN_ENGINES: dict[str, Callable[[Config], TrainEngine]] = {"torch": TorchTrainEngine}
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Activation (gradient) checkpointing of every decoder layer, non-reentrant (works
+    with frozen inputs, as under LoRA). transformers >= 5.21 names it
+    ``activation_checkpointing_enable``; older ones ``gradient_checkpointing_enable``."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _fsdp2(cfg: Config) -> TrainEngine:
+    from streamrft.consumers.fsdp_engine import FsdpTrainEngine  # imports this module
+
+    return FsdpTrainEngine(cfg)
+
+
+TRAIN_ENGINES: dict[str, Callable[[Config], TrainEngine]] = {
+    "torch": TorchTrainEngine,
+    "fsdp2": _fsdp2,
+}
 """``trainer.engine`` -> the engine class."""
 
 
@@ -164,4 +203,8 @@ def check_train_engine(name: str) -> Callable[[Config], TrainEngine]:
 
 
 def make_train_engine(cfg: Config) -> TrainEngine:
-    return check_train_engine(cfg.trainer.engine)(cfg)
+    """The ``trainer.engine`` engine; ``torch`` is ``fsdp2`` with ``trainer.nproc`` > 1."""
+    name = cfg.trainer.engine
+    if name == "torch" and cfg.trainer.nproc > 1:
+        name = "fsdp2"
+    return check_train_engine(name)(cfg)

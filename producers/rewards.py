@@ -12,12 +12,12 @@ import inspect
 import re
 from collections.abc import Callable
 
+from streamrft.producers import answers
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import Task
 
 RewardFn = Callable[[str, Task], tuple[float, dict[str, float]]]
 
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _MISSING = object()
 
@@ -29,16 +29,51 @@ def exact_match(response: str, task: Task) -> tuple[float, dict[str, float]]:
 
 
 def last_number(response: str, task: Task) -> tuple[float, dict[str, float]]:
-    """1.0 when the last number in the response equals the answer numerically."""
-    found = _NUMBER.findall(response)
-    try:
-        ok = bool(found) and float(found[-1]) == float(task.answer)
-    except ValueError:
-        ok = False
-    return float(ok), {"correct": float(ok), "has_number": float(bool(found))}
+    """1.0 when the last number in the response (``1,234`` read as 1234) matches the answer
+    (:func:`~streamrft.producers.answers.answers_match`: numerically when both are numbers)."""
+    found = answers.last_number(response)
+    ok = found is not None and answers.answers_match(found, task.answer)
+    return float(ok), {"correct": float(ok), "has_number": float(found is not None)}
 
 
-REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "last_number": last_number}
+def math_answer(response: str, task: Task) -> tuple[float, dict[str, float]]:
+    """1.0 when the response's answer matches the task's: the answer marked with
+    ``<answer>`` tags or ``\\boxed{}`` (the last one), else the last number written,
+    compared numerically (relative tolerance 1e-6; fractions, ``1,234``, ``$12``) or as
+    normalized text (:mod:`~streamrft.producers.answers`)."""
+    marked = answers.extract_answer(response)
+    given = marked if marked is not None else answers.last_number(response)
+    ok = given is not None and answers.answers_match(given, task.answer)
+    return float(ok), {"correct": float(ok), "format": float(marked is not None)}
+
+
+def answer_format(response: str, task: Task) -> tuple[float, dict[str, float]]:
+    """1.0 when the response marks an answer (an ``<answer>...</answer>`` pair or a
+    ``\\boxed{...}``), right or wrong; else 0.0."""
+    ok = answers.has_answer_format(response)
+    return float(ok), {"format": float(ok)}
+
+
+MATH_ANSWER_WEIGHT = 0.9
+"""Share of ``math_answer_format`` given for a correct answer; the rest is for the format."""
+
+
+def math_answer_format(response: str, task: Task) -> tuple[float, dict[str, float]]:
+    """``0.9 * math_answer + 0.1 * format``: a right answer counts most, marking it
+    (``<answer>`` tags or ``\\boxed{}``) earns a little on its own, which a small model
+    learns first."""
+    correct, info = math_answer(response, task)
+    value = MATH_ANSWER_WEIGHT * correct + (1 - MATH_ANSWER_WEIGHT) * info["format"]
+    return value, info
+
+
+REWARDS: dict[str, RewardFn] = {
+    "exact_match": exact_match,
+    "last_number": last_number,
+    "math_answer": math_answer,
+    "format": answer_format,
+    "math_answer_format": math_answer_format,
+}
 """Built-in rewards by ``explorer.reward`` name."""
 
 

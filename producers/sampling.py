@@ -35,7 +35,9 @@ def sample(
     greedy: bool = False,
     generator: torch.Generator | None = None,
 ) -> SampleOutput:
-    """Sample up to ``max_new_tokens`` for each left-padded prompt row."""
+    """Sample up to ``max_new_tokens`` for each left-padded prompt row, on the device of
+    ``input_ids`` (the model's; ``generator`` must be on it too). Log-probs are computed in
+    float32 whatever the model's dtype."""
     batch = input_ids.shape[0]
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
     out = model(
@@ -47,8 +49,9 @@ def sample(
     past = out.past_key_values
     logits = out.logits[:, -1, :]
     next_pos = position_ids[:, -1] + 1
-    finished = torch.zeros(batch, dtype=torch.bool)
-    lengths = torch.zeros(batch, dtype=torch.long)
+    device = input_ids.device
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    lengths = torch.zeros(batch, dtype=torch.long, device=device)
     tokens: list[torch.Tensor] = []
     logps: list[torch.Tensor] = []
     mask = attention_mask.long()
@@ -66,7 +69,7 @@ def sample(
         finished = finished | (tok == eos_id)
         if bool(finished.all()):
             break
-        mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=1)
+        mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype, device=device)], dim=1)
         out = model(
             input_ids=tok.unsqueeze(-1),
             attention_mask=mask,

@@ -36,6 +36,7 @@ from streamrft.schemas.events import (
     TrainedGroup,
 )
 from streamrft.schemas.experience import (
+    ChatMessage,
     Experience,
     ExperienceGroup,
     Task,
@@ -57,6 +58,7 @@ __all__ = [
     "STATUS",
     "TASK",
     "TOPIC_KINDS",
+    "ChatMessage",
     "Codec",
     "ConfigError",
     "ControlEvent",

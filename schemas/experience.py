@@ -16,13 +16,23 @@ from streamrft.schemas.errors import SchemaError
 from streamrft.schemas.limits import check_id
 
 
+class ChatMessage(msgspec.Struct, kw_only=True):
+    """One turn of a chat task (:attr:`Task.messages`)."""
+
+    role: str
+    """Who speaks: ``system``, ``user`` or ``assistant`` (as the model's chat template
+    knows them)."""
+    content: str
+    """What is said."""
+
+
 class Task(msgspec.Struct, kw_only=True):
     """One prompt to explore, published on ``<ns>.tasks`` with key = task id."""
 
     id: str
     """Stable id of the task within its taskset (e.g. ``arith-00042``)."""
-    prompt: str
-    """The text given to the policy."""
+    prompt: str = ""
+    """The text given to the policy (empty for a chat task: see ``messages``)."""
     answer: str = ""
     """Ground truth the reward function checks against (empty for open-ended tasks)."""
     workflow: str = "math"
@@ -37,6 +47,10 @@ class Task(msgspec.Struct, kw_only=True):
     the version the sync style requires for *b*, whichever explorer takes it, and the
     trainer trains batches in order. -1: not stamped (an application's own task): the
     explorer's own step count stands in."""
+    messages: list[ChatMessage] = []
+    """A chat task: the conversation so far, used in place of ``prompt`` and rendered by
+    ``taskset.format`` (the model's chat template, or the contents as raw text); empty for
+    a plain-prompt task."""
 
 
 class Experience(msgspec.Struct, kw_only=True):
@@ -115,14 +129,16 @@ def _where(exp_id: str) -> str:
 
 
 def validate_task(task: Task) -> Task:
-    """A task has an id and a workflow name of sane length, a non-negative epoch and a
-    batch index >= -1."""
+    """A task has an id and a workflow name of sane length, a non-negative epoch, a
+    batch index >= -1 and a role of sane length on each chat message."""
     check_id(task.id, "task id")
     check_id(task.workflow, f"task {task.id!r}: workflow")
     if task.epoch < 0:
         raise SchemaError(f"task {task.id!r}: epoch {task.epoch} < 0")
     if task.batch < -1:
         raise SchemaError(f"task {task.id!r}: batch {task.batch} < -1")
+    for i, message in enumerate(task.messages):
+        check_id(message.role, f"task {task.id!r}: messages[{i}].role")
     return task
 
 

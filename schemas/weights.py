@@ -39,3 +39,6 @@ class WeightManifest(msgspec.Struct, kw_only=True):
     """Unix time of publication."""
     files: list[ShardInfo] = []
     """Other files of the version (e.g. a LoRA ``adapter_config.json``), with digests."""
+    dtype: str = ""
+    """Floating dtype of the weights (``float32``, ``bfloat16``, ``float16``): the
+    explorers' ``model.dtype`` for full weights; ``mixed`` or empty when not one."""

@@ -29,7 +29,13 @@ from streamrft.schemas.errors import IntegrityError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.schemas.weights import ShardInfo, WeightManifest
 from streamrft.sync.transport import Announce, MakePayload, Payload, WeightReceiver, WeightSender
-from streamrft.sync.weights import decode_shard, sha256_hex, shard_state_dict, verify
+from streamrft.sync.weights import (
+    decode_shard,
+    sha256_hex,
+    shard_state_dict,
+    tensors_dtype,
+    verify,
+)
 
 MANIFEST = "manifest.json"
 
@@ -90,6 +96,7 @@ def publish_version(
         lora=lora,
         created_at=time.time(),
         files=files,
+        dtype=tensors_dtype(tensors),
     )
     blob = encode_manifest(manifest)
     store.put(f"{prefix}/{MANIFEST}", blob, "application/json")

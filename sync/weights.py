@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from safetensors.torch import load as st_load
@@ -35,14 +35,30 @@ def shared_aliases(model: torch.nn.Module) -> set[str]:
     return aliases
 
 
-def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's tensors without tied aliases, detached and contiguous (CPU)."""
+def unique_state_dict(
+    model: torch.nn.Module,
+    dtype: torch.dtype | None = None,
+    keep_dtype: Callable[[str], bool] = lambda name: False,
+) -> dict[str, torch.Tensor]:
+    """The model's tensors without tied aliases, detached and contiguous (CPU); floating
+    ones cast to ``dtype`` when given, except those ``keep_dtype`` names."""
+
+    def cast(name: str, v: torch.Tensor) -> torch.dtype | None:
+        keep = not dtype or not v.is_floating_point() or keep_dtype(name)
+        return None if keep else dtype
+
     aliases = shared_aliases(model)
     return {
-        k: v.detach().to("cpu").contiguous()
+        k: v.detach().to("cpu", dtype=cast(k, v)).contiguous()
         for k, v in model.state_dict().items()
         if k not in aliases
     }
+
+
+def tensors_dtype(tensors: Mapping[str, torch.Tensor]) -> str:
+    """The one floating dtype of ``tensors`` (``bfloat16``...), ``mixed``, or ``""`` (none)."""
+    kinds = {str(t.dtype).removeprefix("torch.") for t in tensors.values() if t.is_floating_point()}
+    return kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "")
 
 
 def shard_state_dict(

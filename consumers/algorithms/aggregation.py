@@ -3,6 +3,12 @@
 Every function takes ``values`` and ``mask`` of shape ``(batch, response_len)``, ``mask`` 1 on
 the tokens that are trained, and returns a scalar. :data:`LOSS_AGG` is chosen by
 ``trainer.loss_agg_mode``.
+
+Every mode is a sum over rows divided by a count of the rows' mask, its
+:data:`NORMALISERS` entry. So a batch cut into parts (micro-batches, ranks) gives the
+whole batch's value and gradient when each part's value is weighed by
+``normaliser(part's mask) / normaliser(whole mask)`` (:func:`normaliser`). A new mode
+registers its normaliser beside it.
 """
 
 from __future__ import annotations
@@ -13,12 +19,24 @@ import torch
 
 AggregateFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``(values, mask) -> scalar``."""
+NormaliserFn = Callable[[torch.Tensor], torch.Tensor]
+"""``mask -> scalar``: what an aggregation divides its sum over rows by."""
+
+
+def trained_tokens(mask: torch.Tensor) -> torch.Tensor:
+    """The number of trained tokens (``token-mean`` divides by it)."""
+    return mask.sum()
+
+
+def trained_sequences(mask: torch.Tensor) -> torch.Tensor:
+    """The number of sequences with a trained token (the ``seq-mean-*`` modes divide by it)."""
+    return (mask.sum(dim=1) > 0).sum()
 
 
 def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over every unmasked token of the batch (long responses weigh more, as in DAPO)."""
     mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp_min(1.0)
+    return (values * mask).sum() / trained_tokens(mask).clamp_min(1.0)
 
 
 def seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -38,7 +56,8 @@ def _mean_over_sequences(per_seq: torch.Tensor, mask: torch.Tensor) -> torch.Ten
     """Mean over the sequences with at least one trained token (an empty one counts for
     nothing, and an all-empty batch gives 0, not NaN)."""
     has_tokens = (mask.sum(dim=1) > 0).to(per_seq.dtype)
-    return (per_seq * has_tokens).sum() / has_tokens.sum().clamp_min(1.0)
+    count = trained_sequences(mask).to(per_seq.dtype)
+    return (per_seq * has_tokens).sum() / count.clamp_min(1.0)
 
 
 LOSS_AGG: dict[str, AggregateFn] = {
@@ -47,6 +66,13 @@ LOSS_AGG: dict[str, AggregateFn] = {
     "seq-mean-token-sum": seq_mean_token_sum,
 }
 """``trainer.loss_agg_mode`` -> aggregation."""
+
+NORMALISERS: dict[str, NormaliserFn] = {
+    "token-mean": trained_tokens,
+    "seq-mean-token-mean": trained_sequences,
+    "seq-mean-token-sum": trained_sequences,
+}
+"""``trainer.loss_agg_mode`` -> what its :data:`LOSS_AGG` entry divides by."""
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
@@ -58,3 +84,15 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tens
             f"unknown loss aggregation mode {mode!r}; known: {', '.join(LOSS_AGG)}"
         ) from None
     return fn(values, mask)
+
+
+def normaliser(mask: torch.Tensor, mode: str) -> float:
+    """What the :data:`LOSS_AGG` entry ``mode`` divides by over the rows of ``mask`` (before
+    its clamp to 1): a part of a batch weighs ``normaliser(part) / normaliser(batch)``."""
+    try:
+        fn = NORMALISERS[mode]
+    except KeyError:
+        raise ValueError(
+            f"no normaliser for loss aggregation mode {mode!r}; known: {', '.join(NORMALISERS)}"
+        ) from None
+    return float(fn(mask))

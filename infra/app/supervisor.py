@@ -23,6 +23,7 @@ from pathlib import Path
 from streamrft.infra import admin
 from streamrft.infra.app.cli import EXIT_CONFIG
 from streamrft.infra.app.monitor import RunMonitor
+from streamrft.infra.app.placement import check_gpu_shares, start_order
 from streamrft.infra.app.resume import check_resume
 from streamrft.infra.bus import EventSender
 from streamrft.infra.config import Config, credentials_env, for_s3_broker, to_yaml, with_endpoints
@@ -102,6 +103,11 @@ class Supervisor:
         self.restarts: dict[str, int] = {}
         self.stop = asyncio.Event()
         self.services = None
+        self.trainer_waits = False
+        """``run.start_order`` explorers_first: the trainer is not started yet."""
+        self.config_path: Path | None = None
+        self.started_at = 0.0
+        """Wall time the children were started: later statuses are this attempt's."""
 
     def _spawn(self, name: str, role_args: list[str], threads: int, config_path: Path) -> None:
         argv = [sys.executable, "-m", "streamrft.infra.app.cli", *role_args, str(config_path)]
@@ -163,7 +169,7 @@ class Supervisor:
         failure = None
         try:
             self._start_children(config_path)
-            failure = await self._watch(follow)
+            failure = await self._watch(follow, monitor)
         finally:
             await self._shutdown()
             monitor_done.set()
@@ -208,18 +214,38 @@ class Supervisor:
         return config_path
 
     def _start_children(self, config_path: Path) -> None:
+        """Trainer, explorers, feeder; with ``explorers_first`` (``run.start_order``) the
+        trainer waits in :meth:`_watch` until every explorer has built its engine."""
         cfg = self.cfg
-        self._spawn("trainer", ["train"], cfg.trainer.threads, config_path)
+        self.trainer_waits = start_order(cfg) == "explorers_first"
+        self.started_at = time.time()
+        if not self.trainer_waits:
+            self._spawn("trainer", ["train"], cfg.trainer.threads, config_path)
         for i in range(cfg.explorer.count):
             role_args = ["explore", "--index", str(i)]
             self._spawn(f"explorer-{i}", role_args, cfg.explorer.threads, config_path)
         self._spawn("feeder", ["feed"], 1, config_path)
+        if self.trainer_waits:
+            log.info("starting the trainer once the explorers have built their engines")
+        self.config_path = config_path
 
-    async def _watch(self, follow: asyncio.Task[None]) -> str | None:
+    def _start_trainer_when_explorers_ready(self, monitor: RunMonitor) -> None:
+        """Start the trainer once every explorer has reported since the run (re)started: a
+        status sent after building its engine (a resumed run's topic still holds the
+        previous attempt's statuses, which do not count)."""
+        statuses = [monitor.status.get(f"explorer-{i}") for i in range(self.cfg.explorer.count)]
+        if all(s is not None and s.created_at >= self.started_at for s in statuses):
+            log.info("explorers ready (engines built): starting the trainer")
+            self._spawn("trainer", ["train"], self.cfg.trainer.threads, self.config_path)
+            self.trainer_waits = False
+
+    async def _watch(self, follow: asyncio.Task[None], monitor: RunMonitor) -> str | None:
         """Until the trainer finishes, a signal stops the run, or a child fails for good
         (restarting the ones that may be restarted). Returns the failure, if any."""
         while not self.stop.is_set():
-            if self.children["trainer"].returncode == 0:
+            if self.trainer_waits:
+                self._start_trainer_when_explorers_ready(monitor)
+            elif self.children["trainer"].returncode == 0:
                 return None  # the run is done
             for name, child in list(self.children.items()):
                 if child.returncode not in (None, 0):
@@ -302,6 +328,7 @@ def start_embedded(cfg: Config) -> tuple[Config, LocalServices | None]:
 
 def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = True) -> dict:
     """Check a resume, start embedded services where needed, run, write the summary."""
+    check_gpu_shares(cfg)
     if check_resume(cfg):  # before anything starts: a refused resume changes nothing
         log.info("run %s exists in %s: resuming it", cfg.run.id, cfg.run_dir)
     cfg, services = start_embedded(cfg)

@@ -55,6 +55,7 @@ from streamrft.infra.local.processes import (
     spawn,
     terminate_pid,
 )
+from streamrft.infra.net import free_port
 from streamrft.schemas.errors import ConfigError, ServiceError
 
 __all__ = [
@@ -79,8 +80,6 @@ _PORT_RETRIES = 3
 _PROBE_ID = b"streamrft-probe"
 # Tansu: 'AddrInUse ... "Address in use"' (and exit code 0); JuiceFS: "port is already in use".
 _ADDR_IN_USE = ("address already in use", "address in use", "addrinuse", "port is already in use")
-_recent_ports: list[int] = []
-_recent_ports_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -96,26 +95,6 @@ class Endpoints:
     s3_endpoint: str | None
     access_key: str | None
     secret_key: str | None
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now.
-
-    The port is released before returning, so another process may take it before the
-    caller binds it; :class:`LocalServices` retries with a new port when that happens.
-    Ports handed out recently by this process are not handed out again.
-    """
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        with _recent_ports_lock:
-            if port in _recent_ports:
-                continue
-            _recent_ports.append(port)
-            del _recent_ports[:-64]
-        return port
-    raise ServiceError("could not find a free TCP port on 127.0.0.1")
 
 
 # --------------------------------------------------------------------------- binaries

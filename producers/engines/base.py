@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -19,10 +20,31 @@ class Rollout:
 
 
 class RolloutEngine(Protocol):
+    """Samples from prompts given as token ids: the workflow renders them
+    (:class:`~streamrft.infra.prompts.PromptRenderer`: chat template or raw text, special
+    tokens added once), the engine adds nothing, so a rollout's ``prompt_ids`` are exactly
+    the ids it was given."""
+
     model: torch.nn.Module
+    tokenizer: Any
+    """Decodes responses; workflows render prompts with it."""
 
     def rollout(
-        self, prompts: list[str], n: int, temperature: float, max_new_tokens: int, seed: int
-    ) -> list[list[Rollout]]: ...
+        self, prompts: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+    ) -> list[list[Rollout]]:
+        """``n`` samples of each prompt (its token ids), grouped per prompt."""
+        ...
 
-    def greedy(self, prompts: list[str], max_new_tokens: int) -> list[str]: ...
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
+        """The greedy response text of each prompt (its token ids)."""
+        ...
+
+    # Where an explorer's versions go (``sync.payload.WeightTarget``): engines that sample
+    # with ``model`` itself copy into it (``ModuleTarget``), others into their own copy too.
+    def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Full weights in place (``unique_state_dict`` names of ``model``)."""
+        ...
+
+    def load_adapter(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """A LoRA adapter version in place (``adapter_state_dict`` names)."""
+        ...

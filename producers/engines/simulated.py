@@ -31,9 +31,10 @@ import torch
 
 from streamrft.infra.config import ExplorerConfig
 from streamrft.producers.engines.base import Rollout
+from streamrft.sync.payload import ModuleTarget
 
 
-class SimulatedEngine:
+class SimulatedEngine(ModuleTarget):
     """Random rollouts that cost ``seconds_per_token`` of ``sleep`` per generated token."""
 
     def __init__(
@@ -60,14 +61,13 @@ class SimulatedEngine:
         return rng.choices(self.ordinary, k=length)
 
     def rollout(
-        self, prompts: list[str], n: int, temperature: float, max_new_tokens: int, seed: int
+        self, prompts: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
     ) -> list[list[Rollout]]:
-        """``n`` random responses of ``max_new_tokens`` tokens per prompt, grouped per
-        prompt; sleeps for all their tokens once."""
+        """``n`` random responses of ``max_new_tokens`` tokens per prompt (its token ids),
+        grouped per prompt; sleeps for all their tokens once."""
         rng = random.Random(seed)
-        prompt_ids = self.tokenizer(prompts, add_special_tokens=True).input_ids
         groups = []
-        for ids in prompt_ids:
+        for ids in prompts:
             group = []
             for _ in range(n):
                 resp = self._response(rng, max_new_tokens)
@@ -83,10 +83,10 @@ class SimulatedEngine:
         self._spend(len(prompts) * n * max_new_tokens)
         return groups
 
-    def greedy(self, prompts: list[str], max_new_tokens: int) -> list[str]:
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
         """A random string of 1 to ``max_new_tokens`` tokens per prompt (the same for the
         same prompts); sleeps for their tokens."""
-        rng = random.Random(zlib.crc32("\0".join(prompts).encode()))
+        rng = random.Random(zlib.crc32(repr(prompts).encode()))
         responses = [self._response(rng, rng.randint(1, max_new_tokens)) for _ in prompts]
         self._spend(sum(map(len, responses)))
         return [self.tokenizer.decode(r, skip_special_tokens=True) for r in responses]

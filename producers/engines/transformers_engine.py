@@ -5,27 +5,45 @@ from __future__ import annotations
 import torch
 
 from streamrft.infra.config import ExplorerConfig
+from streamrft.infra.modeling import model_device
 from streamrft.producers.engines.base import Rollout
 from streamrft.producers.sampling import sample
+from streamrft.sync.payload import ModuleTarget
 
 
-class TransformersEngine:
-    """Batched sampling with a transformers causal LM on CPU or GPU."""
+class TransformersEngine(ModuleTarget):
+    """Batched sampling with a transformers causal LM on CPU or GPU; versions are applied
+    to that model in place (:class:`ModuleTarget`)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, device: str = "cpu") -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.device = device
 
-    def encode_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=True)
-        return enc.input_ids.to(self.device), enc.attention_mask.to(self.device)
+    @property
+    def device(self) -> torch.device:
+        """Where the model is: prompts, sampling and the generator follow it."""
+        return model_device(self.model)
+
+    def encode_prompts(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded ids and attention mask of the prompts' token ids (nothing added)."""
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+        return ids.to(self.device), mask.to(self.device)
 
     def _run(
-        self, prompts: list[str], temperature: float, max_new_tokens: int, greedy: bool, seed: int
+        self,
+        prompts: list[list[int]],
+        temperature: float,
+        max_new_tokens: int,
+        greedy: bool,
+        seed: int,
     ):
         ids, mask = self.encode_prompts(prompts)
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(device=ids.device).manual_seed(seed)
         out = sample(
             self.model,
             ids,
@@ -41,9 +59,9 @@ class TransformersEngine:
 
     @torch.no_grad()
     def rollout(
-        self, prompts: list[str], n: int, temperature: float, max_new_tokens: int, seed: int
+        self, prompts: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
     ) -> list[list[Rollout]]:
-        """``n`` samples of each prompt, grouped per prompt."""
+        """``n`` samples of each prompt (its token ids), grouped per prompt."""
         flat = [p for p in prompts for _ in range(n)]
         ids, mask, out = self._run(flat, temperature, max_new_tokens, False, seed)
         rollouts = []
@@ -62,7 +80,7 @@ class TransformersEngine:
         return [rollouts[j * n : (j + 1) * n] for j in range(len(prompts))]
 
     @torch.no_grad()
-    def greedy(self, prompts: list[str], max_new_tokens: int) -> list[str]:
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
         _, _, out = self._run(prompts, 1.0, max_new_tokens, True, 0)
         return [
             self.tokenizer.decode(

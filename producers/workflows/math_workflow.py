@@ -17,7 +17,7 @@ def math_workflow(
 ) -> list[ExperienceGroup]:
     """Sample ``spec.repeat_times`` responses per task in one batch and score them."""
     batches = engine.rollout(
-        [t.prompt for t in tasks],
+        spec.renderer(engine).batch(tasks),
         spec.repeat_times,
         spec.temperature,
         spec.max_new_tokens,

@@ -46,7 +46,7 @@ from streamrft.schemas.events import (
     SyncRequest,
     TrainedGroup,
 )
-from streamrft.schemas.experience import ExperienceGroup, Task, check_token_ids
+from streamrft.schemas.experience import ChatMessage, ExperienceGroup, Task, check_token_ids
 from streamrft.schemas.topics import TOPIC_KINDS, TopicNames
 from tests.helpers.groups import make_group
 
@@ -124,6 +124,14 @@ _SAMPLES: dict[str, Any] = {
     "tasks": lambda: [
         Task(id="arith-00001", prompt="3+5=", answer="8"),
         Task(id="arith-00002", prompt="12+30=", answer="42", epoch=1, metadata={"src": "fuzz"}),
+        Task(
+            id="chat-00003",
+            answer="12",
+            messages=[
+                ChatMessage(role="system", content="Answer in <answer></answer> tags."),
+                ChatMessage(role="user", content="Tom has 7 apples and buys 5 more. How many?"),
+            ],
+        ),
     ],
     "experiences": _experience_samples,
     "control": lambda: [

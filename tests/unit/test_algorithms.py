@@ -258,6 +258,9 @@ def test_policy_step_gives_exactly_the_old_grpo_step_numbers(tokenizer, groups, 
     batch = unequal(groups) if uneven else groups
     old_stats, old_model = run_step(_old_grpo_step, tokenizer, batch, cfg, with_ref)
     new_stats, new_model = run_step(policy_step, tokenizer, batch, cfg, with_ref)
+    rows = sum(len(g.experiences) for g in batch)
+    micro = cfg.micro_batch_size or rows
+    assert new_stats.pop("train/micro_batches") == -(-rows // micro)
     assert list(new_stats) == list(old_stats)
     assert new_stats == old_stats  # exact, not approximate
     old_params = dict(old_model.named_parameters())

@@ -362,3 +362,30 @@ def test_lora_grpo_learns_addition(tokenizer):
     assert all(torch.equal(now[k], frozen[k]) for k in frozen)
     end_adapter = adapter_state_dict(peft_model)
     assert all(not torch.equal(end_adapter[k], start_adapter[k]) for k in start_adapter)
+
+
+def test_a_bf16_lora_run_sends_the_base_in_bf16_and_the_adapter_as_the_explorer_holds_it():
+    """The trainer (float32 master) sends a full version of a LoRA model: base tensors in
+    the explorers' bf16, adapter tensors in float32 — exactly the explorer's template, so a
+    broadcast's (name, shape, dtype) check agrees."""
+    from streamrft.infra.config import LoraConfig, ModelConfig
+    from streamrft.infra.modeling import load_policy
+    from streamrft.schemas.events import ModelVersionReady
+    from streamrft.sync.payload import ModelWeights
+
+    lora = LoraConfig(enabled=True)
+    master, _ = load_policy(ModelConfig(dtype="bfloat16"), dtype=torch.float32)
+    trainer = ModelWeights(attach_lora(master, lora), lora=True, dtype=torch.bfloat16)
+    sent = trainer.payload(0, 0, must_be_full=True).tensors
+    explorer_model, _ = load_policy(ModelConfig(dtype="bfloat16"))
+    explorer = ModelWeights(attach_lora(explorer_model, lora), lora=True)
+    event = ModelVersionReady(
+        version=0, method="object_store", uri="x", manifest_sha256="", bytes=0, step=0
+    )
+    template = explorer.template(event)
+    assert {k: (v.dtype, v.shape) for k, v in sent.items()} == {
+        k: (v.dtype, v.shape) for k, v in template.items()
+    }
+    assert {v.dtype for k, v in sent.items() if ".lora_" in k} == {torch.float32}
+    assert {v.dtype for k, v in sent.items() if ".lora_" not in k} == {torch.bfloat16}
+    explorer.apply(event, sent)  # fits, and copies

@@ -68,6 +68,7 @@ def pickle_uses(source: str, filename: str = "<string>") -> list[str]:
                 and "Model" in name
                 and "PeftModel" not in name
                 and not _keyword_is_true(node, "use_safetensors")
+                and not any(k.arg == "gguf_file" for k in node.keywords)  # GGUF: no pickle
             ):
                 found.append(f"{where}: {name} without use_safetensors=True")
     return found
@@ -93,6 +94,7 @@ AutoModelForCausalLM.from_pretrained(path)
 torch.load("w.pt", weights_only=True)
 np.load("a.npy")
 AutoModelForCausalLM.from_pretrained(path, use_safetensors=True)
+AutoModelForCausalLM.from_pretrained(folder, gguf_file="m.gguf")
 AutoTokenizer.from_pretrained(path)
 safetensors.torch.save_file(tensors, "w.safetensors")
 '''

@@ -78,7 +78,11 @@ def test_tokenizer_round_trips_text_with_spaces(tokenizer):
 
 def test_rollout_groups_prompts_without_padding(engine, tokenizer):
     batches = engine.rollout(
-        [t.prompt for t in TASKS], n=3, temperature=1.0, max_new_tokens=4, seed=0
+        [tokenizer(t.prompt).input_ids for t in TASKS],
+        n=3,
+        temperature=1.0,
+        max_new_tokens=4,
+        seed=0,
     )
     assert [len(b) for b in batches] == [3, 3]
     for task, rollouts in zip(TASKS, batches, strict=True):
@@ -91,9 +95,10 @@ def test_rollout_groups_prompts_without_padding(engine, tokenizer):
     assert len(batches[1][0].prompt_ids) == 7
 
 
-def test_rollout_is_reproducible_for_a_seed(engine):
-    first = engine.rollout(["3+5="], 2, 1.0, 6, seed=7)
-    again = engine.rollout(["3+5="], 2, 1.0, 6, seed=7)
+def test_rollout_is_reproducible_for_a_seed(engine, tokenizer):
+    prompt = [tokenizer("3+5=").input_ids]
+    first = engine.rollout(prompt, 2, 1.0, 6, seed=7)
+    again = engine.rollout(prompt, 2, 1.0, 6, seed=7)
     assert [r.response_ids for r in first[0]] == [r.response_ids for r in again[0]]
 
 

@@ -40,6 +40,12 @@ def tokenizer():
     return build_char_tokenizer()
 
 
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer):
+    """The prompts as the math workflow hands them to an engine: raw text, BOS added."""
+    return [tokenizer(p, add_special_tokens=True).input_ids for p in PROMPTS]
+
+
 @pytest.fixture
 def sleeps():
     return Sleeps()
@@ -60,8 +66,8 @@ def test_registered_and_built_with_the_explorer_cost(tokenizer):
     assert engine.seconds_per_token == 0.125
 
 
-def test_rollouts_are_ordinary_tokens_grouped_per_prompt(engine, tokenizer):
-    groups = engine.rollout(PROMPTS, n=5, temperature=1.0, max_new_tokens=6, seed=3)
+def test_rollouts_are_ordinary_tokens_grouped_per_prompt(engine, tokenizer, prompt_ids):
+    groups = engine.rollout(prompt_ids, n=5, temperature=1.0, max_new_tokens=6, seed=3)
     special = set(tokenizer.all_special_ids)
     ordinary = len(tokenizer) - len(special)
     assert len(groups) == len(PROMPTS)
@@ -78,35 +84,35 @@ def test_rollouts_are_ordinary_tokens_grouped_per_prompt(engine, tokenizer):
     assert len({tuple(r.response_ids) for g in groups for r in g}) > 1
 
 
-def test_the_sleep_scales_with_the_tokens_generated(engine, sleeps):
-    engine.rollout(PROMPTS, n=4, temperature=1.0, max_new_tokens=5, seed=0)
-    tokens = sum(len(r.response_ids) for g in engine.rollout(PROMPTS, 4, 1.0, 5, 0) for r in g)
+def test_the_sleep_scales_with_the_tokens_generated(engine, sleeps, prompt_ids):
+    engine.rollout(prompt_ids, n=4, temperature=1.0, max_new_tokens=5, seed=0)
+    tokens = sum(len(r.response_ids) for g in engine.rollout(prompt_ids, 4, 1.0, 5, 0) for r in g)
     assert tokens == 3 * 4 * 5  # fixed length: every response is max_new_tokens long
     assert sleeps.total == pytest.approx(2 * tokens * 0.002)
     sleeps.calls.clear()
-    engine.rollout(PROMPTS, n=8, temperature=1.0, max_new_tokens=5, seed=0)
+    engine.rollout(prompt_ids, n=8, temperature=1.0, max_new_tokens=5, seed=0)
     assert sleeps.total == pytest.approx(3 * 8 * 5 * 0.002)  # twice the rollouts, twice the cost
     sleeps.calls.clear()
-    texts = engine.greedy(PROMPTS, max_new_tokens=4)
+    texts = engine.greedy(prompt_ids, max_new_tokens=4)
     assert sleeps.total > 0
     assert sleeps.total <= 3 * 4 * 0.002 + 1e-12
     assert all(isinstance(t, str) for t in texts) and len(texts) == 3
 
 
-def test_no_cost_no_sleep(tokenizer, sleeps):
+def test_no_cost_no_sleep(tokenizer, sleeps, prompt_ids):
     engine = SimulatedEngine(torch.nn.Linear(1, 1), tokenizer, 0.0, sleep=sleeps)
-    engine.rollout(PROMPTS, 2, 1.0, 4, 0)
+    engine.rollout(prompt_ids, 2, 1.0, 4, 0)
     assert sleeps.calls == []
 
 
-def test_the_same_seed_gives_the_same_rollouts(engine):
+def test_the_same_seed_gives_the_same_rollouts(engine, prompt_ids):
     def ids(seed):
-        groups = engine.rollout(PROMPTS, 3, 1.0, 4, seed)
+        groups = engine.rollout(prompt_ids, 3, 1.0, 4, seed)
         return [[(r.response_ids, r.text) for r in g] for g in groups]
 
     assert ids(7) == ids(7)
     assert ids(7) != ids(8)
-    assert engine.greedy(PROMPTS, 4) == engine.greedy(PROMPTS, 4)
+    assert engine.greedy(prompt_ids, 4) == engine.greedy(prompt_ids, 4)
 
 
 def test_math_workflow_runs_on_it(engine):

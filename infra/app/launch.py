@@ -1,0 +1,161 @@
+"""Start a command as N ranks of one torch.distributed group, and end them together.
+
+Each rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and this process's stdout and
+stderr. The launcher is the group's one face to whoever started it (``streamrft run``'s
+supervisor, a shell):
+
+- a rank that exits non-zero (or is killed) fails the group: the launcher kills the
+  others at once (a group with a dead member cannot go on; its collectives would hang
+  or fail) and exits with that rank's status (128 + the signal for a killed rank), so a
+  supervisor restarts the group, which resumes from its checkpoint;
+- SIGTERM or SIGINT asks for an orderly stop: it is passed to rank 0 as SIGTERM (rank 0
+  finishes and tells the others to stop); a second one kills every rank;
+- every rank dies with the launcher, even when it is SIGKILLed (a rank asks for it,
+  ``PR_SET_PDEATHSIG``, as it starts: :func:`die_with_launcher`);
+- it exits 0 when every rank did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from streamrft.infra.config import Config
+from streamrft.infra.net import free_port
+
+log = logging.getLogger(__name__)
+FOLLOWERS_GRACE_S = 60.0
+"""How long the other ranks may take to exit after rank 0 exited 0."""
+LAUNCHER_PID = "STREAMRFT_LAUNCHER_PID"
+"""Environment variable: the pid of the launcher of this rank."""
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_launcher() -> None:
+    """In a rank, first thing: be SIGKILLed when the launcher dies (Linux), or exit now if
+    it is gone already. (Not a ``preexec_fn``: that is unsafe in a launcher with threads.)"""
+    launcher = os.environ.get(LAUNCHER_PID)
+    if launcher is None or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != int(launcher):
+        os._exit(1)
+
+
+def rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
+    return {
+        **os.environ,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        LAUNCHER_PID: str(os.getpid()),
+    }
+
+
+def _status(code: int) -> int:
+    """A child's return code as an exit status (a signal: 128 + its number)."""
+    return code if code >= 0 else 128 - code
+
+
+class Launcher:
+    """``nproc`` ranks of ``argv`` on this machine (see the module docstring)."""
+
+    def __init__(self, argv: list[str], nproc: int, cwd: str | None = None) -> None:
+        port = free_port()
+        self.procs = [
+            subprocess.Popen(
+                argv,
+                env=rank_env(rank, nproc, port),
+                cwd=cwd,
+                start_new_session=True,  # a terminal's Ctrl-C reaches the launcher alone
+            )
+            for rank in range(nproc)
+        ]
+        self.stops = 0
+        log.info("trainer ranks started: pids %s", [p.pid for p in self.procs])
+
+    def on_signal(self, signum: int, _frame: object = None) -> None:
+        self.stops += 1
+        if self.stops == 1:
+            log.info("%s: asking rank 0 to stop", signal.Signals(signum).name)
+            self._signal(self.procs[:1], signal.SIGTERM)
+        else:
+            self._signal(self.procs, signal.SIGKILL)
+
+    @staticmethod
+    def _signal(procs: list[subprocess.Popen], signum: int) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    def kill_all(self) -> None:
+        self._signal(self.procs, signal.SIGKILL)
+        for p in self.procs:
+            p.wait()
+
+    def wait(self, poll_s: float = 0.1) -> int:
+        """Until every rank exited 0 (0) or one failed (its status; the others killed)."""
+        deadline = None
+        try:
+            while True:
+                codes = [p.poll() for p in self.procs]
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                if failed:
+                    rank, code = failed[0]
+                    log.warning(
+                        "trainer rank %d exited with code %s: stopping the others", rank, code
+                    )
+                    return _status(code)
+                if all(c == 0 for c in codes):
+                    return 0
+                if codes[0] == 0 and deadline is None:
+                    deadline = time.monotonic() + FOLLOWERS_GRACE_S
+                if deadline is not None and time.monotonic() > deadline:
+                    log.warning(
+                        "trainer ranks still running %.0f s after rank 0 finished",
+                        FOLLOWERS_GRACE_S,
+                    )
+                    return 1
+                time.sleep(poll_s)
+        finally:
+            self.kill_all()
+
+
+def launch(argv: list[str], nproc: int, handle_signals: bool = True, cwd: str | None = None) -> int:
+    """Run ``argv`` as ``nproc`` ranks (in ``cwd``) until they end; the exit status (module
+    docstring). ``handle_signals``: install the SIGTERM/SIGINT handling (main thread only)."""
+    launcher = Launcher(argv, nproc, cwd)
+    if handle_signals:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, launcher.on_signal)
+    return launcher.wait()
+
+
+def launch_trainer(args: argparse.Namespace, cfg: Config) -> int:
+    """``streamrft train`` with ``trainer.nproc`` > 1: the ranks run the same command
+    (config file, overrides, the resolved run id, the rank count)."""
+    argv = [sys.executable, "-m", "streamrft.infra.app.cli", "train", args.config]
+    argv += ["--run-id", cfg.run.id, "--nproc", str(cfg.trainer.nproc)]
+    for setting in args.override or []:
+        argv += ["-o", setting]
+    return launch(argv, cfg.trainer.nproc)
+
+
+def run_trainer_rank(cfg: Config) -> int:
+    """One rank of the trainer (the launcher's environment is set)."""
+    die_with_launcher()
+    from streamrft.consumers.fsdp_engine import run_rank
+    from streamrft.producers.evaluation import GreedyEvaluator
+
+    run_rank(cfg, GreedyEvaluator(cfg))  # used by rank 0
+    return 0

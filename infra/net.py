@@ -1,0 +1,32 @@
+"""Network helpers for any layer (infra core: the standard library and schemas only)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from streamrft.schemas.errors import ServiceError
+
+_recent_ports: list[int] = []
+_recent_ports_lock = threading.Lock()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on right now (a local service's port, a
+    process group's rendezvous).
+
+    The port is released before returning, so another process may take it before the
+    caller binds it; a caller that can retry with a new port does (``LocalServices``).
+    Ports handed out recently by this process are not handed out again.
+    """
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        with _recent_ports_lock:
+            if port in _recent_ports:
+                continue
+            _recent_ports.append(port)
+            del _recent_ports[:-64]
+        return port
+    raise ServiceError(f"could not find a free TCP port on {host}")

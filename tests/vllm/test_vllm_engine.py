@@ -1,0 +1,246 @@
+"""The vLLM engine on the tiny model: its log-probs are the trainer's, weights go in in
+place, and a run with ``explorer.engine: vllm`` learns.
+
+vLLM's CPU attention takes head sizes of 32 and up: the tiny models here have two heads of
+32 (``num_heads: 2``); the example's four heads of 16 would not load.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+import pytest
+import torch
+
+from streamrft.consumers.batching import collate, response_logprobs
+from streamrft.infra.config import LoraConfig, ModelConfig
+from streamrft.infra.modeling import load_policy
+from streamrft.producers.engines.base import Rollout
+from streamrft.schemas.arrays import pack_f32, pack_i32, pack_u8
+from streamrft.schemas.experience import Experience
+from streamrft.sync.weights import unique_state_dict
+from tests.helpers.cli import run_argv, run_ok
+from tests.helpers.paths import EXAMPLE
+
+pytestmark = pytest.mark.vllm
+
+TINY = ModelConfig(
+    hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, max_positions=32
+)
+PROMPTS = [f"{a}+{b}=" for a in range(10) for b in range(10)]
+
+
+def prompt_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """The prompts as the workflows hand them to an engine (raw text, BOS added)."""
+    return [list(ids) for ids in tokenizer(prompts, add_special_tokens=True).input_ids]
+
+
+def sharpened(model: torch.nn.Module, scale: float = 3.0) -> torch.nn.Module:
+    """A copy whose (tied) embedding is ``scale`` times larger: peaked next-token
+    distributions, so log-probs span a wide range rather than all sitting near -log(V)."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        out.get_input_embeddings().weight.mul_(scale)
+    return out
+
+
+def trained_to_answer(model: torch.nn.Module, tokenizer, answer: str, steps: int = 120):
+    """A copy of ``model`` fine-tuned to answer every prompt with ``answer`` then EOS."""
+    out = copy.deepcopy(model).train()
+    ids = torch.tensor(
+        [[*p, tokenizer.eos_token_id] for p in prompt_ids(tokenizer, [q + answer for q in PROMPTS])]
+    )
+    labels = ids.clone()
+    labels[:, : len(prompt_ids(tokenizer, ["1+1="])[0])] = -100  # the answer and EOS only
+    opt = torch.optim.Adam(out.parameters(), lr=3e-3)
+    for _ in range(steps):
+        opt.zero_grad()
+        out(input_ids=ids, labels=labels).loss.backward()
+        opt.step()
+    return out.eval()
+
+
+def experience(r: Rollout) -> Experience:
+    return Experience(
+        id="e",
+        tokens=pack_i32(r.prompt_ids + r.response_ids),
+        prompt_length=len(r.prompt_ids),
+        logprobs=pack_f32(r.logprobs),
+        action_mask=pack_u8([1] * len(r.response_ids)),
+        reward=0.0,
+        model_version=0,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer = load_policy(TINY)
+    return sharpened(model), tokenizer
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    from streamrft.producers.engines.vllm_engine import VLLMEngine
+
+    model, tokenizer = tiny
+    t0 = time.perf_counter()
+    eng = VLLMEngine(copy.deepcopy(model), tokenizer)
+    print(f"\nvLLM engine start-up: {time.perf_counter() - t0:.1f} s")
+    yield eng
+    eng.close()
+
+
+def test_sampled_logprobs_are_the_trainers_recomputation(tiny, engine):
+    """Every sampled token's log-prob under ``logits / temperature`` equals what the
+    trainer recomputes on the same weights (collate + response_logprobs); responses end
+    at their first EOS, or run to max_new_tokens."""
+    model, tokenizer = tiny
+    temperature, max_new = 0.7, 8
+    groups = engine.rollout(prompt_ids(tokenizer, PROMPTS[:32]), 4, temperature, max_new, seed=3)
+    rollouts = [r for g in groups for r in g]
+    assert [len(g) for g in groups] == [4] * 32
+    eos = tokenizer.eos_token_id
+    for r in rollouts:
+        assert len(r.response_ids) == len(r.logprobs) >= 1
+        assert eos not in r.response_ids[:-1]
+        assert r.response_ids[-1] == eos or len(r.response_ids) == max_new
+        assert r.text == tokenizer.decode(r.response_ids, skip_special_tokens=True)
+    assert len({tuple(r.response_ids) for r in rollouts}) > len(groups), "samples all alike"
+
+    batch = collate([experience(r) for r in rollouts], tokenizer.pad_token_id)
+    with torch.no_grad():
+        trainer = response_logprobs(
+            model, batch.input_ids, batch.attention_mask, batch.prompt_width, temperature
+        )
+    mask = batch.response_mask.bool()
+    diff = (trainer[mask] - batch.old_logprobs[mask]).abs()
+    print(
+        f"\nlog-prob |vLLM - trainer| over {int(mask.sum())} tokens: mean {diff.mean():.2e}, "
+        f"max {diff.max():.2e} (log-probs span {batch.old_logprobs[mask].min():.2f}..0)"
+    )
+    assert batch.old_logprobs[mask].min() < -2.0  # a real spread, not near-uniform
+    assert diff.max() < 1e-3 and diff.mean() < 1e-4
+    # at temperature 1 the trainer's log-probs differ: vLLM's are of the scaled distribution
+    with torch.no_grad():
+        unscaled = response_logprobs(
+            model, batch.input_ids, batch.attention_mask, batch.prompt_width
+        )
+    assert (unscaled[mask] - batch.old_logprobs[mask]).abs().max() > 0.1
+
+
+def test_same_seed_same_samples_and_greedy_is_deterministic(tiny, engine):
+    _, tokenizer = tiny
+    ids = prompt_ids(tokenizer, PROMPTS[:8])
+    a = engine.rollout(ids, 3, 1.0, 6, seed=11)
+    b = engine.rollout(ids, 3, 1.0, 6, seed=11)
+    assert [[r.response_ids for r in g] for g in a] == [[r.response_ids for r in g] for g in b]
+    assert engine.greedy(ids, 6) == engine.greedy(ids, 6)
+
+
+def test_load_weights_changes_the_samples_in_place(tiny, engine):
+    """Weights of a model trained to answer "7" make vLLM answer "7"; the original
+    weights put back make it answer as before."""
+    model, tokenizer = tiny
+    ids = prompt_ids(tokenizer, PROMPTS)
+    before = engine.greedy(ids, 4)
+    assert before.count("7") < len(PROMPTS) // 2
+    sevens = trained_to_answer(model, tokenizer, "7")
+    t0 = time.perf_counter()
+    engine.load_weights(1, unique_state_dict(sevens))
+    print(f"\nload_weights of the full model: {time.perf_counter() - t0:.3f} s")
+    assert engine.greedy(ids, 4) == ["7"] * len(PROMPTS)
+    samples = [r for g in engine.rollout(ids[:16], 4, 1.0, 4, seed=5) for r in g]
+    answered = sum(r.text == "7" and r.response_ids[-1] == tokenizer.eos_token_id for r in samples)
+    assert answered >= 0.9 * len(samples)
+    engine.load_weights(2, unique_state_dict(model))
+    assert engine.greedy(ids, 4) == before
+
+
+def test_bench_pushes_each_checkpoint_into_the_one_engine(tiny, engine, tmp_path):
+    """What ``streamrft bench`` does per checkpoint (``consumers.checkpoint.load_weights``
+    with the engine as the target): vLLM's own weights change, so a checkpoint trained to
+    answer "7" answers "7", and the next checkpoint (the original weights) as before."""
+    from streamrft.consumers.checkpoint import load_weights, save_checkpoint
+    from streamrft.consumers.state import TrainerState
+
+    model, tokenizer = tiny
+    ids = prompt_ids(tokenizer, PROMPTS)
+    before = engine.greedy(ids, 4)
+    assert before != ["7"] * len(PROMPTS)
+    for step, weights in ((1, trained_to_answer(model, tokenizer, "7")), (2, model)):
+        opt = torch.optim.SGD(weights.parameters(), lr=0.0)
+        save_checkpoint(tmp_path, TrainerState(step=step, version=step), weights, opt, keep=0)
+    assert load_weights(tmp_path / "step_00000001", engine).version == 1
+    assert engine.greedy(ids, 4) == ["7"] * len(PROMPTS)
+    load_weights(tmp_path / "step_00000002", engine)
+    assert engine.greedy(ids, 4) == before
+
+
+def test_lora_adapter_versions_are_lora_requests(tiny):
+    """A LoRA explorer: vLLM starts from the base, an adapter version (peft tensors, as
+    published) becomes a new LoRA request and changes the samples; a full version (base
+    weights and its adapter) is taken too."""
+    from streamrft.producers.engines.vllm_engine import VLLMEngine
+    from streamrft.sync.lora import adapter_state_dict, attach_lora
+
+    model, tokenizer = tiny
+    lora = LoraConfig(enabled=True, rank=8, alpha=16.0)
+    torch.manual_seed(0)
+    explorer_model = attach_lora(copy.deepcopy(model), lora)
+    engine = VLLMEngine(explorer_model, tokenizer)
+    try:
+        ids = prompt_ids(tokenizer, PROMPTS)
+        before = engine.greedy(ids, 4)
+        torch.manual_seed(0)
+        trained = trained_to_answer(attach_lora(copy.deepcopy(model), lora), tokenizer, "7")
+        engine.load_adapter(1, adapter_state_dict(trained))
+        first = engine.adapter
+        assert engine.greedy(ids, 4) == ["7"] * len(PROMPTS)
+        torch.manual_seed(0)
+        engine.load_adapter(2, adapter_state_dict(attach_lora(copy.deepcopy(model), lora)))
+        assert engine.adapter.lora_int_id != first.lora_int_id
+        assert engine.greedy(ids, 4) == before  # a zero adapter: the base again
+        engine.load_weights(3, unique_state_dict(trained))  # base + the trained adapter
+        assert engine.greedy(ids, 4) == ["7"] * len(PROMPTS)
+    finally:
+        engine.close()
+
+
+def test_a_run_with_the_vllm_engine_learns(tmp_path):
+    """``streamrft run`` on the arithmetic example (two heads of 32) with the vLLM explorer:
+    reward and greedy accuracy rise, versions are applied, the books balance."""
+    summary_path = tmp_path / "summary.json"
+    steps = 60
+    t0 = time.perf_counter()
+    run_ok(
+        run_argv(
+            EXAMPLE,
+            None,
+            steps,
+            tmp_path / "runs",
+            None,
+            "explorer.engine=vllm",
+            "model.num_heads=2",
+            "trainer.eval_interval=20",
+            summary=summary_path,
+        ),
+        tmp_path,
+        timeout=900,
+    )
+    s = json.loads(summary_path.read_text())
+    print(
+        f"\nvLLM run: {steps} steps in {time.perf_counter() - t0:.0f} s; reward "
+        f"{s['mean_reward_first']:.3f} -> {s['mean_reward_last']:.3f}, eval accuracy "
+        f"{s['eval_accuracy']}"
+    )
+    assert s["steps"] == steps
+    assert s["mean_reward_last"] >= s["mean_reward_first"] + 0.1
+    assert s["eval_accuracy_last"] >= s["eval_accuracy_first"] + 0.15, s["eval_accuracy"]
+    books = s["books"]
+    assert books == {**books, "trained_twice": 0, "newer_than_trainer": 0, "staler_than_max": 0}
+    assert s["versions_published"] == steps + 1
+    assert s["versions_applied"]["explorer-0"] >= steps // 2
+    assert s["versions_rejected"] == {"explorer-0": 0}
+    assert s["exit_codes"] == {"trainer": 0, "explorer-0": 0, "feeder": 0}
