@@ -285,7 +285,12 @@ class VLLMEngine:
 
 def make_vllm_engine(model: torch.nn.Module, tokenizer, cfg: ExplorerConfig) -> VLLMEngine:
     """The ``vllm`` engine; on a GPU it takes ``explorer.gpu_memory_utilization`` of its
-    memory (vLLM's CPU build sizes its KV cache by ``VLLM_CPU_KVCACHE_SPACE`` instead)."""
+    memory (vLLM's CPU build sizes its KV cache by ``VLLM_CPU_KVCACHE_SPACE`` instead).
+    The torch mirror versions are received into moves to host memory first, so the GPU
+    holds vLLM's copy only (what ``infra/app/placement.py`` counts)."""
     on_gpu = next(model.parameters()).device.type == "cuda"
-    options = {"gpu_memory_utilization": cfg.gpu_memory_utilization} if on_gpu else {}
-    return VLLMEngine(model, tokenizer, **options)
+    options = {"gpu_memory_utilization": cfg.gpu_memory_utilization}
+    if on_gpu:
+        model.to("cpu")
+        torch.cuda.empty_cache()
+    return VLLMEngine(model, tokenizer, **(options if on_gpu else {}))
