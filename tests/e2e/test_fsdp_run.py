@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from tests.helpers.cli import run_argv, start_piped
 from tests.helpers.paths import EXAMPLE
-from tests.helpers.processes import log_has, processes_mentioning, wait_for
+from tests.helpers.processes import kill_at_step, processes_mentioning
 
 pytestmark = pytest.mark.e2e
 
@@ -52,17 +51,9 @@ def test_two_rank_trainer_survives_a_killed_rank(services, tmp_path):
         ),
         tmp_path,
     )
-    try:
-        # step 10 is logged two steps past the checkpoint at 8; the next is at 16
-        log = runs / run_id / "logs" / "trainer.log"
-        wait_for(lambda: log_has(log, "trainer: step 10 "), proc, 240, "step 10")
-        pid = _rank_pid(run_id, 1)
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # step 10 is logged two steps past the checkpoint at 8; the next is at 16
+    log = runs / run_id / "logs" / "trainer.log"
+    err = kill_at_step(proc, log, 10, lambda: _rank_pid(run_id, 1), 300)
     text = log.read_text()
     assert proc.returncode == 0, (err[-3000:], text[-3000:])
     s = json.loads((tmp_path / "s.json").read_text())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from streamrft.infra.consume import read_history
 from streamrft.schemas.codec import EXPERIENCE_GROUP
 from tests.helpers.cli import run_argv, run_ok, start_piped
 from tests.helpers.paths import EXAMPLE
-from tests.helpers.processes import log_has, processes_mentioning, wait_for
+from tests.helpers.processes import kill_at_step, processes_mentioning
 
 pytestmark = pytest.mark.e2e
 
@@ -55,17 +54,9 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, make_config, tmp_
         tmp_path,
     )
     ckpts = runs / run_id / "checkpoints"
-    try:
-        # the trainer logs step 20 five steps after its checkpoint at 15, the next is at 30
-        log = runs / run_id / "logs" / "trainer.log"
-        wait_for(lambda: log_has(log, "trainer: step 20 "), first, 240, "step 20")
-        pid = _trainer_pid(run_id)
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        _, err = first.communicate(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
+    # the trainer logs step 20 five steps after its checkpoint at 15, the next is at 30
+    log = runs / run_id / "logs" / "trainer.log"
+    err = kill_at_step(first, log, 20, lambda: _trainer_pid(run_id), 120)
     assert first.returncode == 2 and "trainer exited with code -9" in err
     killed_at = json.loads((tmp_path / "first.json").read_text())["steps"]
     resumed_from = int((ckpts / "latest").read_text().split("_")[1])
@@ -131,16 +122,8 @@ def test_explorer_killed_mid_run_is_restarted_and_nothing_is_lost(services, tmp_
         ),
         tmp_path,
     )
-    try:
-        log = runs / run_id / "logs" / "trainer.log"
-        wait_for(lambda: log_has(log, "trainer: step 10 "), proc, 240, "training to reach step 10")
-        pid = _explorer_pid(run_id, 1)
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    log = runs / run_id / "logs" / "trainer.log"
+    err = kill_at_step(proc, log, 10, lambda: _explorer_pid(run_id, 1), 400)
     assert proc.returncode == 0, err[-3000:]
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["restarts"] == {"explorer-1": 1}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -37,3 +38,24 @@ def processes_mentioning(text: str) -> list[int]:
         if text in cmdline and state != "Z":
             pids.append(int(entry.name))
     return pids
+
+
+def kill_at_step(
+    proc: subprocess.Popen,
+    log: Path,
+    step: int,
+    find_pid: Callable[[], int | None],
+    finish_s: float,
+) -> str:
+    """Wait (up to 240 s) for the trainer log ``log`` to show ``step``, SIGKILL the process
+    ``find_pid()`` names, let ``proc`` (the run) finish within ``finish_s``; its stderr.
+    ``proc`` is killed if the test fails on the way."""
+    try:
+        wait_for(lambda: log_has(log, f"trainer: step {step} "), proc, 240, f"step {step}")
+        pid = find_pid()
+        assert pid is not None, "the process to kill was not found"
+        os.kill(pid, signal.SIGKILL)
+        return proc.communicate(timeout=finish_s)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
