@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup run test test-unit test-integration test-e2e test-vllm lint format bench infra-up infra-down docs
+.PHONY: setup run smollm2 test test-unit test-integration test-e2e test-vllm lint format bench infra-up infra-down docs
 
 # The install is redone only when pyproject.toml changes.
 setup: $(VENV)/.installed
@@ -22,6 +22,11 @@ $(VENV)/.installed: pyproject.toml
 
 run: setup
 	OMP_NUM_THREADS=1 $(BIN)/streamrft run examples/arithmetic.yaml
+
+# SmolLM2-135M-Instruct, GRPO + LoRA on word problems (README "A real pretrained model")
+smollm2: setup
+	test -d models/smollm2-135m-instruct || $(BIN)/streamrft models prepare smollm2
+	OMP_NUM_THREADS=1 $(BIN)/streamrft run examples/smollm2_wordproblems.yaml
 
 test: setup
 	$(BIN)/ruff check .

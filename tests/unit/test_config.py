@@ -9,9 +9,10 @@ import msgspec
 import pytest
 
 from streamrft.infra.config import Config, from_dict, load_config, with_run_id
+from streamrft.infra.taskset import read_taskset
 from streamrft.schemas.errors import ConfigError
 from tests.helpers.configs import cfg_of, write_config
-from tests.helpers.paths import EXAMPLE
+from tests.helpers.paths import EXAMPLE, ROOT
 
 pytestmark = pytest.mark.unit
 
@@ -244,3 +245,13 @@ def test_bad_run_id_error_names_run_id():
 def test_config_round_trips_through_builtins():
     cfg = from_dict(cfg_of(trainer={"lr": 0.25}))
     assert from_dict(msgspec.to_builtins(cfg)) == cfg
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "examples").glob("*.yaml")))
+def test_every_example_config_loads_and_its_tasksets_read(name):
+    """The examples the README names are valid configs whose task files exist and read."""
+    cfg = load_config(ROOT / "examples" / name)
+    for path in filter(None, (cfg.taskset.path, cfg.taskset.eval_path)):
+        assert read_taskset(path, cfg.taskset), path
+    if cfg.model.source == "path":  # a prepared model: `streamrft models prepare ...`
+        assert "models/" in cfg.model.path
