@@ -163,7 +163,7 @@ def test_gradient_checkpointing_gives_the_same_step(tokenizer):
     cfg = TrainerConfig()
     plain, model_a, _ = step(tokenizer, groups, cfg)
     ckpt, model_b, _ = step(tokenizer, groups, cfg, checkpointing=True)
-    assert model_b.is_gradient_checkpointing
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model_b.modules())
     assert ckpt["train/loss"] == pytest.approx(plain["train/loss"], abs=1e-6)
     assert max_param_diff(model_a, model_b) < 1e-6
     assert max_param_diff(model_a, fresh_model(tokenizer)) > 1e-4  # it did train
