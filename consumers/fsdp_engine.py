@@ -62,7 +62,7 @@ from streamrft.infra.config import Config
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import ExperienceGroup
 from streamrft.sync.payload import ModelWeights
-from streamrft.sync.weights import apply_state_dict
+from streamrft.sync.weights import apply_state_dict, shared_aliases
 
 log = logging.getLogger(__name__)
 GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -83,10 +83,9 @@ def shard(model: torch.nn.Module) -> None:
 @torch.no_grad()
 def broadcast_module(module: torch.nn.Module) -> None:
     """Every rank's ``module`` takes rank 0's parameters and buffers (tied ones once)."""
-    seen: set[int] = set()
-    for tensor in module.state_dict().values():
-        if tensor.data_ptr() not in seen:
-            seen.add(tensor.data_ptr())
+    aliases = shared_aliases(module)
+    for name, tensor in module.state_dict().items():
+        if name not in aliases:
             dist.broadcast(tensor, 0)
 
 
