@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamrft.infra.config import Config
+from streamrft.infra.local.processes import port_open
 from streamrft.schemas.errors import ServiceError, StreamRFTError
 
 if TYPE_CHECKING:  # heavy (torch): imported when a scorer is built
@@ -333,11 +333,8 @@ def _answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
     gone is told at once, not after the Kafka client's connect retries."""
     for address in bootstrap.split(","):
         host, _, port = address.strip().rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-                return True
-        except (OSError, ValueError):
-            continue
+        if port.isdigit() and port_open(int(port), timeout_s, host.strip("[]")):
+            return True
     return False
 
 

@@ -101,10 +101,10 @@ def terminate_pid(pid: int, grace_s: float = STOP_GRACE_S) -> None:
             time.sleep(0.02)
 
 
-def port_open(port: int, timeout: float = 0.5) -> bool:
-    """Whether a TCP connect to ``127.0.0.1:port`` succeeds."""
+def port_open(port: int, timeout: float = 0.5, host: str = "127.0.0.1") -> bool:
+    """Whether a TCP connect to ``host:port`` succeeds."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+        with socket.create_connection((host, port), timeout=timeout):
             return True
     except OSError:
         return False
