@@ -117,6 +117,19 @@ def response_logprobs(
     temperature: float = 1.0,
 ) -> torch.Tensor:
     """``(B, R)`` log-probs of the response tokens under ``model`` (with grad if enabled)."""
+    return logprobs_and_entropy(model, input_ids, attention_mask, prompt_width, temperature)[0]
+
+
+def logprobs_and_entropy(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_width: int,
+    temperature: float = 1.0,
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(B, R)`` log-probs of the response tokens and, with ``entropy``, the entropy of
+    the policy's distribution at each of them (both with grad if enabled)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
@@ -124,4 +137,7 @@ def response_logprobs(
     logits = logits[:, prompt_width - 1 : -1, :].float() / temperature
     targets = input_ids[:, prompt_width:]
     logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    chosen = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not entropy:
+        return chosen, None
+    return chosen, -(logp.exp() * logp).sum(-1)

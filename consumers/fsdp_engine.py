@@ -147,7 +147,7 @@ class FsdpTrainEngine(TorchTrainEngine):
             )
         self.ranks = join_group(cfg.trainer.nproc, cfg.model.device)
         super().__init__(cfg)
-        self.share = RankShare(self.ranks, cfg.trainer.loss_agg_mode)
+        self.share = RankShare(self.ranks, self.algo.spec.loss_agg_mode)
         self.replica: torch.nn.Module | None = None  # rank 0, once prepared
         self._fresh = False  # the replica holds the current weights
 

@@ -79,7 +79,7 @@ class TrainEngine(abc.ABC):
 class TorchTrainEngine(TrainEngine):
     """One model in this process on ``model.device``: float32 master weights and AdamW
     state, forward/backward in ``model.dtype`` (autocast), grad clipping, optional gradient
-    checkpointing, the configured algorithm (``trainer.algorithm``), optional LoRA (the
+    checkpointing, the configured algorithm (``algorithm.*``), optional LoRA (the
     adapter alone is trained)."""
 
     share: BatchShare | None = None
@@ -88,7 +88,7 @@ class TorchTrainEngine(TrainEngine):
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.tcfg = cfg.trainer
-        resolve_algorithm(cfg.trainer)  # a bad name fails at start-up, naming the field
+        self.algo = resolve_algorithm(cfg)  # a bad name fails at start-up, naming the field
         torch.manual_seed(cfg.run.seed)
         self.model, self.tokenizer = load_policy(cfg.model, dtype=torch.float32)
         self.precision = Precision.of(resolve_device(cfg.model.device), DTYPES[cfg.model.dtype])
@@ -123,9 +123,9 @@ class TorchTrainEngine(TrainEngine):
             from streamrft.sync.lora import BaseModelView, attach_lora
 
             self.model = attach_lora(self.model, self.cfg.model.lora)
-            if self.tcfg.kl_coef > 0:  # the base with the adapter off, no second copy
+            if self.algo.spec.needs_reference:  # the base with the adapter off, no second copy
                 self.ref_model = BaseModelView(self.model)
-        elif self.tcfg.kl_coef > 0:  # frozen: kept in the compute dtype
+        elif self.algo.spec.needs_reference:  # frozen: kept in the compute dtype
             self.ref_model = copy.deepcopy(self.model).to(self.precision.dtype).eval()
         if self.tcfg.gradient_checkpointing:
             enable_checkpointing(self.model)
@@ -144,6 +144,7 @@ class TorchTrainEngine(TrainEngine):
             self.optimizer,
             groups,
             self.tcfg,
+            self.algo,
             self.tokenizer.pad_token_id,
             self.cfg.explorer.temperature,
             self.ref_model,

@@ -277,15 +277,6 @@ class ExplorerConfig(_Section):
 
 
 class TrainerConfig(_Section):
-    algorithm: str = "grpo"
-    """Policy-optimisation algorithm, a preset of parts registered in ``consumers/algorithms``
-    (checked when the trainer starts): ``grpo`` (group advantages, PPO-clip loss, k3 KL)."""
-    advantage_fn: str | None = None
-    """Advantage estimator in place of the algorithm's (``grpo``); None: the algorithm's."""
-    policy_loss_fn: str | None = None
-    """Policy loss in place of the algorithm's (``ppo_clip``); None: the algorithm's."""
-    kl_loss_fn: str | None = None
-    """KL penalty estimator in place of the algorithm's (``k3``); None: the algorithm's."""
     engine: str = "torch"
     """What owns the model being trained, registered in ``consumers/train_engine.py``
     (checked when the trainer starts): ``torch`` (one model in one process, on
@@ -326,15 +317,6 @@ class TrainerConfig(_Section):
     """AdamW betas."""
     grad_clip: NonNegF = 1.0
     """Max global grad norm (0: no clipping)."""
-    clip_low: Frac = 0.2
-    clip_high: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.2
-    """PPO ratio clip range [1 - clip_low, 1 + clip_high]."""
-    kl_coef: NonNegF = 0.0
-    """Weight of the k3 KL penalty to the reference model (the post-warm-up weights)."""
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
-    """How per-token losses become one number (``LOSS_AGG`` in consumers/algorithms/aggregation.py)."""
-    std_normalize: bool = True
-    """Divide group-centred rewards by the group's std (GRPO); False: Dr. GRPO."""
     max_staleness: NonNeg = 1
     """Drop groups whose version is more than this many versions behind the trainer's.
     Explorers never run further ahead than this allows: they wait (WAITING_SYNC) instead."""
@@ -379,6 +361,87 @@ class TrainerConfig(_Section):
     """Finish when no experience arrives for this long (the tasks ran out)."""
 
 
+LossAggMode = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+]
+OffPolicyCorrection = Literal[
+    "none",
+    "decoupled_ppo",
+    "truncated_is_token",
+    "truncated_is_sequence",
+    "masked_is_token",
+    "masked_is_sequence",
+]
+
+
+class AlgorithmConfig(_Section):
+    """The RL algorithm: a preset (``type``) of parts, any of which a field below replaces.
+
+    Every field left out (None) takes the preset's value; the presets and their parts are
+    in ``consumers/algorithms/presets.py`` (README "Algorithms"). Names are checked when
+    the trainer starts."""
+
+    type: str = "grpo"
+    """The preset: ``grpo``, ``dr_grpo``, ``dapo``, ``gspo``, ``cispo``, ``rloo``,
+    ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``opmd``, ``sft``."""
+    advantage_fn: str | None = None
+    """Advantage estimator (``ADVANTAGES``): ``grpo``, ``rloo``, ``reinforce_plus_plus``,
+    ``reinforce_plus_plus_baseline``, ``opmd``, ``none``."""
+    policy_loss_fn: str | None = None
+    """Policy loss (``POLICY_LOSSES``): ``ppo_clip``, ``gspo``, ``cispo``, ``opmd``, ``sft``."""
+    kl_penalty_fn: str | None = None
+    """KL estimator subtracted from the reward, per token, before advantages
+    (``KL_ESTIMATORS``: ``k1``, ``k2``, ``k3``, ``low_var_kl``, ``abs``); weighed by
+    ``kl_penalty_coef``."""
+    kl_penalty_coef: NonNegF | None = None
+    """Weight of the KL penalty in the reward (0: none)."""
+    kl_loss_fn: str | None = None
+    """KL estimator added to the loss (``KL_ESTIMATORS``); weighed by ``kl_loss_coef``."""
+    kl_loss_coef: NonNegF | None = None
+    """Weight of the KL term in the loss (0: none). The reference model is the weights RL
+    started from (after any warm-up); it is kept only when a KL weight is above 0."""
+    entropy_coef: NonNegF | None = None
+    """Weight of the entropy bonus (the loss subtracts this x the policy's mean token
+    entropy; 0: none)."""
+    loss_agg_mode: LossAggMode | None = None
+    """How per-token losses become one number (``LOSS_AGG``): ``token-mean``,
+    ``seq-mean-token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-sum-norm`` (each
+    sequence's sum divided by the constant ``norm_length``, then the mean over sequences:
+    Dr. GRPO)."""
+    norm_length: Pos | None = None
+    """The constant of ``seq-mean-token-sum-norm`` (None: ``explorer.max_new_tokens``)."""
+    clip_low: Frac | None = None
+    """Ratio clip range [1 - clip_low, 1 + clip_high] of ``ppo_clip`` and ``gspo``; the
+    importance-weight range of ``cispo``."""
+    clip_high: Annotated[float, msgspec.Meta(ge=0, le=10)] | None = None
+    """Upper side of the clip range (DAPO's clip-higher: above ``clip_low``)."""
+    std_normalize: bool | None = None
+    """``grpo`` advantages divided by the group's reward std (False: Dr. GRPO)."""
+    opmd_tau: NonNegF | None = None
+    """``opmd``: weight of the squared log-ratio to the rollout policy in the loss."""
+    sample_strategy: str | None = None
+    """Which buffered groups a step takes (``SAMPLE_STRATEGIES`` in ``consumers/sampling.py``)."""
+    dynamic_sampling: bool | None = None
+    """Drop groups whose rewards are all equal (no signal) and fill the batch with later
+    groups from the stream (DAPO); counted as ``train/zero_variance_dropped``."""
+    off_policy_correction: OffPolicyCorrection = "none"
+    """Correction for experiences sampled with an older version than the trainer's (the
+    proximal policy, whose log-probs the trainer recomputes at the start of each step).
+    ``none``: the ratio is to the rollout log-probs. Otherwise the ratio is to the proximal
+    policy and each token's loss is weighed by w = proximal / rollout probability:
+    ``decoupled_ppo`` w as is, tokens with w > ``is_cap`` masked (AReaL);
+    ``truncated_is_token`` / ``truncated_is_sequence`` w capped at ``is_cap`` per token, or
+    one w per sequence (product of its tokens') capped (TIS); ``masked_is_token`` /
+    ``masked_is_sequence`` w as is inside [``is_mask_low``, ``is_mask_high``] and 0 outside,
+    per token (IcePop) or per sequence (geometric mean of its tokens')."""
+    is_cap: PosF = 2.0
+    """Upper cap of the importance weight (``decoupled_ppo``, ``truncated_is_*``)."""
+    is_mask_low: PosF = 0.5
+    """Lower bound of the kept importance weights (``masked_is_*``)."""
+    is_mask_high: PosF = 2.0
+    """Upper bound of the kept importance weights (``masked_is_*``)."""
+
+
 class SynchronizerConfig(_Section):
     method: Literal["object_store", "filesystem", "nccl"] = "object_store"
     """How weights travel: S3 objects, a shared folder, or a torch.distributed broadcast
@@ -418,6 +481,7 @@ class Config(_Section):
     taskset: TasksetConfig = TasksetConfig()
     explorer: ExplorerConfig = ExplorerConfig()
     trainer: TrainerConfig = TrainerConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
     synchronizer: SynchronizerConfig = SynchronizerConfig()
     monitor: MonitorConfig = MonitorConfig()
 
@@ -439,8 +503,30 @@ def _field_path(message: str) -> str:
     return m.group("path").lstrip(".") if m else ""
 
 
+MOVED_FIELDS: dict[str, str] = {
+    "trainer.algorithm": "algorithm.type",
+    "trainer.advantage_fn": "algorithm.advantage_fn",
+    "trainer.policy_loss_fn": "algorithm.policy_loss_fn",
+    "trainer.kl_loss_fn": "algorithm.kl_loss_fn",
+    "trainer.kl_coef": "algorithm.kl_loss_coef",
+    "trainer.clip_low": "algorithm.clip_low",
+    "trainer.clip_high": "algorithm.clip_high",
+    "trainer.loss_agg_mode": "algorithm.loss_agg_mode",
+    "trainer.std_normalize": "algorithm.std_normalize",
+}
+"""Fields that moved: a config still using the old name gets an error naming the new one."""
+
+
+def _check_moved(data: dict[str, Any]) -> None:
+    for old, new in MOVED_FIELDS.items():
+        section, name = old.split(".")
+        if isinstance(data.get(section), dict) and name in data[section]:
+            raise ConfigError(f"{old}: moved to {new}")
+
+
 def from_dict(data: dict[str, Any]) -> Config:
     """Build and validate a :class:`Config`; errors name the dotted field path."""
+    _check_moved(data)
     try:
         cfg = msgspec.convert(data, Config, strict=False)
     except msgspec.ValidationError as exc:
@@ -470,6 +556,11 @@ def validate(cfg: Config) -> None:
             f"trainer.max_staleness: {cfg.trainer.max_staleness} would drop every group; with "
             f"synchronizer.sync_offset={sync.sync_offset} and sync_interval={sync.sync_interval} "
             f"experiences are up to {needed} versions old, so use >= {needed}"
+        )
+    if cfg.algorithm.is_mask_low >= cfg.algorithm.is_mask_high:
+        raise ConfigError(
+            f"algorithm.is_mask_low: {cfg.algorithm.is_mask_low} is not below "
+            f"algorithm.is_mask_high {cfg.algorithm.is_mask_high}"
         )
     if cfg.explorer.repeat_times < 2:
         raise ConfigError(

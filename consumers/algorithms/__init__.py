@@ -2,43 +2,56 @@
 
 Registries (name -> pure function of tensors), one module each:
 
-- :data:`ADVANTAGES` (``advantages.py``): ``grpo``.
-- :data:`POLICY_LOSSES` (``policy_losses.py``): ``ppo_clip``.
-- :data:`KL_LOSSES` (``kl_losses.py``): ``k3``.
+- :data:`ADVANTAGES` (``advantages.py``): ``grpo``, ``rloo``, ``reinforce_plus_plus``,
+  ``reinforce_plus_plus_baseline``, ``opmd``, ``none``.
+- :data:`POLICY_LOSSES` (``policy_losses.py``): ``ppo_clip``, ``gspo``, ``cispo``, ``opmd``,
+  ``sft``.
+- :data:`KL_ESTIMATORS` (``kl.py``): ``k1``, ``k2``, ``k3``, ``low_var_kl``, ``abs``, for
+  the KL penalty in the reward and the KL term of the loss.
 - :data:`LOSS_AGG` (``aggregation.py``): ``token-mean``, ``seq-mean-token-mean``,
-  ``seq-mean-token-sum``.
-- :data:`ALGORITHMS` (``presets.py``): presets of the above chosen by ``trainer.algorithm``
-  (``grpo``); :func:`resolve_algorithm` turns a trainer config into the functions.
+  ``seq-mean-token-sum``, ``seq-mean-token-sum-norm``.
+- :data:`CORRECTIONS` (``corrections.py``): off-policy corrections of stale experiences.
+- :data:`ALGORITHMS` (``presets.py``): presets of the above chosen by ``algorithm.type``;
+  :func:`resolve_algorithm` turns a config into the settings (:class:`AlgorithmSpec`,
+  ``spec.py``) and the functions.
 
 Adding a part is a function in its module and a line in its registry.
 """
 
 from __future__ import annotations
 
-from streamrft.consumers.algorithms.advantages import ADVANTAGES, AdvantageFn
+from streamrft.consumers.algorithms.advantages import ADVANTAGES, AdvantageFn, AdvantageInputs
 from streamrft.consumers.algorithms.aggregation import LOSS_AGG, AggregateFn
-from streamrft.consumers.algorithms.kl_losses import KL_LOSSES, KlLossFn
-from streamrft.consumers.algorithms.policy_losses import POLICY_LOSSES, PolicyLossFn
+from streamrft.consumers.algorithms.corrections import CORRECTIONS
+from streamrft.consumers.algorithms.kl import KL_ESTIMATORS, KlFn
+from streamrft.consumers.algorithms.policy_losses import POLICY_LOSSES, LossInputs, PolicyLossFn
 from streamrft.consumers.algorithms.presets import (
     ALGORITHMS,
-    Algorithm,
+    Preset,
     ResolvedAlgorithm,
     resolve_algorithm,
+    resolve_spec,
 )
+from streamrft.consumers.algorithms.spec import AlgorithmSpec
 from streamrft.consumers.algorithms.step import policy_step
 
 __all__ = [
     "ADVANTAGES",
     "ALGORITHMS",
-    "KL_LOSSES",
+    "CORRECTIONS",
+    "KL_ESTIMATORS",
     "LOSS_AGG",
     "POLICY_LOSSES",
     "AdvantageFn",
+    "AdvantageInputs",
     "AggregateFn",
-    "Algorithm",
-    "KlLossFn",
+    "AlgorithmSpec",
+    "KlFn",
+    "LossInputs",
     "PolicyLossFn",
+    "Preset",
     "ResolvedAlgorithm",
     "policy_step",
     "resolve_algorithm",
+    "resolve_spec",
 ]

@@ -1,21 +1,65 @@
 """Advantage estimators. Pure functions of tensors.
 
-An estimator takes the batch's rewards ``(n,)`` (groups one after the other, as the
-trainer's batch holds them), the size of each group, and the trainer config, and returns
-one advantage per rollout ``(n,)``. :data:`ADVANTAGES` is chosen by the algorithm
-(``trainer.algorithm``) or ``trainer.advantage_fn``.
+An estimator takes :class:`AdvantageInputs` (the batch's groups one after the other, as
+the trainer's batch holds them) and the :class:`~.spec.AlgorithmSpec`, and returns one
+advantage per response token ``(B, R)``, 0 where the mask is 0. Outcome estimators score a
+rollout by its reward minus any KL penalty summed over its tokens (``score``) and spread
+that over its tokens; ``reinforce_plus_plus`` works per token. :data:`ADVANTAGES` is chosen
+by ``algorithm.advantage_fn`` or the preset.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from streamrft.infra.config import TrainerConfig
+from streamrft.consumers.algorithms.spec import AlgorithmSpec
 
-AdvantageFn = Callable[[torch.Tensor, Sequence[int], TrainerConfig], torch.Tensor]
-"""``(rewards (n,), group sizes, trainer config) -> advantages (n,)``."""
+WHITEN_EPS = 1e-8
+
+
+@dataclass
+class AdvantageInputs:
+    rewards: torch.Tensor
+    """``(B,)`` each rollout's reward."""
+    group_sizes: Sequence[int]
+    """Rollouts of each group, in batch order."""
+    mask: torch.Tensor
+    """``(B, R)`` 1 on trained response tokens."""
+    penalty: torch.Tensor | None = None
+    """``(B, R)`` ``kl_penalty_coef`` x the KL penalty of each token, or None."""
+
+    @property
+    def scores(self) -> torch.Tensor:
+        """``(B,)``: reward minus the summed KL penalty."""
+        if self.penalty is None:
+            return self.rewards
+        return self.rewards - (self.penalty * self.mask).sum(-1)
+
+    @property
+    def token_rewards(self) -> torch.Tensor:
+        """``(B, R)``: the reward on each rollout's last trained token, minus the penalty
+        on every trained token."""
+        return token_rewards(self.rewards, self.mask, self.penalty)
+
+
+AdvantageFn = Callable[[AdvantageInputs, AlgorithmSpec], torch.Tensor]
+"""``(inputs, spec) -> advantages (B, R)``."""
+
+
+def token_rewards(
+    rewards: torch.Tensor, mask: torch.Tensor, penalty: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``(B, R)``: each reward on its rollout's last trained token, minus ``penalty`` (per
+    token, already weighed) where the mask is 1."""
+    out = torch.zeros_like(mask, dtype=rewards.dtype)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask > 0, positions, -1).max(dim=1).values
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    out[rows, last[rows]] = rewards[rows]
+    return out if penalty is None else out - penalty * mask
 
 
 def group_advantages(
@@ -39,20 +83,86 @@ def group_advantages(
     return centred / (std + eps)
 
 
-def grpo_advantages(
-    rewards: torch.Tensor, group_sizes: Sequence[int], cfg: TrainerConfig
+def per_group(
+    scores: torch.Tensor, sizes: Sequence[int], fn: Callable[[torch.Tensor], torch.Tensor]
 ) -> torch.Tensor:
-    """GRPO: :func:`group_advantages` of each group (``trainer.std_normalize``: Dr. GRPO
-    when False); groups of unequal size are normalised each on its own."""
-    if len(set(group_sizes)) == 1:
-        return group_advantages(
-            rewards.view(len(group_sizes), -1), std_normalize=cfg.std_normalize
-        ).view(-1)
-    parts = torch.split(rewards, list(group_sizes))
-    return torch.cat(
-        [group_advantages(p.view(1, -1), std_normalize=cfg.std_normalize).view(-1) for p in parts]
+    """``fn`` of each group's ``(1, size)`` scores, concatenated back to ``(B,)`` (one call
+    for the whole batch when every group has the same size)."""
+    if len(set(sizes)) == 1:
+        return fn(scores.view(len(sizes), -1)).reshape(-1)
+    return torch.cat([fn(p.view(1, -1)).reshape(-1) for p in torch.split(scores, list(sizes))])
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` centred on their mean over the mask and divided by their (unbiased) std
+    over it, over the whole batch; 0 off the mask."""
+    m = mask.to(values.dtype)
+    n = m.sum()
+    mean = (values * m).sum() / n.clamp_min(1.0)
+    var = (((values - mean) ** 2) * m).sum() / (n - 1.0).clamp_min(1.0)
+    return (values - mean) * torch.rsqrt(var + WHITEN_EPS) * m
+
+
+def grpo_advantages(inp: AdvantageInputs, spec: AlgorithmSpec) -> torch.Tensor:
+    """GRPO (Shao et al., DeepSeekMath, 2024): a rollout's score centred on its group's
+    mean and divided by the group's std (``std_normalize``; False: Dr. GRPO)."""
+    adv = per_group(
+        inp.scores,
+        inp.group_sizes,
+        lambda g: group_advantages(g, std_normalize=spec.std_normalize),
     )
+    return adv[:, None] * inp.mask
 
 
-ADVANTAGES: dict[str, AdvantageFn] = {"grpo": grpo_advantages}
-"""Advantage estimators by name (``trainer.advantage_fn``)."""
+def rloo_advantages(inp: AdvantageInputs, spec: AlgorithmSpec) -> torch.Tensor:
+    """RLOO (Ahmadian et al., "Back to Basics", 2024): a rollout's score minus the mean of
+    the other rollouts of its group, ``G / (G - 1) x (score - group mean)``; 0 for a group
+    of one."""
+
+    def leave_one_out(g: torch.Tensor) -> torch.Tensor:
+        size = g.shape[1]
+        if size < 2:
+            return torch.zeros_like(g)
+        return (g - g.mean(dim=1, keepdim=True)) * (size / (size - 1))
+
+    return per_group(inp.scores, inp.group_sizes, leave_one_out)[:, None] * inp.mask
+
+
+def reinforce_plus_plus_advantages(inp: AdvantageInputs, spec: AlgorithmSpec) -> torch.Tensor:
+    """REINFORCE++ (Hu, 2025): each token's return (the sum of the token rewards from it to
+    the end, discount 1), whitened over every trained token of the batch."""
+    rewards = inp.token_rewards * inp.mask
+    returns = rewards.flip(-1).cumsum(-1).flip(-1)
+    return masked_whiten(returns, inp.mask)
+
+
+def reinforce_plus_plus_baseline_advantages(
+    inp: AdvantageInputs, spec: AlgorithmSpec
+) -> torch.Tensor:
+    """REINFORCE++ with a baseline: the score minus its group's mean, spread over the
+    tokens and whitened over the batch."""
+    centred = per_group(inp.scores, inp.group_sizes, lambda g: g - g.mean(dim=1, keepdim=True))
+    return masked_whiten(centred[:, None] * inp.mask, inp.mask)
+
+
+def opmd_advantages(inp: AdvantageInputs, spec: AlgorithmSpec) -> torch.Tensor:
+    """OPMD (online policy mirror descent, Trinity-RFT technical report, 2025): the score
+    minus its group's mean, not normalised (the loss adds the mirror-descent term)."""
+    centred = per_group(inp.scores, inp.group_sizes, lambda g: g - g.mean(dim=1, keepdim=True))
+    return centred[:, None] * inp.mask
+
+
+def no_advantages(inp: AdvantageInputs, spec: AlgorithmSpec) -> torch.Tensor:
+    """Zeros: for losses that use none (``sft``)."""
+    return torch.zeros_like(inp.token_rewards)
+
+
+ADVANTAGES: dict[str, AdvantageFn] = {
+    "grpo": grpo_advantages,
+    "rloo": rloo_advantages,
+    "reinforce_plus_plus": reinforce_plus_plus_advantages,
+    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline_advantages,
+    "opmd": opmd_advantages,
+    "none": no_advantages,
+}
+"""Advantage estimators by name (``algorithm.advantage_fn``)."""

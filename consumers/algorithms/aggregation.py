@@ -2,7 +2,8 @@
 
 Every function takes ``values`` and ``mask`` of shape ``(batch, response_len)``, ``mask`` 1 on
 the tokens that are trained, and returns a scalar. :data:`LOSS_AGG` is chosen by
-``trainer.loss_agg_mode``.
+``algorithm.loss_agg_mode``; ``seq-mean-token-sum-norm`` also takes its constant length
+(:func:`aggregation_of` binds it).
 
 Every mode is a sum over rows divided by a count of the rows' mask, its
 :data:`NORMALISERS` entry. So a batch cut into parts (micro-batches, ranks) gives the
@@ -13,6 +14,7 @@ registers its normaliser beside it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -52,6 +54,16 @@ def seq_mean_token_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     return _mean_over_sequences((values * mask).sum(dim=1), mask)
 
 
+def seq_mean_token_sum_norm(
+    values: torch.Tensor, mask: torch.Tensor, length: int = 1
+) -> torch.Tensor:
+    """Sum over tokens within each sequence divided by a constant ``length`` (the longest
+    response allowed), mean over sequences: Dr. GRPO's unbiased normaliser (Liu et al.,
+    "Understanding R1-Zero-Like Training", 2025), where a per-sequence token mean would
+    favour long wrong answers and short right ones."""
+    return seq_mean_token_sum(values, mask) / float(length)
+
+
 def _mean_over_sequences(per_seq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over the sequences with at least one trained token (an empty one counts for
     nothing, and an all-empty batch gives 0, not NaN)."""
@@ -64,26 +76,38 @@ LOSS_AGG: dict[str, AggregateFn] = {
     "token-mean": token_mean,
     "seq-mean-token-mean": seq_mean_token_mean,
     "seq-mean-token-sum": seq_mean_token_sum,
+    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
 }
-"""``trainer.loss_agg_mode`` -> aggregation."""
+"""``algorithm.loss_agg_mode`` -> aggregation."""
 
 NORMALISERS: dict[str, NormaliserFn] = {
     "token-mean": trained_tokens,
     "seq-mean-token-mean": trained_sequences,
     "seq-mean-token-sum": trained_sequences,
+    "seq-mean-token-sum-norm": trained_sequences,  # times its constant length
 }
-"""``trainer.loss_agg_mode`` -> what its :data:`LOSS_AGG` entry divides by."""
+"""``algorithm.loss_agg_mode`` -> what its :data:`LOSS_AGG` entry divides by (up to a
+constant factor, which cancels in a part's share)."""
+
+LENGTH_NORMALISED = frozenset({"seq-mean-token-sum-norm"})
+"""Modes whose function takes the constant ``length`` (``algorithm.norm_length``)."""
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """Reduce per-token values to a scalar with the :data:`LOSS_AGG` entry ``mode``."""
+def aggregation_of(mode: str, length: int = 1) -> AggregateFn:
+    """The :data:`LOSS_AGG` entry ``mode`` as ``(values, mask) -> scalar``, with ``length``
+    bound for the :data:`LENGTH_NORMALISED` modes."""
     try:
         fn = LOSS_AGG[mode]
     except KeyError:
         raise ValueError(
             f"unknown loss aggregation mode {mode!r}; known: {', '.join(LOSS_AGG)}"
         ) from None
-    return fn(values, mask)
+    return functools.partial(fn, length=length) if mode in LENGTH_NORMALISED else fn
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, length: int = 1) -> torch.Tensor:
+    """Reduce per-token values to a scalar with the :data:`LOSS_AGG` entry ``mode``."""
+    return aggregation_of(mode, length)(values, mask)
 
 
 def normaliser(mask: torch.Tensor, mode: str) -> float:

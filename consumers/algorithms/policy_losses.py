@@ -1,25 +1,114 @@
 """Policy losses. Pure functions of tensors; every tensor is ``(batch, response_len)``.
 
-A policy loss takes the policy's log-probs (with grad), the rollout policy's log-probs,
-per-token advantages, the mask (1 on trained response tokens) and the trainer config, and
-returns the loss to minimise and float diagnostics. :data:`POLICY_LOSSES` is chosen by the
-algorithm (``trainer.algorithm``) or ``trainer.policy_loss_fn``.
+A policy loss takes :class:`LossInputs` (the policy's log-probs with grad, the log-probs
+its ratio is taken against, per-token advantages, the mask) and the
+:class:`~.spec.AlgorithmSpec`, and returns the loss of each token to minimise and float
+diagnostics over the mask. The step weighs the tokens (an off-policy correction) and
+aggregates them with ``algorithm.loss_agg_mode``. :data:`POLICY_LOSSES` is chosen by
+``algorithm.policy_loss_fn`` or the preset.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from streamrft.consumers.algorithms.aggregation import aggregate
-from streamrft.infra.config import TrainerConfig
+from streamrft.consumers.algorithms.spec import AlgorithmSpec
 
-PolicyLossFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, TrainerConfig],
-    tuple[torch.Tensor, dict[str, float]],
-]
-"""``(logprobs, old_logprobs, advantages, mask, trainer config) -> (loss, diagnostics)``."""
+
+@dataclass
+class LossInputs:
+    logprobs: torch.Tensor
+    """The policy's log-probs of the response tokens (with grad)."""
+    old_logprobs: torch.Tensor
+    """What the ratio is taken against: the rollout policy's log-probs, or the proximal
+    policy's under an off-policy correction."""
+    advantages: torch.Tensor
+    """Per token, 0 off the mask."""
+    mask: torch.Tensor
+    """1 on trained response tokens."""
+
+
+PolicyLossFn = Callable[[LossInputs, AlgorithmSpec], tuple[torch.Tensor, dict[str, float]]]
+"""``(inputs, spec) -> (per-token loss, diagnostics)``."""
+
+
+@torch.no_grad()
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of ``values`` over the mask (0 for an empty mask), as a float."""
+    m = mask.to(values.dtype)
+    return float((values * m).sum() / m.sum().clamp_min(1.0))
+
+
+def _old_kl(inp: LossInputs) -> float:
+    """``mean((logp - old)^2 / 2)``: how far the policy moved from ``old`` (a diagnostic)."""
+    return masked_mean(0.5 * (inp.logprobs.detach() - inp.old_logprobs) ** 2, inp.mask)
+
+
+def surrogate_tokens(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``-min(ratio A, clip(ratio, 1 - clip_low, 1 + clip_high) A)`` per token, and where
+    the clipped side was taken."""
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    return -torch.minimum(unclipped, clipped), unclipped > clipped
+
+
+def ppo_clip(inp: LossInputs, spec: AlgorithmSpec) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate per token (Schulman et al., 2017), with separate low and
+    high clip ranges (DAPO's clip-higher)."""
+    ratio = torch.exp(inp.logprobs - inp.old_logprobs)
+    per_token, was_clipped = surrogate_tokens(ratio, inp.advantages, spec.clip_low, spec.clip_high)
+    return per_token, {
+        "clip_frac": masked_mean(was_clipped.to(ratio.dtype), inp.mask),
+        "approx_kl_old": _old_kl(inp),
+    }
+
+
+def gspo(inp: LossInputs, spec: AlgorithmSpec) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO (Zheng et al., "Group Sequence Policy Optimization", 2025): one ratio per
+    sequence, the geometric mean of its tokens' ratios, clipped; each token carries it
+    with its own gradient (``sg(s_i) x pi / sg(pi)``)."""
+    m = inp.mask.to(inp.logprobs.dtype)
+    log_ratio = inp.logprobs - inp.old_logprobs
+    seq_log_ratio = (log_ratio * m).sum(-1) / m.sum(-1).clamp_min(1.0)
+    token_log_ratio = seq_log_ratio.detach()[:, None] + inp.logprobs - inp.logprobs.detach()
+    ratio = torch.exp(token_log_ratio)
+    per_token, was_clipped = surrogate_tokens(ratio, inp.advantages, spec.clip_low, spec.clip_high)
+    return per_token, {
+        "clip_frac": masked_mean(was_clipped.to(ratio.dtype), inp.mask),
+        "approx_kl_old": _old_kl(inp),
+    }
+
+
+def cispo(inp: LossInputs, spec: AlgorithmSpec) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO (MiniMax-M1, 2025): ``-sg(clip(ratio, 1 - clip_low, 1 + clip_high)) A log pi``
+    per token. The importance weight is clipped, not the update, so every token keeps its
+    gradient."""
+    ratio = torch.exp(inp.logprobs.detach() - inp.old_logprobs)
+    weight = torch.clamp(ratio, 1.0 - spec.clip_low, 1.0 + spec.clip_high)
+    return -weight * inp.advantages * inp.logprobs, {
+        "clip_frac": masked_mean((weight != ratio).to(ratio.dtype), inp.mask),
+        "approx_kl_old": _old_kl(inp),
+    }
+
+
+def opmd(inp: LossInputs, spec: AlgorithmSpec) -> tuple[torch.Tensor, dict[str, float]]:
+    """OPMD (online policy mirror descent, Trinity-RFT technical report, 2025):
+    ``-A log pi + tau / 2 (log pi - log pi_old)^2`` per token: a policy gradient with a
+    group-mean baseline, kept near the rollout policy by the squared log-ratio."""
+    log_ratio = inp.logprobs - inp.old_logprobs
+    per_token = -inp.advantages * inp.logprobs + 0.5 * spec.opmd_tau * log_ratio**2
+    return per_token, {"approx_kl_old": _old_kl(inp)}
+
+
+def sft(inp: LossInputs, spec: AlgorithmSpec) -> tuple[torch.Tensor, dict[str, float]]:
+    """Supervised: the negative log-likelihood of each trained token (advantages unused)."""
+    return -inp.logprobs, {"nll": masked_mean(-inp.logprobs.detach(), inp.mask)}
 
 
 def clipped_surrogate(
@@ -31,38 +120,17 @@ def clipped_surrogate(
     clip_high: float = 0.2,
     agg: str = "token-mean",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO/GRPO token-level clipped surrogate loss (to minimise).
-
-    ``advantages`` is per token (broadcast a per-sequence advantage over its tokens).
-    The ratio is taken against ``old_logprobs``, the rollout policy's log-probs.
-    Returns the loss and diagnostics: clip fraction and approximate KL to the old policy.
-    """
-    log_ratio = logprobs - old_logprobs
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
-    loss = aggregate(per_token, mask, agg)
-    with torch.no_grad():
-        m = mask.to(logprobs.dtype)
-        n = m.sum().clamp_min(1.0)
-        clip_frac = (((unclipped > clipped).to(m.dtype)) * m).sum() / n
-        approx_kl = ((0.5 * log_ratio**2) * m).sum() / n
-    return loss, {"clip_frac": float(clip_frac), "approx_kl_old": float(approx_kl)}
+    """:func:`ppo_clip` aggregated with ``agg``: the PPO/GRPO loss of a batch."""
+    spec = AlgorithmSpec(clip_low=clip_low, clip_high=clip_high)
+    per_token, info = ppo_clip(LossInputs(logprobs, old_logprobs, advantages, mask), spec)
+    return aggregate(per_token, mask, agg), info
 
 
-def ppo_clip(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    cfg: TrainerConfig,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """:func:`clipped_surrogate` with ``trainer.clip_low/clip_high/loss_agg_mode``."""
-    return clipped_surrogate(
-        logprobs, old_logprobs, advantages, mask, cfg.clip_low, cfg.clip_high, cfg.loss_agg_mode
-    )
-
-
-POLICY_LOSSES: dict[str, PolicyLossFn] = {"ppo_clip": ppo_clip}
-"""Policy losses by name (``trainer.policy_loss_fn``)."""
+POLICY_LOSSES: dict[str, PolicyLossFn] = {
+    "ppo_clip": ppo_clip,
+    "gspo": gspo,
+    "cispo": cispo,
+    "opmd": opmd,
+    "sft": sft,
+}
+"""Policy losses by name (``algorithm.policy_loss_fn``)."""

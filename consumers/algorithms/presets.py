@@ -1,89 +1,161 @@
 """Algorithms as presets of registered parts, and the one place config names become parts.
 
-``trainer.algorithm`` picks a preset of :data:`ALGORITHMS`; ``trainer.advantage_fn``,
-``trainer.policy_loss_fn`` and ``trainer.kl_loss_fn`` replace one of its parts when set.
-Config validation cannot see these registries (the config is a lower layer), so the
-trainer calls :func:`resolve_algorithm` when it starts: an unknown name is a
-:class:`ConfigError` naming the field and the known names.
+``algorithm.type`` picks a preset of :data:`ALGORITHMS`; every other ``algorithm.*`` field
+that is set replaces the preset's value. Config validation cannot see these registries
+(the config is a lower layer), so the trainer calls :func:`resolve_algorithm` when it
+starts: an unknown name is a :class:`ConfigError` naming the field and the known names.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TypeVar
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgspec
 
 from streamrft.consumers.algorithms.advantages import ADVANTAGES, AdvantageFn
-from streamrft.consumers.algorithms.aggregation import LOSS_AGG, AggregateFn
-from streamrft.consumers.algorithms.kl_losses import KL_LOSSES, KlLossFn
+from streamrft.consumers.algorithms.aggregation import LOSS_AGG, AggregateFn, aggregation_of
+from streamrft.consumers.algorithms.kl import KL_ESTIMATORS, KlFn
 from streamrft.consumers.algorithms.policy_losses import POLICY_LOSSES, PolicyLossFn
-from streamrft.infra.config import TrainerConfig
+from streamrft.consumers.algorithms.spec import AlgorithmSpec
+from streamrft.infra.config import AlgorithmConfig, Config
 from streamrft.schemas.errors import ConfigError
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Algorithm:
-    """A preset: the registered name of each part."""
+class Preset:
+    """A named algorithm: the values it sets (the rest are :class:`AlgorithmSpec`'s
+    defaults) and where it comes from."""
 
-    advantage: str
-    """Key of :data:`ADVANTAGES`."""
-    policy_loss: str
-    """Key of :data:`POLICY_LOSSES`."""
-    kl_loss: str
-    """Key of :data:`KL_LOSSES`."""
+    source: str
+    """The paper or reference implementation it follows."""
+    parts: dict[str, Any] = field(default_factory=dict)
+    """``AlgorithmSpec`` field -> value."""
 
 
-ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm(advantage="grpo", policy_loss="ppo_clip", kl_loss="k3"),
+ALGORITHMS: dict[str, Preset] = {
+    "grpo": Preset(
+        "Shao et al., DeepSeekMath (arXiv 2402.03300): group-normalised advantages, PPO clip",
+        {"advantage_fn": "grpo", "policy_loss_fn": "ppo_clip"},
+    ),
+    "dr_grpo": Preset(
+        "Liu et al., Understanding R1-Zero-Like Training (arXiv 2503.20783): no std "
+        "division, a constant length normaliser",
+        {"std_normalize": False, "loss_agg_mode": "seq-mean-token-sum-norm"},
+    ),
+    "dapo": Preset(
+        "Yu et al., DAPO (arXiv 2503.14476): clip-higher, token-mean, dynamic sampling",
+        {
+            "clip_low": 0.2,
+            "clip_high": 0.28,
+            "loss_agg_mode": "token-mean",
+            "dynamic_sampling": True,
+        },
+    ),
+    "gspo": Preset(
+        "Zheng et al., GSPO (arXiv 2507.18071): sequence-level ratio and clipping",
+        {
+            "policy_loss_fn": "gspo",
+            "clip_low": 3e-4,
+            "clip_high": 4e-4,
+            "loss_agg_mode": "seq-mean-token-mean",
+        },
+    ),
+    "cispo": Preset(
+        "MiniMax-M1 (arXiv 2506.13585): clipped importance weights, every token's gradient kept",
+        {"policy_loss_fn": "cispo", "clip_low": 1.0, "clip_high": 0.28},
+    ),
+    "rloo": Preset(
+        "Ahmadian et al., Back to Basics (arXiv 2402.14740): leave-one-out baseline",
+        {"advantage_fn": "rloo"},
+    ),
+    "reinforce_plus_plus": Preset(
+        "Hu, REINFORCE++ (arXiv 2501.03262): batch-whitened returns, KL in the reward",
+        {"advantage_fn": "reinforce_plus_plus", "kl_penalty_fn": "k1", "kl_penalty_coef": 0.01},
+    ),
+    "reinforce_plus_plus_baseline": Preset(
+        "Hu, REINFORCE++ (arXiv 2501.03262), its group-baseline variant, KL in the loss",
+        {"advantage_fn": "reinforce_plus_plus_baseline", "kl_loss_fn": "k2", "kl_loss_coef": 0.001},
+    ),
+    "opmd": Preset(
+        "Trinity-RFT technical report (arXiv 2505.17826): online policy mirror descent",
+        {"advantage_fn": "opmd", "policy_loss_fn": "opmd", "opmd_tau": 1.0},
+    ),
+    "sft": Preset(
+        "supervised fine-tuning: the negative log-likelihood of the trained tokens",
+        {"advantage_fn": "none", "policy_loss_fn": "sft"},
+    ),
 }
-"""``trainer.algorithm`` -> preset."""
+"""``algorithm.type`` -> preset."""
 
 
 @dataclass(frozen=True)
 class ResolvedAlgorithm:
-    """The functions one training run uses, looked up once from config."""
+    """The settings and functions one training run uses, looked up once from config."""
 
-    name: str
+    spec: AlgorithmSpec
     advantage: AdvantageFn
     policy_loss: PolicyLossFn
-    kl_loss: KlLossFn
+    kl_penalty: KlFn
+    kl_loss: KlFn
     aggregate: AggregateFn
-    """The ``trainer.loss_agg_mode`` aggregation (of the KL term; losses aggregate their own)."""
+    """The ``loss_agg_mode`` aggregation (its length bound)."""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
 
-def resolve_algorithm(cfg: TrainerConfig) -> ResolvedAlgorithm:
-    """The parts ``cfg`` names; a :class:`ConfigError` naming the field for any unknown name."""
-    preset = _lookup(ALGORITHMS, cfg.algorithm, "trainer.algorithm", "")
-    origin = f" (trainer.algorithm {cfg.algorithm!r})"
+def algorithm_spec(acfg: AlgorithmConfig, max_new_tokens: int) -> AlgorithmSpec:
+    """The preset's values with every field ``acfg`` sets in their place."""
+    preset = _lookup(ALGORITHMS, acfg.type, "algorithm.type", "")
+    values: dict[str, Any] = {"name": acfg.type, "norm_length": max_new_tokens, **preset.parts}
+    for name, value in msgspec.structs.asdict(acfg).items():
+        if name != "type" and value is not None:
+            values[name] = value
+    return AlgorithmSpec(**values)
+
+
+def resolve_algorithm(cfg: Config) -> ResolvedAlgorithm:
+    """The settings and parts ``cfg.algorithm`` names; a :class:`ConfigError` naming the
+    field for any unknown name."""
+    spec = algorithm_spec(cfg.algorithm, cfg.explorer.max_new_tokens)
+    return resolve_spec(spec, explicit=cfg.algorithm)
+
+
+def resolve_spec(spec: AlgorithmSpec, explicit: AlgorithmConfig | None = None) -> ResolvedAlgorithm:
+    """The parts of ``spec``; ``explicit`` (the config) says which names came from it, for
+    the error message."""
+
+    def part(registry: dict[str, T], name: str) -> T:
+        value = getattr(spec, name)
+        given = explicit is not None and getattr(explicit, name) is not None
+        origin = "" if given else f" (algorithm.type {spec.name!r})"
+        return _lookup(registry, value, f"algorithm.{name}", origin)
+
+    _lookup(LOSS_AGG, spec.loss_agg_mode, "algorithm.loss_agg_mode", "")
     return ResolvedAlgorithm(
-        name=cfg.algorithm,
-        advantage=_lookup(
-            ADVANTAGES,
-            cfg.advantage_fn or preset.advantage,
-            "trainer.advantage_fn",
-            "" if cfg.advantage_fn else origin,
-        ),
-        policy_loss=_lookup(
-            POLICY_LOSSES,
-            cfg.policy_loss_fn or preset.policy_loss,
-            "trainer.policy_loss_fn",
-            "" if cfg.policy_loss_fn else origin,
-        ),
-        kl_loss=_lookup(
-            KL_LOSSES,
-            cfg.kl_loss_fn or preset.kl_loss,
-            "trainer.kl_loss_fn",
-            "" if cfg.kl_loss_fn else origin,
-        ),
-        aggregate=_lookup(LOSS_AGG, cfg.loss_agg_mode, "trainer.loss_agg_mode", ""),
+        spec=spec,
+        advantage=part(ADVANTAGES, "advantage_fn"),
+        policy_loss=part(POLICY_LOSSES, "policy_loss_fn"),
+        kl_penalty=part(KL_ESTIMATORS, "kl_penalty_fn"),
+        kl_loss=part(KL_ESTIMATORS, "kl_loss_fn"),
+        aggregate=aggregation_of(spec.loss_agg_mode, spec.norm_length),
     )
 
 
-def _lookup(registry: dict[str, T], name: str, field: str, origin: str) -> T:
+def with_spec(algo: ResolvedAlgorithm, **changes: Any) -> ResolvedAlgorithm:
+    """``algo`` with some settings changed (tests, benches)."""
+    return resolve_spec(dataclasses.replace(algo.spec, **changes))
+
+
+def _lookup(registry: dict[str, T], name: str, field_name: str, origin: str) -> T:
     try:
         return registry[name]
     except KeyError:
         raise ConfigError(
-            f"{field}: unknown name {name!r}{origin}; known: {', '.join(registry)}"
+            f"{field_name}: unknown name {name!r}{origin}; known: {', '.join(registry)}"
         ) from None

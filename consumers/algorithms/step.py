@@ -1,47 +1,73 @@
 """One policy-optimisation step over a batch of experience groups, built from the parts of
 the resolved algorithm (:mod:`streamrft.consumers.algorithms.presets`).
 
-The step: advantages per group, reference log-probs when a KL term is on, then
-``trainer.ppo_epochs`` passes, each one optimizer step over micro-batches. A micro-batch's
-loss is weighed by its rows' share of what ``trainer.loss_agg_mode`` divides by
-(:func:`~.aggregation.normaliser`), so the gradient and the reported loss are the whole
-batch's, however it is cut (``trainer.micro_batch_size``,
-``trainer.max_tokens_per_micro_batch``).
+The step: reference log-probs when a KL term is on, the KL penalty in the reward,
+advantages, the proximal log-probs and token weights of an off-policy correction
+(:mod:`.corrections`), then ``trainer.ppo_epochs`` passes, each one optimizer step over
+micro-batches. A micro-batch's loss is weighed by its rows' share of what
+``algorithm.loss_agg_mode`` divides by (:func:`~.aggregation.normaliser`), so the gradient
+and the reported loss are the whole batch's, however it is cut
+(``trainer.micro_batch_size``, ``trainer.max_tokens_per_micro_batch``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from streamrft.consumers.algorithms.advantages import AdvantageInputs
 from streamrft.consumers.algorithms.aggregation import normaliser
-from streamrft.consumers.algorithms.presets import ResolvedAlgorithm, resolve_algorithm
-from streamrft.consumers.batching import PolicyBatch, collate, micro_slices, response_logprobs
+from streamrft.consumers.algorithms.corrections import correct
+from streamrft.consumers.algorithms.policy_losses import LossInputs, masked_mean
+from streamrft.consumers.algorithms.presets import ResolvedAlgorithm
+from streamrft.consumers.batching import (
+    PolicyBatch,
+    collate,
+    logprobs_and_entropy,
+    micro_slices,
+)
 from streamrft.consumers.precision import FP32, Precision
 from streamrft.infra.config import TrainerConfig
 from streamrft.infra.modeling import model_device
 from streamrft.schemas.experience import ExperienceGroup
 
+Slices = list[tuple[int, int]]
+
 
 @dataclass
 class StepInputs:
-    """What every micro-batch of the step reads."""
+    """What every micro-batch of the step reads; every tensor but the batch's is
+    ``(B, R)``."""
 
     batch: PolicyBatch
     advantages: torch.Tensor
-    """``(B,)``, one per rollout."""
-    token_advantages: torch.Tensor
-    """``(B, R)``: each rollout's advantage over its response tokens."""
-    ref_logprobs: torch.Tensor | None
-    """``(B, R)`` reference log-probs, or None without a KL term."""
+    """Per token, 0 off the mask."""
+    base: torch.Tensor
+    """Log-probs the policy ratio is taken against (the rollout's, or the proximal
+    policy's under an off-policy correction)."""
+    ref_logprobs: torch.Tensor | None = None
+    """Reference log-probs, or None without a KL loss."""
+    weights: torch.Tensor | None = None
+    """Token weights of an off-policy correction (None: 1)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Of the whole batch, computed once (corrections, the KL penalty)."""
 
     def rows(self, lo: int, hi: int) -> StepInputs:
         """Rows ``lo:hi``, padded only to their own widths (a micro-batch)."""
         batch = self.batch.rows(lo, hi)
         width = batch.old_logprobs.shape[1]
-        ref = None if self.ref_logprobs is None else self.ref_logprobs[lo:hi, :width]
-        return StepInputs(batch, self.advantages[lo:hi], self.token_advantages[lo:hi, :width], ref)
+
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[lo:hi, :width]
+
+        return StepInputs(
+            batch,
+            self.advantages[lo:hi, :width],
+            self.base[lo:hi, :width],
+            cut(self.ref_logprobs),
+            cut(self.weights),
+        )
 
 
 def policy_step(
@@ -49,6 +75,7 @@ def policy_step(
     optimizer: torch.optim.Optimizer,
     groups: list[ExperienceGroup],
     cfg: TrainerConfig,
+    algo: ResolvedAlgorithm,
     pad_id: int,
     temperature: float,
     ref_model: torch.nn.Module | None = None,
@@ -56,21 +83,27 @@ def policy_step(
     precision: Precision = FP32,
     share: BatchShare | None = None,
 ) -> dict[str, float]:
-    """Advantages per group, then ``ppo_epochs`` passes of the policy loss (+ KL).
-    ``version``: the one the model holds, for the rollout/trainer mismatch metrics;
-    ``precision``: the device's compute dtype and loss scaling; ``share``: the rows this
-    process trains (None: all of them)."""
-    share = share or BatchShare(cfg.loss_agg_mode)
-    algo = resolve_algorithm(cfg)
-    inputs = prepare_inputs(
-        algo, groups, cfg, pad_id, temperature, ref_model, model_device(model), precision
-    )
-    batch = inputs.batch
+    """The inputs of the step (:func:`prepare_inputs`), then ``ppo_epochs`` passes of the
+    algorithm's loss. ``version``: the one the model holds, for the rollout/trainer
+    mismatch metrics; ``precision``: the device's compute dtype and loss scaling;
+    ``share``: the rows this process trains (None: all of them)."""
+    share = share or BatchShare(algo.spec.loss_agg_mode)
+    batch = collate([e for g in groups for e in g.experiences], pad_id).to(model_device(model))
     slices = micro_slices(
         batch.prompt_lengths(),
         batch.response_lengths(),
         cfg.micro_batch_size,
         cfg.max_tokens_per_micro_batch,
+    )
+    inputs = prepare_inputs(
+        algo,
+        batch,
+        [len(g.experiences) for g in groups],
+        slices,
+        model,
+        ref_model,
+        temperature,
+        precision,
     )
     model.train()
     stats: dict[str, float] = {}
@@ -82,7 +115,7 @@ def policy_step(
             lo, hi, part, whole = share.rows(batch, lo, hi)
             micro = inputs.rows(lo, hi)
             with precision.autocast():
-                loss, info, logp = micro_batch_loss(algo, model, micro, cfg, temperature)
+                loss, info, logp = micro_batch_loss(algo, model, micro, temperature)
             precision.backward(loss * part / whole)
             if epoch == 0 and part:
                 first_logp_diff = max(first_logp_diff, logprob_drift(micro.batch, logp))
@@ -99,53 +132,91 @@ def policy_step(
 
 def prepare_inputs(
     algo: ResolvedAlgorithm,
-    groups: list[ExperienceGroup],
-    cfg: TrainerConfig,
-    pad_id: int,
-    temperature: float,
+    batch: PolicyBatch,
+    group_sizes: list[int],
+    slices: Slices,
+    model: torch.nn.Module,
     ref_model: torch.nn.Module | None,
-    device: torch.device,
+    temperature: float,
     precision: Precision = FP32,
 ) -> StepInputs:
-    """Collate the groups onto the model's device, compute advantages and (with a KL term)
-    reference log-probs."""
-    batch = collate([e for g in groups for e in g.experiences], pad_id).to(device)
-    adv = algo.advantage(batch.rewards, [len(g.experiences) for g in groups], cfg)
-    ref_logp = None
-    if ref_model is not None and cfg.kl_coef > 0:
-        with precision.autocast():
-            ref_logp = reference_logprobs(ref_model, batch, temperature)
-    return StepInputs(batch, adv, adv[:, None].expand_as(batch.old_logprobs), ref_logp)
+    """Reference log-probs (a KL term), the KL penalty in the reward, the advantages, and
+    the proximal log-probs with the token weights of an off-policy correction."""
+    spec = algo.spec
+    ref = None
+    if ref_model is not None and spec.needs_reference:
+        ref = frozen_logprobs(ref_model, batch, slices, temperature, precision)
+    metrics: dict[str, float] = {}
+    penalty = None
+    if ref is not None and spec.kl_penalty_coef > 0:
+        penalty = spec.kl_penalty_coef * algo.kl_penalty(batch.old_logprobs, ref)
+        metrics["train/kl_penalty_mean"] = masked_mean(penalty, batch.response_mask)
+    mask = batch.response_mask
+    adv = algo.advantage(AdvantageInputs(batch.rewards, group_sizes, mask, penalty), spec)
+    proximal = None
+    if spec.needs_proximal:
+        proximal = frozen_logprobs(model, batch, slices, temperature, precision)
+    fix = correct(batch.old_logprobs, proximal, mask, spec)
+    metrics.update({f"train/{k}": v for k, v in fix.metrics.items()})
+    kl_ref = ref if spec.kl_loss_coef > 0 else None
+    return StepInputs(batch, adv * mask, fix.base, kl_ref, fix.weights, metrics)
 
 
 @torch.no_grad()
-def reference_logprobs(
-    ref_model: torch.nn.Module, batch: PolicyBatch, temperature: float
+def frozen_logprobs(
+    model: torch.nn.Module,
+    batch: PolicyBatch,
+    slices: Slices,
+    temperature: float,
+    precision: Precision = FP32,
 ) -> torch.Tensor:
-    return response_logprobs(
-        ref_model, batch.input_ids, batch.attention_mask, batch.prompt_width, temperature
-    )
+    """``(B, R)`` log-probs of the responses under ``model`` without grad, one
+    micro-batch at a time (the reference model, or the policy before the step: the
+    proximal log-probs)."""
+    was_training = model.training
+    model.eval()
+    out = torch.zeros_like(batch.old_logprobs)
+    for lo, hi in slices:
+        rows = batch.rows(lo, hi)
+        with precision.autocast():
+            logp, _ = logprobs_and_entropy(
+                model, rows.input_ids, rows.attention_mask, rows.prompt_width, temperature
+            )
+        out[lo:hi, : logp.shape[1]] = logp.float()
+    model.train(was_training)
+    return out
 
 
 def micro_batch_loss(
     algo: ResolvedAlgorithm,
     model: torch.nn.Module,
     micro: StepInputs,
-    cfg: TrainerConfig,
     temperature: float,
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-    """Loss of the micro-batch (policy loss + ``kl_coef`` x KL), its diagnostics, and the
-    policy's log-probs it was computed from."""
-    batch = micro.batch
-    logp = response_logprobs(
-        model, batch.input_ids, batch.attention_mask, batch.prompt_width, temperature
+    """Loss of the micro-batch (policy loss weighed per token, + KL, - entropy bonus), its
+    diagnostics, and the policy's log-probs it was computed from."""
+    spec, batch = algo.spec, micro.batch
+    logp, entropy = logprobs_and_entropy(
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        batch.prompt_width,
+        temperature,
+        entropy=spec.entropy_coef > 0,
     )
     mask = batch.response_mask
-    loss, info = algo.policy_loss(logp, batch.old_logprobs, micro.token_advantages, mask, cfg)
+    per_token, info = algo.policy_loss(LossInputs(logp, micro.base, micro.advantages, mask), spec)
+    if micro.weights is not None:
+        per_token = per_token * micro.weights
+    loss = algo.aggregate(per_token, mask)
     if micro.ref_logprobs is not None:
         kl = algo.aggregate(algo.kl_loss(logp, micro.ref_logprobs), mask)
-        loss = loss + cfg.kl_coef * kl
+        loss = loss + spec.kl_loss_coef * kl
         info = {**info, "kl_ref": float(kl.detach())}
+    if entropy is not None:
+        mean_entropy = algo.aggregate(entropy, mask)
+        loss = loss - spec.entropy_coef * mean_entropy
+        info = {**info, "entropy": float(mean_entropy.detach())}
     return loss, info, logp
 
 
@@ -223,9 +294,10 @@ def step_metrics(
     batch = inputs.batch
     return {
         **{f"train/{k}": v for k, v in stats.items()},
+        **inputs.metrics,
         "train/grad_norm": float(grad_norm),
         "train/reward_mean": float(batch.rewards.mean()),
-        "train/advantage_abs_mean": float(inputs.advantages.abs().mean()),
+        "train/advantage_abs_mean": masked_mean(inputs.advantages.abs(), batch.response_mask),
         "train/response_length": float(batch.response_mask.sum(1).mean()),
         "train/logprob_max_abs_diff": first_logp_diff,
         "train/groups": float(groups),

@@ -1,0 +1,45 @@
+"""What one run's algorithm is, every value settled: a preset with the config's overrides.
+
+:class:`AlgorithmSpec` is built once by :func:`~.presets.resolve_algorithm` and read by
+every part; its defaults are the values a preset leaves unsaid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """Every setting of the algorithm (``algorithm.*`` in the config, where documented)."""
+
+    name: str = "grpo"
+    advantage_fn: str = "grpo"
+    policy_loss_fn: str = "ppo_clip"
+    kl_penalty_fn: str = "k1"
+    kl_penalty_coef: float = 0.0
+    kl_loss_fn: str = "k3"
+    kl_loss_coef: float = 0.0
+    entropy_coef: float = 0.0
+    loss_agg_mode: str = "token-mean"
+    norm_length: int = 1
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    std_normalize: bool = True
+    opmd_tau: float = 1.0
+    sample_strategy: str = "default"
+    dynamic_sampling: bool = False
+    off_policy_correction: str = "none"
+    is_cap: float = 2.0
+    is_mask_low: float = 0.5
+    is_mask_high: float = 2.0
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a KL term needs the reference model's log-probs."""
+        return self.kl_loss_coef > 0 or self.kl_penalty_coef > 0
+
+    @property
+    def needs_proximal(self) -> bool:
+        """Whether the step recomputes the current policy's log-probs first."""
+        return self.off_policy_correction != "none"
