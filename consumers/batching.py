@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from streamrft.schemas.experience import Experience
@@ -83,30 +84,34 @@ def micro_slices(
 
 
 def collate(experiences: list[Experience], pad_id: int) -> PolicyBatch:
-    """Stack experiences into one :class:`PolicyBatch` (no copies beyond the stacking)."""
-    prompts, responses, logps, masks = [], [], [], []
-    for exp in experiences:
-        tokens = torch.frombuffer(bytearray(exp.tokens), dtype=torch.int32).long()
-        prompts.append(tokens[: exp.prompt_length])
-        responses.append(tokens[exp.prompt_length :])
-        logps.append(torch.frombuffer(bytearray(exp.logprobs), dtype=torch.float32))
-        masks.append(torch.frombuffer(bytearray(exp.action_mask), dtype=torch.uint8).float())
-    width_p = max(len(p) for p in prompts)
-    width_r = max(len(r) for r in responses)
+    """Stack experiences into one :class:`PolicyBatch`: numpy views of each message's
+    bytes copied once into the padded arrays, then handed to torch without a copy."""
+    tokens = [np.frombuffer(e.tokens, dtype="<i4") for e in experiences]
+    width_p = max(e.prompt_length for e in experiences)
+    width_r = max(len(t) - e.prompt_length for t, e in zip(tokens, experiences, strict=True))
     b = len(experiences)
-    input_ids = torch.full((b, width_p + width_r), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, width_p + width_r), dtype=torch.long)
-    response_mask = torch.zeros((b, width_r))
-    old = torch.zeros((b, width_r))
-    for i, (p, r, lp, m) in enumerate(zip(prompts, responses, logps, masks, strict=True)):
-        input_ids[i, width_p - len(p) : width_p] = p
-        input_ids[i, width_p : width_p + len(r)] = r
-        attention[i, width_p - len(p) : width_p + len(r)] = 1
-        response_mask[i, : len(r)] = m
-        old[i, : len(r)] = lp
+    input_ids = np.full((b, width_p + width_r), pad_id, dtype=np.int64)
+    attention = np.zeros((b, width_p + width_r), dtype=np.int64)
+    response_mask = np.zeros((b, width_r), dtype=np.float32)
+    old = np.zeros((b, width_r), dtype=np.float32)
+    for i, (t, e) in enumerate(zip(tokens, experiences, strict=True)):
+        lo, hi = width_p - e.prompt_length, width_p + len(t) - e.prompt_length
+        input_ids[i, lo:hi] = t
+        attention[i, lo:hi] = 1
+        n = hi - width_p
+        response_mask[i, :n] = np.frombuffer(e.action_mask, dtype=np.uint8)
+        old[i, :n] = np.frombuffer(e.logprobs, dtype="<f4")
     rewards = torch.tensor([e.reward for e in experiences], dtype=torch.float32)
     versions = torch.tensor([e.model_version for e in experiences], dtype=torch.long)
-    return PolicyBatch(input_ids, attention, width_p, response_mask, old, rewards, versions)
+    return PolicyBatch(
+        torch.from_numpy(input_ids),
+        torch.from_numpy(attention),
+        width_p,
+        torch.from_numpy(response_mask),
+        torch.from_numpy(old),
+        rewards,
+        versions,
+    )
 
 
 def response_logprobs(

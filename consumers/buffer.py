@@ -3,7 +3,15 @@
 - Deduplicates by experience id (at-least-once delivery upstream), remembering the most
   recent ``dedup_window`` ids (:class:`SeenIds`).
 - Drops groups more than ``max_staleness`` versions behind, counted.
-- Hands out batches in batch order (:attr:`ExperienceGroup.batch`): a step takes the
+- With ``dynamic_sampling`` (DAPO), drops a group whose rewards are all equal when it
+  arrives (no signal for a group-relative advantage), counted as
+  ``zero_variance_dropped``: it counts as arrived for its batch (so nobody waits for it),
+  its offset is done (it never holds back a resume offset) and its ids are remembered in
+  the dedup window, as a trained group's are. The step does not train a short batch: it
+  waits for more groups, taking the following batch's to fill up (the batch order below
+  lets it, since the batch it dropped from is complete).
+- Hands out batches by the run's sample strategy (``sampling.py``); the ``default`` one
+  takes them in batch order (:attr:`ExperienceGroup.batch`): a step takes the
   groups of the oldest batch buffered, and waits while that batch is incomplete (fewer of
   its groups arrived than a step takes: the rest are still being explored), unless the
   caller forces it (nothing arrived for ``trainer.batch_wait_s``). Groups without a batch
@@ -24,11 +32,20 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from streamrft.consumers.sampling import (
+    BatchOrder,
+    Buffered,
+    PartitionKey,
+    SampleStrategy,
+    SamplingOptions,
+    has_signal,
+)
 from streamrft.consumers.state import DIGEST_SIZE, TrainerState, id_digest, offsets_list
 from streamrft.infra.config import TrainerConfig
+from streamrft.infra.expert import EXPERT_WORKFLOW
 from streamrft.schemas.experience import ExperienceGroup
 
-PartitionKey = tuple[str, int]
+__all__ = ["ARRIVALS_KEPT", "Buffered", "ExperienceBuffer", "PartitionKey", "SeenIds"]
 
 
 class SeenIds:
@@ -67,20 +84,6 @@ def _digests(group: ExperienceGroup) -> list[bytes]:
     return [id_digest(e.id) for e in group.experiences]
 
 
-@dataclass
-class Buffered:
-    group: ExperienceGroup
-    partition: PartitionKey
-    offset: int
-    seq: int
-    """Arrival order."""
-
-    @property
-    def order(self) -> tuple[int, int]:
-        """Batch first (unstamped, -1, before any), then arrival."""
-        return (max(self.group.batch, -1), self.seq)
-
-
 ARRIVALS_KEPT = 4096
 """Batches whose arrival counts are remembered (the newest; older ones are long done)."""
 
@@ -99,6 +102,16 @@ class ExperienceBuffer:
     trained_through: int = -1
     """Highest batch index trained so far: an older batch still buffered is the rest of a
     batch trained in part (a forced step, a restart), and waits for nothing more."""
+    strategy: SampleStrategy = field(
+        default_factory=lambda: BatchOrder(SamplingOptions()), kw_only=True
+    )
+    """Chooses each step's groups (``algorithm.sample_strategy``; default: batch order)."""
+    dynamic_sampling: bool = field(default=False, kw_only=True)
+    """Drop groups whose rewards are all equal on arrival (``algorithm.dynamic_sampling``)."""
+    zero_variance_dropped: int = 0
+    """Groups dropped by ``dynamic_sampling``."""
+    last_replayed: int = 0
+    """Groups of the last batch taken that were trained before (``priority_replay``)."""
     _seq: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -109,19 +122,23 @@ class ExperienceBuffer:
         self.next_offsets[partition] = max(self.next_offsets.get(partition, 0), offset + 1)
 
     def offer(self, group: ExperienceGroup, partition: PartitionKey, offset: int) -> bool:
-        """Take a consumed group; False when it was a duplicate (already seen)."""
+        """Take a consumed group; False when it was a duplicate (already seen). A group
+        dropped for zero reward variance (``dynamic_sampling``) is taken and done at once."""
         self.skip(partition, offset)
         digests = _digests(group)
         if self.seen.any_of(digests):
             self.duplicates_dropped += 1
             return False
         self.seen.add(digests)
-        self._seq += 1
-        self.queue.append(Buffered(group, partition, offset, self._seq))
         if group.batch >= 0:
             self.arrived[group.batch] = self.arrived.get(group.batch, 0) + 1
             if len(self.arrived) > ARRIVALS_KEPT:
                 del self.arrived[min(self.arrived)]
+        if self.dynamic_sampling and not has_signal(group):
+            self.zero_variance_dropped += 1
+            return True
+        self._seq += 1
+        self.queue.append(Buffered(group, partition, offset, self._seq))
         return True
 
     def drop_stale(self, version: int) -> list[ExperienceGroup]:
@@ -134,22 +151,24 @@ class ExperienceBuffer:
                 keep.append(item)
         self.queue = keep
         self.stale_dropped += len(dropped)
+        self.strategy.drop_stale(version, self.max_staleness)
         return dropped
 
     def take(self, n: int, force: bool = False) -> list[ExperienceGroup] | None:
-        """The first ``n`` buffered groups in batch order; None when fewer are buffered, or
-        when the oldest batch among them has had fewer than ``n`` groups arrive (the rest
-        are still being explored) and ``force`` is not set."""
-        if len(self.queue) < n:
+        """``n`` groups as the strategy chooses them; None when it waits for more. With the
+        ``default`` strategy: the first ``n`` buffered groups in batch order; None when
+        fewer are buffered, or when the oldest batch among them has had fewer than ``n``
+        groups arrive (the rest are still being explored) and ``force`` is not set."""
+        choice = self.strategy.choose(self.queue, n, force, lambda b: self.complete(b, n))
+        if choice is None:
             return None
-        chosen = sorted(self.queue, key=lambda item: item.order)[:n]
-        oldest = min((i.group.batch for i in chosen if i.group.batch >= 0), default=None)
-        if not force and oldest is not None and not self.complete(oldest, n):
-            return None
-        taken = {id(item) for item in chosen}
+        taken = {id(item) for item in choice.fresh}
         self.queue = deque(item for item in self.queue if id(item) not in taken)
-        self.trained_through = max([self.trained_through] + [i.group.batch for i in chosen])
-        return [item.group for item in chosen]
+        self.trained_through = max([self.trained_through] + [i.group.batch for i in choice.fresh])
+        # extra groups are replays, or the mix strategy's expert groups (counted by the step)
+        self.last_replayed = sum(g.workflow != EXPERT_WORKFLOW for g in choice.extra)
+        self.strategy.taken(choice)
+        return [item.group for item in choice.fresh] + choice.extra
 
     def complete(self, batch: int, n: int) -> bool:
         """Whether nothing more of ``batch`` is worth waiting for: ``n`` of its groups
@@ -188,17 +207,21 @@ class ExperienceBuffer:
             duplicates_dropped=self.duplicates_dropped,
             stale_dropped=self.stale_dropped,
             trained_through=self.trained_through,
+            zero_variance_dropped=self.zero_variance_dropped,
         )
 
     def restore(self, state: TrainerState) -> None:
         """Go on from ``state`` (in place: other components hold this buffer), emptied: the
         dedup window (cut to the newest ``dedup_window`` ids if it was larger), the drop
         counters, and the resume offsets as next offsets, so a partition nothing is read
-        from keeps its offset in the next checkpoint."""
+        from keeps its offset in the next checkpoint. What the strategy kept (a replay
+        pool) is not in checkpoints: it starts empty."""
         self.queue.clear()
         self.arrived.clear()  # the batches read again arrive again
+        self.strategy.clear()
         self.seen = SeenIds(self.dedup_window, state.seen)
         self.next_offsets = state.resume_offsets()
         self.duplicates_dropped = state.duplicates_dropped
         self.stale_dropped = state.stale_dropped
+        self.zero_variance_dropped = state.zero_variance_dropped
         self.trained_through = state.trained_through

@@ -20,6 +20,10 @@ Rank 0 runs the :class:`~.trainer.Trainer`; its engine sends every other rank a 
   engine's format (optimizer state keyed by parameter index), so either engine resumes
   from the other's checkpoints, whatever ``nproc`` wrote them. The replica costs rank 0
   one full float32 copy of the model in host memory.
+- **Teacher** (on-policy distillation, ``algorithm.teacher_path``): not sharded. Every rank
+  loads the whole teacher from the folder when its engine is made and computes the
+  teacher's log-probs of the whole batch itself, with no collective; it costs each rank
+  one full copy of the teacher in the compute dtype.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The trainer's experience intake: consume, decode, dead-letter, deduplicate, drop stale,
-hand out batches, and say when it starves.
+"""The trainer's experience intake: consume, decode, dead-letter, deduplicate, drop stale
+(and, with ``algorithm.dynamic_sampling``, groups without signal), hand out batches, and
+say when it starves.
 
 Offsets are the intake's business too: after a restore it seeks each partition to the
 offset the checkpoint holds, once (the first assignment of that partition), and it commits
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,6 +34,34 @@ log = logging.getLogger(__name__)
 STARVED_AFTER_S = 2 * HEARTBEAT_S
 """No experience at all for this long, with no batch to train, marks the trainer starved
 on its status (see StatusEvent)."""
+
+ZERO_VARIANCE_LOG_S = 10.0
+"""Groups dropped for rewards all equal (``algorithm.dynamic_sampling``) are logged as one
+sum at most this often."""
+
+
+@dataclasses.dataclass
+class StreamActivity:
+    """When the stream last brought a record (no record for a while: starved), and a record
+    that is not a group dropped for rewards all equal (none for ``trainer.idle_timeout_s``:
+    idle, the run finishes; so a stream of nothing but solved tasks ends it too)."""
+
+    last_record: float
+    last_signal: float
+    dropped_since_signal: int = 0
+    """Groups dropped for zero reward variance since :attr:`last_signal`."""
+
+    def saw(self, records: int, zero_variance: int, now: float) -> None:
+        """One poll brought ``records``, of which ``zero_variance`` were dropped so."""
+        if records:
+            self.last_record = now
+        if records > zero_variance:
+            self.last_signal, self.dropped_since_signal = now, 0
+        else:
+            self.dropped_since_signal += zero_variance
+
+    def idle(self, now: float, timeout_s: float) -> bool:
+        return now - self.last_signal > timeout_s
 
 
 class SeekOnFirstAssign(ConsumerRebalanceListener):
@@ -78,6 +108,8 @@ class ExperienceIntake:
         """The trainer has had no experience for :data:`STARVED_AFTER_S` (on its status)."""
         self._progress: tuple[int | None, int, float] = (None, 0, 0.0)
         """(oldest batch buffered, groups of it arrived, when that last changed)."""
+        self._unlogged_drops = (0, -math.inf)
+        """(groups dropped for zero variance not logged yet, when the last log was)."""
 
     async def start(self, resume_offsets: dict[tuple[str, int], int]) -> None:
         """Join the trainer's group; partitions restored from a checkpoint start at its
@@ -104,9 +136,10 @@ class ExperienceIntake:
         ``while_waiting`` may publish a newer one, and groups it makes too stale are
         dropped); None on stop or when the stream stays idle ``trainer.idle_timeout_s``.
         ``while_waiting()`` runs on every poll that has no batch yet (the trainer answers
-        sync requests there)."""
+        sync requests there). Groups dropped for rewards all equal do not count as
+        experience for the idle timeout (see :class:`StreamActivity`)."""
         loop = asyncio.get_running_loop()
-        last_data = loop.time()
+        activity = StreamActivity(loop.time(), loop.time())
         while not stop.is_set():
             now = version()
             dropped = self.buffer.drop_stale(now)
@@ -115,22 +148,49 @@ class ExperienceIntake:
             groups = self._take(n, loop.time())
             if groups is not None:
                 return groups
-            if not self.starved and loop.time() - last_data > STARVED_AFTER_S:
+            if not self.starved and loop.time() - activity.last_record > STARVED_AFTER_S:
                 await self._set_starved(True)  # explorers waiting on a version go on
             await while_waiting()
             records = await poll(self.consumer, EXPERIENCE_GROUP, 200)
+            flat = self.buffer.zero_variance_dropped
             for rec in records:
                 await self._offer(rec)
-            if records:
-                last_data = loop.time()
-                if self.starved:
-                    await self._set_starved(False)
-            elif loop.time() - last_data > self.cfg.trainer.idle_timeout_s:
-                log.warning(
-                    "trainer: no experiences for %.0fs; finishing", self.cfg.trainer.idle_timeout_s
-                )
+            flat = self.buffer.zero_variance_dropped - flat  # dropped: rewards all equal
+            activity.saw(len(records), flat, loop.time())
+            self._log_zero_variance(flat, loop.time())
+            if records and self.starved:
+                await self._set_starved(False)
+            if activity.idle(loop.time(), self.cfg.trainer.idle_timeout_s):
+                self._log_idle(activity)
                 return None
         return None
+
+    def _log_zero_variance(self, dropped: int, now: float) -> None:
+        """Say, as one sum at most every :data:`ZERO_VARIANCE_LOG_S`, that groups are being
+        dropped for rewards all equal (a stream of nothing else trains nothing)."""
+        unlogged, logged_at = self._unlogged_drops
+        unlogged += dropped
+        if unlogged and now - logged_at >= ZERO_VARIANCE_LOG_S:
+            log.info(
+                "trainer: dropped %d groups whose rewards are all equal (no signal; "
+                "algorithm.dynamic_sampling), %d in all",
+                unlogged,
+                self.buffer.zero_variance_dropped,
+            )
+            unlogged, logged_at = 0, now
+        self._unlogged_drops = (unlogged, logged_at)
+
+    def _log_idle(self, activity: StreamActivity) -> None:
+        timeout_s = self.cfg.trainer.idle_timeout_s
+        if activity.dropped_since_signal:
+            log.warning(
+                "trainer: no experience with signal for %.0fs (%d groups in that time had "
+                "rewards all equal and were dropped: algorithm.dynamic_sampling); finishing",
+                timeout_s,
+                activity.dropped_since_signal,
+            )
+        else:
+            log.warning("trainer: no experiences for %.0fs; finishing", timeout_s)
 
     def _take(self, n: int, now: float) -> list[ExperienceGroup] | None:
         """A batch in batch order; when no group of the oldest batch arrived for

@@ -65,6 +65,8 @@ class TrainerState(msgspec.Struct, kw_only=True, frozen=True):
     """Groups dropped for being more than ``trainer.max_staleness`` versions behind."""
     trained_through: int = -1
     """Highest batch index (:attr:`ExperienceGroup.batch`) trained so far (-1: none)."""
+    zero_variance_dropped: int = 0
+    """Groups dropped for rewards all equal (``algorithm.dynamic_sampling``)."""
 
     def resume_offsets(self) -> dict[tuple[str, int], int]:
         """``{(topic, partition): offset}``: where the restart seeks each partition."""

@@ -24,6 +24,7 @@ from streamrft.consumers.algorithms.step import BatchShare
 from streamrft.consumers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from streamrft.consumers.precision import Precision
 from streamrft.consumers.state import TrainerState
+from streamrft.consumers.teacher import load_teacher
 from streamrft.consumers.warmup import sft_warmup
 from streamrft.infra.config import Config
 from streamrft.infra.modeling import DTYPES, load_policy, resolve_device
@@ -38,7 +39,8 @@ application layer (``producers.evaluation.GreedyEvaluator``)."""
 
 
 class TrainEngine(abc.ABC):
-    """The policy being trained: model, optimizer, precision, reference model."""
+    """The policy being trained: model, optimizer, precision, reference model, and the
+    teacher of on-policy distillation."""
 
     @property
     @abc.abstractmethod
@@ -80,7 +82,10 @@ class TorchTrainEngine(TrainEngine):
     """One model in this process on ``model.device``: float32 master weights and AdamW
     state, forward/backward in ``model.dtype`` (autocast), grad clipping, optional gradient
     checkpointing, the configured algorithm (``algorithm.*``), optional LoRA (the
-    adapter alone is trained)."""
+    adapter alone is trained). Under on-policy distillation the teacher
+    (``algorithm.teacher_path``) is loaded when the engine is made, before any warm-up,
+    so a missing folder or another vocabulary fails at start-up: frozen, in eval mode,
+    its parameters in the compute dtype (as the reference model's)."""
 
     share: BatchShare | None = None
     """The rows of each step this process trains (None: all; ``fsdp2`` sets its own)."""
@@ -98,6 +103,11 @@ class TorchTrainEngine(TrainEngine):
             )
         self.optimizer: torch.optim.Optimizer | None = None  # made once the model is final
         self.ref_model: Any = None
+        self.teacher: torch.nn.Module | None = None
+        if self.algo.spec.needs_teacher:
+            self.teacher = load_teacher(
+                self.algo.spec.teacher_path, self.tokenizer, cfg.model, self.precision.dtype
+            )
         self.ckpt_root = cfg.run_dir / "checkpoints"
 
     @property
@@ -151,6 +161,7 @@ class TorchTrainEngine(TrainEngine):
             version,
             self.precision,
             self.share,
+            self.teacher,
         )
 
     def evaluate(self, evaluate: Evaluator) -> dict[str, float]:

@@ -21,8 +21,10 @@ from collections import Counter
 
 import torch
 
+from streamrft.consumers.algorithms import resolve_algorithm
 from streamrft.consumers.buffer import ExperienceBuffer
 from streamrft.consumers.intake import ExperienceIntake
+from streamrft.consumers.sampling import make_strategy
 from streamrft.consumers.state import TrainerState
 from streamrft.consumers.train_engine import Evaluator, make_train_engine
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
@@ -52,10 +54,23 @@ class Trainer:
         self.view = ControlView(
             cfg, "trainer", self.events.dead_letter, listen_status=cfg.synchronizer.method == "nccl"
         )
+        spec = resolve_algorithm(cfg).spec  # bad names fail here, before the model loads
+        if spec.dynamic_sampling and self.tcfg.max_staleness < 2:
+            log.warning(
+                "trainer: algorithm.dynamic_sampling fills a batch from the next one, which "
+                "moves versions one batch ahead; with trainer.max_staleness %d the rest of "
+                "that batch may be dropped as stale: use 2 or more",
+                self.tcfg.max_staleness,
+            )
+        self.buffer = ExperienceBuffer(
+            self.tcfg.max_staleness,
+            self.tcfg.dedup_window,
+            strategy=make_strategy(spec, self.tcfg),
+            dynamic_sampling=spec.dynamic_sampling,
+        )
         torch.set_num_threads(self.tcfg.threads)
         self.engine = make_train_engine(cfg)
         self._evaluate = evaluate
-        self.buffer = ExperienceBuffer(self.tcfg.max_staleness, self.tcfg.dedup_window)
         self.intake = ExperienceIntake(
             cfg, self.buffer, self.events, self.counters, self.engine.vocab_size
         )
@@ -163,6 +178,9 @@ class Trainer:
                 },
                 "train/duplicates_dropped": float(self.buffer.duplicates_dropped),
                 "train/stale_dropped": float(self.buffer.stale_dropped),
+                "train/zero_variance_dropped": float(self.buffer.zero_variance_dropped),
+                # of this batch, groups trained before (sample_strategy priority_replay)
+                "train/replayed_groups": float(self.buffer.last_replayed),
             }
         )
         return values, [TrainedGroup(g.id, g.model_version) for g in groups]
@@ -191,6 +209,7 @@ class Trainer:
                 "trainer/final_step": float(self.step),
                 "trainer/duplicates_dropped": float(self.buffer.duplicates_dropped),
                 "trainer/stale_dropped": float(self.buffer.stale_dropped),
+                "trainer/zero_variance_dropped": float(self.buffer.zero_variance_dropped),
                 **{f"trainer/{k}": float(v) for k, v in self.counters.snapshot().items()},
             }
         )
@@ -265,7 +284,7 @@ def _log_step(step: int, values: dict[str, float]) -> None:
         values["train/reward_mean"],
         values["train/loss"],
         values["train/grad_norm"],
-        values["train/clip_frac"],
+        values.get("train/clip_frac", 0.0),  # not every policy loss clips
         values["train/logprob_max_abs_diff"],
         values["train/staleness_mean"],
         values["train/wait_seconds"],

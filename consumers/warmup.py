@@ -7,6 +7,7 @@ import random
 import torch
 
 from streamrft.consumers.losses import sft_loss
+from streamrft.infra.expert import answer_ids
 from streamrft.infra.modeling import model_device
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.schemas.experience import Task
@@ -23,7 +24,7 @@ def sft_batch(
     rows, masks = [], []
     for t in tasks:
         p = render.ids(t)
-        a = [*tokenizer(t.answer, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+        a = answer_ids(tokenizer, t.answer)
         rows.append(p + a)
         masks.append([0] * len(p) + [1] * len(a))
     width = max(len(r) for r in rows)

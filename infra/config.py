@@ -383,10 +383,11 @@ class AlgorithmConfig(_Section):
 
     type: str = "grpo"
     """The preset: ``grpo``, ``dr_grpo``, ``dapo``, ``gspo``, ``cispo``, ``rloo``,
-    ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``opmd``, ``sft``."""
+    ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``opmd``, ``sft``,
+    ``on_policy_distill``."""
     advantage_fn: str | None = None
     """Advantage estimator (``ADVANTAGES``): ``grpo``, ``rloo``, ``reinforce_plus_plus``,
-    ``reinforce_plus_plus_baseline``, ``opmd``, ``none``."""
+    ``reinforce_plus_plus_baseline``, ``opmd``, ``none``, ``distill``."""
     policy_loss_fn: str | None = None
     """Policy loss (``POLICY_LOSSES``): ``ppo_clip``, ``gspo``, ``cispo``, ``opmd``, ``sft``."""
     kl_penalty_fn: str | None = None
@@ -420,10 +421,23 @@ class AlgorithmConfig(_Section):
     opmd_tau: NonNegF | None = None
     """``opmd``: weight of the squared log-ratio to the rollout policy in the loss."""
     sample_strategy: str | None = None
-    """Which buffered groups a step takes (``SAMPLE_STRATEGIES`` in ``consumers/sampling.py``)."""
+    """Which buffered groups a step takes (``SAMPLE_STRATEGIES`` in ``consumers/sampling.py``):
+    ``default`` (batch order, waiting for the oldest batch to be complete),
+    ``staleness_aware`` (of the groups of complete batches, the newest model version
+    first), ``priority_replay`` (fresh groups first; a batch that would otherwise wait is
+    filled with groups trained before, highest reward variance first). None: ``default``."""
     dynamic_sampling: bool | None = None
     """Drop groups whose rewards are all equal (no signal) and fill the batch with later
-    groups from the stream (DAPO); counted as ``train/zero_variance_dropped``."""
+    groups from the stream (DAPO); counted as ``train/zero_variance_dropped``. Groups
+    dropped so do not count as experience for ``trainer.idle_timeout_s``."""
+    replay_reuse_limit: Pos | None = None
+    """``priority_replay``: times a group may be trained in all, its first time included
+    (1: never replayed). None: 2."""
+    replay_pool_size: Pos | None = None
+    """``priority_replay``: trained groups kept for replay; beyond it the lowest priority
+    leave. None: 4 x ``trainer.batch_size``. In memory only, not checkpointed: a restarted
+    trainer starts with an empty pool (no experience is lost: fresh groups are committed
+    only after the checkpoint of the step that trained them)."""
     off_policy_correction: OffPolicyCorrection = "none"
     """Correction for experiences sampled with an older version than the trainer's (the
     proximal policy, whose log-probs the trainer recomputes at the start of each step).
@@ -440,6 +454,15 @@ class AlgorithmConfig(_Section):
     """Lower bound of the kept importance weights (``masked_is_*``)."""
     is_mask_high: PosF = 2.0
     """Upper bound of the kept importance weights (``masked_is_*``)."""
+    teacher_path: str | None = None
+    """On-policy distillation (``advantage_fn: distill``, the ``on_policy_distill`` preset):
+    a local Hugging Face model folder with the policy's tokenizer (relative to the config
+    file). The trainer loads it once, frozen, in ``model.dtype``, and each trained token's
+    advantage is the teacher's minus the rollout's log-prob of it (the negative reverse-KL
+    estimate). Required by ``distill``, refused by every other advantage."""
+    distill_reward_coef: NonNegF | None = None
+    """``distill``: weight of the task reward's group-normalised advantage (``grpo``'s)
+    added to every trained token's distillation advantage. None: 0 (pure distillation)."""
 
 
 class SynchronizerConfig(_Section):
@@ -631,6 +654,7 @@ _RELATIVE_PATHS = (
     ("taskset", "path"),
     ("taskset", "eval_path"),
     ("model", "path"),
+    ("algorithm", "teacher_path"),
     ("kafka", "ssl_cafile"),
     ("kafka", "ssl_certfile"),
     ("kafka", "ssl_keyfile"),

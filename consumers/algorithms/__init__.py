@@ -3,7 +3,8 @@
 Registries (name -> pure function of tensors), one module each:
 
 - :data:`ADVANTAGES` (``advantages.py``): ``grpo``, ``rloo``, ``reinforce_plus_plus``,
-  ``reinforce_plus_plus_baseline``, ``opmd``, ``none``.
+  ``reinforce_plus_plus_baseline``, ``opmd``, ``none``, ``distill`` (on-policy
+  distillation: the teacher's log-probs of the sampled tokens, ``consumers/teacher.py``).
 - :data:`POLICY_LOSSES` (``policy_losses.py``): ``ppo_clip``, ``gspo``, ``cispo``, ``opmd``,
   ``sft``.
 - :data:`KL_ESTIMATORS` (``kl.py``): ``k1``, ``k2``, ``k3``, ``low_var_kl``, ``abs``, for

@@ -4,8 +4,9 @@ An estimator takes :class:`AdvantageInputs` (the batch's groups one after the ot
 the trainer's batch holds them) and the :class:`~.spec.AlgorithmSpec`, and returns one
 advantage per response token ``(B, R)``, 0 where the mask is 0. Outcome estimators score a
 rollout by its reward minus any KL penalty summed over its tokens (``score``) and spread
-that over its tokens; ``reinforce_plus_plus`` works per token. :data:`ADVANTAGES` is chosen
-by ``algorithm.advantage_fn`` or the preset.
+that over its tokens; ``reinforce_plus_plus`` works per token, and so does ``distill``
+(on-policy distillation: the teacher's log-probs of the sampled tokens against the
+rollout's). :data:`ADVANTAGES` is chosen by ``algorithm.advantage_fn`` or the preset.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ class AdvantageInputs:
     """``(B, R)`` 1 on trained response tokens."""
     penalty: torch.Tensor | None = None
     """``(B, R)`` ``kl_penalty_coef`` x the KL penalty of each token, or None."""
+    old_logprobs: torch.Tensor | None = None
+    """``(B, R)`` the rollout policy's log-probs of the sampled tokens."""
+    teacher_logprobs: torch.Tensor | None = None
+    """``(B, R)`` the teacher's log-probs of the same tokens (``distill``), or None."""
 
     @property
     def scores(self) -> torch.Tensor:
@@ -152,6 +157,21 @@ def opmd_advantages(inp: AdvantageInputs, spec: AlgorithmSpec) -> torch.Tensor:
     return centred[:, None] * inp.mask
 
 
+def distill_advantages(inp: AdvantageInputs, spec: AlgorithmSpec) -> torch.Tensor:
+    """On-policy distillation (Agarwal et al., GKD, 2024; Gu et al., MiniLLM, 2024;
+    Thinking Machines, "On-Policy Distillation", 2025): each token's advantage is
+    ``teacher_logp - old_logp``, the negative of the sampled token's reverse-KL estimate
+    (k1) to the teacher, not summed over later tokens (discount 0); plus
+    ``distill_reward_coef`` x the ``grpo`` advantage of the task reward when it is above 0.
+    Both log-probs are at the sampling temperature (``explorer.temperature``)."""
+    if inp.teacher_logprobs is None or inp.old_logprobs is None:
+        raise ValueError("distill advantages need the teacher's and the rollout's log-probs")
+    adv = (inp.teacher_logprobs - inp.old_logprobs) * inp.mask
+    if spec.distill_reward_coef > 0:
+        adv = adv + spec.distill_reward_coef * grpo_advantages(inp, spec)
+    return adv
+
+
 def no_advantages(inp: AdvantageInputs, spec: AlgorithmSpec) -> torch.Tensor:
     """Zeros: for losses that use none (``sft``)."""
     return torch.zeros_like(inp.token_rewards)
@@ -164,5 +184,6 @@ ADVANTAGES: dict[str, AdvantageFn] = {
     "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline_advantages,
     "opmd": opmd_advantages,
     "none": no_advantages,
+    "distill": distill_advantages,
 }
 """Advantage estimators by name (``algorithm.advantage_fn``)."""

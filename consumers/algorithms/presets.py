@@ -88,6 +88,13 @@ ALGORITHMS: dict[str, Preset] = {
         "supervised fine-tuning: the negative log-likelihood of the trained tokens",
         {"advantage_fn": "none", "policy_loss_fn": "sft"},
     ),
+    "on_policy_distill": Preset(
+        "Thinking Machines, On-Policy Distillation (2025); Agarwal et al., GKD (arXiv "
+        "2306.13649); Gu et al., MiniLLM (arXiv 2306.08543): per-token reverse KL to a "
+        "teacher's log-probs of the student's samples, PPO clip; needs "
+        "algorithm.teacher_path",
+        {"advantage_fn": "distill", "policy_loss_fn": "ppo_clip", "distill_reward_coef": 0.0},
+    ),
 }
 """``algorithm.type`` -> preset."""
 
@@ -137,6 +144,7 @@ def resolve_spec(spec: AlgorithmSpec, explicit: AlgorithmConfig | None = None) -
         return _lookup(registry, value, f"algorithm.{name}", origin)
 
     _lookup(LOSS_AGG, spec.loss_agg_mode, "algorithm.loss_agg_mode", "")
+    check_teacher(spec, explicit)
     return ResolvedAlgorithm(
         spec=spec,
         advantage=part(ADVANTAGES, "advantage_fn"),
@@ -150,6 +158,22 @@ def resolve_spec(spec: AlgorithmSpec, explicit: AlgorithmConfig | None = None) -
 def with_spec(algo: ResolvedAlgorithm, **changes: Any) -> ResolvedAlgorithm:
     """``algo`` with some settings changed (tests, benches)."""
     return resolve_spec(dataclasses.replace(algo.spec, **changes))
+
+
+def check_teacher(spec: AlgorithmSpec, explicit: AlgorithmConfig | None = None) -> None:
+    """A teacher folder is named exactly when the advantage (``distill``) uses one."""
+    given = explicit is not None and explicit.advantage_fn is not None
+    origin = "" if given else f" (algorithm.type {spec.name!r})"
+    if spec.needs_teacher and not spec.teacher_path:
+        raise ConfigError(
+            f"algorithm.teacher_path: required by algorithm.advantage_fn "
+            f"{spec.advantage_fn!r}{origin}: the teacher's Hugging Face model folder"
+        )
+    if spec.teacher_path and not spec.needs_teacher:
+        raise ConfigError(
+            f"algorithm.teacher_path: set, but algorithm.advantage_fn {spec.advantage_fn!r}"
+            f"{origin} uses no teacher (use 'distill' or the on_policy_distill preset)"
+        )
 
 
 def _lookup(registry: dict[str, T], name: str, field_name: str, origin: str) -> T:

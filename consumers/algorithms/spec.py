@@ -29,10 +29,16 @@ class AlgorithmSpec:
     opmd_tau: float = 1.0
     sample_strategy: str = "default"
     dynamic_sampling: bool = False
+    replay_reuse_limit: int = 2
+    replay_pool_size: int = 0
+    """0: 4 x ``trainer.batch_size``."""
     off_policy_correction: str = "none"
     is_cap: float = 2.0
     is_mask_low: float = 0.5
     is_mask_high: float = 2.0
+    teacher_path: str = ""
+    """The teacher's Hugging Face folder (``distill``); "": none."""
+    distill_reward_coef: float = 0.0
 
     @property
     def needs_reference(self) -> bool:
@@ -43,3 +49,8 @@ class AlgorithmSpec:
     def needs_proximal(self) -> bool:
         """Whether the step recomputes the current policy's log-probs first."""
         return self.off_policy_correction != "none"
+
+    @property
+    def needs_teacher(self) -> bool:
+        """Whether the advantage needs a teacher's log-probs (on-policy distillation)."""
+        return self.advantage_fn == "distill"

@@ -1,8 +1,8 @@
 """One policy-optimisation step over a batch of experience groups, built from the parts of
 the resolved algorithm (:mod:`streamrft.consumers.algorithms.presets`).
 
-The step: reference log-probs when a KL term is on, the KL penalty in the reward,
-advantages, the proximal log-probs and token weights of an off-policy correction
+The step: reference log-probs when a KL term is on, the teacher's log-probs under
+on-policy distillation, the KL penalty in the reward, advantages, the proximal log-probs and token weights of an off-policy correction
 (:mod:`.corrections`), then ``trainer.ppo_epochs`` passes, each one optimizer step over
 micro-batches. A micro-batch's loss is weighed by its rows' share of what
 ``algorithm.loss_agg_mode`` divides by (:func:`~.aggregation.normaliser`), so the gradient
@@ -82,11 +82,13 @@ def policy_step(
     version: int | None = None,
     precision: Precision = FP32,
     share: BatchShare | None = None,
+    teacher: torch.nn.Module | None = None,
 ) -> dict[str, float]:
     """The inputs of the step (:func:`prepare_inputs`), then ``ppo_epochs`` passes of the
     algorithm's loss. ``version``: the one the model holds, for the rollout/trainer
     mismatch metrics; ``precision``: the device's compute dtype and loss scaling;
-    ``share``: the rows this process trains (None: all of them)."""
+    ``share``: the rows this process trains (None: all of them); ``teacher``: the frozen
+    teacher of on-policy distillation (``distill``)."""
     share = share or BatchShare(algo.spec.loss_agg_mode)
     batch = collate([e for g in groups for e in g.experiences], pad_id).to(model_device(model))
     slices = micro_slices(
@@ -104,6 +106,7 @@ def policy_step(
         ref_model,
         temperature,
         precision,
+        teacher,
     )
     model.train()
     stats: dict[str, float] = {}
@@ -139,20 +142,30 @@ def prepare_inputs(
     ref_model: torch.nn.Module | None,
     temperature: float,
     precision: Precision = FP32,
+    teacher: torch.nn.Module | None = None,
 ) -> StepInputs:
-    """Reference log-probs (a KL term), the KL penalty in the reward, the advantages, and
-    the proximal log-probs with the token weights of an off-policy correction."""
-    spec = algo.spec
-    ref = None
+    """Reference log-probs (a KL term), the teacher's (distillation), the KL penalty in the
+    reward, the advantages, and the proximal log-probs with the token weights of an
+    off-policy correction."""
+    spec, mask = algo.spec, batch.response_mask
+    ref = teacher_logp = None
     if ref_model is not None and spec.needs_reference:
         ref = frozen_logprobs(ref_model, batch, slices, temperature, precision)
     metrics: dict[str, float] = {}
+    if teacher is not None and spec.needs_teacher:
+        teacher_logp = frozen_logprobs(teacher, batch, slices, temperature, precision)
+        reverse_kl = batch.old_logprobs - teacher_logp  # k1 of the sampled tokens
+        metrics["train/teacher_reverse_kl"] = masked_mean(reverse_kl, mask)
     penalty = None
     if ref is not None and spec.kl_penalty_coef > 0:
         penalty = spec.kl_penalty_coef * algo.kl_penalty(batch.old_logprobs, ref)
-        metrics["train/kl_penalty_mean"] = masked_mean(penalty, batch.response_mask)
-    mask = batch.response_mask
-    adv = algo.advantage(AdvantageInputs(batch.rewards, group_sizes, mask, penalty), spec)
+        metrics["train/kl_penalty_mean"] = masked_mean(penalty, mask)
+    adv = algo.advantage(
+        AdvantageInputs(
+            batch.rewards, group_sizes, mask, penalty, batch.old_logprobs, teacher_logp
+        ),
+        spec,
+    )
     proximal = None
     if spec.needs_proximal:
         proximal = frozen_logprobs(model, batch, slices, temperature, precision)
@@ -173,8 +186,10 @@ def frozen_logprobs(
     """``(B, R)`` log-probs of the responses under ``model`` without grad, one
     micro-batch at a time (the reference model, or the policy before the step: the
     proximal log-probs)."""
-    was_training = model.training
-    model.eval()
+    module = isinstance(model, torch.nn.Module)  # LoRA's reference is a view of the base
+    was_training = module and model.training
+    if module:
+        model.eval()
     out = torch.zeros_like(batch.old_logprobs)
     for lo, hi in slices:
         rows = batch.rows(lo, hi)
@@ -183,7 +198,8 @@ def frozen_logprobs(
                 model, rows.input_ids, rows.attention_mask, rows.prompt_width, temperature
             )
         out[lo:hi, : logp.shape[1]] = logp.float()
-    model.train(was_training)
+    if module:
+        model.train(was_training)
     return out
 
 

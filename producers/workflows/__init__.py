@@ -4,16 +4,18 @@ A workflow is a function ``(engine, tasks, reward, spec) -> list[ExperienceGroup
 :class:`Workflow`) registered in :data:`WORKFLOWS` under the name tasks carry in their
 ``workflow`` field (default ``taskset.workflow``); adding one is a module here and a line in
 that dict. ``math`` (the default) asks for the answer directly and scores it with
-``explorer.reward``.
+``explorer.reward``; ``expert`` turns a task's own answer into a trained response (SFT,
+expert data).
 """
 
 from __future__ import annotations
 
 from streamrft.producers.workflows.base import RolloutSpec, Workflow
+from streamrft.producers.workflows.expert_workflow import expert_workflow
 from streamrft.producers.workflows.math_workflow import math_workflow
 from streamrft.schemas.errors import ConfigError
 
-WORKFLOWS: dict[str, Workflow] = {"math": math_workflow}
+WORKFLOWS: dict[str, Workflow] = {"math": math_workflow, "expert": expert_workflow}
 """Workflow name (a task's ``workflow``) -> workflow."""
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "RolloutSpec",
     "Workflow",
     "check_workflow",
+    "expert_workflow",
     "get_workflow",
     "math_workflow",
 ]

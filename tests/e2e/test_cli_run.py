@@ -121,7 +121,7 @@ def test_bad_config_is_a_clear_error(tmp_path):
         ("explorer.engine=transformerz", "explorer.engine"),
         ("explorer.reward=os.path:no_such_function", "explorer.reward"),
         ("taskset.workflow=mathz", "taskset.workflow"),
-        ("trainer.policy_loss_fn=ppo_clipp", "trainer.policy_loss_fn"),
+        ("algorithm.policy_loss_fn=ppo_clipp", "algorithm.policy_loss_fn"),
         ("trainer.engine=fsdp9", "trainer.engine"),
     ],
 )

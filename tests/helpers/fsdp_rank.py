@@ -23,22 +23,19 @@ CASES: dict[str, dict] = {
     # 24 rows in micro-batches of 23 (split 11/12) and 1 (rank 0 runs a stand-in row with
     # weight 0), two epochs, a KL term against a sharded reference copy, grad clipping
     "token_mean_micro_kl": {
-        "trainer": {
-            "micro_batch_size": 23,
-            "ppo_epochs": 2,
-            "kl_coef": 0.1,
-            "grad_clip": 0.5,
-            "lr": 1e-3,
-        },
+        "trainer": {"micro_batch_size": 23, "ppo_epochs": 2, "grad_clip": 0.5, "lr": 1e-3},
+        "algorithm": {"kl_loss_coef": 0.1},
     },
     # the whole batch at once, per-sequence normalisation, no clipping
     "seq_mean_whole": {
-        "trainer": {"loss_agg_mode": "seq-mean-token-mean", "grad_clip": 0.0},
+        "trainer": {"grad_clip": 0.0},
+        "algorithm": {"loss_agg_mode": "seq-mean-token-mean"},
     },
     # LoRA: only the adapter trains; KL against the base (adapter off)
     "lora_kl": {
         "model": {"lora": {"enabled": True, "rank": 4}},
-        "trainer": {"kl_coef": 0.05, "lr": 5e-3},
+        "trainer": {"lr": 5e-3},
+        "algorithm": {"kl_loss_coef": 0.05},
     },
 }
 
@@ -57,6 +54,7 @@ def case_config(case: str, out: Path, nproc: int) -> Config:
                 **sections.get("model", {}),
             },
             "trainer": {"lr": 1e-2, "nproc": nproc, **sections.get("trainer", {})},
+            "algorithm": sections.get("algorithm", {}),
         }
     )
 

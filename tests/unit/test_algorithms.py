@@ -4,11 +4,16 @@ The step must give the numbers the 91-line ``grpo_step`` gave before it was spli
 parts: a frozen copy of that function and of the math it called (as of commit a9afc63,
 verbatim but for docstrings and ``float(kl.detach())`` for ``float(kl)``, the same value
 without a warning) is kept below, and every scenario compares metrics and updated weights
-for exact equality.
+for exact equality. The frozen step reads the fields that have since moved from
+``trainer`` to ``algorithm`` through a view (:func:`old_trainer_config`); the one metric
+whose definition changed since (``train/advantage_abs_mean``, now over trained tokens) is
+checked against its new definition computed from the frozen math.
 """
 
 from __future__ import annotations
 
+import re
+import types
 import typing
 
 import msgspec
@@ -18,19 +23,29 @@ import torch
 from streamrft.consumers.algorithms import (
     ADVANTAGES,
     ALGORITHMS,
-    KL_LOSSES,
+    CORRECTIONS,
+    KL_ESTIMATORS,
     LOSS_AGG,
     POLICY_LOSSES,
-    Algorithm,
+    AlgorithmSpec,
+    Preset,
     policy_step,
     resolve_algorithm,
 )
 from streamrft.consumers.algorithms.advantages import grpo_advantages
 from streamrft.consumers.algorithms.aggregation import token_mean
-from streamrft.consumers.algorithms.kl_losses import kl_k3
+from streamrft.consumers.algorithms.kl import kl_k1, kl_k3
 from streamrft.consumers.algorithms.policy_losses import ppo_clip
 from streamrft.consumers.batching import collate, response_logprobs
-from streamrft.infra.config import ModelConfig, TrainerConfig, from_dict
+from streamrft.infra.config import (
+    MOVED_FIELDS,
+    AlgorithmConfig,
+    Config,
+    ExplorerConfig,
+    ModelConfig,
+    TrainerConfig,
+    from_dict,
+)
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.producers.engines import TransformersEngine
 from streamrft.producers.workflows import RolloutSpec, get_workflow
@@ -216,7 +231,53 @@ def unequal(groups: list[ExperienceGroup]) -> list[ExperienceGroup]:
     ]
 
 
-def run_step(step, tokenizer, groups, cfg, with_ref):
+def config(algorithm: AlgorithmConfig | None = None, **trainer) -> Config:
+    """A config of these trainer fields and this algorithm section."""
+    return Config(trainer=TrainerConfig(**trainer), algorithm=algorithm or AlgorithmConfig())
+
+
+def old_trainer_config(cfg: Config) -> types.SimpleNamespace:
+    """The ``trainer`` section the frozen step reads: today's trainer fields plus the ones
+    that moved to ``algorithm.*`` (``kl_coef`` is today's ``kl_loss_coef``), as the
+    resolved algorithm settles them."""
+    spec = resolve_algorithm(cfg).spec
+    return types.SimpleNamespace(
+        **msgspec.structs.asdict(cfg.trainer),
+        kl_coef=spec.kl_loss_coef,
+        clip_low=spec.clip_low,
+        clip_high=spec.clip_high,
+        loss_agg_mode=spec.loss_agg_mode,
+        std_normalize=spec.std_normalize,
+    )
+
+
+def old_step(model, optimizer, groups, cfg: Config, pad_id, temperature, ref_model):
+    return _old_grpo_step(
+        model, optimizer, groups, old_trainer_config(cfg), pad_id, temperature, ref_model
+    )
+
+
+def new_step(model, optimizer, groups, cfg: Config, pad_id, temperature, ref_model):
+    algo = resolve_algorithm(cfg)
+    return policy_step(model, optimizer, groups, cfg.trainer, algo, pad_id, temperature, ref_model)
+
+
+def token_weighted_abs_advantage(groups: list[ExperienceGroup], cfg: Config) -> float:
+    """The old step's per-rollout advantages (its own math), their absolute values averaged
+    over the trained tokens: ``train/advantage_abs_mean`` as the step reports it now."""
+    batch = collate([e for g in groups for e in g.experiences], 0)
+    std = old_trainer_config(cfg).std_normalize
+    adv = torch.cat(
+        [
+            _old_group_advantages(r.view(1, -1), std_normalize=std).view(-1)
+            for r in torch.split(batch.rewards, [len(g.experiences) for g in groups])
+        ]
+    )
+    tokens = batch.response_mask.sum(1)
+    return float((adv.abs() * tokens).sum() / tokens.sum())
+
+
+def run_step(step, tokenizer, groups, cfg: Config, with_ref):
     model = tiny_model(tokenizer, 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ref = tiny_model(tokenizer, 2).eval() if with_ref else None
@@ -225,24 +286,29 @@ def run_step(step, tokenizer, groups, cfg, with_ref):
 
 
 SCENARIOS = {
-    "defaults": (False, TrainerConfig(), False),
+    "defaults": (False, config(), False),
     "kl_micro_epochs": (
         False,
-        TrainerConfig(
+        config(
+            AlgorithmConfig(
+                kl_loss_coef=0.1,
+                loss_agg_mode="seq-mean-token-mean",
+                std_normalize=False,
+                clip_low=0.1,
+                clip_high=0.3,
+            ),
             ppo_epochs=2,
             micro_batch_size=5,
-            kl_coef=0.1,
-            loss_agg_mode="seq-mean-token-mean",
-            std_normalize=False,
-            clip_low=0.1,
-            clip_high=0.3,
         ),
         True,
     ),
     "unequal_groups_no_grad_clip": (
         True,
-        TrainerConfig(
-            grad_clip=0.0, loss_agg_mode="seq-mean-token-sum", ppo_epochs=3, micro_batch_size=3
+        config(
+            AlgorithmConfig(loss_agg_mode="seq-mean-token-sum"),
+            grad_clip=0.0,
+            ppo_epochs=3,
+            micro_batch_size=3,
         ),
         False,
     ),
@@ -256,120 +322,314 @@ SCENARIOS = {
 def test_policy_step_gives_exactly_the_old_grpo_step_numbers(tokenizer, groups, name):
     uneven, cfg, with_ref = SCENARIOS[name]
     batch = unequal(groups) if uneven else groups
-    old_stats, old_model = run_step(_old_grpo_step, tokenizer, batch, cfg, with_ref)
-    new_stats, new_model = run_step(policy_step, tokenizer, batch, cfg, with_ref)
+    old_stats, old_model = run_step(old_step, tokenizer, batch, cfg, with_ref)
+    new_stats, new_model = run_step(new_step, tokenizer, batch, cfg, with_ref)
     rows = sum(len(g.experiences) for g in batch)
-    micro = cfg.micro_batch_size or rows
+    micro = cfg.trainer.micro_batch_size or rows
     assert new_stats.pop("train/micro_batches") == -(-rows // micro)
     assert list(new_stats) == list(old_stats)
+    # the one metric whose definition changed: the mean |advantage| over trained tokens
+    # (each rollout weighed by its trained tokens), where the old step took it per rollout
+    old_adv = old_stats.pop("train/advantage_abs_mean")
+    new_adv = new_stats.pop("train/advantage_abs_mean")
+    assert new_adv == pytest.approx(token_weighted_abs_advantage(batch, cfg), rel=1e-6)
     assert new_stats == old_stats  # exact, not approximate
     old_params = dict(old_model.named_parameters())
     for pname, p in new_model.named_parameters():
         assert torch.equal(p, old_params[pname]), pname
     # the scenario exercises what it is meant to: a signal, a KL term, clipping
-    assert new_stats["train/advantage_abs_mean"] > 0
+    assert new_adv > 0 and old_adv > 0
     assert ("train/kl_ref" in new_stats) == with_ref
-    if cfg.ppo_epochs > 1:
+    if cfg.trainer.ppo_epochs > 1:
         assert new_stats["train/clip_frac"] > 0
 
 
 def test_registering_an_advantage_is_one_line_and_the_step_uses_it(tokenizer, groups):
-    def constant(rewards, group_sizes, cfg):
-        return torch.full_like(rewards, 0.25)
+    def constant(inp, spec):
+        return torch.full_like(inp.mask, 0.25, dtype=inp.rewards.dtype)
 
-    cfg = TrainerConfig(advantage_fn="constant")
+    cfg = config(AlgorithmConfig(advantage_fn="constant"))
     ADVANTAGES["constant"] = constant
     try:
-        stats, _ = run_step(policy_step, tokenizer, groups, cfg, False)
+        stats, _ = run_step(new_step, tokenizer, groups, cfg, False)
     finally:
         del ADVANTAGES["constant"]
     assert stats["train/advantage_abs_mean"] == 0.25
     # on-policy (ratio 1 up to numerics), token-mean: the loss is minus the advantage
     assert stats["train/loss"] == pytest.approx(-0.25, abs=1e-5)
-    grpo_stats, _ = run_step(policy_step, tokenizer, groups, TrainerConfig(), False)
+    grpo_stats, _ = run_step(new_step, tokenizer, groups, config(), False)
     assert grpo_stats["train/advantage_abs_mean"] != 0.25
-    with pytest.raises(ConfigError, match=r"^trainer\.advantage_fn: unknown name 'constant'"):
+    with pytest.raises(ConfigError, match=r"^algorithm\.advantage_fn: unknown name 'constant'"):
         resolve_algorithm(cfg)
 
 
 def test_registering_an_algorithm_preset():
-    ALGORITHMS["plain_pg"] = Algorithm(advantage="grpo", policy_loss="ppo_clip", kl_loss="k3")
+    ALGORITHMS["plain_pg"] = Preset("a test", {"advantage_fn": "rloo", "clip_high": 0.3})
     try:
-        assert resolve_algorithm(TrainerConfig(algorithm="plain_pg")).name == "plain_pg"
+        algo = resolve_algorithm(config(AlgorithmConfig(type="plain_pg")))
     finally:
         del ALGORITHMS["plain_pg"]
+    assert algo.name == "plain_pg"
+    assert algo.advantage is ADVANTAGES["rloo"]
+    assert algo.spec.clip_high == 0.3
+    assert algo.spec.clip_low == AlgorithmSpec().clip_low  # left unsaid: the default
 
 
 # -- resolving config names ------------------------------------------------------------------
 
 
 def test_grpo_preset_resolves_to_todays_parts():
-    algo = resolve_algorithm(TrainerConfig())
+    algo = resolve_algorithm(config())
     assert algo.name == "grpo"
     assert algo.advantage is grpo_advantages
     assert algo.policy_loss is ppo_clip
+    assert algo.kl_penalty is kl_k1
     assert algo.kl_loss is kl_k3
     assert algo.aggregate is token_mean
-    assert ALGORITHMS["grpo"] == Algorithm(advantage="grpo", policy_loss="ppo_clip", kl_loss="k3")
+    assert ALGORITHMS["grpo"].parts == {"advantage_fn": "grpo", "policy_loss_fn": "ppo_clip"}
+    # every other setting is the spec's default; the length bound is the explorer's
+    assert algo.spec == AlgorithmSpec(name="grpo", norm_length=Config().explorer.max_new_tokens)
+    assert not algo.spec.needs_reference and not algo.spec.needs_proximal
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_every_preset_resolves_to_its_parts(name):
+    preset = ALGORITHMS[name]
+    assert preset.source
+    # a distillation preset needs its teacher's folder (checked, not loaded, here)
+    teacher = {"teacher_path": "teacher"} if preset.parts.get("advantage_fn") == "distill" else {}
+    algo = resolve_algorithm(config(AlgorithmConfig(type=name, **teacher)))
+    assert algo.name == name
+    for key, value in preset.parts.items():
+        assert getattr(algo.spec, key) == value, key
+    assert algo.advantage is ADVANTAGES[algo.spec.advantage_fn]
+    assert algo.policy_loss is POLICY_LOSSES[algo.spec.policy_loss_fn]
+    assert algo.kl_penalty is KL_ESTIMATORS[algo.spec.kl_penalty_fn]
+    assert algo.kl_loss is KL_ESTIMATORS[algo.spec.kl_loss_fn]
+    values = torch.tensor([[1.0, 2.0, 4.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    expected = LOSS_AGG[algo.spec.loss_agg_mode](values, mask)
+    if algo.spec.loss_agg_mode == "seq-mean-token-sum-norm":
+        expected = expected / algo.spec.norm_length
+    assert float(algo.aggregate(values, mask)) == pytest.approx(float(expected))
+
+
+def test_presets_set_what_their_papers_say():
+    def spec_of(name: str) -> AlgorithmSpec:
+        return resolve_algorithm(config(AlgorithmConfig(type=name))).spec
+
+    spec = {name: spec_of(name) for name in ALGORITHMS if name != "on_policy_distill"}
+    assert not spec["dr_grpo"].std_normalize
+    assert spec["dr_grpo"].loss_agg_mode == "seq-mean-token-sum-norm"
+    assert (spec["dapo"].clip_low, spec["dapo"].clip_high) == (0.2, 0.28)
+    assert spec["dapo"].dynamic_sampling
+    assert spec["gspo"].policy_loss_fn == "gspo"
+    assert spec["cispo"].policy_loss_fn == "cispo"
+    assert spec["rloo"].advantage_fn == "rloo"
+    assert spec["reinforce_plus_plus"].kl_penalty_coef > 0  # KL in the reward
+    assert spec["reinforce_plus_plus"].needs_reference
+    assert spec["reinforce_plus_plus_baseline"].kl_loss_coef > 0  # KL in the loss
+    assert spec["opmd"].policy_loss_fn == spec["opmd"].advantage_fn == "opmd"
+    assert (spec["sft"].advantage_fn, spec["sft"].policy_loss_fn) == ("none", "sft")
 
 
 def test_overrides_pick_registered_parts():
-    explicit = TrainerConfig(advantage_fn="grpo", policy_loss_fn="ppo_clip", kl_loss_fn="k3")
-    assert resolve_algorithm(explicit) == resolve_algorithm(TrainerConfig())
+    explicit = AlgorithmConfig(advantage_fn="grpo", policy_loss_fn="ppo_clip", kl_loss_fn="k3")
+    assert resolve_algorithm(config(explicit)) == resolve_algorithm(config())
+
+
+def test_overrides_replace_the_presets_parts_and_values():
+    cfg = config(
+        AlgorithmConfig(
+            type="gspo",
+            advantage_fn="rloo",
+            policy_loss_fn="cispo",
+            kl_penalty_fn="abs",
+            kl_loss_fn="low_var_kl",
+            kl_loss_coef=0.01,
+            loss_agg_mode="seq-mean-token-sum-norm",
+            norm_length=64,
+            clip_high=0.5,
+            std_normalize=False,
+            off_policy_correction="masked_is_token",
+        )
+    )
+    algo = resolve_algorithm(cfg)
+    assert algo.name == "gspo"
+    assert algo.advantage is ADVANTAGES["rloo"]
+    assert algo.policy_loss is POLICY_LOSSES["cispo"]
+    assert algo.kl_penalty is KL_ESTIMATORS["abs"]
+    assert algo.kl_loss is KL_ESTIMATORS["low_var_kl"]
+    spec = algo.spec
+    assert (spec.clip_low, spec.clip_high) == (ALGORITHMS["gspo"].parts["clip_low"], 0.5)
+    assert (spec.kl_loss_coef, spec.std_normalize, spec.norm_length) == (0.01, False, 64)
+    assert spec.needs_reference and spec.needs_proximal
+    # the aggregation is bound to the given length, not explorer.max_new_tokens
+    values, mask = torch.tensor([[2.0, 6.0]]), torch.ones(1, 2)
+    assert float(algo.aggregate(values, mask)) == pytest.approx(8.0 / 64)
+
+
+def test_the_norm_length_defaults_to_the_explorers_max_new_tokens():
+    cfg = Config(
+        explorer=ExplorerConfig(max_new_tokens=40), algorithm=AlgorithmConfig(type="dr_grpo")
+    )
+    algo = resolve_algorithm(cfg)
+    assert algo.spec.norm_length == 40
+    values, mask = torch.tensor([[2.0, 6.0]]), torch.ones(1, 2)
+    assert float(algo.aggregate(values, mask)) == pytest.approx(8.0 / 40)
+
+
+def _known(registry) -> str:
+    return ", ".join(registry)
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"algorithm": "ppo"}, r"^trainer\.algorithm: unknown name 'ppo'; known: grpo$"),
-        ({"advantage_fn": "gae"}, r"^trainer\.advantage_fn: unknown name 'gae'; known: grpo$"),
+        ({"type": "ppo"}, rf"^algorithm\.type: unknown name 'ppo'; known: {_known(ALGORITHMS)}$"),
         (
-            {"policy_loss_fn": "gspo"},
-            r"^trainer\.policy_loss_fn: unknown name 'gspo'; known: ppo_clip$",
+            {"advantage_fn": "gae"},
+            rf"^algorithm\.advantage_fn: unknown name 'gae'; known: {_known(ADVANTAGES)}$",
         ),
-        ({"kl_loss_fn": "k2"}, r"^trainer\.kl_loss_fn: unknown name 'k2'; known: k3$"),
+        (
+            {"policy_loss_fn": "dpo"},
+            rf"^algorithm\.policy_loss_fn: unknown name 'dpo'; known: {_known(POLICY_LOSSES)}$",
+        ),
+        (
+            {"kl_loss_fn": "k4"},
+            rf"^algorithm\.kl_loss_fn: unknown name 'k4'; known: {_known(KL_ESTIMATORS)}$",
+        ),
+        (
+            {"kl_penalty_fn": "mse"},
+            rf"^algorithm\.kl_penalty_fn: unknown name 'mse'; known: {_known(KL_ESTIMATORS)}$",
+        ),
         (
             {"loss_agg_mode": "seq-sum"},
-            r"^trainer\.loss_agg_mode: unknown name 'seq-sum'; known: token-mean, "
-            r"seq-mean-token-mean, seq-mean-token-sum$",
+            r"^algorithm\.loss_agg_mode: unknown name 'seq-sum'; known: token-mean, "
+            r"seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm$",
         ),
     ],
 )
 def test_unknown_names_are_config_errors_naming_the_field(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        resolve_algorithm(TrainerConfig(**overrides))
+        resolve_algorithm(config(AlgorithmConfig(**overrides)))
 
 
-def test_a_preset_naming_an_unregistered_part_says_which_algorithm(monkeypatch):
-    monkeypatch.setitem(ALGORITHMS, "broken", Algorithm("grpo", "nope", "k3"))
+@pytest.mark.parametrize(
+    ("part", "field"),
+    [
+        ({"advantage_fn": "nope"}, "advantage_fn"),
+        ({"policy_loss_fn": "nope"}, "policy_loss_fn"),
+        ({"kl_penalty_fn": "nope"}, "kl_penalty_fn"),
+        ({"kl_loss_fn": "nope"}, "kl_loss_fn"),
+    ],
+)
+def test_a_preset_naming_an_unregistered_part_says_which_algorithm(monkeypatch, part, field):
+    monkeypatch.setitem(ALGORITHMS, "broken", Preset("a test", part))
     with pytest.raises(
         ConfigError,
-        match=r"^trainer\.policy_loss_fn: unknown name 'nope' \(trainer\.algorithm 'broken'\)",
+        match=rf"^algorithm\.{field}: unknown name 'nope' \(algorithm\.type 'broken'\); known: ",
     ):
-        resolve_algorithm(TrainerConfig(algorithm="broken"))
+        resolve_algorithm(config(AlgorithmConfig(type="broken")))
+    # a name given in the config is the config's: no preset named in the message
+    with pytest.raises(ConfigError, match=rf"^algorithm\.{field}: unknown name 'nope'; known: "):
+        resolve_algorithm(config(AlgorithmConfig(**part)))
 
 
 def test_config_takes_any_algorithm_name_and_leaves_the_check_to_the_trainer():
     cfg = from_dict(
         {
             "taskset": {"path": "tasks.jsonl"},
-            "trainer": {"algorithm": "dapo", "advantage_fn": "grpo", "kl_loss_fn": None},
+            "algorithm": {"type": "ppo", "advantage_fn": "grpo", "kl_loss_fn": None},
         }
     )
-    assert cfg.trainer.algorithm == "dapo"
-    assert cfg.trainer.advantage_fn == "grpo"
-    assert cfg.trainer.policy_loss_fn is None
-    with pytest.raises(ConfigError, match=r"^trainer\.algorithm: unknown name 'dapo'"):
-        resolve_algorithm(cfg.trainer)
+    assert cfg.algorithm.type == "ppo"
+    assert cfg.algorithm.advantage_fn == "grpo"
+    assert cfg.algorithm.policy_loss_fn is None
+    with pytest.raises(ConfigError, match=r"^algorithm\.type: unknown name 'ppo'"):
+        resolve_algorithm(cfg)
+
+
+@pytest.mark.parametrize(("old", "new"), list(MOVED_FIELDS.items()))
+def test_a_moved_trainer_field_is_an_error_naming_its_new_place(old, new):
+    section, name = old.split(".")
+    value = {"algorithm": "grpo", "kl_coef": 0.1, "clip_low": 0.2, "clip_high": 0.2}.get(name)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(old)}: moved to {re.escape(new)}$"):
+        from_dict({"taskset": {"path": "tasks.jsonl"}, section: {name: value}})
+    assert new.startswith("algorithm.")
+    assert new.split(".")[1] in AlgorithmConfig.__struct_fields__
+
+
+def test_moved_fields_name_every_field_that_left_the_trainer():
+    assert set(MOVED_FIELDS) == {
+        "trainer.algorithm",
+        "trainer.advantage_fn",
+        "trainer.policy_loss_fn",
+        "trainer.kl_loss_fn",
+        "trainer.kl_coef",
+        "trainer.clip_low",
+        "trainer.clip_high",
+        "trainer.loss_agg_mode",
+        "trainer.std_normalize",
+    }
+    trainer_fields = {f"trainer.{n}" for n in TrainerConfig.__struct_fields__}
+    assert not set(MOVED_FIELDS) & trainer_fields
+
+
+def _literal_choices(annotation) -> set[str]:
+    """The strings of a ``Literal[...]`` (or ``Literal[...] | None``) annotation."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return set(typing.get_args(annotation))
+    return set().union(
+        *(_literal_choices(a) for a in typing.get_args(annotation) if a is not type(None))
+    )
 
 
 def test_loss_agg_registry_matches_the_config_choices():
-    hints = typing.get_type_hints(TrainerConfig)
-    assert set(typing.get_args(hints["loss_agg_mode"])) == set(LOSS_AGG)
+    hints = typing.get_type_hints(AlgorithmConfig)
+    assert _literal_choices(hints["loss_agg_mode"]) == set(LOSS_AGG)
+
+
+def test_correction_registry_matches_the_config_choices():
+    hints = typing.get_type_hints(AlgorithmConfig)
+    assert _literal_choices(hints["off_policy_correction"]) == {*CORRECTIONS, "none"}
 
 
 def test_registries_hold_todays_parts():
-    assert list(ADVANTAGES) == ["grpo"]
-    assert list(POLICY_LOSSES) == ["ppo_clip"]
-    assert list(KL_LOSSES) == ["k3"]
-    assert list(LOSS_AGG) == ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+    assert list(ADVANTAGES) == [
+        "grpo",
+        "rloo",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+        "opmd",
+        "none",
+        "distill",
+    ]
+    assert list(POLICY_LOSSES) == ["ppo_clip", "gspo", "cispo", "opmd", "sft"]
+    assert list(KL_ESTIMATORS) == ["k1", "k2", "k3", "low_var_kl", "abs"]
+    assert list(LOSS_AGG) == [
+        "token-mean",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-sum-norm",
+    ]
+    assert list(CORRECTIONS) == [
+        "decoupled_ppo",
+        "truncated_is_token",
+        "truncated_is_sequence",
+        "masked_is_token",
+        "masked_is_sequence",
+    ]
+    assert list(ALGORITHMS) == [
+        "grpo",
+        "dr_grpo",
+        "dapo",
+        "gspo",
+        "cispo",
+        "rloo",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+        "opmd",
+        "sft",
+        "on_policy_distill",
+    ]

@@ -24,7 +24,9 @@ def test_defaults_and_values():
     assert isinstance(cfg, Config)
     assert cfg.trainer.batch_size == 8
     assert cfg.trainer.lr == 0.01
-    assert cfg.trainer.clip_low == 0.2  # default kept
+    assert cfg.trainer.grad_clip == 1.0  # default kept
+    assert cfg.algorithm.type == "grpo"
+    assert cfg.algorithm.clip_low is None  # left to the preset
     assert cfg.run.name == "arith"
     with pytest.raises(AttributeError):
         cfg.trainer.batch_size = 4  # type: ignore[misc]  # frozen
@@ -35,7 +37,18 @@ def test_defaults_and_values():
     [
         ({"trainer": {"batch_size": "many"}}, r"^trainer\.batch_size: Expected `int`, got `str`"),
         ({"trainer": {"batch_size": 0}}, r"^trainer\.batch_size: .*>= 1"),
-        ({"trainer": {"clip_low": 1.5}}, r"^trainer\.clip_low: .*<= 1"),
+        ({"algorithm": {"clip_low": 1.5}}, r"^algorithm\.clip_low: .*<= 1"),
+        ({"algorithm": {"is_cap": 0}}, r"^algorithm\.is_cap: .*> 0"),
+        (
+            {"algorithm": {"off_policy_correction": "tis"}},
+            r"^algorithm\.off_policy_correction: Invalid enum value 'tis'",
+        ),
+        ({"trainer": {"clip_low": 0.2}}, r"^trainer\.clip_low: moved to algorithm\.clip_low$"),
+        ({"trainer": {"kl_coef": 0.1}}, r"^trainer\.kl_coef: moved to algorithm\.kl_loss_coef$"),
+        (
+            {"algorithm": {"is_mask_low": 2.0, "is_mask_high": 1.5}},
+            r"^algorithm\.is_mask_low: 2\.0 is not below algorithm\.is_mask_high 1\.5$",
+        ),
         ({"kafka": {"session_timeout_ms": 10}}, r"^kafka\.session_timeout_ms: .*>= 1000"),
         ({"trainer": {"batch_sise": 4}}, r"^trainer: .*unknown field `batch_sise`"),
         ({"trainers": {}}, r"^config: .*unknown field `trainers`"),
@@ -43,7 +56,7 @@ def test_defaults_and_values():
             {"synchronizer": {"method": "carrier_pigeon"}},
             r"^synchronizer\.method: Invalid enum value 'carrier_pigeon'",
         ),
-        ({"trainer": {"loss_agg_mode": "sum"}}, r"^trainer\.loss_agg_mode: "),
+        ({"algorithm": {"loss_agg_mode": "sum"}}, r"^algorithm\.loss_agg_mode: "),
         ({"run": {"name": "my run"}}, r"^run\.name: "),
     ],
 )

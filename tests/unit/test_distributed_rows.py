@@ -94,6 +94,7 @@ def test_normaliser_counts_what_each_mode_divides_by():
     assert normaliser(mask, "token-mean") == 3.0
     assert normaliser(mask, "seq-mean-token-mean") == 2.0
     assert normaliser(mask, "seq-mean-token-sum") == 2.0
+    assert normaliser(mask, "seq-mean-token-sum-norm") == 2.0  # times its constant length
 
 
 def test_commands_round_trip_as_msgpack_with_the_groups_in_their_wire_types():

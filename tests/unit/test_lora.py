@@ -12,13 +12,21 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from streamrft.consumers.algorithms import policy_step
+from streamrft.consumers.algorithms import policy_step, resolve_algorithm
 from streamrft.consumers.batching import response_logprobs
 from streamrft.consumers.checkpoint import CheckpointError, save_checkpoint
 from streamrft.consumers.state import TrainerState
 from streamrft.consumers.warmup import sft_batch, sft_warmup
 from streamrft.infra.app.export import export
-from streamrft.infra.config import LoraConfig, ModelConfig, TasksetConfig, TrainerConfig, from_dict
+from streamrft.infra.config import (
+    AlgorithmConfig,
+    Config,
+    LoraConfig,
+    ModelConfig,
+    TasksetConfig,
+    TrainerConfig,
+    from_dict,
+)
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model, load_policy
 from streamrft.infra.taskset import read_taskset
 from streamrft.producers.engines import TransformersEngine
@@ -38,6 +46,7 @@ from streamrft.sync.lora import (
     merge_and_export,
 )
 from streamrft.sync.weights import unique_state_dict
+from tests.helpers.groups import make_group
 
 pytestmark = pytest.mark.unit
 torch.set_num_threads(1)
@@ -217,6 +226,29 @@ def test_adapter_disabled_gives_the_base_logits(tokenizer, inputs):
     assert torch.equal(logits(peft_model, inputs), adapted)
 
 
+def test_a_lora_step_with_a_kl_term_takes_the_reference_from_the_base(tokenizer):
+    """``BaseModelView`` (what the trainer passes for LoRA) as the step's reference model:
+    the KL term is the one against a separate copy of the base weights."""
+    groups = [make_group("r", f"t{i}", 0, 4, [0.0, 1.0, 0.0, 1.0]) for i in range(2)]
+    kl = Config(algorithm=AlgorithmConfig(kl_loss_coef=0.1))
+    algo = resolve_algorithm(kl)
+
+    def step(ref):
+        peft_model = peft_tiny(tokenizer)
+        perturb_adapter(peft_model, 8)
+        ref = ref(peft_model)
+        opt = torch.optim.SGD([p for p in peft_model.parameters() if p.requires_grad], lr=0.1)
+        return policy_step(
+            peft_model, opt, groups, kl.trainer, algo, tokenizer.pad_token_id, 1.0, ref
+        )
+
+    view = step(BaseModelView)
+    base_copy = step(lambda _: build_tiny_model(TINY, tokenizer).eval())
+    assert view["train/kl_ref"] > 1e-4  # the adapter moved the policy off the base
+    for key in ("train/kl_ref", "train/loss", "train/grad_norm"):
+        assert view[key] == pytest.approx(base_copy[key], rel=1e-6), key
+
+
 # -- merge / export ---------------------------------------------------------------------------
 
 
@@ -335,6 +367,7 @@ def test_lora_grpo_learns_addition(tokenizer):
     frozen = base_params(peft_model)
     start_adapter = adapter_state_dict(peft_model)
     cfg = TrainerConfig(lr=LEARN_LR, ppo_epochs=LEARN_EPOCHS)
+    algo = resolve_algorithm(Config(trainer=cfg))  # grpo
     opt = torch.optim.AdamW(
         [p for p in peft_model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0
     )
@@ -351,7 +384,7 @@ def test_lora_grpo_learns_addition(tokenizer):
             model_version=step,
         )
         groups = get_workflow("math")(engine, rng.sample(tasks, LEARN_TASKS), exact_match, spec)
-        stats = policy_step(peft_model, opt, groups, cfg, tokenizer.pad_token_id, 1.0)
+        stats = policy_step(peft_model, opt, groups, cfg, algo, tokenizer.pad_token_id, 1.0)
         rewards.append(stats["train/reward_mean"])
         diffs.append(stats["train/logprob_max_abs_diff"])
     after = greedy_accuracy(engine, tasks, exact_match, 4)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from streamrft.consumers.algorithms.advantages import group_advantages
 from streamrft.consumers.algorithms.aggregation import aggregate
-from streamrft.consumers.algorithms.kl_losses import kl_k3
+from streamrft.consumers.algorithms.kl import kl_k3
 from streamrft.consumers.algorithms.policy_losses import clipped_surrogate
 from streamrft.consumers.losses import sft_loss
 

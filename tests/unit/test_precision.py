@@ -10,11 +10,11 @@ import copy
 import pytest
 import torch
 
-from streamrft.consumers.algorithms import LOSS_AGG, policy_step
+from streamrft.consumers.algorithms import LOSS_AGG, policy_step, resolve_algorithm
 from streamrft.consumers.batching import collate, micro_slices, response_logprobs
 from streamrft.consumers.precision import Precision
 from streamrft.consumers.train_engine import enable_checkpointing
-from streamrft.infra.config import ModelConfig, TrainerConfig
+from streamrft.infra.config import AlgorithmConfig, Config, ModelConfig, TrainerConfig
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model, load_policy
 from streamrft.schemas.errors import ConfigError
 from streamrft.sync.payload import ModelWeights
@@ -63,17 +63,28 @@ def uneven_groups(n_groups: int = 6, n: int = 4, masked: bool = False):
     return groups
 
 
-def step(tokenizer, groups, cfg, precision=None, checkpointing=False, adam=False, ref=None):
+def step(
+    tokenizer,
+    groups,
+    cfg,
+    precision=None,
+    checkpointing=False,
+    adam=False,
+    ref=None,
+    algorithm=None,
+):
     """One policy step on a fresh model; SGD by default, so weights differ exactly as the
     gradients do (Adam's normalisation would magnify rounding in near-zero gradients);
-    ``ref``: a reference model (for a KL term)."""
+    ``ref``: a reference model (for a KL term); ``algorithm``: the ``algorithm`` section
+    (None: the default grpo)."""
+    algo = resolve_algorithm(Config(trainer=cfg, algorithm=algorithm or AlgorithmConfig()))
     model = fresh_model(tokenizer)
     if checkpointing:
         enable_checkpointing(model)
     params = model.parameters()
     opt = torch.optim.AdamW(params, lr=1e-2) if adam else torch.optim.SGD(params, lr=1.0)
     kwargs = {"precision": precision} if precision else {}
-    stats = policy_step(model, opt, groups, cfg, tokenizer.pad_token_id, 1.0, ref, **kwargs)
+    stats = policy_step(model, opt, groups, cfg, algo, tokenizer.pad_token_id, 1.0, ref, **kwargs)
     return stats, model, opt
 
 
@@ -136,18 +147,19 @@ micro-batches), by rows, both."""
 @pytest.mark.parametrize("split", list(SPLITS))
 def test_a_micro_batched_step_equals_the_whole_batch_step(tokenizer, mode, split):
     """Any micro-batching (a memory setting) gives the whole batch's loss, gradient and
-    update, for every ``trainer.loss_agg_mode``: each micro-batch is weighed by its share
+    update, for every ``algorithm.loss_agg_mode``: each micro-batch is weighed by its share
     of what the mode divides by. Some tokens and two whole rollouts are not trained, a KL
     term is on, two epochs."""
     groups = uneven_groups(masked=True)
-    base = {"loss_agg_mode": mode, "grad_clip": 0.0, "kl_coef": 0.1, "ppo_epochs": 2}
+    base = {"grad_clip": 0.0, "ppo_epochs": 2}
+    algorithm = AlgorithmConfig(loss_agg_mode=mode, kl_loss_coef=0.1)
     ref = fresh_model(tokenizer)
     with torch.no_grad():
         for p in ref.parameters():
             p.mul_(0.9)  # a reference that differs from the policy
-    whole, model_a, _ = step(tokenizer, groups, TrainerConfig(**base), ref=ref)
+    whole, model_a, _ = step(tokenizer, groups, TrainerConfig(**base), ref=ref, algorithm=algorithm)
     split_stats, model_b, _ = step(
-        tokenizer, groups, TrainerConfig(**base, **SPLITS[split]), ref=ref
+        tokenizer, groups, TrainerConfig(**base, **SPLITS[split]), ref=ref, algorithm=algorithm
     )
     assert whole["train/micro_batches"] == 1
     assert split_stats["train/micro_batches"] >= 4

@@ -178,8 +178,8 @@ def test_the_step_reports_the_rollout_mismatch_of_same_version_tokens(engine, gr
 
     import msgspec
 
-    from streamrft.consumers.algorithms import policy_step
-    from streamrft.infra.config import TrainerConfig
+    from streamrft.consumers.algorithms import policy_step, resolve_algorithm
+    from streamrft.infra.config import Config, TrainerConfig
     from streamrft.schemas import pack_f32
 
     old = msgspec.structs.replace(groups[0], model_version=2)
@@ -194,12 +194,13 @@ def test_the_step_reports_the_rollout_mismatch_of_same_version_tokens(engine, gr
     )
     model = copy.deepcopy(engine.model)
     cfg = TrainerConfig(lr=1e-6, ppo_epochs=1)
+    algo = resolve_algorithm(Config(trainer=cfg))  # grpo
     fresh_tokens = sum(e.response_length for e in groups[1].experiences)
 
     def step(batch_groups):
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
         return policy_step(
-            model, opt, batch_groups, cfg, tokenizer.pad_token_id, TEMPERATURE, None, 0
+            model, opt, batch_groups, cfg, algo, tokenizer.pad_token_id, TEMPERATURE, None, 0
         )
 
     values = step([old, groups[1]])  # group 1 was sampled with version 0, the model's

@@ -1,0 +1,106 @@
+"""Every algorithm preset learns the default example's task (single-digit addition) from
+the same warm start in the same step budget, and the off-policy corrections help when the
+explorer lags the trainer.
+
+The loop is in-process (``tests/helpers/learning.py``): the real train engine and the real
+rollout engine and workflow, no broker between them (the end-to-end tests cover that
+path). Numbers measured on the 2-core development machine, 30 steps of 32 tasks x 8
+rollouts, greedy accuracy on the 100 problems before -> after:
+
+- seed 1: grpo 0.28 -> 0.54, dr_grpo 0.45, dapo 0.55, gspo 0.66, cispo 0.53, rloo 0.44,
+  reinforce_plus_plus 0.53, reinforce_plus_plus_baseline 0.50, opmd 0.60; the mean
+  sampled reward of the last 5 steps is 0.14-0.18 above the first 5's for every preset.
+- lag 4 (explorer 4 versions behind), seeds 0 / 1, reward gain and accuracy after:
+  no correction 0.080 / 0.091, 0.56 / 0.50; truncated_is_token 0.159 / 0.162, 0.59 / 0.54.
+
+About 5 minutes on one thread.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from streamrft.consumers.algorithms import ALGORITHMS
+from tests.helpers.learning import learn, sft_teacher
+
+pytestmark = pytest.mark.integration
+torch.set_num_threads(1)
+
+STEPS = 30
+RL_PRESETS = [name for name in ALGORITHMS if name not in ("sft", "on_policy_distill")]
+
+
+@pytest.mark.parametrize("preset", RL_PRESETS)
+def test_every_rl_preset_learns_addition(preset):
+    result = learn({"type": preset}, steps=STEPS, seed=0)
+    shown = (preset, result.accuracy_before, result.accuracy_after, result.reward_gain())
+    assert result.accuracy_after >= result.accuracy_before + 0.10, shown
+    assert result.reward_gain() >= 0.05, shown
+
+
+def test_sft_on_expert_answers_lowers_the_loss_and_raises_accuracy():
+    result = learn({"type": "sft"}, steps=15, seed=0, workflow="expert")
+    losses = [m["train/loss"] for m in result.metrics]
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05, losses
+    assert result.accuracy_after >= result.accuracy_before + 0.2, (
+        result.accuracy_before,
+        result.accuracy_after,
+    )
+    # every token of an expert group is trained and its reward is the reward of the answer
+    assert all(m["train/reward_mean"] == 1.0 for m in result.metrics)
+
+
+def test_an_off_policy_correction_learns_at_least_as_well_when_the_explorer_lags():
+    """The explorer samples with the weights of 4 versions ago (as with ``max_staleness:
+    4`` and explorers that run ahead): GRPO's ratio to the rollout policy is then far from
+    1 and clipping stops much of the update; truncated importance sampling takes the
+    ratio to the recomputed current policy and weighs tokens by the capped
+    behaviour -> current weight. Same seeds, same samples schedule."""
+    plain, corrected = [], []
+    for seed in (0, 1):
+        plain.append(learn({"type": "grpo"}, steps=STEPS, seed=seed, lag=4))
+        corrected.append(
+            learn(
+                {"type": "grpo", "off_policy_correction": "truncated_is_token"},
+                steps=STEPS,
+                seed=seed,
+                lag=4,
+            )
+        )
+
+    def mean(values):
+        return sum(values) / len(values)
+
+    gains = (mean([r.reward_gain() for r in plain]), mean([r.reward_gain() for r in corrected]))
+    after = (
+        mean([r.accuracy_after for r in plain]),
+        mean([r.accuracy_after for r in corrected]),
+    )
+    assert gains[1] >= gains[0], gains
+    assert after[1] >= after[0] - 0.02, after
+    # the metrics of the correction: weights near 1 on average, some capped
+    last = corrected[0].metrics[-1]
+    assert 0.5 < last["train/is_weight_mean"] < 2.0
+    assert last["train/is_weight_max"] >= 1.0
+    assert 0.0 <= last["train/is_capped_frac"] < 0.5
+    assert "train/is_weight_mean" not in plain[0].metrics[-1]
+
+
+def test_on_policy_distillation_moves_the_student_towards_a_stronger_teacher(tmp_path):
+    """The student (the warm start, about 0.35 accuracy) samples; an SFT-trained copy (about
+    0.95) scores the samples token by token and nothing else does (no task reward). The
+    reverse KL to the teacher falls and the student's accuracy rises. Measured (30 steps,
+    teacher of 160 more SFT steps), seeds 0 / 1: teacher 0.97 / 0.95, reverse KL of the
+    first 5 steps -> the last 5's 1.26 -> 0.91 / 1.18 -> 0.75, accuracy 0.36 -> 0.59 /
+    0.28 -> 0.64. About a minute on one thread."""
+    teacher = tmp_path / "teacher"
+    assert sft_teacher(seed=0, steps=160, out=teacher) >= 0.8
+    result = learn({"type": "on_policy_distill", "teacher_path": str(teacher)}, STEPS, seed=0)
+    kl = [m["train/teacher_reverse_kl"] for m in result.metrics]
+    head, tail = sum(kl[:5]) / 5, sum(kl[-5:]) / 5
+    assert tail <= 0.85 * head, kl
+    assert result.accuracy_after >= result.accuracy_before + 0.15, (
+        result.accuracy_before,
+        result.accuracy_after,
+    )
