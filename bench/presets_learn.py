@@ -4,7 +4,8 @@ Every preset of ``consumers/algorithms/presets.py`` (``sft`` on the tasks' answe
 others on the policy's own samples) trains the tiny model from the same warm start (the
 default example's SFT warm-up) for ``--steps`` steps of ``--tasks`` tasks x 8 rollouts, in
 one process (``tests/helpers/learning.py``: the real train and rollout engines, no
-broker). Per preset and seed: greedy accuracy on the 100 problems before and after, and
+broker); ``chord`` mixes in the answers of the same task set, ``on_policy_distill``
+learns from a teacher trained by SFT first. Per preset and seed: greedy accuracy on the 100 problems before and after, and
 the mean sampled reward of the first and last 5 steps. With ``--lag K`` the explorer
 samples with the weights of K versions ago, and ``--correction`` names the off-policy
 correction to compare against none.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,11 +32,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from streamrft.consumers.algorithms import ALGORITHMS
-from tests.helpers.learning import learn
+from tests.helpers.learning import ADDITION, learn, sft_teacher
 
 
-def run_one(preset: str, seed: int, args: argparse.Namespace, correction: str) -> dict:
-    algorithm = {"type": preset, "off_policy_correction": correction}
+def settings(preset: str, seed: int, args: argparse.Namespace, scratch: Path) -> dict:
+    """What a preset needs besides its name: its expert data (``chord``, mu decaying over
+    the run) or its teacher (``on_policy_distill``: the warm start after 160 more SFT
+    steps, about 0.95 accuracy)."""
+    if preset == "chord":
+        return {"expert_data": str(ADDITION), "sft_weight_steps": args.steps}
+    if preset == "on_policy_distill":
+        teacher = scratch / f"teacher-{seed}"
+        if not teacher.exists():
+            sft_teacher(seed, 160, teacher)
+        return {"teacher_path": str(teacher)}
+    return {}
+
+
+def run_one(
+    preset: str, seed: int, args: argparse.Namespace, correction: str, scratch: Path
+) -> dict:
+    algorithm = {
+        "type": preset,
+        "off_policy_correction": correction,
+        **settings(preset, seed, args, scratch),
+    }
     workflow = "expert" if preset == "sft" else "math"
     t0 = time.perf_counter()
     result = learn(algorithm, args.steps, seed, args.tasks, lag=args.lag, workflow=workflow)
@@ -61,6 +83,7 @@ def main() -> None:
     parser.add_argument("--correction", default="", help="also run with this correction")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    scratch = Path(tempfile.mkdtemp(prefix="presets-learn-"))
     rows = []
     corrections = ["none"] + ([args.correction] if args.correction else [])
     for preset in dict.fromkeys(["grpo", *args.presets]):
@@ -68,7 +91,7 @@ def main() -> None:
             parser.error(f"unknown preset {preset!r}; known: {', '.join(ALGORITHMS)}")
         for correction in corrections:
             for seed in args.seeds:
-                row = run_one(preset, seed, args, correction)
+                row = run_one(preset, seed, args, correction, scratch)
                 rows.append(row)
                 print(
                     f"{preset:30s} {correction:22s} seed {seed}: accuracy "

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from streamrft.consumers.algorithms.spec import AlgorithmSpec
 from streamrft.infra.config import Config
 from streamrft.infra.expert import expert_group
 from streamrft.infra.prompts import PromptRenderer
@@ -45,14 +46,13 @@ class ExpertSource:
         self.seed, self.per_step = seed, per_step
 
     @classmethod
-    def from_config(cls, cfg: Config, tokenizer: Any, per_step: int) -> ExpertSource:
-        path = cfg.algorithm.expert_data
-        if not path:
-            raise ConfigError("algorithm.expert_data: required by sample_strategy 'mix'")
-        tasks = read_taskset(path, cfg.taskset)
+    def from_config(cls, cfg: Config, spec: AlgorithmSpec, tokenizer: Any) -> ExpertSource:
+        """The source ``spec`` names (``expert_data``, ``expert_per_step``), rendering
+        prompts as the explorers do (``taskset`` section)."""
+        tasks = read_taskset(spec.expert_data, cfg.taskset)
         render = PromptRenderer.from_config(cfg.taskset, tokenizer)
         run = f"{cfg.run.id or cfg.run.name}/expert"  # group ids apart from the RL groups'
-        return cls(tasks, render, run, cfg.run.seed, per_step)
+        return cls(tasks, render, run, cfg.run.seed, spec.expert_per_step)
 
     def take(self, step: int, version: int) -> list[ExperienceGroup]:
         """The expert groups of ``step``, stamped with ``version``."""

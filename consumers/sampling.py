@@ -291,18 +291,29 @@ SAMPLE_STRATEGIES: dict[str, Callable[[SamplingOptions], SampleStrategy]] = {
 """``algorithm.sample_strategy`` -> the strategy's class."""
 
 
-def make_strategy(
-    spec: AlgorithmSpec,
-    tcfg: TrainerConfig,
-    experts: Callable[[int, int], list[ExperienceGroup]] | None = None,
-) -> SampleStrategy:
-    """The strategy ``spec`` names; a :class:`ConfigError` naming the field if unknown.
-    ``experts``: the expert source of ``mix``."""
+def check_strategy(spec: AlgorithmSpec) -> None:
+    """A :class:`ConfigError` naming the field for an unknown strategy, or ``mix`` without
+    ``algorithm.expert_data``."""
     if spec.sample_strategy not in SAMPLE_STRATEGIES:
         raise ConfigError(
             f"algorithm.sample_strategy: unknown name {spec.sample_strategy!r}; known: "
             f"{', '.join(SAMPLE_STRATEGIES)}"
         )
+    if spec.sample_strategy == "mix" and not spec.expert_data:
+        raise ConfigError(
+            f"algorithm.expert_data: required by sample_strategy 'mix' (algorithm.type "
+            f"{spec.name!r}): a JSONL task set with answers"
+        )
+
+
+def make_strategy(
+    spec: AlgorithmSpec,
+    tcfg: TrainerConfig,
+    experts: Callable[[int, int], list[ExperienceGroup]] | None = None,
+) -> SampleStrategy:
+    """The strategy ``spec`` names (:func:`check_strategy`). ``experts``: the expert
+    source of ``mix``."""
+    check_strategy(spec)
     options = SamplingOptions(
         batch_size=tcfg.batch_size,
         replay_reuse_limit=spec.replay_reuse_limit,

@@ -23,8 +23,9 @@ import torch
 
 from streamrft.consumers.algorithms import resolve_algorithm
 from streamrft.consumers.buffer import ExperienceBuffer
+from streamrft.consumers.expert_data import ExpertSource
 from streamrft.consumers.intake import ExperienceIntake
-from streamrft.consumers.sampling import make_strategy
+from streamrft.consumers.sampling import check_strategy, make_strategy
 from streamrft.consumers.state import TrainerState
 from streamrft.consumers.train_engine import Evaluator, make_train_engine
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
@@ -62,14 +63,18 @@ class Trainer:
                 "that batch may be dropped as stale: use 2 or more",
                 self.tcfg.max_staleness,
             )
+        check_strategy(spec)
+        torch.set_num_threads(self.tcfg.threads)
+        self.engine = make_train_engine(cfg)
+        experts = None
+        if spec.sample_strategy == "mix":
+            experts = ExpertSource.from_config(cfg, spec, self.engine.tokenizer).take
         self.buffer = ExperienceBuffer(
             self.tcfg.max_staleness,
             self.tcfg.dedup_window,
-            strategy=make_strategy(spec, self.tcfg),
+            strategy=make_strategy(spec, self.tcfg, experts),
             dynamic_sampling=spec.dynamic_sampling,
         )
-        torch.set_num_threads(self.tcfg.threads)
-        self.engine = make_train_engine(cfg)
         self._evaluate = evaluate
         self.intake = ExperienceIntake(
             cfg, self.buffer, self.events, self.counters, self.engine.vocab_size

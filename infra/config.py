@@ -384,7 +384,7 @@ class AlgorithmConfig(_Section):
     type: str = "grpo"
     """The preset: ``grpo``, ``dr_grpo``, ``dapo``, ``gspo``, ``cispo``, ``rloo``,
     ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``opmd``, ``sft``,
-    ``on_policy_distill``."""
+    ``on_policy_distill``, ``chord``."""
     advantage_fn: str | None = None
     """Advantage estimator (``ADVANTAGES``): ``grpo``, ``rloo``, ``reinforce_plus_plus``,
     ``reinforce_plus_plus_baseline``, ``opmd``, ``none``, ``distill``."""
@@ -421,11 +421,13 @@ class AlgorithmConfig(_Section):
     opmd_tau: NonNegF | None = None
     """``opmd``: weight of the squared log-ratio to the rollout policy in the loss."""
     sample_strategy: str | None = None
-    """Which buffered groups a step takes (``SAMPLE_STRATEGIES`` in ``consumers/sampling.py``):
-    ``default`` (batch order, waiting for the oldest batch to be complete),
-    ``staleness_aware`` (of the groups of complete batches, the newest model version
-    first), ``priority_replay`` (fresh groups first; a batch that would otherwise wait is
-    filled with groups trained before, highest reward variance first). None: ``default``."""
+    """Which buffered groups a step takes (``SAMPLE_STRATEGIES`` in
+    ``consumers/sampling.py``): ``default`` (batch order, waiting for the oldest batch to
+    be complete), ``staleness_aware`` (of the groups of complete batches, the newest model
+    version first), ``priority_replay`` (fresh groups first; a batch that would otherwise
+    wait is filled with groups trained before, highest reward variance first), ``mix``
+    (batch order, plus ``expert_per_step`` expert groups of ``expert_data``). None:
+    ``default``."""
     dynamic_sampling: bool | None = None
     """Drop groups whose rewards are all equal (no signal) and fill the batch with later
     groups from the stream (DAPO); counted as ``train/zero_variance_dropped``. Groups
@@ -454,6 +456,21 @@ class AlgorithmConfig(_Section):
     """Lower bound of the kept importance weights (``masked_is_*``)."""
     is_mask_high: PosF = 2.0
     """Upper bound of the kept importance weights (``masked_is_*``)."""
+    expert_data: str | None = None
+    """A JSONL task set with answers (read like ``taskset.path``, relative to the config)
+    whose answers the ``mix`` sample strategy adds to every batch as expert groups
+    (``chord``). Expert groups may also come on the experiences topic from anyone (the
+    ``expert`` workflow, an application): every group of workflow ``expert`` in an RL
+    batch is trained with the supervised loss weighed by ``sft_weight``."""
+    expert_per_step: Pos | None = None
+    """Expert groups the ``mix`` strategy adds to each batch."""
+    sft_weight: Frac | None = None
+    """mu: weight of the supervised loss of expert groups in an RL batch (the RL loss of
+    the other groups weighs 1 - mu). 0: expert groups are not trained."""
+    sft_weight_end: Frac | None = None
+    """mu after ``sft_weight_steps`` versions, reached linearly (None: ``sft_weight``)."""
+    sft_weight_steps: NonNeg | None = None
+    """Versions over which mu goes from ``sft_weight`` to ``sft_weight_end`` (0: constant)."""
     teacher_path: str | None = None
     """On-policy distillation (``advantage_fn: distill``, the ``on_policy_distill`` preset):
     a local Hugging Face model folder with the policy's tokenizer (relative to the config
@@ -655,6 +672,7 @@ _RELATIVE_PATHS = (
     ("taskset", "eval_path"),
     ("model", "path"),
     ("algorithm", "teacher_path"),
+    ("algorithm", "expert_data"),
     ("kafka", "ssl_cafile"),
     ("kafka", "ssl_certfile"),
     ("kafka", "ssl_keyfile"),

@@ -95,6 +95,18 @@ ALGORITHMS: dict[str, Preset] = {
         "algorithm.teacher_path",
         {"advantage_fn": "distill", "policy_loss_fn": "ppo_clip", "distill_reward_coef": 0.0},
     ),
+    "chord": Preset(
+        "Zhang et al., CHORD: On-Policy RL and Supervised Fine-Tuning as a Dynamic "
+        "Weighting (arXiv 2508.11408), its global mu: expert answers mixed into RL "
+        "batches with a supervised weight decaying over the run; needs algorithm.expert_data",
+        {
+            "sample_strategy": "mix",
+            "expert_per_step": 8,
+            "sft_weight": 0.5,
+            "sft_weight_end": 0.05,
+            "sft_weight_steps": 100,
+        },
+    ),
 }
 """``algorithm.type`` -> preset."""
 

@@ -36,9 +36,26 @@ class AlgorithmSpec:
     is_cap: float = 2.0
     is_mask_low: float = 0.5
     is_mask_high: float = 2.0
+    expert_data: str = ""
+    """A task set whose answers the ``mix`` strategy adds to each batch; "": none."""
+    expert_per_step: int = 8
+    sft_weight: float = 0.0
+    sft_weight_end: float | None = None
+    """None: ``sft_weight`` throughout."""
+    sft_weight_steps: int = 0
     teacher_path: str = ""
     """The teacher's Hugging Face folder (``distill``); "": none."""
     distill_reward_coef: float = 0.0
+
+    def sft_weight_at(self, version: int | None) -> float:
+        """mu at ``version``: from ``sft_weight`` to ``sft_weight_end`` linearly over the
+        first ``sft_weight_steps`` versions, then ``sft_weight_end``; ``sft_weight``
+        throughout when ``sft_weight_steps`` is 0 (or the version unknown)."""
+        if not self.sft_weight_steps or version is None:
+            return self.sft_weight
+        end = self.sft_weight if self.sft_weight_end is None else self.sft_weight_end
+        done = min(max(version, 0), self.sft_weight_steps) / self.sft_weight_steps
+        return self.sft_weight + (end - self.sft_weight) * done
 
     @property
     def needs_reference(self) -> bool:

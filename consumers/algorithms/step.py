@@ -2,9 +2,12 @@
 the resolved algorithm (:mod:`streamrft.consumers.algorithms.presets`).
 
 The step: reference log-probs when a KL term is on, the teacher's log-probs under
-on-policy distillation, the KL penalty in the reward, advantages, the proximal log-probs and token weights of an off-policy correction
-(:mod:`.corrections`), then ``trainer.ppo_epochs`` passes, each one optimizer step over
-micro-batches. A micro-batch's loss is weighed by its rows' share of what
+on-policy distillation, the KL penalty in the reward, advantages, the proximal log-probs
+and token weights of an off-policy correction (:mod:`.corrections`), then ``trainer.ppo_epochs`` passes, each one optimizer step over
+micro-batches. Expert groups (workflow ``expert``: a task's answer, not a sample) in an RL
+batch are trained with the supervised loss weighed by ``sft_weight`` (mu), the rest by
+``1 - mu`` (SFT + RL in the CHORD style); they take no part in advantages, corrections or
+log-prob metrics. A micro-batch's loss is weighed by its rows' share of what
 ``algorithm.loss_agg_mode`` divides by (:func:`~.aggregation.normaliser`), so the gradient
 and the reported loss are the whole batch's, however it is cut
 (``trainer.micro_batch_size``, ``trainer.max_tokens_per_micro_batch``).
@@ -29,6 +32,7 @@ from streamrft.consumers.batching import (
 )
 from streamrft.consumers.precision import FP32, Precision
 from streamrft.infra.config import TrainerConfig
+from streamrft.infra.expert import EXPERT_WORKFLOW
 from streamrft.infra.modeling import model_device
 from streamrft.schemas.experience import ExperienceGroup
 
@@ -52,6 +56,14 @@ class StepInputs:
     """Token weights of an off-policy correction (None: 1)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Of the whole batch, computed once (corrections, the KL penalty)."""
+    expert: torch.Tensor | None = None
+    """``(B,)`` True on the rows of expert groups (mixed SFT + RL); None: none."""
+    sft_weight: float = 0.0
+    """mu: the weight of the supervised loss of the expert rows (the rest: 1 - mu)."""
+
+    @property
+    def rl_mask(self) -> torch.Tensor:
+        return rl_mask(self.batch.response_mask, self.expert)
 
     def rows(self, lo: int, hi: int) -> StepInputs:
         """Rows ``lo:hi``, padded only to their own widths (a micro-batch)."""
@@ -67,6 +79,8 @@ class StepInputs:
             self.base[lo:hi, :width],
             cut(self.ref_logprobs),
             cut(self.weights),
+            expert=None if self.expert is None else self.expert[lo:hi],
+            sft_weight=self.sft_weight,
         )
 
 
@@ -90,7 +104,8 @@ def policy_step(
     ``share``: the rows this process trains (None: all of them); ``teacher``: the frozen
     teacher of on-policy distillation (``distill``)."""
     share = share or BatchShare(algo.spec.loss_agg_mode)
-    batch = collate([e for g in groups for e in g.experiences], pad_id).to(model_device(model))
+    device = model_device(model)
+    batch = collate([e for g in groups for e in g.experiences], pad_id).to(device)
     slices = micro_slices(
         batch.prompt_lengths(),
         batch.response_lengths(),
@@ -107,6 +122,8 @@ def policy_step(
         temperature,
         precision,
         teacher,
+        expert_rows(groups, algo, device),
+        algo.spec.sft_weight_at(version),
     )
     model.train()
     stats: dict[str, float] = {}
@@ -121,8 +138,10 @@ def policy_step(
                 loss, info, logp = micro_batch_loss(algo, model, micro, temperature)
             precision.backward(loss * part / whole)
             if epoch == 0 and part:
-                first_logp_diff = max(first_logp_diff, logprob_drift(micro.batch, logp))
-                mismatch.add(micro.batch, logp, version)
+                first_logp_diff = max(
+                    first_logp_diff, logprob_drift(micro.batch, logp, micro.rl_mask)
+                )
+                mismatch.add(micro.batch, logp, version, micro.rl_mask)
             for k, v in {"loss": float(loss.detach()), **info}.items():
                 stats[k] = stats.get(k, 0.0) + v * part / whole / cfg.ppo_epochs
         grad_norm = precision.step(model, optimizer, cfg.grad_clip)
@@ -130,6 +149,9 @@ def policy_step(
     stats, first_logp_diff = share.combine(stats, first_logp_diff, mismatch)
     metrics = step_metrics(inputs, stats, grad_norm, first_logp_diff, len(groups))
     metrics["train/micro_batches"] = float(len(slices))
+    if inputs.expert is not None:
+        metrics["train/expert_groups"] = float(sum(g.workflow == EXPERT_WORKFLOW for g in groups))
+        metrics["train/sft_weight"] = inputs.sft_weight
     return metrics if version is None else {**metrics, **mismatch.metrics()}
 
 
@@ -143,11 +165,14 @@ def prepare_inputs(
     temperature: float,
     precision: Precision = FP32,
     teacher: torch.nn.Module | None = None,
+    expert: torch.Tensor | None = None,
+    sft_weight: float = 0.0,
 ) -> StepInputs:
     """Reference log-probs (a KL term), the teacher's (distillation), the KL penalty in the
     reward, the advantages, and the proximal log-probs with the token weights of an
     off-policy correction."""
-    spec, mask = algo.spec, batch.response_mask
+    spec = algo.spec
+    mask = rl_mask(batch.response_mask, expert)
     ref = teacher_logp = None
     if ref_model is not None and spec.needs_reference:
         ref = frozen_logprobs(ref_model, batch, slices, temperature, precision)
@@ -172,7 +197,23 @@ def prepare_inputs(
     fix = correct(batch.old_logprobs, proximal, mask, spec)
     metrics.update({f"train/{k}": v for k, v in fix.metrics.items()})
     kl_ref = ref if spec.kl_loss_coef > 0 else None
-    return StepInputs(batch, adv * mask, fix.base, kl_ref, fix.weights, metrics)
+    return StepInputs(batch, adv * mask, fix.base, kl_ref, fix.weights, metrics, expert, sft_weight)
+
+
+def rl_mask(mask: torch.Tensor, expert: torch.Tensor | None) -> torch.Tensor:
+    """``mask`` without the expert rows: the tokens the RL parts see."""
+    return mask if expert is None else mask * (~expert)[:, None]
+
+
+def expert_rows(
+    groups: list[ExperienceGroup], algo: ResolvedAlgorithm, device: torch.device
+) -> torch.Tensor | None:
+    """``(B,)`` True on the rows of expert groups, or None when there are none (or the
+    whole algorithm is supervised: then every row already has the supervised loss)."""
+    if algo.spec.policy_loss_fn == "sft":
+        return None
+    rows = [g.workflow == EXPERT_WORKFLOW for g in groups for _ in g.experiences]
+    return torch.tensor(rows, device=device) if any(rows) else None
 
 
 @torch.no_grad()
@@ -224,6 +265,11 @@ def micro_batch_loss(
     per_token, info = algo.policy_loss(LossInputs(logp, micro.base, micro.advantages, mask), spec)
     if micro.weights is not None:
         per_token = per_token * micro.weights
+    if micro.expert is not None:
+        mu = micro.sft_weight
+        per_token = torch.where(micro.expert[:, None], -mu * logp, (1.0 - mu) * per_token)
+        expert_mask = mask * micro.expert[:, None]
+        info = {**info, "sft_nll": masked_mean(-logp.detach(), expert_mask)}
     loss = algo.aggregate(per_token, mask)
     if micro.ref_logprobs is not None:
         kl = algo.aggregate(algo.kl_loss(logp, micro.ref_logprobs), mask)
@@ -237,10 +283,10 @@ def micro_batch_loss(
 
 
 @torch.no_grad()
-def logprob_drift(batch: PolicyBatch, logp: torch.Tensor) -> float:
-    """Largest |recomputed - sampled| log-prob on trained tokens (0 up to numerics before
-    the first update: the explorer and the trainer agree)."""
-    return float(((logp - batch.old_logprobs).abs() * batch.response_mask).max())
+def logprob_drift(batch: PolicyBatch, logp: torch.Tensor, mask: torch.Tensor) -> float:
+    """Largest |recomputed - sampled| log-prob on the tokens of ``mask`` (0 up to numerics
+    before the first update: the explorer and the trainer agree)."""
+    return float(((logp - batch.old_logprobs).abs() * mask).max())
 
 
 @dataclass
@@ -255,10 +301,13 @@ class Mismatch:
     largest: float = 0.0
 
     @torch.no_grad()
-    def add(self, batch: PolicyBatch, logp: torch.Tensor, version: int | None):
+    def add(
+        self, batch: PolicyBatch, logp: torch.Tensor, version: int | None, mask: torch.Tensor
+    ) -> None:
+        """The tokens of ``mask`` sampled with ``version``."""
         if version is None:
             return
-        mask = batch.response_mask * (batch.versions == version)[:, None]
+        mask = mask * (batch.versions == version)[:, None]
         diff = (logp - batch.old_logprobs).abs() * mask
         self.total += float(diff.sum())
         self.tokens += float(mask.sum())

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from streamrft.consumers.expert_data import ExpertSource
 from streamrft.consumers.train_engine import TorchTrainEngine
 from streamrft.consumers.warmup import sft_warmup
 from streamrft.infra.config import Config, TasksetConfig, from_dict
@@ -105,12 +106,16 @@ def learn(
 ) -> Learned:
     """``steps`` steps of ``algorithm`` from :func:`warm_start` on groups of ``workflow``
     (``expert``: the tasks' answers); the explorer samples with the weights of version
-    ``step - lag`` (at least 0)."""
+    ``step - lag`` (at least 0). With the ``mix`` strategy (``chord``) each batch also
+    gets the expert source's groups of the step, as the trainer's buffer adds them."""
     cfg = learning_config(algorithm, seed, trainer)
     torch.manual_seed(seed)
     engine = TorchTrainEngine(cfg)
     engine.model.load_state_dict(warm_start(seed))
     engine.prepare()
+    experts = None
+    if engine.algo.spec.sample_strategy == "mix":
+        experts = ExpertSource.from_config(cfg, engine.algo.spec, engine.tokenizer)
     explorer_model = copy.deepcopy(engine.model).eval()
     rollout = TransformersEngine(explorer_model, engine.tokenizer)
     tasks = read_taskset(ADDITION, TasksetConfig())
@@ -133,8 +138,11 @@ def learn(
         groups = get_workflow(workflow)(
             rollout, rng.sample(tasks, tasks_per_step), exact_match, spec
         )
+        rewards = [e.reward for g in groups for e in g.experiences]
+        if experts is not None:
+            groups += experts.take(step, step)
         metrics = engine.train_step(groups, step)
-        out.rewards.append(metrics["train/reward_mean"])
+        out.rewards.append(sum(rewards) / len(rewards))  # of the samples only
         out.metrics.append(metrics)
     explorer_model.load_state_dict(engine.model.state_dict())
     out.accuracy_after = greedy_accuracy(rollout, tasks, exact_match, MAX_NEW_TOKENS)

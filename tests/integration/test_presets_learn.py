@@ -22,18 +22,20 @@ import pytest
 import torch
 
 from streamrft.consumers.algorithms import ALGORITHMS
-from tests.helpers.learning import learn, sft_teacher
+from tests.helpers.learning import ADDITION, learn, sft_teacher
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
 
 STEPS = 30
 RL_PRESETS = [name for name in ALGORITHMS if name not in ("sft", "on_policy_distill")]
+SETTINGS = {"chord": {"expert_data": str(ADDITION), "sft_weight_steps": STEPS}}
+"""What a preset needs besides its name (its expert data; mu decays over the test's run)."""
 
 
 @pytest.mark.parametrize("preset", RL_PRESETS)
 def test_every_rl_preset_learns_addition(preset):
-    result = learn({"type": preset}, steps=STEPS, seed=0)
+    result = learn({"type": preset, **SETTINGS.get(preset, {})}, steps=STEPS, seed=0)
     shown = (preset, result.accuracy_before, result.accuracy_after, result.reward_gain())
     assert result.accuracy_after >= result.accuracy_before + 0.10, shown
     assert result.reward_gain() >= 0.05, shown

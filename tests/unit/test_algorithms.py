@@ -632,4 +632,5 @@ def test_registries_hold_todays_parts():
         "opmd",
         "sft",
         "on_policy_distill",
+        "chord",
     ]

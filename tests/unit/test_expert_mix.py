@@ -68,7 +68,7 @@ def test_the_expert_source_refuses_tasks_without_answers(render):
 def test_mix_adds_the_steps_expert_groups_to_the_batch_order_choice(render):
     tasks = read_taskset(ADDITION, TasksetConfig())
     source = ExpertSource(tasks, render, "r/expert", seed=0, per_step=2)
-    spec = algorithm_spec(AlgorithmConfig(sample_strategy="mix"), 4)
+    spec = algorithm_spec(AlgorithmConfig(sample_strategy="mix", expert_data=str(ADDITION)), 4)
     strategy = make_strategy(spec, TrainerConfig(batch_size=2), experts=source.take)
     assert isinstance(strategy, Mix)
     buf = ExperienceBuffer(max_staleness=1, strategy=strategy)
@@ -87,5 +87,7 @@ def test_mix_adds_the_steps_expert_groups_to_the_batch_order_choice(render):
 
 def test_mix_without_expert_data_is_a_config_error():
     spec = algorithm_spec(AlgorithmConfig(sample_strategy="mix"), 4)
-    with pytest.raises(ConfigError, match=r"'mix' needs algorithm\.expert_data"):
+    with pytest.raises(
+        ConfigError, match=r"^algorithm\.expert_data: required by sample_strategy 'mix'"
+    ):
         make_strategy(spec, TrainerConfig())
