@@ -68,6 +68,8 @@ bench: setup
 	OMP_NUM_THREADS=1 $(BIN)/python bench/weight_sync.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/reliability.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/scale_explorers.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/train_step.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/presets_learn.py
 
 infra-up: setup
 	$(BIN)/streamrft infra up

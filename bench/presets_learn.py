@@ -57,7 +57,7 @@ def run_one(
         "off_policy_correction": correction,
         **settings(preset, seed, args, scratch),
     }
-    workflow = "expert" if preset == "sft" else "math"
+    workflow = {"sft": "expert", "dpo": "preference"}.get(preset, "math")
     t0 = time.perf_counter()
     result = learn(algorithm, args.steps, seed, args.tasks, lag=args.lag, workflow=workflow)
     head, tail = result.rewards[:5], result.rewards[-5:]

@@ -112,6 +112,9 @@ class ExperienceBuffer:
     """Groups dropped by ``dynamic_sampling``."""
     last_replayed: int = 0
     """Groups of the last batch taken that were trained before (``priority_replay``)."""
+    last_extra: int = 0
+    """Groups of the last batch taken that were not read from the stream for it: replays
+    and the ``mix`` strategy's expert groups (the last ones of the batch)."""
     _seq: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -134,7 +137,7 @@ class ExperienceBuffer:
             self.arrived[group.batch] = self.arrived.get(group.batch, 0) + 1
             if len(self.arrived) > ARRIVALS_KEPT:
                 del self.arrived[min(self.arrived)]
-        if self.dynamic_sampling and not has_signal(group):
+        if self.dynamic_sampling and group.workflow != EXPERT_WORKFLOW and not has_signal(group):
             self.zero_variance_dropped += 1
             return True
         self._seq += 1
@@ -167,6 +170,7 @@ class ExperienceBuffer:
         self.trained_through = max([self.trained_through] + [i.group.batch for i in choice.fresh])
         # extra groups are replays, or the mix strategy's expert groups (counted by the step)
         self.last_replayed = sum(g.workflow != EXPERT_WORKFLOW for g in choice.extra)
+        self.last_extra = len(choice.extra)
         self.strategy.taken(choice)
         return [item.group for item in choice.fresh] + choice.extra
 
@@ -208,7 +212,17 @@ class ExperienceBuffer:
             stale_dropped=self.stale_dropped,
             trained_through=self.trained_through,
             zero_variance_dropped=self.zero_variance_dropped,
+            arrived_done=self.arrived_done(),
         )
+
+    def arrived_done(self) -> dict[int, int]:
+        """Arrivals of each batch from ``trained_through`` on that a restart does not read
+        again (all but the buffered ones): trained, or dropped."""
+        done = {b: n for b, n in self.arrived.items() if b >= self.trained_through}
+        for item in self.queue:
+            if item.group.batch in done:
+                done[item.group.batch] -= 1
+        return {b: n for b, n in done.items() if n > 0}
 
     def restore(self, state: TrainerState) -> None:
         """Go on from ``state`` (in place: other components hold this buffer), emptied: the
@@ -217,8 +231,8 @@ class ExperienceBuffer:
         from keeps its offset in the next checkpoint. What the strategy kept (a replay
         pool) is not in checkpoints: it starts empty."""
         self.queue.clear()
-        self.arrived.clear()  # the batches read again arrive again
-        self.strategy.clear()
+        self.arrived = dict(state.arrived_done)  # the groups read again arrive again
+        self.strategy.clear(state.step)
         self.seen = SeenIds(self.dedup_window, state.seen)
         self.next_offsets = state.resume_offsets()
         self.duplicates_dropped = state.duplicates_dropped

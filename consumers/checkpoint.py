@@ -6,6 +6,9 @@
 - ``optimizer.json``: the optimizer's hyper-parameters and scalar state;
 - ``state.json``: the :class:`~streamrft.consumers.state.TrainerState` (step, version,
   resume offsets, the dedup window, counters);
+- ``<name>.safetensors``, ``<name>_optimizer.safetensors``, ``<name>_optimizer.json``: a
+  second model trained beside the policy (``critic``: PPO's value model) and its optimizer,
+  in the same formats, when the engine has one (``extras``);
 - ``keep`` (optional, made by hand): the folder is never deleted by retention.
 ``latest`` names the newest complete folder.
 
@@ -20,6 +23,7 @@ deleted: all but the newest ``keep`` (0: none deleted) and those holding a ``kee
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -35,6 +39,12 @@ from streamrft.consumers.state import STATE_DECODER, STATE_ENCODER, TrainerState
 from streamrft.schemas.errors import StreamRFTError, SyncError
 from streamrft.sync.payload import ModuleTarget, WeightTarget
 from streamrft.sync.weights import apply_state_dict, unique_state_dict
+
+log = logging.getLogger(__name__)
+
+Extras = dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]
+"""Models trained beside the policy, by file name prefix (``critic``), with their
+optimizers."""
 
 KEEP_MARKER = "keep"
 """A file of this name in a checkpoint folder exempts it from retention."""
@@ -93,16 +103,25 @@ def _point_latest(root: Path, name: str) -> None:
     _fsync(root)
 
 
-def _write_folder(folder: Path, state: TrainerState, model, optimizer, marked: bool) -> None:
+def _write_model(folder: Path, name: str, opt_name: str, model, optimizer) -> None:
+    """``<name>.safetensors``, ``<opt_name>.safetensors`` and ``<opt_name>.json``, synced."""
+    save_file(unique_state_dict(model), str(folder / f"{name}.safetensors"))
+    opt_tensors, opt_meta = _optimizer_split(optimizer)
+    save_file(opt_tensors, str(folder / f"{opt_name}.safetensors"))
+    for file in (f"{name}.safetensors", f"{opt_name}.safetensors"):
+        _fsync(folder / file)
+    _write_durably(folder / f"{opt_name}.json", msgspec.json.encode(opt_meta))
+
+
+def _write_folder(
+    folder: Path, state: TrainerState, model, optimizer, marked: bool, extras: Extras
+) -> None:
     """Every file of a checkpoint into a fresh ``folder``, all of them on disk at return."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
-    save_file(unique_state_dict(model), str(folder / "model.safetensors"))
-    opt_tensors, opt_meta = _optimizer_split(optimizer)
-    save_file(opt_tensors, str(folder / "optimizer.safetensors"))
-    for name in ("model.safetensors", "optimizer.safetensors"):
-        _fsync(folder / name)
-    _write_durably(folder / "optimizer.json", msgspec.json.encode(opt_meta))
+    _write_model(folder, "model", "optimizer", model, optimizer)
+    for name, (extra, extra_opt) in extras.items():
+        _write_model(folder, name, f"{name}_optimizer", extra, extra_opt)
     _write_durably(folder / "state.json", STATE_ENCODER.encode(state))
     if marked:
         _write_durably(folder / KEEP_MARKER, b"")
@@ -116,15 +135,18 @@ def save_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     keep: int,
+    extras: Extras | None = None,
 ) -> Path:
-    """Write ``root/step_<state.step>`` durably, point ``latest`` at it, then delete the
-    checkpoints older than the newest ``keep`` (0: keep all) that hold no ``keep`` file."""
+    """Write ``root/step_<state.step>`` durably (with the ``extras`` models and
+    optimizers), point ``latest`` at it, then delete the checkpoints older than the newest
+    ``keep`` (0: keep all) that hold no ``keep`` file."""
     if not root.is_dir():
         root.mkdir(parents=True)
         _fsync(root.parent)  # the new folder's entry, before anything inside it counts
     final = root / f"step_{state.step:08d}"
     tmp = root / f".tmp_{final.name}"
-    _write_folder(tmp, state, model, optimizer, marked=(final / KEEP_MARKER).exists())
+    marked = (final / KEEP_MARKER).exists()
+    _write_folder(tmp, state, model, optimizer, marked, extras or {})
     if final.exists():  # this step saved again: set aside, deleted once latest moves on
         aside = root / f"{final.name}.prev"
         shutil.rmtree(aside, ignore_errors=True)
@@ -192,26 +214,58 @@ def _read_state(path: Path) -> tuple[TrainerState, dict[str, Any]]:
 
 
 def load_checkpoint(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extras: Extras | None = None,
 ) -> TrainerState:
-    """Restore model and optimizer from ``path``; returns the rest of the trainer state.
+    """Restore model and optimizer (and the ``extras`` the checkpoint holds) from ``path``;
+    returns the rest of the trainer state.
 
     Every file is read and decoded before anything is applied, so a damaged checkpoint
     raises :class:`CheckpointError` and leaves model and optimizer untouched. A checkpoint
-    written before :class:`TrainerState` existed loads too.
+    written before :class:`TrainerState` existed loads too. An extra the checkpoint lacks
+    (written by a run without a critic) keeps its current weights and optimizer, with a
+    warning.
     """
     try:
         state, opt_meta = _read_state(path)
         weights = load_file(str(path / "model.safetensors"))
         opt_state = _optimizer_join(load_file(str(path / "optimizer.safetensors")), opt_meta)
+        found = {name: _read_extra(path, name) for name in extras or {}}
     except _READ_ERRORS as exc:
         raise CheckpointError(f"checkpoint {path}: {exc}") from exc
-    apply_state_dict(model, weights)
-    try:
-        optimizer.load_state_dict(opt_state)
-    except (ValueError, KeyError) as exc:
-        raise CheckpointError(f"checkpoint {path}: optimizer state does not fit: {exc}") from exc
+    targets = {"model": (model, optimizer), **(extras or {})}
+    for name, saved in {"model": (weights, opt_state), **found}.items():
+        if saved is None:
+            log.warning("checkpoint %s holds no %s: it starts fresh", path, name)
+            continue
+        _apply(path, name, targets[name], saved)
     return state
+
+
+def _read_extra(path: Path, name: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+    """The weights and optimizer state of extra ``name`` in ``path``; None if it has none."""
+    if not (path / f"{name}.safetensors").is_file():
+        return None
+    meta = msgspec.json.decode((path / f"{name}_optimizer.json").read_bytes())
+    opt = _optimizer_join(load_file(str(path / f"{name}_optimizer.safetensors")), meta)
+    return load_file(str(path / f"{name}.safetensors")), opt
+
+
+def _apply(
+    path: Path,
+    name: str,
+    target: tuple[torch.nn.Module, torch.optim.Optimizer],
+    saved: tuple[dict[str, torch.Tensor], dict[str, Any]],
+) -> None:
+    model, optimizer = target
+    apply_state_dict(model, saved[0])
+    try:
+        optimizer.load_state_dict(saved[1])
+    except (ValueError, KeyError) as exc:
+        what = "optimizer" if name == "model" else f"{name} optimizer"
+        raise CheckpointError(f"checkpoint {path}: {what} state does not fit: {exc}") from exc
 
 
 def checkpoints(root: Path) -> list[tuple[int, Path]]:

@@ -20,6 +20,8 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
+from streamrft.consumers.algorithms import resolve_algorithm
+from streamrft.consumers.algorithms.dpo import check_group_kind
 from streamrft.consumers.buffer import ExperienceBuffer
 from streamrft.infra import kafka
 from streamrft.infra.bus import HEARTBEAT_S, Counters, EventSender
@@ -100,6 +102,9 @@ class ExperienceIntake:
         self.events = events
         self.counters = counters
         self.vocab_size = vocab_size
+        self.pairs = resolve_algorithm(cfg).spec.pairs
+        """DPO: only preference pairs are trained (anything else is dead-lettered), and
+        pairs only by DPO."""
         topics = cfg.topics()
         self.topic = topics.experiences
         self.group = f"{topics.prefix}.{topics.run}.trainer"
@@ -222,6 +227,7 @@ class ExperienceIntake:
         if error is None:
             try:
                 check_token_ids(rec.obj, self.vocab_size)
+                check_group_kind(rec.obj, self.pairs)
             except SchemaError as exc:
                 error = exc
         if error is not None:

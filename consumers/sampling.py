@@ -137,8 +137,8 @@ class SampleStrategy:
         """The trainer is at ``version``: forget what is more than ``max_staleness``
         versions behind."""
 
-    def clear(self) -> None:
-        """Forget everything kept (a restore)."""
+    def clear(self, step: int = 0) -> None:
+        """Forget everything kept (a restore of a checkpoint taken after ``step`` steps)."""
 
 
 class BatchOrder(SampleStrategy):
@@ -251,7 +251,7 @@ class PriorityReplay(BatchOrder):
             if version - entry.group.model_version > max_staleness:
                 del self.pool[gid]
 
-    def clear(self) -> None:
+    def clear(self, step: int = 0) -> None:
         self.pool.clear()
 
 
@@ -280,6 +280,9 @@ class Mix(BatchOrder):
 
     def drop_stale(self, version: int, max_staleness: int) -> None:
         self.version = version
+
+    def clear(self, step: int = 0) -> None:
+        self.steps = step  # a resumed run goes on with the expert tasks of its next step
 
 
 SAMPLE_STRATEGIES: dict[str, Callable[[SamplingOptions], SampleStrategy]] = {

@@ -67,6 +67,10 @@ class TrainerState(msgspec.Struct, kw_only=True, frozen=True):
     """Highest batch index (:attr:`ExperienceGroup.batch`) trained so far (-1: none)."""
     zero_variance_dropped: int = 0
     """Groups dropped for rewards all equal (``algorithm.dynamic_sampling``)."""
+    arrived_done: dict[int, int] = msgspec.field(default_factory=dict)
+    """Per batch index from ``trained_through`` on: groups that arrived and are done
+    (trained, or dropped for zero variance or staleness) without being read again after
+    a restart, so the restarted trainer knows a batch is complete."""
 
     def resume_offsets(self) -> dict[tuple[str, int], int]:
         """``{(topic, partition): offset}``: where the restart seeks each partition."""

@@ -20,8 +20,15 @@ from typing import Any
 import torch
 
 from streamrft.consumers.algorithms import policy_step, resolve_algorithm
+from streamrft.consumers.algorithms.dpo import dpo_step
 from streamrft.consumers.algorithms.step import BatchShare
-from streamrft.consumers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from streamrft.consumers.checkpoint import (
+    Extras,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from streamrft.consumers.critic import Critic, ValueModel
 from streamrft.consumers.precision import Precision
 from streamrft.consumers.state import TrainerState
 from streamrft.consumers.teacher import load_teacher
@@ -104,6 +111,7 @@ class TorchTrainEngine(TrainEngine):
         self.optimizer: torch.optim.Optimizer | None = None  # made once the model is final
         self.ref_model: Any = None
         self.teacher: torch.nn.Module | None = None
+        self.critic: Critic | None = None  # PPO's value model (``gae``), made in prepare()
         if self.algo.spec.needs_teacher:
             self.teacher = load_teacher(
                 self.algo.spec.teacher_path, self.tokenizer, cfg.model, self.precision.dtype
@@ -129,6 +137,15 @@ class TorchTrainEngine(TrainEngine):
 
     def prepare(self) -> ModelWeights:
         lora = self.cfg.model.lora.enabled
+        if self.algo.spec.needs_critic:  # from the warmed policy, before any LoRA adapter
+            spec = self.algo.spec
+            self.critic = Critic(
+                ValueModel.from_policy(self.model),
+                self.tcfg,
+                spec.critic_lr,
+                spec.value_clip,
+                self.precision,
+            )
         if lora:
             from streamrft.sync.lora import BaseModelView, attach_lora
 
@@ -149,6 +166,17 @@ class TorchTrainEngine(TrainEngine):
 
     def train_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
         assert self.optimizer is not None, "prepare() first"
+        if self.algo.spec.pairs:  # DPO: a loss of preference pairs, with its own step
+            return dpo_step(
+                self.model,
+                self.optimizer,
+                groups,
+                self.tcfg,
+                self.algo,
+                self.tokenizer.pad_token_id,
+                self.ref_model,
+                self.precision,
+            )
         return policy_step(
             self.model,
             self.optimizer,
@@ -162,6 +190,7 @@ class TorchTrainEngine(TrainEngine):
             self.precision,
             self.share,
             self.teacher,
+            self.critic,
         )
 
     def evaluate(self, evaluate: Evaluator) -> dict[str, float]:
@@ -173,12 +202,23 @@ class TorchTrainEngine(TrainEngine):
     def save(self, state: TrainerState) -> Path:
         assert self.optimizer is not None, "prepare() first"
         return save_checkpoint(
-            self.ckpt_root, state, self.model, self.optimizer, self.tcfg.keep_checkpoints
+            self.ckpt_root,
+            state,
+            self.model,
+            self.optimizer,
+            self.tcfg.keep_checkpoints,
+            self._extras(),
         )
 
     def load(self, path: Path) -> TrainerState:
+        """Also the critic's weights and optimizer when the checkpoint has them; one
+        without (a run that trained none) leaves the fresh critic ``prepare`` made."""
         assert self.optimizer is not None, "prepare() first"
-        return load_checkpoint(path, self.model, self.optimizer)
+        return load_checkpoint(path, self.model, self.optimizer, self._extras())
+
+    def _extras(self) -> Extras:
+        """What is checkpointed beside the policy: the critic, if any."""
+        return {} if self.critic is None else {"critic": self.critic.model_pair()}
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:

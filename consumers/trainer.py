@@ -166,10 +166,13 @@ class Trainer:
         values = await asyncio.to_thread(self.engine.train_step, groups, self.version)
         assert self.publisher is not None
         self.publisher.stepped()
-        staleness = [self.version - g.model_version for g in groups]
+        # the books and the staleness count the groups read from the stream for this step:
+        # not replays nor the trainer's own expert groups (the batch's last ``last_extra``)
+        fresh = groups[: len(groups) - self.buffer.last_extra]
+        staleness = [self.version - g.model_version for g in fresh]
         self.step += 1
-        self.counters.add("groups_trained", len(groups))
-        self.counters.add("experiences_trained", sum(len(g.experiences) for g in groups))
+        self.counters.add("groups_trained", len(fresh))
+        self.counters.add("experiences_trained", sum(len(g.experiences) for g in fresh))
         values.update(
             {
                 "train/step_seconds": time.perf_counter() - t0,
@@ -188,7 +191,7 @@ class Trainer:
                 "train/replayed_groups": float(self.buffer.last_replayed),
             }
         )
-        return values, [TrainedGroup(g.id, g.model_version) for g in groups]
+        return values, [TrainedGroup(g.id, g.model_version) for g in fresh]
 
     async def _after_step(self, values: dict[str, float], trained: list[TrainedGroup]) -> None:
         """Metrics and ledger, then a version when due, evaluation and checkpoint on their

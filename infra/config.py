@@ -384,12 +384,15 @@ class AlgorithmConfig(_Section):
     type: str = "grpo"
     """The preset: ``grpo``, ``dr_grpo``, ``dapo``, ``gspo``, ``cispo``, ``rloo``,
     ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``opmd``, ``sft``,
-    ``on_policy_distill``, ``chord``."""
+    ``on_policy_distill``, ``chord``, ``ppo``, ``dpo``."""
     advantage_fn: str | None = None
     """Advantage estimator (``ADVANTAGES``): ``grpo``, ``rloo``, ``reinforce_plus_plus``,
-    ``reinforce_plus_plus_baseline``, ``opmd``, ``none``, ``distill``."""
+    ``reinforce_plus_plus_baseline``, ``opmd``, ``none``, ``distill``, ``gae`` (trains a
+    critic beside the policy)."""
     policy_loss_fn: str | None = None
-    """Policy loss (``POLICY_LOSSES``): ``ppo_clip``, ``gspo``, ``cispo``, ``opmd``, ``sft``."""
+    """Policy loss (``POLICY_LOSSES``): ``ppo_clip``, ``gspo``, ``cispo``, ``opmd``, ``sft``,
+    ``dpo`` (a loss of chosen/rejected pairs, not of tokens: only preference groups are
+    trained, anything else is dead-lettered)."""
     kl_penalty_fn: str | None = None
     """KL estimator subtracted from the reward, per token, before advantages
     (``KL_ESTIMATORS``: ``k1``, ``k2``, ``k3``, ``low_var_kl``, ``abs``); weighed by
@@ -480,6 +483,23 @@ class AlgorithmConfig(_Section):
     distill_reward_coef: NonNegF | None = None
     """``distill``: weight of the task reward's group-normalised advantage (``grpo``'s)
     added to every trained token's distillation advantage. None: 0 (pure distillation)."""
+    gamma: Frac | None = None
+    """``gae`` (the ``ppo`` preset): discount of the TD residuals. None: 1.0 (the outcome
+    reward is not discounted over the response)."""
+    lam: Frac | None = None
+    """``gae``: lambda of generalised advantage estimation (1: the return minus the value;
+    0: one-step TD residuals). None: 0.95."""
+    critic_lr: PosF | None = None
+    """``gae``: AdamW learning rate of the critic (the value model the trainer trains
+    beside the policy: a copy of its backbone and a linear value head). None: 1e-4."""
+    value_clip: PosF | None = None
+    """``gae``: the critic's clipped value loss keeps each new value within this of its
+    value before the step (PPO's value clipping, verl's ``cliprange_value``). None: 0.2."""
+    dpo_beta: PosF | None = None
+    """``dpo``: beta, how far the policy may move from the reference (the weights DPO
+    started from) to separate a pair: the loss is ``-log sigmoid(beta x ((log pi - log
+    ref)(chosen) - (log pi - log ref)(rejected)))`` of each pair's sequence log-probs.
+    None: 0.1."""
 
 
 class SynchronizerConfig(_Section):

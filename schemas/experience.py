@@ -116,6 +116,19 @@ class ExperienceGroup(msgspec.Struct, kw_only=True):
     """Global batch index of its task (:attr:`Task.batch`); -1: none (an external
     producer, or a task that was not stamped): trained in arrival order, waiting for
     nothing."""
+    kind: str = "rollouts"
+    """What the experiences are: ``rollouts`` (samples of the task, trained by RL or, for
+    workflow ``expert``, supervised) or ``preference`` (a chosen/rejected pair for the
+    ``dpo`` algorithm: exactly 2 experiences, the chosen one first, with the same prompt
+    tokens). A trainer dead-letters a preference pair unless it runs ``dpo``, and
+    anything else when it does."""
+
+
+GROUP_KINDS = ("rollouts", "preference")
+"""The values of :attr:`ExperienceGroup.kind`."""
+
+PREFERENCE = "preference"
+"""The kind of a chosen/rejected pair (:attr:`ExperienceGroup.kind`)."""
 
 
 def make_group_id(run: str, task_id: str, epoch: int) -> str:
@@ -209,7 +222,27 @@ def validate_group(group: ExperienceGroup) -> ExperienceGroup:
         raise SchemaError(f"{where}: batch {group.batch} < -1")
     for exp in group.experiences:
         _check_experience(exp, group.model_version)
+    if group.kind not in GROUP_KINDS:
+        raise SchemaError(f"{where}: kind {group.kind[:40]!r} is not one of {GROUP_KINDS}")
+    if group.kind == PREFERENCE:
+        _check_pair(group, where)
     return group
+
+
+def _check_pair(group: ExperienceGroup, where: str) -> None:
+    """A preference pair: exactly 2 experiences (chosen, rejected) with the same prompt."""
+    if len(group.experiences) != 2:
+        raise SchemaError(
+            f"{where}: a preference group holds exactly 2 experiences (chosen, rejected), "
+            f"not {len(group.experiences)}"
+        )
+    chosen, rejected = group.experiences
+    n = chosen.prompt_length
+    if rejected.prompt_length != n or chosen.tokens[: 4 * n] != rejected.tokens[: 4 * n]:
+        raise SchemaError(
+            f"{where}: the chosen and rejected experiences of a preference group must have "
+            "the same prompt tokens"
+        )
 
 
 def check_token_ids(group: ExperienceGroup, vocab_size: int) -> ExperienceGroup:

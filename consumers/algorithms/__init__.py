@@ -4,9 +4,11 @@ Registries (name -> pure function of tensors), one module each:
 
 - :data:`ADVANTAGES` (``advantages.py``): ``grpo``, ``rloo``, ``reinforce_plus_plus``,
   ``reinforce_plus_plus_baseline``, ``opmd``, ``none``, ``distill`` (on-policy
-  distillation: the teacher's log-probs of the sampled tokens, ``consumers/teacher.py``).
+  distillation: the teacher's log-probs of the sampled tokens, ``consumers/teacher.py``),
+  ``gae`` (PPO: a critic's values, ``consumers/critic.py``; its loss in ``value_loss.py``).
 - :data:`POLICY_LOSSES` (``policy_losses.py``): ``ppo_clip``, ``gspo``, ``cispo``, ``opmd``,
-  ``sft``.
+  ``sft``, and ``dpo``: a marker for DPO, a loss of preference pairs with its own step
+  (``dpo.py``, :func:`~.dpo.dpo_step`), which the train engine takes for it.
 - :data:`KL_ESTIMATORS` (``kl.py``): ``k1``, ``k2``, ``k3``, ``low_var_kl``, ``abs``, for
   the KL penalty in the reward and the KL term of the loss.
 - :data:`LOSS_AGG` (``aggregation.py``): ``token-mean``, ``seq-mean-token-mean``,

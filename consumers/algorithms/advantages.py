@@ -6,7 +6,9 @@ advantage per response token ``(B, R)``, 0 where the mask is 0. Outcome estimato
 rollout by its reward minus any KL penalty summed over its tokens (``score``) and spread
 that over its tokens; ``reinforce_plus_plus`` works per token, and so does ``distill``
 (on-policy distillation: the teacher's log-probs of the sampled tokens against the
-rollout's). :data:`ADVANTAGES` is chosen by ``algorithm.advantage_fn`` or the preset.
+rollout's), and so does ``gae`` (PPO's: TD residuals of the critic's values,
+:mod:`streamrft.consumers.critic`). :data:`ADVANTAGES` is chosen by
+``algorithm.advantage_fn`` or the preset.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class AdvantageInputs:
     """``(B, R)`` the rollout policy's log-probs of the sampled tokens."""
     teacher_logprobs: torch.Tensor | None = None
     """``(B, R)`` the teacher's log-probs of the same tokens (``distill``), or None."""
+    values: torch.Tensor | None = None
+    """``(B, R)`` the critic's value of the state before each response token (``gae``),
+    or None."""
 
     @property
     def scores(self) -> torch.Tensor:
@@ -172,6 +177,51 @@ def distill_advantages(inp: AdvantageInputs, spec: AlgorithmSpec) -> torch.Tenso
     return adv
 
 
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> torch.Tensor:
+    """``(B, R)`` generalised advantage estimates (Schulman et al., 2016), not whitened:
+    ``A_t = delta_t + gamma * lam * A_next`` with ``delta_t = r_t + gamma * V_next - V_t``,
+    where "next" is the next token of the mask (tokens off the mask inside a response,
+    such as a tool's output, are skipped: they carry ``V`` and ``A`` through, as verl's
+    ``compute_gae_advantage_return``) and the value after the last one is 0. 0 off the
+    mask (verl leaves the carried value there; its losses mask it)."""
+    next_value = torch.zeros_like(values[:, 0])
+    running = torch.zeros_like(values[:, 0])
+    out = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = torch.where(m > 0, delta + gamma * lam * running, running)
+        next_value = torch.where(m > 0, values[:, t], next_value)
+        out[:, t] = running
+    return out * mask
+
+
+def gae_returns(inp: AdvantageInputs, spec: AlgorithmSpec) -> torch.Tensor:
+    """``(B, R)`` the critic's targets: GAE advantages (``algorithm.gamma``,
+    ``algorithm.lam``) plus the values, over the token rewards; 0 off the mask."""
+    return (_gae_of(inp, spec) + _values_of(inp)) * inp.mask
+
+
+def gae_advantages(inp: AdvantageInputs, spec: AlgorithmSpec) -> torch.Tensor:
+    """PPO's advantages (Schulman et al., 2017): :func:`gae` over the token rewards (the
+    outcome reward on the last trained token minus any KL penalty) and the critic's
+    values, whitened over every trained token of the batch (as verl does). The critic's
+    targets are :func:`gae_returns` of the same inputs."""
+    return masked_whiten(_gae_of(inp, spec), inp.mask)
+
+
+def _values_of(inp: AdvantageInputs) -> torch.Tensor:
+    if inp.values is None:
+        raise ValueError("gae advantages need the critic's values (AdvantageInputs.values)")
+    return inp.values
+
+
+def _gae_of(inp: AdvantageInputs, spec: AlgorithmSpec) -> torch.Tensor:
+    return gae(inp.token_rewards, _values_of(inp), inp.mask, spec.gamma, spec.lam)
+
+
 def no_advantages(inp: AdvantageInputs, spec: AlgorithmSpec) -> torch.Tensor:
     """Zeros: for losses that use none (``sft``)."""
     return torch.zeros_like(inp.token_rewards)
@@ -185,5 +235,6 @@ ADVANTAGES: dict[str, AdvantageFn] = {
     "opmd": opmd_advantages,
     "none": no_advantages,
     "distill": distill_advantages,
+    "gae": gae_advantages,
 }
 """Advantage estimators by name (``algorithm.advantage_fn``)."""

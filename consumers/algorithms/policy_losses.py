@@ -5,7 +5,8 @@ its ratio is taken against, per-token advantages, the mask) and the
 :class:`~.spec.AlgorithmSpec`, and returns the loss of each token to minimise and float
 diagnostics over the mask. The step weighs the tokens (an off-policy correction) and
 aggregates them with ``algorithm.loss_agg_mode``. :data:`POLICY_LOSSES` is chosen by
-``algorithm.policy_loss_fn`` or the preset.
+``algorithm.policy_loss_fn`` or the preset; its ``dpo`` is a marker (the loss of
+preference pairs lives in :mod:`.dpo`, with its own step).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from streamrft.consumers.algorithms.aggregation import aggregate
 from streamrft.consumers.algorithms.spec import AlgorithmSpec
+from streamrft.schemas.errors import ConfigError
 
 
 @dataclass
@@ -98,9 +100,11 @@ def cispo(inp: LossInputs, spec: AlgorithmSpec) -> tuple[torch.Tensor, dict[str,
 
 
 def opmd(inp: LossInputs, spec: AlgorithmSpec) -> tuple[torch.Tensor, dict[str, float]]:
-    """OPMD (online policy mirror descent, Trinity-RFT technical report, 2025):
-    ``-A log pi + tau / 2 (log pi - log pi_old)^2`` per token: a policy gradient with a
-    group-mean baseline, kept near the rollout policy by the squared log-ratio."""
+    """Online policy mirror descent in the form of Kimi k1.5 (arXiv 2501.12599, its
+    surrogate's gradient): ``-A log pi + tau / 2 (log pi - log pi_old)^2`` per token, a
+    policy gradient with a group-mean baseline kept near the rollout policy by the squared
+    log-ratio. Trinity-RFT's ``opmd`` (technical report, arXiv 2505.17826) scales the policy
+    gradient by ``1 / (1 + tau)`` instead; the two agree on-policy up to that factor."""
     log_ratio = inp.logprobs - inp.old_logprobs
     per_token = -inp.advantages * inp.logprobs + 0.5 * spec.opmd_tau * log_ratio**2
     return per_token, {"approx_kl_old": _old_kl(inp)}
@@ -109,6 +113,16 @@ def opmd(inp: LossInputs, spec: AlgorithmSpec) -> tuple[torch.Tensor, dict[str, 
 def sft(inp: LossInputs, spec: AlgorithmSpec) -> tuple[torch.Tensor, dict[str, float]]:
     """Supervised: the negative log-likelihood of each trained token (advantages unused)."""
     return -inp.logprobs, {"nll": masked_mean(-inp.logprobs.detach(), inp.mask)}
+
+
+def dpo(inp: LossInputs, spec: AlgorithmSpec) -> tuple[torch.Tensor, dict[str, float]]:
+    """DPO (Rafailov et al., 2023) is a loss of chosen/rejected pairs of whole sequences,
+    not of tokens: :func:`~.dpo.dpo_step` computes it, and the train engine takes that
+    step for this name. Registered here so the name resolves; a per-token call refuses."""
+    raise ConfigError(
+        "algorithm.policy_loss_fn: 'dpo' is a loss of preference pairs, computed by the "
+        "dpo step (consumers/algorithms/dpo.py), not a per-token policy loss"
+    )
 
 
 def clipped_surrogate(
@@ -132,5 +146,6 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "cispo": cispo,
     "opmd": opmd,
     "sft": sft,
+    "dpo": dpo,
 }
 """Policy losses by name (``algorithm.policy_loss_fn``)."""

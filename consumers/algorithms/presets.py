@@ -81,7 +81,8 @@ ALGORITHMS: dict[str, Preset] = {
         {"advantage_fn": "reinforce_plus_plus_baseline", "kl_loss_fn": "k2", "kl_loss_coef": 0.001},
     ),
     "opmd": Preset(
-        "Trinity-RFT technical report (arXiv 2505.17826): online policy mirror descent",
+        "online policy mirror descent as in Trinity-RFT (arXiv 2505.17826), the loss in Kimi "
+        "k1.5's form (arXiv 2501.12599)",
         {"advantage_fn": "opmd", "policy_loss_fn": "opmd", "opmd_tau": 1.0},
     ),
     "sft": Preset(
@@ -106,6 +107,18 @@ ALGORITHMS: dict[str, Preset] = {
             "sft_weight_end": 0.05,
             "sft_weight_steps": 100,
         },
+    ),
+    "ppo": Preset(
+        "Schulman et al., PPO (arXiv 1707.06347) with GAE (Schulman et al., arXiv "
+        "1506.02438): a critic (a copy of the policy's backbone with a value head) trained "
+        "beside the policy with verl's clipped value loss (core_algos.compute_value_loss)",
+        {"advantage_fn": "gae", "policy_loss_fn": "ppo_clip"},
+    ),
+    "dpo": Preset(
+        "Rafailov et al., Direct Preference Optimization (arXiv 2305.18290): "
+        "-log sigmoid(beta x the chosen-minus-rejected log-ratio to the reference) of "
+        "preference pairs (workflow preference), beta 0.1",
+        {"advantage_fn": "none", "policy_loss_fn": "dpo", "dpo_beta": 0.1},
     ),
 }
 """``algorithm.type`` -> preset."""
@@ -142,6 +155,8 @@ def resolve_algorithm(cfg: Config) -> ResolvedAlgorithm:
     """The settings and parts ``cfg.algorithm`` names; a :class:`ConfigError` naming the
     field for any unknown name."""
     spec = algorithm_spec(cfg.algorithm, cfg.explorer.max_new_tokens)
+    check_critic(spec, cfg)
+    check_pairs(spec, cfg)
     return resolve_spec(spec, explicit=cfg.algorithm)
 
 
@@ -185,6 +200,36 @@ def check_teacher(spec: AlgorithmSpec, explicit: AlgorithmConfig | None = None) 
         raise ConfigError(
             f"algorithm.teacher_path: set, but algorithm.advantage_fn {spec.advantage_fn!r}"
             f"{origin} uses no teacher (use 'distill' or the on_policy_distill preset)"
+        )
+
+
+def check_critic(spec: AlgorithmSpec, cfg: Config) -> None:
+    """A critic (``gae``) is trained in the ``torch`` engine's one process only."""
+    if not spec.needs_critic:
+        return
+    if cfg.trainer.engine != "torch" or cfg.trainer.nproc > 1:
+        raise ConfigError(
+            f"trainer.engine: algorithm.advantage_fn 'gae' (algorithm.type {spec.name!r}) "
+            f"trains a critic, which the sharded engine does not support yet; use "
+            f"trainer.engine 'torch' with trainer.nproc 1 (got {cfg.trainer.engine!r}, "
+            f"nproc {cfg.trainer.nproc})"
+        )
+
+
+def check_pairs(spec: AlgorithmSpec, cfg: Config) -> None:
+    """DPO (``policy_loss_fn: dpo``) trains whole pairs in one process, on nothing else."""
+    if not spec.pairs:
+        return
+    if cfg.trainer.nproc > 1:
+        raise ConfigError(
+            f"trainer.nproc: algorithm.policy_loss_fn 'dpo' (algorithm.type {spec.name!r}) "
+            f"trains in one process; the sharded engine does not support it (got nproc "
+            f"{cfg.trainer.nproc})"
+        )
+    if spec.sample_strategy == "mix":
+        raise ConfigError(
+            "algorithm.sample_strategy: 'mix' adds expert groups, which "
+            "algorithm.policy_loss_fn 'dpo' cannot train (it trains preference pairs only)"
         )
 
 

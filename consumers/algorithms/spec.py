@@ -46,6 +46,16 @@ class AlgorithmSpec:
     teacher_path: str = ""
     """The teacher's Hugging Face folder (``distill``); "": none."""
     distill_reward_coef: float = 0.0
+    gamma: float = 1.0
+    """``gae``: discount of the TD residuals."""
+    lam: float = 0.95
+    """``gae``: lambda, the bias-variance trade-off of the estimate."""
+    critic_lr: float = 1e-4
+    """The critic's AdamW learning rate (``gae``)."""
+    value_clip: float = 0.2
+    """The critic's clip range around its values before the step (``gae``)."""
+    dpo_beta: float = 0.1
+    """``dpo``: beta, the weight of the log-ratios to the reference in the implicit reward."""
 
     def sft_weight_at(self, version: int | None) -> float:
         """mu at ``version``: from ``sft_weight`` to ``sft_weight_end`` linearly over the
@@ -59,13 +69,24 @@ class AlgorithmSpec:
 
     @property
     def needs_reference(self) -> bool:
-        """Whether a KL term needs the reference model's log-probs."""
-        return self.kl_loss_coef > 0 or self.kl_penalty_coef > 0
+        """Whether a KL term, or DPO's log-ratios, need the reference model's log-probs."""
+        return self.kl_loss_coef > 0 or self.kl_penalty_coef > 0 or self.pairs
+
+    @property
+    def pairs(self) -> bool:
+        """Whether the loss is DPO's, of chosen/rejected pairs (preference groups) rather
+        than of tokens."""
+        return self.policy_loss_fn == "dpo"
 
     @property
     def needs_proximal(self) -> bool:
         """Whether the step recomputes the current policy's log-probs first."""
         return self.off_policy_correction != "none"
+
+    @property
+    def needs_critic(self) -> bool:
+        """Whether the advantage needs a value model trained beside the policy (``gae``)."""
+        return self.advantage_fn == "gae"
 
     @property
     def needs_teacher(self) -> bool:

@@ -16,10 +16,11 @@ and the reported loss are the whole batch's, however it is cut
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from streamrft.consumers.algorithms.advantages import AdvantageInputs
+from streamrft.consumers.algorithms.advantages import AdvantageInputs, gae_returns
 from streamrft.consumers.algorithms.aggregation import normaliser
 from streamrft.consumers.algorithms.corrections import correct
 from streamrft.consumers.algorithms.policy_losses import LossInputs, masked_mean
@@ -35,6 +36,9 @@ from streamrft.infra.config import TrainerConfig
 from streamrft.infra.expert import EXPERT_WORKFLOW
 from streamrft.infra.modeling import model_device
 from streamrft.schemas.experience import ExperienceGroup
+
+if TYPE_CHECKING:
+    from streamrft.consumers.critic import Critic
 
 Slices = list[tuple[int, int]]
 
@@ -60,6 +64,12 @@ class StepInputs:
     """``(B,)`` True on the rows of expert groups (mixed SFT + RL); None: none."""
     sft_weight: float = 0.0
     """mu: the weight of the supervised loss of the expert rows (the rest: 1 - mu)."""
+    scales: tuple[float, float] = (1.0, 0.0)
+    """Per-token factors of the RL rows' loss and the expert rows' (:func:`mix_scales`)."""
+    values: torch.Tensor | None = None
+    """The critic's values before the step (``gae``), or None; whole batch only."""
+    returns: torch.Tensor | None = None
+    """The critic's targets (:func:`~.advantages.gae_returns`), or None; whole batch only."""
 
     @property
     def rl_mask(self) -> torch.Tensor:
@@ -81,6 +91,7 @@ class StepInputs:
             cut(self.weights),
             expert=None if self.expert is None else self.expert[lo:hi],
             sft_weight=self.sft_weight,
+            scales=self.scales,
         )
 
 
@@ -97,12 +108,15 @@ def policy_step(
     precision: Precision = FP32,
     share: BatchShare | None = None,
     teacher: torch.nn.Module | None = None,
+    critic: Critic | None = None,
 ) -> dict[str, float]:
     """The inputs of the step (:func:`prepare_inputs`), then ``ppo_epochs`` passes of the
     algorithm's loss. ``version``: the one the model holds, for the rollout/trainer
     mismatch metrics; ``precision``: the device's compute dtype and loss scaling;
     ``share``: the rows this process trains (None: all of them); ``teacher``: the frozen
-    teacher of on-policy distillation (``distill``)."""
+    teacher of on-policy distillation (``distill``); ``critic``: PPO's value model
+    (``gae``), whose values before the step go into the advantages and which is then
+    trained on the step's returns, after the policy."""
     share = share or BatchShare(algo.spec.loss_agg_mode)
     device = model_device(model)
     batch = collate([e for g in groups for e in g.experiences], pad_id).to(device)
@@ -124,6 +138,7 @@ def policy_step(
         teacher,
         expert_rows(groups, algo, device),
         algo.spec.sft_weight_at(version),
+        None if critic is None else critic.values(batch, slices),
     )
     model.train()
     stats: dict[str, float] = {}
@@ -152,6 +167,8 @@ def policy_step(
     if inputs.expert is not None:
         metrics["train/expert_groups"] = float(sum(g.workflow == EXPERT_WORKFLOW for g in groups))
         metrics["train/sft_weight"] = inputs.sft_weight
+    if critic is not None and inputs.values is not None and inputs.returns is not None:
+        metrics.update(critic.update(batch, slices, inputs.values, inputs.returns, inputs.rl_mask))
     return metrics if version is None else {**metrics, **mismatch.metrics()}
 
 
@@ -167,9 +184,11 @@ def prepare_inputs(
     teacher: torch.nn.Module | None = None,
     expert: torch.Tensor | None = None,
     sft_weight: float = 0.0,
+    values: torch.Tensor | None = None,
 ) -> StepInputs:
     """Reference log-probs (a KL term), the teacher's (distillation), the KL penalty in the
-    reward, the advantages, and the proximal log-probs with the token weights of an
+    reward, the advantages (``values``: the critic's, for ``gae``; its returns are kept
+    for the critic's update), and the proximal log-probs with the token weights of an
     off-policy correction."""
     spec = algo.spec
     mask = rl_mask(batch.response_mask, expert)
@@ -185,19 +204,34 @@ def prepare_inputs(
     if ref is not None and spec.kl_penalty_coef > 0:
         penalty = spec.kl_penalty_coef * algo.kl_penalty(batch.old_logprobs, ref)
         metrics["train/kl_penalty_mean"] = masked_mean(penalty, mask)
-    adv = algo.advantage(
-        AdvantageInputs(
-            batch.rewards, group_sizes, mask, penalty, batch.old_logprobs, teacher_logp
-        ),
-        spec,
+    adv_inputs = AdvantageInputs(
+        batch.rewards, group_sizes, mask, penalty, batch.old_logprobs, teacher_logp, values
     )
+    adv = algo.advantage(adv_inputs, spec)
     proximal = None
     if spec.needs_proximal:
         proximal = frozen_logprobs(model, batch, slices, temperature, precision)
     fix = correct(batch.old_logprobs, proximal, mask, spec)
     metrics.update({f"train/{k}": v for k, v in fix.metrics.items()})
     kl_ref = ref if spec.kl_loss_coef > 0 else None
-    return StepInputs(batch, adv * mask, fix.base, kl_ref, fix.weights, metrics, expert, sft_weight)
+    out = StepInputs(batch, adv * mask, fix.base, kl_ref, fix.weights, metrics, expert, sft_weight)
+    if expert is not None:
+        out.scales = mix_scales(batch.response_mask, expert, spec.loss_agg_mode, sft_weight)
+    if values is not None:
+        out.values, out.returns = values, gae_returns(adv_inputs, spec)
+    return out
+
+
+def mix_scales(
+    mask: torch.Tensor, expert: torch.Tensor, mode: str, mu: float
+) -> tuple[float, float]:
+    """Per-token factors of the RL rows and the expert rows such that the step's loss,
+    aggregated over the whole batch, is ``(1 - mu) x`` the RL loss aggregated over the RL
+    rows ``+ mu x`` the supervised loss aggregated over the expert rows (CHORD's mix,
+    each averaged over its own rows): the batch's normaliser over each part's."""
+    whole = normaliser(mask, mode)
+    rl, sft = normaliser(rl_mask(mask, expert), mode), normaliser(mask * expert[:, None], mode)
+    return ((1.0 - mu) * whole / rl if rl else 0.0, mu * whole / sft if sft else 0.0)
 
 
 def rl_mask(mask: torch.Tensor, expert: torch.Tensor | None) -> torch.Tensor:
@@ -266,8 +300,8 @@ def micro_batch_loss(
     if micro.weights is not None:
         per_token = per_token * micro.weights
     if micro.expert is not None:
-        mu = micro.sft_weight
-        per_token = torch.where(micro.expert[:, None], -mu * logp, (1.0 - mu) * per_token)
+        rl_scale, sft_scale = micro.scales
+        per_token = torch.where(micro.expert[:, None], -sft_scale * logp, rl_scale * per_token)
         expert_mask = mask * micro.expert[:, None]
         info = {**info, "sft_nll": masked_mean(-logp.detach(), expert_mask)}
     loss = algo.aggregate(per_token, mask)

@@ -5,7 +5,8 @@ A workflow is a function ``(engine, tasks, reward, spec) -> list[ExperienceGroup
 ``workflow`` field (default ``taskset.workflow``); adding one is a module here and a line in
 that dict. ``math`` (the default) asks for the answer directly and scores it with
 ``explorer.reward``; ``expert`` turns a task's own answer into a trained response (SFT,
-expert data).
+expert data); ``preference`` turns a task's answer and ``metadata["rejected"]`` into a
+chosen/rejected pair (``dpo``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,14 @@ from __future__ import annotations
 from streamrft.producers.workflows.base import RolloutSpec, Workflow
 from streamrft.producers.workflows.expert_workflow import expert_workflow
 from streamrft.producers.workflows.math_workflow import math_workflow
+from streamrft.producers.workflows.preference_workflow import preference_workflow
 from streamrft.schemas.errors import ConfigError
 
-WORKFLOWS: dict[str, Workflow] = {"math": math_workflow, "expert": expert_workflow}
+WORKFLOWS: dict[str, Workflow] = {
+    "math": math_workflow,
+    "expert": expert_workflow,
+    "preference": preference_workflow,
+}
 """Workflow name (a task's ``workflow``) -> workflow."""
 
 __all__ = [
@@ -26,6 +32,7 @@ __all__ = [
     "expert_workflow",
     "get_workflow",
     "math_workflow",
+    "preference_workflow",
 ]
 
 

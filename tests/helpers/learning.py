@@ -17,18 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from streamrft.consumers.expert_data import ExpertSource
 from streamrft.consumers.train_engine import TorchTrainEngine
 from streamrft.consumers.warmup import sft_warmup
 from streamrft.infra.config import Config, TasksetConfig, from_dict
+from streamrft.infra.expert import PREFERENCE_WORKFLOW, REJECTED_KEY
 from streamrft.infra.modeling import load_policy, save_policy
 from streamrft.infra.taskset import read_taskset
 from streamrft.producers.engines import TransformersEngine
 from streamrft.producers.evaluation import greedy_accuracy
 from streamrft.producers.rewards import exact_match
 from streamrft.producers.workflows import RolloutSpec, get_workflow
+from streamrft.schemas.experience import Task
 
 ADDITION = Path(__file__).resolve().parents[2] / "examples" / "data" / "addition.jsonl"
 MAX_NEW_TOKENS = 4
@@ -95,6 +98,20 @@ class Learned:
         return sum(tail) / len(tail) - sum(head) / len(head)
 
 
+def preference_tasks(tasks: list[Task]) -> list[Task]:
+    """``tasks`` with a wrong answer as ``metadata["rejected"]`` (the ``preference``
+    workflow's pairs): the answer plus or minus 1 to 3, by the task's position, never
+    negative."""
+    out = []
+    for i, task in enumerate(tasks):
+        answer, delta = int(task.answer), 1 + i % 3
+        wrong = answer - delta if i % 2 and answer >= delta else answer + delta
+        out.append(
+            msgspec.structs.replace(task, metadata={**task.metadata, REJECTED_KEY: str(wrong)})
+        )
+    return out
+
+
 def learn(
     algorithm: dict[str, Any],
     steps: int,
@@ -107,7 +124,8 @@ def learn(
     """``steps`` steps of ``algorithm`` from :func:`warm_start` on groups of ``workflow``
     (``expert``: the tasks' answers); the explorer samples with the weights of version
     ``step - lag`` (at least 0). With the ``mix`` strategy (``chord``) each batch also
-    gets the expert source's groups of the step, as the trainer's buffer adds them."""
+    gets the expert source's groups of the step, as the trainer's buffer adds them.
+    ``preference``: pairs of each task's answer and a wrong one (:func:`preference_tasks`)."""
     cfg = learning_config(algorithm, seed, trainer)
     torch.manual_seed(seed)
     engine = TorchTrainEngine(cfg)
@@ -120,6 +138,8 @@ def learn(
     rollout = TransformersEngine(explorer_model, engine.tokenizer)
     tasks = read_taskset(ADDITION, TasksetConfig())
     before = greedy_accuracy(rollout, tasks, exact_match, MAX_NEW_TOKENS)
+    if workflow == PREFERENCE_WORKFLOW:
+        tasks = preference_tasks(tasks)
     versions: deque[dict[str, torch.Tensor]] = deque(maxlen=lag + 1)
     rng = random.Random(seed)
     out = Learned(before, 0.0)

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
 
 STEPS = 30
-RL_PRESETS = [name for name in ALGORITHMS if name not in ("sft", "on_policy_distill")]
+RL_PRESETS = [name for name in ALGORITHMS if name not in ("sft", "on_policy_distill", "dpo", "ppo")]
+"""Those with a test of their own below (their data, teacher or critic) are left out."""
 SETTINGS = {"chord": {"expert_data": str(ADDITION), "sft_weight_steps": STEPS}}
 """What a preset needs besides its name (its expert data; mu decays over the test's run)."""
 
@@ -106,3 +107,59 @@ def test_on_policy_distillation_moves_the_student_towards_a_stronger_teacher(tmp
         result.accuracy_before,
         result.accuracy_after,
     )
+
+
+def test_dpo_raises_the_chosen_vs_rejected_margin():
+    """Pairs of each task's answer (chosen) and a wrong one (the answer +-1..3, rejected:
+    the ``preference`` workflow), from the warm start. The margin (beta x the chosen-minus-
+    rejected log-ratio to the reference, measured on each step's pairs before they are
+    trained) and the fraction of pairs it ranks right rise; greedy accuracy does not
+    fall much. Measured (30 steps, beta 0.5, lr 1e-4, one pass a step), seeds 0 / 1:
+    margin of steps 1-5 -> the last 5 0.063 -> 0.456 / 0.076 -> 0.324, pairs ranked
+    right 0.63 -> 0.84 / 0.66 -> 0.78, accuracy 0.36 -> 0.33 / 0.28 -> 0.38. The preset's
+    beta 0.1 at this file's lr 5e-4 x 2 passes raises the margin too but lowers greedy
+    accuracy (0.36 -> 0.24 in 15 steps, seed 0): the chosen answers' likelihood falls with
+    the rejected ones'. About 15 s on one thread."""
+    result = learn(
+        {"type": "dpo", "dpo_beta": 0.5},
+        steps=STEPS,
+        seed=0,
+        trainer={"lr": 1e-4, "ppo_epochs": 1},
+        workflow="preference",
+    )
+    margin = [m["train/dpo_margin"] for m in result.metrics]
+    ranked = [m["train/dpo_accuracy"] for m in result.metrics]
+    assert margin[0] == 0.0  # step 0: the policy is its reference
+
+    def mean(values):
+        return sum(values) / len(values)
+
+    assert mean(margin[-5:]) >= mean(margin[1:6]) + 0.2, margin
+    assert mean(ranked[-5:]) >= mean(ranked[1:6]) + 0.1, ranked
+    assert result.rewards == [0.5] * STEPS  # each pair: chosen 1, rejected 0
+    assert result.accuracy_after >= result.accuracy_before - 0.05, (
+        result.accuracy_before,
+        result.accuracy_after,
+    )
+
+
+def test_ppo_learns_addition_and_its_critic_the_level_of_the_returns():
+    """PPO with GAE (gamma 1, lam 0.95) and a critic (a copy of the warm backbone with a
+    value head, lr 1e-4, value clip 0.2) trained beside the policy. Measured (30 steps),
+    seeds 0 / 1: accuracy 0.36 -> 0.63 / 0.28 -> 0.47, reward gain 0.149 / 0.152; the
+    critic's mean value goes from -0.05 / -0.09 (the fresh head) to the returns' mean
+    (|value mean - return mean| 0.27 -> 0.03 / 0.20 -> 0.02 over the last 5 steps).
+    The value loss itself does not fall in this budget (first 5 steps -> last 5: 0.118 ->
+    0.109 / 0.103 -> 0.104): the sampled accuracy p rises from about 0.23 to 0.4, and with
+    0/1 rewards a critic that cannot yet tell prompts apart scores 0.5 p (1 - p), which
+    grows with p; the explained variance stays near 0 (-0.01 -> 0.02). About a minute on
+    one thread."""
+    result = learn({"type": "ppo"}, steps=STEPS, seed=0)
+    shown = (result.accuracy_before, result.accuracy_after, result.reward_gain())
+    assert result.accuracy_after >= result.accuracy_before + 0.10, shown
+    assert result.reward_gain() >= 0.05, shown
+    m = result.metrics
+    gaps = [abs(s["train/value_mean"] - s["train/return_mean"]) for s in m]
+    assert gaps[0] > 0.15 and sum(gaps[-5:]) / 5 < 0.08, gaps
+    losses = [s["train/value_loss"] for s in m]
+    assert all(0.0 < v < 0.25 for v in losses), losses  # 0.5 p (1 - p) <= 0.125 at the mean

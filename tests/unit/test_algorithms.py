@@ -486,14 +486,14 @@ def _known(registry) -> str:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"type": "ppo"}, rf"^algorithm\.type: unknown name 'ppo'; known: {_known(ALGORITHMS)}$"),
+        ({"type": "trpo"}, rf"^algorithm\.type: unknown name 'trpo'; known: {_known(ALGORITHMS)}$"),
         (
-            {"advantage_fn": "gae"},
-            rf"^algorithm\.advantage_fn: unknown name 'gae'; known: {_known(ADVANTAGES)}$",
+            {"advantage_fn": "vtrace"},
+            rf"^algorithm\.advantage_fn: unknown name 'vtrace'; known: {_known(ADVANTAGES)}$",
         ),
         (
-            {"policy_loss_fn": "dpo"},
-            rf"^algorithm\.policy_loss_fn: unknown name 'dpo'; known: {_known(POLICY_LOSSES)}$",
+            {"policy_loss_fn": "kto"},
+            rf"^algorithm\.policy_loss_fn: unknown name 'kto'; known: {_known(POLICY_LOSSES)}$",
         ),
         (
             {"kl_loss_fn": "k4"},
@@ -540,13 +540,13 @@ def test_config_takes_any_algorithm_name_and_leaves_the_check_to_the_trainer():
     cfg = from_dict(
         {
             "taskset": {"path": "tasks.jsonl"},
-            "algorithm": {"type": "ppo", "advantage_fn": "grpo", "kl_loss_fn": None},
+            "algorithm": {"type": "trpo", "advantage_fn": "grpo", "kl_loss_fn": None},
         }
     )
-    assert cfg.algorithm.type == "ppo"
+    assert cfg.algorithm.type == "trpo"
     assert cfg.algorithm.advantage_fn == "grpo"
     assert cfg.algorithm.policy_loss_fn is None
-    with pytest.raises(ConfigError, match=r"^algorithm\.type: unknown name 'ppo'"):
+    with pytest.raises(ConfigError, match=r"^algorithm\.type: unknown name 'trpo'"):
         resolve_algorithm(cfg)
 
 
@@ -604,8 +604,9 @@ def test_registries_hold_todays_parts():
         "opmd",
         "none",
         "distill",
+        "gae",
     ]
-    assert list(POLICY_LOSSES) == ["ppo_clip", "gspo", "cispo", "opmd", "sft"]
+    assert list(POLICY_LOSSES) == ["ppo_clip", "gspo", "cispo", "opmd", "sft", "dpo"]
     assert list(KL_ESTIMATORS) == ["k1", "k2", "k3", "low_var_kl", "abs"]
     assert list(LOSS_AGG) == [
         "token-mean",
@@ -633,4 +634,6 @@ def test_registries_hold_todays_parts():
         "sft",
         "on_policy_distill",
         "chord",
+        "ppo",
+        "dpo",
     ]

@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from streamrft.consumers.algorithms.aggregation import aggregate, normaliser
 from streamrft.consumers.algorithms.presets import algorithm_spec
+from streamrft.consumers.algorithms.step import mix_scales
 from streamrft.consumers.buffer import ExperienceBuffer
 from streamrft.consumers.expert_data import SOURCE, ExpertSource
 from streamrft.consumers.sampling import Mix, make_strategy
@@ -91,3 +94,33 @@ def test_mix_without_expert_data_is_a_config_error():
         ConfigError, match=r"^algorithm\.expert_data: required by sample_strategy 'mix'"
     ):
         make_strategy(spec, TrainerConfig())
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_the_mix_weighs_rl_and_sft_each_over_their_own_rows(mode):
+    """CHORD's loss: (1 - mu) x the RL loss over the RL rows + mu x the supervised loss over
+    the expert rows, whatever their token counts; and a batch cut into micro-batches
+    weighed by their normaliser's share gives the same."""
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    expert = torch.tensor([False, False, True, True])
+    rl = torch.tensor([[0.5, -1.0, 9.0], [2.0, 0.25, 1.0], [7.0, 7.0, 7.0], [7.0, 7.0, 7.0]])
+    nll = torch.tensor([[9.0, 9.0, 9.0], [9.0, 9.0, 9.0], [3.0, 9.0, 9.0], [1.0, 2.0, 0.5]])
+    mu = 0.3
+    rl_scale, sft_scale = mix_scales(mask, expert, mode, mu)
+    per_token = torch.where(expert[:, None], sft_scale * nll, rl_scale * rl)
+    got = aggregate(per_token, mask, mode)
+    want = (1 - mu) * aggregate(rl[:2], mask[:2], mode) + mu * aggregate(nll[2:], mask[2:], mode)
+    assert float(got) == pytest.approx(float(want), rel=1e-6)
+    whole = normaliser(mask, mode)
+    parts = sum(
+        aggregate(per_token[lo:hi], mask[lo:hi], mode) * normaliser(mask[lo:hi], mode) / whole
+        for lo, hi in ((0, 1), (1, 3), (3, 4))
+    )
+    assert float(parts) == pytest.approx(float(want), rel=1e-6)
+    # mu 0: the expert rows weigh nothing and the RL loss is its own rows' mean
+    rl_only, nothing = mix_scales(mask, expert, mode, 0.0)
+    assert nothing == 0.0
+    per_token = torch.where(expert[:, None], nothing * nll, rl_only * rl)
+    assert float(aggregate(per_token, mask, mode)) == pytest.approx(
+        float(aggregate(rl[:2], mask[:2], mode)), rel=1e-6
+    )

@@ -134,7 +134,8 @@ def test_rollout_spec_holds_exactly_the_old_keyword_arguments():
 def test_unknown_workflow_is_a_config_error_naming_the_workflows():
     for call in (get_workflow, check_workflow):
         with pytest.raises(
-            ConfigError, match=r"'chat' is not known .*taskset\.workflow.*known: math, expert$"
+            ConfigError,
+            match=r"'chat' is not known .*taskset\.workflow.*known: math, expert, preference$",
         ):
             call("chat")
 
