@@ -140,6 +140,35 @@ def policy_step(
         algo.spec.sft_weight_at(version),
         None if critic is None else critic.values(batch, slices),
     )
+    stats, grad_norm, first_logp_diff, mismatch = optimise(
+        algo, model, optimizer, inputs, slices, cfg, temperature, version, precision, share
+    )
+    stats, first_logp_diff = share.combine(stats, first_logp_diff, mismatch)
+    metrics = step_metrics(inputs, stats, grad_norm, first_logp_diff, len(groups))
+    metrics["train/micro_batches"] = float(len(slices))
+    if inputs.expert is not None:
+        metrics["train/expert_groups"] = float(sum(g.workflow == EXPERT_WORKFLOW for g in groups))
+        metrics["train/sft_weight"] = inputs.sft_weight
+    if critic is not None and inputs.values is not None and inputs.returns is not None:
+        metrics.update(critic.update(batch, slices, inputs.values, inputs.returns, inputs.rl_mask))
+    return metrics if version is None else {**metrics, **mismatch.metrics()}
+
+
+def optimise(
+    algo: ResolvedAlgorithm,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    inputs: StepInputs,
+    slices: Slices,
+    cfg: TrainerConfig,
+    temperature: float,
+    version: int | None,
+    precision: Precision,
+    share: BatchShare,
+) -> tuple[dict[str, float], torch.Tensor, float, Mismatch]:
+    """``ppo_epochs`` passes, one optimizer step each over the micro-batches: this
+    process's statistics (weighed by each micro-batch's share), the last grad norm, the
+    first pass's log-prob drift and the rollout/trainer mismatch."""
     model.train()
     stats: dict[str, float] = {}
     first_logp_diff = 0.0
@@ -147,7 +176,7 @@ def policy_step(
     for epoch in range(cfg.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         for lo, hi in slices:
-            lo, hi, part, whole = share.rows(batch, lo, hi)
+            lo, hi, part, whole = share.rows(inputs.batch, lo, hi)
             micro = inputs.rows(lo, hi)
             with precision.autocast():
                 loss, info, logp = micro_batch_loss(algo, model, micro, temperature)
@@ -161,15 +190,7 @@ def policy_step(
                 stats[k] = stats.get(k, 0.0) + v * part / whole / cfg.ppo_epochs
         grad_norm = precision.step(model, optimizer, cfg.grad_clip)
     model.eval()
-    stats, first_logp_diff = share.combine(stats, first_logp_diff, mismatch)
-    metrics = step_metrics(inputs, stats, grad_norm, first_logp_diff, len(groups))
-    metrics["train/micro_batches"] = float(len(slices))
-    if inputs.expert is not None:
-        metrics["train/expert_groups"] = float(sum(g.workflow == EXPERT_WORKFLOW for g in groups))
-        metrics["train/sft_weight"] = inputs.sft_weight
-    if critic is not None and inputs.values is not None and inputs.returns is not None:
-        metrics.update(critic.update(batch, slices, inputs.values, inputs.returns, inputs.rl_mask))
-    return metrics if version is None else {**metrics, **mismatch.metrics()}
+    return stats, grad_norm, first_logp_diff, mismatch
 
 
 def prepare_inputs(

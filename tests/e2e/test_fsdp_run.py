@@ -47,6 +47,7 @@ def test_two_rank_trainer_survives_a_killed_rank(services, tmp_path):
             "trainer.save_interval=8",
             "trainer.eval_interval=0",
             "trainer.warmup_sft_steps=60",
+            "trainer.lr=5e-4",  # the example's rate before its 150-step recipe: learns in 40
             summary=tmp_path / "s.json",
         ),
         tmp_path,
