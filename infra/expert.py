@@ -16,6 +16,7 @@ from streamrft.infra.prompts import PromptRenderer
 from streamrft.schemas.arrays import pack_f32, pack_i32, pack_u8
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import (
+    GROUP_KINDS,
     PREFERENCE,
     Experience,
     ExperienceGroup,
@@ -59,17 +60,7 @@ def expert_group(
     experience = answer_experience(
         f"{gid}#0", prompt, render.tokenizer, task.answer, reward, version, info
     )
-    return ExperienceGroup(
-        id=gid,
-        run=run,
-        task_id=task.id,
-        explorer=source,
-        model_version=version,
-        experiences=[experience],
-        created_at=time.time(),
-        workflow=EXPERT_WORKFLOW,
-        epoch=task.epoch,
-    )
+    return _group(task, gid, run, source, version, [experience], EXPERT_WORKFLOW)
 
 
 def preference_group(
@@ -90,17 +81,31 @@ def preference_group(
         answer_experience(f"{gid}#{i}", prompt, render.tokenizer, text, reward, version)
         for i, (text, reward) in enumerate(((task.answer, 1.0), (rejected, 0.0)))
     ]
+    return _group(task, gid, run, source, version, pair, PREFERENCE_WORKFLOW, PREFERENCE)
+
+
+def _group(
+    task: Task,
+    gid: str,
+    run: str,
+    source: str,
+    version: int,
+    experiences: list[Experience],
+    workflow: str,
+    kind: str = GROUP_KINDS[0],
+) -> ExperienceGroup:
+    """The group of ``task``'s ``experiences``, made by ``source`` now."""
     return ExperienceGroup(
         id=gid,
         run=run,
         task_id=task.id,
         explorer=source,
         model_version=version,
-        experiences=pair,
+        experiences=experiences,
         created_at=time.time(),
-        workflow=PREFERENCE_WORKFLOW,
+        workflow=workflow,
         epoch=task.epoch,
-        kind=PREFERENCE,
+        kind=kind,
     )
 
 
