@@ -44,6 +44,8 @@ class ExpertSource:
             )
         self.tasks, self.render, self.run = tasks, render, run
         self.seed, self.per_step = seed, per_step
+        self._shuffled: tuple[int, list[int]] = (-1, [])
+        """The last pass's number and task order."""
 
     @classmethod
     def from_config(cls, cfg: Config, spec: AlgorithmSpec, tokenizer: Any) -> ExpertSource:
@@ -66,7 +68,10 @@ class ExpertSource:
         return groups
 
     def _order(self, epoch: int) -> list[int]:
-        """The task order of pass ``epoch`` (a shuffle seeded by the run's seed)."""
-        order = list(range(len(self.tasks)))
-        random.Random(f"{self.seed}/{epoch}").shuffle(order)
-        return order
+        """The task order of pass ``epoch`` (a shuffle seeded by the run's seed), shuffled
+        once per pass rather than once per group drawn."""
+        if self._shuffled[0] != epoch:
+            order = list(range(len(self.tasks)))
+            random.Random(f"{self.seed}/{epoch}").shuffle(order)
+            self._shuffled = (epoch, order)
+        return self._shuffled[1]
