@@ -35,6 +35,14 @@ from streamrft.schemas.experience import (
     validate_group,
     validate_task,
 )
+from streamrft.schemas.json_forms import (
+    HEADER_CONTENT_TYPE,
+    JSON_CONTENT_TYPE,
+    MSGPACK_CONTENT_TYPE,
+    ExperienceGroupJSON,
+    group_from_json,
+    group_to_json,
+)
 from streamrft.schemas.weights import WeightManifest
 
 SCHEMA_VERSION = 1
@@ -46,10 +54,29 @@ T = TypeVar("T")
 Headers = Sequence[tuple[str, bytes]]
 
 
+class JsonForm(Generic[T]):
+    """How a wire type travels as JSON (:mod:`streamrft.schemas.json_forms`): the JSON
+    type and its conversions to and from the wire type (None: the same type)."""
+
+    def __init__(
+        self,
+        type_: Any,
+        to_wire: Callable[[Any], T] | None = None,
+        from_wire: Callable[[T], Any] | None = None,
+    ) -> None:
+        self.type = type_
+        self.to_wire = to_wire or (lambda obj: obj)
+        self.from_wire = from_wire or (lambda obj: obj)
+        self.decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(type_)
+
+
 class Codec(Generic[T]):
     """msgpack codec of one wire type; ``name`` travels in the ``streamrft-type`` header.
 
-    ``max_bytes`` bounds the encoded message; a longer one is refused before decoding.
+    ``max_bytes`` bounds the encoded message; a longer one is refused before decoding. With
+    a ``json`` form, a message whose ``content-type`` header is ``application/json`` is
+    decoded from JSON instead (apps in other languages); the same limits and validation
+    apply.
     """
 
     def __init__(
@@ -58,22 +85,45 @@ class Codec(Generic[T]):
         name: str,
         validate: Callable[[T], T] | None = None,
         max_bytes: int = limits.EVENT_MAX_BYTES,
+        json: JsonForm[T] | None = None,
     ) -> None:
         self.name = name
         self.max_bytes = max_bytes
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder: msgspec.msgpack.Decoder[T] = msgspec.msgpack.Decoder(type_)
         self._validate = validate
+        self._json = json
+        self._json_encoder = msgspec.json.Encoder()
         self._headers = [
             (HEADER_SCHEMA, str(SCHEMA_VERSION).encode()),
             (HEADER_TYPE, name.encode()),
         ]
+
+    @property
+    def accepts_json(self) -> bool:
+        """Whether this type has a JSON form (tasks and experience groups)."""
+        return self._json is not None
 
     def encode(self, obj: T) -> bytes:
         return self._encoder.encode(obj)
 
     def headers(self) -> list[tuple[str, bytes]]:
         return list(self._headers)
+
+    def encode_json(self, obj: T) -> bytes:
+        """The JSON form of ``obj`` (send it with :meth:`json_headers`)."""
+        if self._json is None:
+            raise SchemaError(f"{self.name}: has no JSON form")
+        return self._json_encoder.encode(self._json.from_wire(obj))
+
+    def json_headers(self) -> list[tuple[str, bytes]]:
+        return [*self._headers, (HEADER_CONTENT_TYPE, JSON_CONTENT_TYPE.encode())]
+
+    def from_json_form(self, form: Any) -> T:
+        """The wire value of a decoded JSON form, validated."""
+        assert self._json is not None
+        obj = self._json.to_wire(form)
+        return self._validate(obj) if self._validate is not None else obj
 
     def decode(self, value: bytes | None, headers: Headers | None = None) -> T:
         if value is None:
@@ -83,10 +133,9 @@ class Codec(Generic[T]):
                 f"{self.name}: message of {len(value)} bytes is over the limit of "
                 f"{self.max_bytes} bytes"
             )
-        if headers:
-            self._check_headers(headers)
+        as_json = bool(headers) and self._check_headers(headers)
         try:
-            obj = self._decoder.decode(value)
+            obj = self._json_decode(value) if as_json else self._decoder.decode(value)
         # ValidationError is a DecodeError; msgspec lets invalid UTF-8 in a str through as
         # UnicodeDecodeError, and nesting deeper than its limit (in an unknown field, which
         # it skips) as RecursionError
@@ -98,7 +147,12 @@ class Codec(Generic[T]):
             obj = self._validate(obj)
         return obj
 
-    def _check_headers(self, headers: Headers) -> None:
+    def _json_decode(self, value: bytes) -> T:
+        assert self._json is not None
+        return self._json.to_wire(self._json.decoder.decode(value))
+
+    def _check_headers(self, headers: Headers) -> bool:
+        """Raise on a wrong type or too new a schema; True when the message is JSON."""
         found = dict(headers)
         kind = found.get(HEADER_TYPE)
         if kind is not None and kind != self._headers[1][1]:
@@ -114,11 +168,31 @@ class Codec(Generic[T]):
                     f"{self.name}: schema version {major} is newer than this reader's "
                     f"{SCHEMA_VERSION}; upgrade streamrft"
                 )
+        return self._is_json(found.get(HEADER_CONTENT_TYPE))
+
+    def _is_json(self, content_type: bytes | None) -> bool:
+        if content_type is None:
+            return False
+        kind = content_type.split(b";")[0].strip().lower()
+        if kind == JSON_CONTENT_TYPE.encode():
+            if self._json is None:
+                raise SchemaError(f"{self.name}: JSON is accepted only on tasks and experiences")
+            return True
+        if kind == MSGPACK_CONTENT_TYPE.encode():
+            return False
+        raise SchemaError(
+            f"{self.name}: content-type {content_type[:80].decode(errors='replace')!r} is "
+            f"neither {JSON_CONTENT_TYPE} nor {MSGPACK_CONTENT_TYPE}"
+        )
 
 
-TASK: Codec[Task] = Codec(Task, "task", validate_task, limits.TASK_MAX_BYTES)
+TASK: Codec[Task] = Codec(Task, "task", validate_task, limits.TASK_MAX_BYTES, JsonForm(Task))
 EXPERIENCE_GROUP: Codec[ExperienceGroup] = Codec(
-    ExperienceGroup, "experience_group", validate_group, limits.DATA_MAX_BYTES
+    ExperienceGroup,
+    "experience_group",
+    validate_group,
+    limits.DATA_MAX_BYTES,
+    JsonForm(ExperienceGroupJSON, group_from_json, group_to_json),
 )
 CONTROL: Codec[ControlEvent] = Codec(
     ControlEvent, "control", validate_control, limits.EVENT_MAX_BYTES
