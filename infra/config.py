@@ -524,6 +524,42 @@ class SynchronizerConfig(_Section):
     """Tensors are flattened into buckets of about this size per broadcast call."""
 
 
+class ServeConfig(_Section):
+    """``streamrft serve``: the policy behind an OpenAI-compatible HTTP API that records
+    every completion and publishes the rewarded ones to ``experiences``."""
+
+    host: str = "127.0.0.1"
+    """Address to bind. Anything but a loopback address needs an API key (``api_key_env``)."""
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
+    """Port to bind (0: a free port; the URL is logged and written to
+    ``<run dir>/serve/<server id>.json``)."""
+    api_key_env: str = "STREAMRFT_API_KEY"
+    """Environment variable holding the API key; when it is set, every request needs
+    ``Authorization: Bearer <key>`` (the ``openai`` client's ``api_key``)."""
+    model_name: str = ""
+    """Model name shown by ``/v1/models`` and accepted in requests (empty: the run id)."""
+    max_request_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1 << 20
+    """Largest request body; a bigger one gets 413."""
+    max_n: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
+    """Largest ``n`` (choices per request)."""
+    max_tokens: Pos = 256
+    """Largest ``max_tokens`` of a request, and its default."""
+    group_size: NonNeg = 0
+    """A group (the responses of one conversation id, or of one request) is published as
+    soon as this many of its responses have a reward (0: only at ``/commit`` or after
+    ``group_timeout_s``)."""
+    group_timeout_s: NonNegF = 600.0
+    """A group with rewards and no new response for this long is published (0: never)."""
+    unrewarded_ttl_s: PosF = 3600.0
+    """A recorded response with no reward for this long is dropped (counted)."""
+    max_recorded: Pos = 100_000
+    """Responses held waiting for feedback or commit; when full, a request gets 503."""
+    serve_initial: bool = False
+    """Serve the configured model as version 0 before any version is announced (a run
+    whose trainer publishes version 0 from the same weights); False: completions get 503
+    until the first version is applied."""
+
+
 class MonitorConfig(_Section):
     progress: bool = True
     """Show a live progress line during ``streamrft run``."""
@@ -544,6 +580,7 @@ class Config(_Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     synchronizer: SynchronizerConfig = SynchronizerConfig()
     monitor: MonitorConfig = MonitorConfig()
+    serve: ServeConfig = ServeConfig()
 
     def topics(self) -> TopicNames:
         if not self.run.id:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamrft.infra.retry import retrying
+from streamrft.schemas.codec import EXPERIENCE_GROUP
+from streamrft.schemas.experience import ExperienceGroup
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +47,12 @@ async def send_all(
         return len(futures)
 
     return await retrying(what, attempt, outage_timeout_s, on_retry)
+
+
+def group_records(topic: str, groups: Sequence[ExperienceGroup]) -> list[OutRecord]:
+    """Experience groups as records of ``topic`` (msgpack). Key: the task id, so a group
+    stays whole on one partition and a task's groups keep their order."""
+    headers = EXPERIENCE_GROUP.headers()
+    return [
+        OutRecord(topic, EXPERIENCE_GROUP.encode(g), g.task_id.encode(), headers) for g in groups
+    ]

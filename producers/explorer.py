@@ -27,14 +27,13 @@ from streamrft.infra import kafka
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
 from streamrft.infra.modeling import load_policy, model_device
-from streamrft.infra.produce import OutRecord, send_all
+from streamrft.infra.produce import group_records, send_all
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.engines import make_engine
 from streamrft.producers.rewards import get_reward
 from streamrft.producers.task_intake import UNSTAMPED, Taken, TaskIntake
 from streamrft.producers.workflows import RolloutSpec, get_workflow
-from streamrft.schemas.codec import EXPERIENCE_GROUP
 from streamrft.schemas.errors import StreamRFTError
 from streamrft.schemas.events import RunState
 from streamrft.schemas.experience import ExperienceGroup, Task
@@ -172,18 +171,9 @@ class Explorer:
         """Publish a step's groups (acks=all), all of them again after a broker outage. A
         group sent twice is harmless: the trainer deduplicates by experience id. Key: the
         task id, so a group stays whole on one partition."""
-        records = [
-            OutRecord(
-                self.topics.experiences,
-                EXPERIENCE_GROUP.encode(g),
-                g.task_id.encode(),
-                EXPERIENCE_GROUP.headers(),
-            )
-            for g in groups
-        ]
         await send_all(
             self.producer,
-            records,
+            group_records(self.topics.experiences, groups),
             f"{self.name}: publishing {len(groups)} experience groups",
             self.cfg.run.outage_timeout_s,
             lambda _exc: self.counters.add("publish_retries"),

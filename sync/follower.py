@@ -159,6 +159,11 @@ class WeightFollower:
             await self.events.status(RunState.RUNNING)
         return Synced.READY
 
+    async def apply_newest(self) -> bool:
+        """Apply the newest usable version if it is newer than the model's, waiting for
+        nothing (serve mode, between two engine calls). False: stop."""
+        return await self._apply_chosen(ExplorerSync(), lambda: False)
+
     async def _request(self, min_version: int) -> None:
         await self.events.control(
             SyncRequest(explorer=self.name, min_version=min_version, created_at=time.time())

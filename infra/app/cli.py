@@ -4,6 +4,7 @@ streamrft run CONFIG [--explorers N] [--max-steps N] [--summary PATH] [--run-id 
 streamrft train CONFIG --run-id ID [--nproc N]   (the trainer, N ranks)
 streamrft explore CONFIG --run-id ID [--index I]   (one explorer; joins a running run)
 streamrft feed CONFIG --run-id ID           (publish the taskset)
+streamrft serve CONFIG --run-id ID [--host H] [--port P]   (OpenAI-compatible API; records experiences)
 streamrft infra up|down|status [--dir DIR]
 streamrft topics [CONFIG]
 streamrft tail TOPIC [--max N] [--follow]
@@ -98,6 +99,17 @@ def cmd_explore(args: argparse.Namespace) -> int:
 
     cfg = _load(args, joining=True)
     main(cfg, args.index)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from streamrft.producers.serving.server import main
+
+    for field in ("host", "port"):
+        if getattr(args, field, None) is not None:
+            args.override = [*(args.override or []), f"serve.{field}={getattr(args, field)}"]
+    cfg = _load(args, joining=True)
+    main(cfg)
     return 0
 
 
@@ -233,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("train", cmd_train, "run one trainer process"),
         ("explore", cmd_explore, "run one explorer process"),
         ("feed", cmd_feed, "publish the taskset to the tasks topic"),
+        ("serve", cmd_serve, "serve the policy on an OpenAI-compatible API; record experiences"),
     ):
         sp = sub.add_parser(name, help=helptext)
         with_config(sp)
@@ -243,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
                 help="explorer index, id explorer-<index> (as `run` numbers them); default: "
                 "an id of its own, explorer-<pid>-<4 hex>",
             )
+        if name == "serve":
+            sp.add_argument("--host", help="override serve.host (default 127.0.0.1)")
+            sp.add_argument("--port", type=int, help="override serve.port (0: a free port)")
         if name == "train":
             sp.add_argument(
                 "--nproc", type=int, metavar="N", help="override trainer.nproc (ranks, FSDP2)"

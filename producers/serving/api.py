@@ -1,0 +1,276 @@
+"""The HTTP API of serve mode (FastAPI): OpenAI-compatible routes plus feedback and commit.
+
+Bodies are decoded with msgspec (:mod:`.openai_types`); every refusal is an OpenAI-style
+error object ``{"error": {"message", "type", "code"}}`` with its status: 400 for a bad
+request, 401 without the API key, 404 for an unknown model or response id, 413 for a body
+over ``serve.max_request_bytes``, 503 before the first model version (or when
+``serve.max_recorded`` responses wait).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from streamrft.producers.serving.completions import (
+    GREEDY_TEMPERATURE,
+    finish,
+    response_body,
+)
+from streamrft.producers.serving.openai_types import (
+    ChatRequest,
+    Commit,
+    CompletionRequest,
+    Feedback,
+    refuse_unsupported,
+)
+from streamrft.producers.serving.recorder import Full, UnknownResponse
+from streamrft.producers.serving.server import Server
+from streamrft.schemas import limits
+from streamrft.schemas.errors import SchemaError, StreamRFTError
+from streamrft.schemas.experience import ChatMessage, Task
+
+CONVERSATION_HEADER = "x-conversation-id"
+
+
+class ApiError(Exception):
+    """A refusal with its HTTP status and OpenAI error type."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(body), status, media_type="application/json")
+
+
+def _error(exc: ApiError) -> Response:
+    return _json({"error": {"message": str(exc), "type": exc.kind, "code": exc.status}}, exc.status)
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a body over ``max_bytes``, by its length header or as it
+    streams in (no length header)."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await _error(self._too_big())(scope, receive, send)
+        seen = 0
+
+        async def counted() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise ApiError(413, str(self._too_big()))
+            return message
+
+        return await self.app(scope, counted, send)
+
+    def _too_big(self) -> ApiError:
+        return ApiError(413, f"request body over {self.max_bytes} bytes (serve.max_request_bytes)")
+
+
+def _decode(body: bytes, type_: type) -> Any:
+    try:
+        return msgspec.json.decode(body, type=type_)
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"bad request body: {exc}") from exc
+
+
+def build_app(server: Server, key: str | None) -> Any:
+    """The FastAPI app of ``server``; ``key``: the API key every route but /health needs."""
+    app = FastAPI(title="streamrft serve", docs_url=None, redoc_url=None, openapi_url=None)
+    handlers = Handlers(server)
+
+    def route(path: str, handler: Callable[[Request], Awaitable[Any]], method: str) -> None:
+        async def endpoint(request: Request) -> Response:
+            try:
+                if key is not None and path != "/health":
+                    _authorise(request, key)
+                return _json(await handler(request))
+            except ApiError as exc:
+                return _error(exc)
+            except SchemaError as exc:
+                return _error(ApiError(400, str(exc)))
+
+        app.add_api_route(path, endpoint, methods=[method])
+
+    route("/health", handlers.health, "GET")
+    route("/v1/models", handlers.models, "GET")
+    route("/v1/chat/completions", handlers.chat, "POST")
+    route("/v1/completions", handlers.completion, "POST")
+    route("/feedback", handlers.feedback, "POST")
+    route("/commit", handlers.commit, "POST")
+    return BodyLimit(app, server.cfg.serve.max_request_bytes)
+
+
+def _authorise(request: Request, key: str) -> None:
+    given = request.headers.get("authorization", "")
+    if not secrets.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)", "auth_error")
+
+
+class Handlers:
+    """One method per route."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.cfg = server.cfg.serve
+
+    async def health(self, _request: Request) -> dict[str, Any]:
+        version = self.server.version
+        return {
+            "status": "ok" if version >= 0 else "waiting for the first model version",
+            "server": self.server.name,
+            "model": self.server.model_name,
+            "model_version": version,
+            "recorded": self.server.recorder.held,
+        }
+
+    async def models(self, _request: Request) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": self.server.model_name, "object": "model", "owned_by": "streamrft"}],
+        }
+
+    async def chat(self, request: Request) -> dict[str, Any]:
+        req = _decode(await request.body(), ChatRequest)
+        messages = [ChatMessage(role=m.role, content=m.text()) for m in req.messages]
+        prompt_ids = self.server.prompts.ids(Task(id="serve", messages=messages))
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        return await self._complete(request, req, prompt_ids, max_tokens, True, req.logprobs)
+
+    async def completion(self, request: Request) -> dict[str, Any]:
+        req = _decode(await request.body(), CompletionRequest)
+        prompt_ids = self.server.prompts.ids(Task(id="serve", prompt=req.text()))
+        logprobs = req.logprobs is not None
+        return await self._complete(request, req, prompt_ids, req.max_tokens, False, logprobs)
+
+    async def _complete(
+        self,
+        request: Request,
+        req: ChatRequest | CompletionRequest,
+        prompt_ids: list[int],
+        max_tokens: int | None,
+        chat: bool,
+        with_logprobs: bool,
+    ) -> dict[str, Any]:
+        """Check, sample, record and answer one completion request."""
+        max_tokens = self._check(req, prompt_ids, max_tokens)
+        server = self.server
+        temperature = (
+            server.cfg.explorer.temperature if req.temperature is None else req.temperature
+        )
+        seed = req.seed if req.seed is not None else secrets.randbits(31)
+        rollouts, version = await server.sample(
+            prompt_ids, req.n, max(temperature, GREEDY_TEMPERATURE), max_tokens, seed
+        )
+        choices = [finish(r, server.tokenizer, req.stops(), max_tokens) for r in rollouts]
+        response_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
+        conversation = req.conversation_id or request.headers.get(CONVERSATION_HEADER)
+        try:
+            server.recorder.record(
+                response_id,
+                [c.rollout for c in choices],
+                version,
+                temperature,
+                conversation,
+                time.time(),
+            )
+        except Full as exc:
+            raise ApiError(503, str(exc), "server_error") from exc
+        return response_body(
+            chat,
+            response_id,
+            server.model_name,
+            int(time.time()),
+            version,
+            prompt_ids,
+            choices,
+            server.tokenizer,
+            with_logprobs,
+        )
+
+    def _check(
+        self, req: ChatRequest | CompletionRequest, prompt_ids: list[int], max_tokens: int | None
+    ) -> int:
+        """Refuse what cannot be served; the request's ``max_tokens`` (or the default)."""
+        refuse_unsupported(req)
+        req.stops()
+        if req.model and req.model != self.server.model_name:
+            raise ApiError(
+                404,
+                f"model {req.model!r} not found; this server serves {self.server.model_name!r}",
+                "not_found_error",
+            )
+        if self.server.version < 0:
+            raise ApiError(
+                503,
+                "no model version yet (the trainer publishes version 0 when it starts)",
+                "server_error",
+            )
+        if req.n > self.cfg.max_n:
+            raise ApiError(400, f"n: {req.n} is over serve.max_n={self.cfg.max_n}")
+        max_tokens = max_tokens or self.cfg.max_tokens
+        if max_tokens > self.cfg.max_tokens:
+            raise ApiError(
+                400, f"max_tokens: {max_tokens} is over serve.max_tokens={self.cfg.max_tokens}"
+            )
+        context = self.server.context
+        if context is not None and len(prompt_ids) + max_tokens > context:
+            raise ApiError(
+                400,
+                f"the prompt's {len(prompt_ids)} tokens + max_tokens "
+                f"{max_tokens} exceed the model's context of {context} tokens",
+            )
+        return max_tokens
+
+    async def feedback(self, request: Request) -> dict[str, Any]:
+        fb = _decode(await request.body(), Feedback)
+        if not math.isfinite(fb.reward) or abs(fb.reward) > limits.MAX_ABS_REWARD:
+            raise ApiError(
+                400, f"reward: {fb.reward} is not finite within +-{limits.MAX_ABS_REWARD:g}"
+            )
+        try:
+            n = self.server.recorder.feedback(
+                fb.reward, fb.response_id, fb.conversation_id, fb.choice
+            )
+        except UnknownResponse as exc:
+            raise ApiError(404, str(exc), "not_found_error") from exc
+        return {"rewarded": n}
+
+    async def commit(self, request: Request) -> dict[str, Any]:
+        body = await request.body()
+        req = _decode(body, Commit) if body.strip() else Commit()
+        try:
+            groups = self.server.recorder.commit(time.time(), req.response_id, req.conversation_id)
+        except UnknownResponse as exc:
+            raise ApiError(404, str(exc), "not_found_error") from exc
+        try:
+            await self.server.publish(groups)
+        except StreamRFTError as exc:
+            raise ApiError(
+                503, f"publication failed; the groups are kept and retried: {exc}", "server_error"
+            ) from exc
+        return {
+            "published_groups": len(groups),
+            "published_experiences": sum(len(g.experiences) for g in groups),
+            "group_ids": [g.id for g in groups],
+        }

@@ -1,0 +1,129 @@
+"""From sampled rollouts to OpenAI response bodies: stop strings, finish reasons, log-probs.
+
+Pure functions of the rollouts and the tokenizer. A stop string cuts the *returned text*
+before it, and the *recorded tokens* after the token that completed it: the policy did
+sample those tokens, so they are what the trainer must score.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from streamrft.producers.engines.base import Rollout
+
+GREEDY_TEMPERATURE = 1e-3
+"""``temperature: 0`` samples at this temperature: the argmax in practice, with log-probs
+that are still defined (the recorded log-probs are under the temperature that sampled)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One answered choice: the rollout as recorded (cut at a stop string) and why it ended."""
+
+    rollout: Rollout
+    finish_reason: str
+    """``stop`` (EOS or a stop string) or ``length`` (``max_tokens`` reached)."""
+
+
+def finish(rollout: Rollout, tokenizer: Any, stops: list[str], max_tokens: int) -> Choice:
+    """``rollout`` cut at its first stop string (if any), with its finish reason."""
+    if stops and any(s in rollout.text for s in stops):
+        return _cut_at_stop(rollout, tokenizer, stops)
+    ids = rollout.response_ids
+    ended = bool(ids) and ids[-1] == tokenizer.eos_token_id
+    reason = "length" if len(ids) >= max_tokens and not ended else "stop"
+    return Choice(rollout, reason)
+
+
+def _cut_at_stop(rollout: Rollout, tokenizer: Any, stops: list[str]) -> Choice:
+    """The shortest token prefix whose text holds a stop string; the text before it."""
+    ids = rollout.response_ids
+    for end in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:end], skip_special_tokens=True)
+        hits = [text.index(s) for s in stops if s in text]
+        if hits:
+            cut = replace(
+                rollout,
+                response_ids=ids[:end],
+                logprobs=rollout.logprobs[:end],
+                text=text[: min(hits)],
+            )
+            return Choice(cut, "stop")
+    return Choice(rollout, "stop")  # unreachable: the whole text holds a stop
+
+
+def _token_strings(tokenizer: Any, ids: list[int]) -> list[str]:
+    return [tokenizer.decode([i]) for i in ids]
+
+
+def chat_logprobs(rollout: Rollout, tokenizer: Any) -> dict[str, Any]:
+    """The chat API's ``logprobs``: each sampled token with its log-prob."""
+    tokens = _token_strings(tokenizer, rollout.response_ids)
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            for t, lp in zip(tokens, rollout.logprobs, strict=True)
+        ]
+    }
+
+
+def completion_logprobs(rollout: Rollout, tokenizer: Any) -> dict[str, Any]:
+    """The completions API's ``logprobs``: tokens, their log-probs and text offsets."""
+    tokens = _token_strings(tokenizer, rollout.response_ids)
+    offsets, at = [], 0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": list(rollout.logprobs),
+        "top_logprobs": None,
+        "text_offset": offsets,
+    }
+
+
+def usage(prompt_ids: list[int], choices: list[Choice]) -> dict[str, int]:
+    completion = sum(len(c.rollout.response_ids) for c in choices)
+    return {
+        "prompt_tokens": len(prompt_ids),
+        "completion_tokens": completion,
+        "total_tokens": len(prompt_ids) + completion,
+    }
+
+
+def response_body(
+    chat: bool,
+    response_id: str,
+    model: str,
+    created: int,
+    version: int,
+    prompt_ids: list[int],
+    choices: list[Choice],
+    tokenizer: Any,
+    with_logprobs: bool,
+) -> dict[str, Any]:
+    """A ``chat.completion`` (``chat``) or ``text_completion`` object, with
+    ``model_version``, streamrft's extension: the version that sampled every choice."""
+    return {
+        "id": response_id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [_choice(chat, i, c, tokenizer, with_logprobs) for i, c in enumerate(choices)],
+        "usage": usage(prompt_ids, choices),
+        "model_version": version,
+    }
+
+
+def _choice(
+    chat: bool, index: int, choice: Choice, tokenizer: Any, with_logprobs: bool
+) -> dict[str, Any]:
+    text = choice.rollout.text
+    logprobs = chat_logprobs if chat else completion_logprobs
+    return {
+        "index": index,
+        **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
+        "finish_reason": choice.finish_reason,
+        "logprobs": logprobs(choice.rollout, tokenizer) if with_logprobs else None,
+    }

@@ -1,0 +1,127 @@
+"""The request bodies serve mode accepts: the OpenAI API's fields it honours.
+
+Unknown fields are ignored (clients send many); a field whose value serve mode cannot honour
+(``stream``, ``top_p`` other than 1, ``top_logprobs``, ``echo``...) is refused with a 400 by
+:func:`refuse_unsupported` rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from streamrft.schemas.errors import SchemaError
+
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
+class TextPart(msgspec.Struct, kw_only=True):
+    """A part of a message's content; only ``text`` parts are understood."""
+
+    type: str = "text"
+    text: str = ""
+
+
+class ChatMessageIn(msgspec.Struct, kw_only=True):
+    """One message of a chat request."""
+
+    role: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        """The content as one string (text parts joined)."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        for part in self.content:
+            if part.type != "text":
+                raise SchemaError(f"messages: content part of type {part.type!r} is not supported")
+        return "".join(part.text for part in self.content)
+
+
+Stop = str | list[str] | None
+
+
+class _Sampling(msgspec.Struct, kw_only=True):
+    """What chat and text completions share."""
+
+    model: str = ""
+    n: Annotated[int, msgspec.Meta(ge=1)] = 1
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
+    top_p: float | None = None
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    stop: Stop = None
+    seed: int | None = None
+    stream: bool = False
+    user: str | None = None
+    conversation_id: Id | None = None
+    """streamrft's own field (``extra_body``): responses with the same id form one group
+    and ``/feedback`` can reward them together; also the ``X-Conversation-Id`` header."""
+
+    def stops(self) -> list[str]:
+        """The stop strings (at most 4, none empty)."""
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > 4 or any(not s for s in stops):
+            raise SchemaError("stop: up to 4 non-empty strings")
+        return stops
+
+
+class ChatRequest(_Sampling, kw_only=True):
+    """``POST /v1/chat/completions``."""
+
+    messages: Annotated[list[ChatMessageIn], msgspec.Meta(min_length=1)]
+    max_completion_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None
+
+
+class CompletionRequest(_Sampling, kw_only=True):
+    """``POST /v1/completions``."""
+
+    prompt: str | list[str]
+    logprobs: Annotated[int, msgspec.Meta(ge=0, le=5)] | None = None
+    echo: bool = False
+
+    def text(self) -> str:
+        """The one prompt (a list of one is accepted)."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if len(self.prompt) != 1:
+            raise SchemaError("prompt: one prompt per request (a list of one is accepted)")
+        return self.prompt[0]
+
+
+class Feedback(msgspec.Struct, kw_only=True):
+    """``POST /feedback``: a reward for a response (all its choices, or one) or for every
+    response of a conversation."""
+
+    reward: float
+    response_id: Id | None = None
+    conversation_id: Id | None = None
+    choice: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class Commit(msgspec.Struct, kw_only=True):
+    """``POST /commit``: publish the rewarded responses (of one response or conversation,
+    or all of them)."""
+
+    response_id: Id | None = None
+    conversation_id: Id | None = None
+
+
+def refuse_unsupported(req: ChatRequest | CompletionRequest) -> None:
+    """Raise SchemaError for a field serve mode cannot honour."""
+    if req.stream:
+        raise SchemaError("stream: streaming responses are not supported; send stream=false")
+    if req.top_p is not None and req.top_p != 1:
+        raise SchemaError("top_p: only 1 is supported (the trainer recomputes plain log-probs)")
+    if isinstance(req, ChatRequest):
+        if req.top_logprobs:
+            raise SchemaError("top_logprobs: not supported (logprobs=true gives each token's)")
+        if req.tools:
+            raise SchemaError(
+                "tools: not supported by serve mode yet; use the tool_calling workflow"
+            )
+    elif req.echo:
+        raise SchemaError("echo: not supported")

@@ -1,0 +1,254 @@
+"""The serve process: engine, version following, recording and publication around the API.
+
+One engine call at a time (:attr:`Server.lock`): a new version is applied while the lock is
+held, so it lands between two calls and never inside one, and every response carries the
+version that sampled all of it. Rewarded groups are published by ``/commit``, or by the
+flush loop (``serve.group_size``, ``serve.group_timeout_s``); a publication that fails
+(broker away past ``run.outage_timeout_s``) keeps its groups and retries them, and an orderly
+stop publishes every rewarded response still held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import math
+import os
+import secrets
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from streamrft.infra import kafka
+from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
+from streamrft.infra.config import Config
+from streamrft.infra.modeling import load_policy
+from streamrft.infra.produce import group_records, send_all
+from streamrft.infra.prompts import PromptRenderer
+from streamrft.producers.engines import make_engine
+from streamrft.producers.engines.base import Rollout
+from streamrft.producers.serving.recorder import Recorder
+from streamrft.schemas.errors import ConfigError, StreamRFTError
+from streamrft.schemas.events import RunState
+from streamrft.schemas.experience import ExperienceGroup
+from streamrft.sync.follower import WeightFollower
+from streamrft.sync.payload import ModelWeights
+
+log = logging.getLogger(__name__)
+
+FLUSH_S = 1.0
+"""How often due groups are published and versions looked for."""
+
+
+def server_identity() -> str:
+    """``serve-<pid>-<4 hex>``: unique among the serve processes of a run."""
+    return f"serve-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+def api_key(cfg: Config) -> str | None:
+    """The API key from ``serve.api_key_env``; ConfigError when a non-loopback address
+    would be served without one."""
+    key = os.environ.get(cfg.serve.api_key_env) or None
+    if key is None and not _loopback(cfg.serve.host):
+        raise ConfigError(
+            f"serve.host: {cfg.serve.host!r} is reachable from other machines; set an API key "
+            f"in ${cfg.serve.api_key_env} (serve.api_key_env) or bind 127.0.0.1"
+        )
+    return key
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Server:
+    """Everything the API handlers use: see the module docstring."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.name = server_identity()
+        self.topics = cfg.topics()
+        self.model_name = cfg.serve.model_name or str(cfg.run.id)
+        self.stop = asyncio.Event()
+        self.counters = Counters()
+        self.events = EventSender(cfg, self.name, "serve", self.counters, self._position)
+        self.view = ControlView(cfg, self.name, self.events.dead_letter)
+        model, self.tokenizer = load_policy(cfg.model)
+        if cfg.model.lora.enabled:
+            from streamrft.sync.lora import attach_lora
+
+            model = attach_lora(model, cfg.model.lora)
+        self.engine = make_engine(cfg.explorer.engine, model, self.tokenizer, cfg.explorer)
+        self.context = getattr(model.config, "max_position_embeddings", None)
+        self.prompts = PromptRenderer.from_config(cfg.taskset, self.tokenizer)
+        self.follower = WeightFollower(
+            cfg,
+            self.name,
+            ModelWeights(model, cfg.model.lora.enabled, target=self.engine),
+            self.view,
+            self.events,
+            self.counters,
+            self.stop,
+        )
+        self.recorder = Recorder(
+            self.topics.run, self.name, cfg.serve.group_size, cfg.serve.max_recorded
+        )
+        self.lock = asyncio.Lock()
+        self.unpublished: list[ExperienceGroup] = []
+        """Groups whose publication failed; sent again by the flush loop."""
+        self.producer: Any = None
+
+    def _position(self) -> Position:
+        return Position(step=0, version=self.version)
+
+    @property
+    def version(self) -> int:
+        """The version the engine holds (-1: none yet; 0 with ``serve.serve_initial``)."""
+        held = self.follower.version
+        return 0 if held < 0 and self.cfg.serve.serve_initial else held
+
+    # -- what the handlers call --------------------------------------------------------------
+    async def sample(
+        self, prompt_ids: list[int], n: int, temperature: float, max_tokens: int, seed: int
+    ) -> tuple[list[Rollout], int]:
+        """``n`` rollouts of one prompt and the version that sampled them all."""
+        async with self.lock:
+            version = self.version
+            batches = await asyncio.to_thread(
+                self.engine.rollout, [prompt_ids], n, temperature, max_tokens, seed
+            )
+        self.counters.add("completions")
+        self.counters.add("choices", n)
+        return batches[0], version
+
+    async def publish(self, groups: list[ExperienceGroup]) -> None:
+        """Publish ``groups`` (acks=all); on failure keep them for the flush loop and raise."""
+        if not groups:
+            return
+        try:
+            await send_all(
+                self.producer,
+                group_records(self.topics.experiences, groups),
+                f"{self.name}: publishing {len(groups)} experience groups",
+                self.cfg.run.outage_timeout_s,
+                lambda _exc: self.counters.add("publish_retries"),
+            )
+        except StreamRFTError:
+            self.unpublished += groups
+            raise
+        self.counters.add("groups_published", len(groups))
+        self.counters.add("experiences_published", sum(len(g.experiences) for g in groups))
+
+    # -- background loops --------------------------------------------------------------------
+    async def _follow(self) -> None:
+        """Apply each newer version between two engine calls."""
+        while not self.stop.is_set():
+            newer = await self.view.wait_until(
+                lambda: self.follower.newest() > self.follower.version,
+                math.inf,
+                self.stop,
+                "a newer version",
+            )
+            if not newer:  # stopping, or the run shut down: serve on with what is held
+                if self.view.shutdown.is_set():
+                    log.info("%s: the run shut down; serving version %d", self.name, self.version)
+                return
+            async with self.lock:
+                if not await self.follower.apply_newest():
+                    return
+            if self.events.state != RunState.RUNNING:
+                await self.events.status(RunState.RUNNING, f"version {self.version}")
+
+    async def _flush(self) -> None:
+        """Publish the groups that are due, and again those whose publication failed."""
+        serve = self.cfg.serve
+        while not self.stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), FLUSH_S)
+            due = self.recorder.ready(time.time(), serve.group_timeout_s, serve.unrewarded_ttl_s)
+            retry, self.unpublished = self.unpublished, []
+            try:
+                await self.publish(retry + due)
+            except StreamRFTError as exc:
+                log.warning("%s: publication failed, will retry: %s", self.name, exc)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def run(self, app: Any, key: str | None) -> None:
+        """Serve until SIGINT/SIGTERM, then publish what is rewarded and stop."""
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET6 if ":" in self.cfg.serve.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.cfg.serve.host, self.cfg.serve.port))
+        port = sock.getsockname()[1]
+        async with contextlib.AsyncExitStack() as stack:
+            await self._start(stack)
+            url = f"http://{self.cfg.serve.host}:{port}"
+            stack.callback(self._announce(url, key is not None))
+            loops = [asyncio.create_task(self._follow()), asyncio.create_task(self._flush())]
+            config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+            http = uvicorn.Server(config)
+            log.info("%s: serving %s at %s/v1", self.name, self.model_name, url)
+            await http.serve(sockets=[sock])  # returns after SIGINT/SIGTERM
+            self.stop.set()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self._final_publish()
+
+    async def _final_publish(self) -> None:
+        groups = self.unpublished + self.recorder.commit(time.time())
+        self.unpublished = []
+        try:
+            await self.publish(groups)
+        except StreamRFTError as exc:
+            log.error("%s: %d groups could not be published: %s", self.name, len(groups), exc)
+        if self.recorder.held:
+            log.info("%s: %d responses without a reward dropped", self.name, self.recorder.held)
+
+    def _announce(self, url: str, with_key: bool):
+        """Write ``<run dir>/serve/<id>.json`` (how tests and tools find the URL); returns
+        the callback that removes it."""
+        path = Path(self.cfg.run_dir) / "serve" / f"{self.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        info = {"url": url, "pid": os.getpid(), "server": self.name, "api_key": with_key}
+        path.write_text(json.dumps(info))
+        return lambda: path.unlink(missing_ok=True)
+
+    async def _start(self, stack: contextlib.AsyncExitStack) -> None:
+        await self.events.start(heartbeat_s=HEARTBEAT_S)
+        stack.push_async_callback(self.events.stop)
+        stack.push_async_callback(self._report_stopped)
+        stack.callback(self.follower.close)
+        await self.view.start()
+        stack.push_async_callback(self.view.stop)
+        self.producer = kafka.data_producer(self.cfg.kafka, f"{self.name}-data")
+        await kafka.start_client(self.producer, f"{self.name} producer")
+        stack.push_async_callback(self.producer.stop)
+        waiting = self.version < 0
+        state = RunState.WAITING_SYNC if waiting else RunState.RUNNING
+        await self.events.status(state, "no model version yet" if waiting else "serving")
+
+    async def _report_stopped(self) -> None:
+        with contextlib.suppress(StreamRFTError):
+            await self.events.status(RunState.STOPPED, "stopped")
+
+
+def main(cfg: Config) -> None:
+    """``streamrft serve``: build the server and its API, serve until stopped."""
+    from streamrft.producers.serving.api import build_app
+
+    key = api_key(cfg)
+
+    async def serve() -> None:
+        server = Server(cfg)
+        await server.run(build_app(server, key), key)
+
+    asyncio.run(serve())
