@@ -92,36 +92,42 @@ def get_reward(name: str) -> RewardFn:
 
 def _import_reward(path: str) -> RewardFn:
     """Import ``module:function``; every way it can fail is a ConfigError on explorer.reward."""
+    return import_function(
+        path, "explorer.reward", ("response_text", "task"), "-> (float, dict[str, float])"
+    )
+
+
+def import_function(path: str, field: str, params: tuple[str, ...], returns: str) -> Callable:
+    """The function ``"package.module:function"`` names, callable with ``params``
+    (positional); every way it can fail is a ConfigError naming ``field``."""
     module_name, _, attr = path.partition(":")
+    shape = f"({', '.join(params)}) {returns}"
     if not _DOTTED.fullmatch(module_name) or not attr.isidentifier():
-        raise ConfigError(f"explorer.reward: {path!r} is not of the form 'package.module:function'")
+        raise ConfigError(f"{field}: {path!r} is not of the form 'package.module:function'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(
-            f"explorer.reward: cannot import module {module_name!r} of {path!r}: {exc}"
+            f"{field}: cannot import module {module_name!r} of {path!r}: {exc}"
         ) from exc
     fn = getattr(module, attr, _MISSING)
     if fn is _MISSING:
-        raise ConfigError(f"explorer.reward: module {module_name!r} has no attribute {attr!r}")
+        raise ConfigError(f"{field}: module {module_name!r} has no attribute {attr!r}")
     if not callable(fn):
-        raise ConfigError(
-            f"explorer.reward: {path!r} is a {type(fn).__name__}, not a function "
-            "(response_text, task) -> (float, dict[str, float])"
-        )
-    _check_arity(path, fn)
+        raise ConfigError(f"{field}: {path!r} is a {type(fn).__name__}, not a function {shape}")
+    _check_arity(path, fn, field, params)
     return fn
 
 
-def _check_arity(path: str, fn: Callable) -> None:
-    """A reward is called with two positional arguments: refuse one that cannot take them."""
+def _check_arity(path: str, fn: Callable, field: str, params: tuple[str, ...]) -> None:
+    """Refuse a function that cannot take ``params`` as positional arguments."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins have no signature: trust them
         return
     try:
-        signature.bind("", None)
+        signature.bind(*params)
     except TypeError as exc:
         raise ConfigError(
-            f"explorer.reward: {path!r} cannot be called as (response_text, task): {exc}"
+            f"{field}: {path!r} cannot be called as ({', '.join(params)}): {exc}"
         ) from None

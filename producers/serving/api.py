@@ -13,12 +13,15 @@ import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from streamrft.infra.config import ServeConfig
+from streamrft.infra.prompts import PromptRenderer
+from streamrft.producers.engines.base import Rollout
 from streamrft.producers.serving.completions import (
     GREEDY_TEMPERATURE,
     finish,
@@ -31,13 +34,37 @@ from streamrft.producers.serving.openai_types import (
     Feedback,
     refuse_unsupported,
 )
-from streamrft.producers.serving.recorder import Full, UnknownResponse
-from streamrft.producers.serving.server import Server
+from streamrft.producers.serving.recorder import Full, Recorder, UnknownResponse
 from streamrft.schemas import limits
 from streamrft.schemas.errors import SchemaError, StreamRFTError
 from streamrft.schemas.experience import ChatMessage, Task
 
 CONVERSATION_HEADER = "x-conversation-id"
+
+
+class Backend(Protocol):
+    """What the handlers serve from: the serve process (:class:`.server.Server`) or an
+    explorer's recording endpoint (:mod:`.endpoint`)."""
+
+    name: str
+    model_name: str
+    limits: ServeConfig
+    temperature: float
+    """Temperature of a request that names none (``explorer.temperature``)."""
+    context: int | None
+    """The model's context length in tokens (None: unknown)."""
+    prompts: PromptRenderer
+    tokenizer: Any
+    recorder: Recorder
+
+    @property
+    def version(self) -> int: ...
+
+    async def sample(
+        self, prompt_ids: list[int], n: int, temperature: float, max_tokens: int, seed: int
+    ) -> tuple[list[Rollout], int]: ...
+
+    async def publish(self, groups: list) -> None: ...
 
 
 class ApiError(Exception):
@@ -94,8 +121,10 @@ def _decode(body: bytes, type_: type) -> Any:
         raise ApiError(400, f"bad request body: {exc}") from exc
 
 
-def build_app(server: Server, key: str | None) -> Any:
-    """The FastAPI app of ``server``; ``key``: the API key every route but /health needs."""
+def build_app(server: Backend, key: str | None, prefix: str = "", feedback: bool = True) -> Any:
+    """The FastAPI app of ``server``; ``key``: the API key every route but /health needs.
+    ``prefix`` goes before every route (``/ep/{conversation}``: the conversation id is
+    part of the URL); ``feedback``: with ``/feedback`` and ``/commit``."""
     app = FastAPI(title="streamrft serve", docs_url=None, redoc_url=None, openapi_url=None)
     handlers = Handlers(server)
 
@@ -110,15 +139,16 @@ def build_app(server: Server, key: str | None) -> Any:
             except SchemaError as exc:
                 return _error(ApiError(400, str(exc)))
 
-        app.add_api_route(path, endpoint, methods=[method])
+        app.add_api_route(prefix + path, endpoint, methods=[method])
 
     route("/health", handlers.health, "GET")
     route("/v1/models", handlers.models, "GET")
     route("/v1/chat/completions", handlers.chat, "POST")
     route("/v1/completions", handlers.completion, "POST")
-    route("/feedback", handlers.feedback, "POST")
-    route("/commit", handlers.commit, "POST")
-    return BodyLimit(app, server.cfg.serve.max_request_bytes)
+    if feedback:
+        route("/feedback", handlers.feedback, "POST")
+        route("/commit", handlers.commit, "POST")
+    return BodyLimit(app, server.limits.max_request_bytes)
 
 
 def _authorise(request: Request, key: str) -> None:
@@ -130,9 +160,9 @@ def _authorise(request: Request, key: str) -> None:
 class Handlers:
     """One method per route."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Backend) -> None:
         self.server = server
-        self.cfg = server.cfg.serve
+        self.cfg = server.limits
 
     async def health(self, _request: Request) -> dict[str, Any]:
         version = self.server.version
@@ -175,16 +205,18 @@ class Handlers:
         """Check, sample, record and answer one completion request."""
         max_tokens = self._check(req, prompt_ids, max_tokens)
         server = self.server
-        temperature = (
-            server.cfg.explorer.temperature if req.temperature is None else req.temperature
-        )
+        temperature = server.temperature if req.temperature is None else req.temperature
         seed = req.seed if req.seed is not None else secrets.randbits(31)
         rollouts, version = await server.sample(
             prompt_ids, req.n, max(temperature, GREEDY_TEMPERATURE), max_tokens, seed
         )
         choices = [finish(r, server.tokenizer, req.stops(), max_tokens) for r in rollouts]
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
-        conversation = req.conversation_id or request.headers.get(CONVERSATION_HEADER)
+        conversation = (
+            request.path_params.get("conversation")
+            or req.conversation_id
+            or request.headers.get(CONVERSATION_HEADER)
+        )
         try:
             server.recorder.record(
                 response_id,

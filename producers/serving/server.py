@@ -31,6 +31,7 @@ from streamrft.infra.produce import group_records, send_all
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.producers.engines import make_engine
 from streamrft.producers.engines.base import Rollout
+from streamrft.producers.serving.batcher import Batcher
 from streamrft.producers.serving.recorder import Recorder
 from streamrft.schemas.errors import ConfigError, StreamRFTError
 from streamrft.schemas.events import RunState
@@ -78,6 +79,8 @@ class Server:
         self.name = server_identity()
         self.topics = cfg.topics()
         self.model_name = cfg.serve.model_name or str(cfg.run.id)
+        self.limits = cfg.serve
+        self.temperature = cfg.explorer.temperature
         self.stop = asyncio.Event()
         self.counters = Counters()
         self.events = EventSender(cfg, self.name, "serve", self.counters, self._position)
@@ -103,6 +106,7 @@ class Server:
             self.topics.run, self.name, cfg.serve.group_size, cfg.serve.max_recorded
         )
         self.lock = asyncio.Lock()
+        self.batcher = Batcher(self._call, cfg.serve.max_batch)
         self.unpublished: list[ExperienceGroup] = []
         """Groups whose publication failed; sent again by the flush loop."""
         self.producer: Any = None
@@ -120,15 +124,23 @@ class Server:
     async def sample(
         self, prompt_ids: list[int], n: int, temperature: float, max_tokens: int, seed: int
     ) -> tuple[list[Rollout], int]:
-        """``n`` rollouts of one prompt and the version that sampled them all."""
+        """``n`` rollouts of one prompt and the version that sampled them all (batched
+        with concurrent requests: :mod:`.batcher`)."""
+        rollouts, version = await self.batcher.sample(prompt_ids, n, temperature, max_tokens, seed)
+        self.counters.add("completions")
+        self.counters.add("choices", n)
+        return rollouts, version
+
+    async def _call(
+        self, prompts: list[list[int]], n: int, temperature: float, max_tokens: int, seed: int
+    ) -> tuple[list[list[Rollout]], int]:
+        """One engine call, under the lock a version swap takes."""
         async with self.lock:
             version = self.version
             batches = await asyncio.to_thread(
-                self.engine.rollout, [prompt_ids], n, temperature, max_tokens, seed
+                self.engine.rollout, prompts, n, temperature, max_tokens, seed
             )
-        self.counters.add("completions")
-        self.counters.add("choices", n)
-        return batches[0], version
+        return batches, version
 
     async def publish(self, groups: list[ExperienceGroup]) -> None:
         """Publish ``groups`` (acks=all); on failure keep them for the flush loop and raise."""
@@ -201,6 +213,7 @@ class Server:
             await http.serve(sockets=[sock])  # returns after SIGINT/SIGTERM
             self.stop.set()
             await asyncio.gather(*loops, return_exceptions=True)
+            await self.batcher.close()
             await self._final_publish()
 
     async def _final_publish(self) -> None:

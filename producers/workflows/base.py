@@ -32,6 +32,10 @@ class RolloutSpec:
     prompts: PromptRenderer | None = None
     """Renders tasks into prompt token ids (``taskset.format``, ``taskset.system_prompt``);
     None: the defaults (``auto``, no system prompt) with the engine's tokenizer."""
+    agent: str = ""
+    """``module:function`` of the ``agent`` workflow (``explorer.agent``)."""
+    agent_concurrency: int = 8
+    """Episodes the ``agent`` workflow runs at once (``explorer.agent_concurrency``)."""
 
     def renderer(self, engine: RolloutEngine) -> PromptRenderer:
         """:attr:`prompts`, or the default renderer around ``engine``'s tokenizer."""

@@ -38,14 +38,18 @@ MAX_NEW_TOKENS = 4
 
 
 def learning_config(
-    algorithm: dict[str, Any], seed: int = 0, trainer: dict[str, Any] | None = None
+    algorithm: dict[str, Any],
+    seed: int = 0,
+    trainer: dict[str, Any] | None = None,
+    model: dict[str, Any] | None = None,
 ) -> Config:
-    """The default example's model and trainer settings with ``algorithm``."""
+    """The default example's model and trainer settings with ``algorithm``; ``model``:
+    more ``model`` settings (a wider charset, a longer context)."""
     return from_dict(
         {
             "run": {"seed": seed, "dir": "/nonexistent"},
             "taskset": {"path": str(ADDITION)},
-            "model": {"max_positions": 32, "seed": seed},
+            "model": {"max_positions": 32, "seed": seed, **(model or {})},
             "explorer": {"repeat_times": 8, "max_new_tokens": MAX_NEW_TOKENS},
             "trainer": {"lr": 5e-4, "ppo_epochs": 2, "max_staleness": 8, **(trainer or {})},
             "algorithm": algorithm,
@@ -120,12 +124,14 @@ def learn(
     lag: int = 0,
     trainer: dict[str, Any] | None = None,
     workflow: str = "math",
+    agent: str = "",
 ) -> Learned:
     """``steps`` steps of ``algorithm`` from :func:`warm_start` on groups of ``workflow``
     (``expert``: the tasks' answers); the explorer samples with the weights of version
     ``step - lag`` (at least 0). With the ``mix`` strategy (``chord``) each batch also
     gets the expert source's groups of the step, as the trainer's buffer adds them.
-    ``preference``: pairs of each task's answer and a wrong one (:func:`preference_tasks`)."""
+    ``preference``: pairs of each task's answer and a wrong one (:func:`preference_tasks`).
+    ``agent``: the ``agent`` workflow's function (``explorer.agent``)."""
     cfg = learning_config(algorithm, seed, trainer)
     torch.manual_seed(seed)
     engine = TorchTrainEngine(cfg)
@@ -154,6 +160,7 @@ def learn(
             run="learn",
             explorer="explorer-0",
             model_version=max(0, step - lag),
+            agent=agent,
         )
         groups = get_workflow(workflow)(
             rollout, rng.sample(tasks, tasks_per_step), exact_match, spec

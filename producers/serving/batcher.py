@@ -1,0 +1,88 @@
+"""Concurrent requests coalesced into one engine call.
+
+Requests that arrive while the engine is busy wait in a queue; when it is free, every
+waiting request with the same ``(n, temperature, max_tokens)`` as the oldest one (up to
+``max_batch`` prompts) goes into the next engine call, the others into the calls after it.
+One caller at a time reaches the engine, so a version swapped in by the caller between two
+calls (``call`` holds the caller's lock) never lands inside one. A request's ``seed`` seeds
+the call only when it is the oldest of its batch (seeding is best effort, as in the OpenAI
+API).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from streamrft.producers.engines.base import Rollout
+
+Call = Callable[[list[list[int]], int, float, int, int], Awaitable[tuple[list[list[Rollout]], int]]]
+"""``(prompts, n, temperature, max_tokens, seed) -> (rollouts per prompt, version)``."""
+
+
+@dataclass
+class _Waiting:
+    prompt: list[int]
+    key: tuple[int, float, int]
+    seed: int
+    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Batcher:
+    """See the module docstring; ``call`` does one engine call (in a thread)."""
+
+    def __init__(self, call: Call, max_batch: int) -> None:
+        self.call = call
+        self.max_batch = max_batch
+        self.queue: list[_Waiting] = []
+        self._wake = asyncio.Event()
+        self._worker: asyncio.Task | None = None
+        self.calls = 0
+
+    async def sample(
+        self, prompt: list[int], n: int, temperature: float, max_tokens: int, seed: int
+    ) -> tuple[list[Rollout], int]:
+        """``n`` rollouts of ``prompt`` and the version that sampled them."""
+        if self._worker is None:
+            self._worker = asyncio.create_task(self._run())
+        waiting = _Waiting(prompt, (n, temperature, max_tokens), seed)
+        self.queue.append(waiting)
+        self._wake.set()
+        return await waiting.done
+
+    def _next_batch(self) -> list[_Waiting]:
+        key = self.queue[0].key
+        batch = [w for w in self.queue if w.key == key][: self.max_batch]
+        taken = {id(w) for w in batch}
+        self.queue = [w for w in self.queue if id(w) not in taken]
+        return batch
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self.queue:
+                batch = self._next_batch()
+                n, temperature, max_tokens = batch[0].key
+                prompts = [w.prompt for w in batch]
+                try:
+                    rollouts, version = await self.call(
+                        prompts, n, temperature, max_tokens, batch[0].seed
+                    )
+                except Exception as exc:  # handed to every request of the batch
+                    for w in batch:
+                        if not w.done.done():
+                            w.done.set_exception(exc)
+                    continue
+                self.calls += 1
+                for w, r in zip(batch, rollouts, strict=True):
+                    if not w.done.done():
+                        w.done.set_result((r, version))
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker

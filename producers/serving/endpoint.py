@@ -1,0 +1,158 @@
+"""An explorer's own recording endpoint: the serve API in process, for agent workflows.
+
+The ``agent`` workflow (:mod:`streamrft.producers.workflows.agent`) gives each episode a
+base URL ``http://127.0.0.1:<port>/ep/<episode>/v1`` of this endpoint; the user's agent
+code talks to it with any OpenAI client, and every completion it asks for is sampled by the
+explorer's engine with the version of the current step and recorded under that episode.
+When the agent returns, the workflow takes the episode's responses with its reward
+(:meth:`RecordingEndpoint.collect`). The endpoint runs uvicorn on its own thread and event
+loop, started on first use and kept for the life of the process; engine calls are
+serialised (one at a time), and the explorer only applies versions between steps, so a
+step's responses all carry the step's version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+from streamrft.infra.config import ServeConfig
+from streamrft.infra.prompts import PromptRenderer
+from streamrft.producers.engines.base import Rollout, RolloutEngine
+from streamrft.producers.serving.batcher import Batcher
+from streamrft.producers.serving.recorder import Recorder
+from streamrft.schemas.errors import ServiceError, StreamRFTError
+from streamrft.schemas.experience import Experience, ExperienceGroup
+
+MODEL_NAME = "policy"
+"""The model name the endpoint serves (requests may also name none)."""
+START_TIMEOUT_S = 30.0
+
+
+class LockedRecorder(Recorder):
+    """A :class:`Recorder` used from the server's thread and the workflow's threads."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._lock = threading.Lock()
+
+    def record(self, *args: Any, **kwargs: Any) -> None:
+        with self._lock:
+            super().record(*args, **kwargs)
+
+    def take(self, conversation: str, reward: float) -> list[ExperienceGroup]:
+        """The responses of ``conversation`` rewarded with ``reward``, as groups (none if
+        the agent asked for no completion)."""
+        with self._lock:
+            if conversation not in self.groups:
+                return []
+            self.feedback(reward, conversation=conversation)
+            return self.commit(time.time(), conversation=conversation)
+
+
+class RecordingEndpoint:
+    """The serve API (:func:`~.api.build_app`, without feedback and commit) around an
+    explorer's engine; see the module docstring."""
+
+    def __init__(self, engine: RolloutEngine, prompts: PromptRenderer, run: str, name: str):
+        self.engine = engine
+        self.name = name
+        self.model_name = MODEL_NAME
+        self.limits = ServeConfig()
+        self.temperature = 1.0
+        self.context = getattr(
+            getattr(engine.model, "config", None), "max_position_embeddings", None
+        )
+        self.prompts = prompts
+        self.tokenizer = engine.tokenizer
+        self.recorder = LockedRecorder(run, name, 0, self.limits.max_recorded)
+        self._version = -1
+        self._engine_lock = threading.Lock()
+        self._batcher: Batcher | None = None
+        self.port = 0
+        self._server: Any = None
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def prepare(self, version: int, temperature: float, max_tokens: int) -> None:
+        """Set the step's version and the defaults of a request that names none."""
+        self._version = version
+        self.temperature = temperature
+        self.limits = ServeConfig(max_tokens=max_tokens)
+
+    async def sample(
+        self, prompt_ids: list[int], n: int, temperature: float, max_tokens: int, seed: int
+    ) -> tuple[list[Rollout], int]:
+        """Batched with the concurrent episodes' requests (:mod:`.batcher`)."""
+        if self._batcher is None:  # made on the server's own event loop
+            self._batcher = Batcher(self._call, self.limits.max_batch)
+        return await self._batcher.sample(prompt_ids, n, temperature, max_tokens, seed)
+
+    async def _call(
+        self, prompts: list[list[int]], n: int, t: float, max_tokens: int, seed: int
+    ) -> tuple[list[list[Rollout]], int]:
+        version = self._version
+        return await asyncio.to_thread(self._rollout, prompts, n, t, max_tokens, seed), version
+
+    def _rollout(self, prompts: list[list[int]], n: int, t: float, max_tokens: int, seed: int):
+        with self._engine_lock:
+            return self.engine.rollout(prompts, n, t, max_tokens, seed)
+
+    async def publish(self, groups: list) -> None:
+        raise StreamRFTError("the agent workflow collects its episodes itself")
+
+    def base_url(self, episode: str) -> str:
+        """The OpenAI base URL of one episode (``episode``: URL-safe)."""
+        return f"http://127.0.0.1:{self.port}/ep/{episode}/v1"
+
+    def collect(self, episode: str, reward: float) -> list[Experience]:
+        """The experiences of ``episode`` (each response it asked for), rewarded."""
+        return [e for g in self.recorder.take(episode, reward) for e in g.experiences]
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Serve on 127.0.0.1 (a free port) from a daemon thread; returns once it listens."""
+        import uvicorn
+
+        from streamrft.producers.serving.api import build_app
+
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        app = build_app(self, None, prefix="/ep/{conversation}", feedback=False)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        self._server = uvicorn.Server(config)  # off the main thread: installs no signal handlers
+        thread = threading.Thread(
+            target=asyncio.run,
+            args=(self._server.serve(sockets=[sock]),),
+            name=f"{self.name}-agent-endpoint",
+            daemon=True,
+        )
+        thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise ServiceError(f"{self.name}: the agent endpoint did not start")
+            time.sleep(0.02)
+
+
+_ENDPOINTS: dict[int, RecordingEndpoint] = {}
+_START_LOCK = threading.Lock()
+
+
+def recording_endpoint(
+    engine: RolloutEngine, prompts: PromptRenderer, run: str, name: str
+) -> RecordingEndpoint:
+    """The endpoint of ``engine`` (one per engine, started on first use)."""
+    with _START_LOCK:
+        endpoint = _ENDPOINTS.get(id(engine))
+        if endpoint is None or endpoint.engine is not engine:
+            endpoint = RecordingEndpoint(engine, prompts, run, name)
+            endpoint.start()
+            _ENDPOINTS[id(engine)] = endpoint
+        return endpoint

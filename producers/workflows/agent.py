@@ -1,0 +1,119 @@
+"""The ``agent`` workflow: your agent code, unchanged, talks to the policy through an
+OpenAI client, and every completion it asks for becomes an experience.
+
+``explorer.agent: "package.module:function"`` names a plain function called once per
+episode (``explorer.repeat_times`` episodes per task, ``explorer.agent_concurrency`` at a
+time) as ``function(task, base_url, model)``. ``base_url`` is this explorer's recording
+endpoint for that episode (:mod:`streamrft.producers.serving.endpoint`): point any OpenAI
+client at it (``openai.OpenAI(base_url=base_url, api_key="none")``) and call
+``chat.completions`` / ``completions`` with ``model``, as many turns and tools as the agent
+likes. The function returns the episode's reward (a float, or ``(float, info)``), or None
+to score the last response with ``explorer.reward``.
+
+Each completion of an episode is one experience (its prompt: the conversation the agent
+sent; its response: the tokens sampled), rewarded with the episode's reward; the task's
+group holds every completion of all its episodes. An episode that raises is dropped (and
+logged); a task none of whose episodes produced a completion yields no group.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import msgspec
+
+from streamrft.producers.engines.base import RolloutEngine
+from streamrft.producers.rewards import RewardFn, import_function
+from streamrft.producers.serving.endpoint import RecordingEndpoint, recording_endpoint
+from streamrft.producers.workflows.base import RolloutSpec
+from streamrft.schemas.errors import ConfigError
+from streamrft.schemas.experience import Experience, ExperienceGroup, Task, make_group_id
+
+log = logging.getLogger(__name__)
+
+AGENT_WORKFLOW = "agent"
+
+
+def agent_workflow(
+    engine: RolloutEngine, tasks: Sequence[Task], reward: RewardFn, spec: RolloutSpec
+) -> list[ExperienceGroup]:
+    """Run ``spec.repeat_times`` episodes of the agent per task; one group per task."""
+    if not spec.agent:
+        raise ConfigError("explorer.agent: the agent workflow needs 'package.module:function'")
+    agent = import_function(
+        spec.agent, "explorer.agent", ("task", "base_url", "model"), "-> reward"
+    )
+    endpoint = recording_endpoint(engine, spec.renderer(engine), spec.run, spec.explorer)
+    endpoint.prepare(spec.model_version, spec.temperature, spec.max_new_tokens)
+    episodes = [(task, i) for task in tasks for i in range(spec.repeat_times)]
+    with ThreadPoolExecutor(spec.agent_concurrency, thread_name_prefix="agent") as pool:
+        done = list(pool.map(lambda ep: _episode(agent, endpoint, reward, *ep), episodes))
+    now = time.time()
+    groups = []
+    for task in tasks:
+        experiences = [
+            e for (t, _), exps in zip(episodes, done, strict=True) if t is task for e in exps
+        ]
+        if experiences:
+            groups.append(_group(task, experiences, spec, now))
+        else:
+            log.warning("%s: task %r: no episode produced a completion", spec.explorer, task.id)
+    return groups
+
+
+def _episode(
+    agent, endpoint: RecordingEndpoint, reward: RewardFn, task: Task, index: int
+) -> list[Experience]:
+    """One episode: the agent's completions, rewarded (none if it raised)."""
+    episode = f"{index}-{secrets.token_hex(8)}"
+    try:
+        result = agent(task, endpoint.base_url(episode), endpoint.model_name)
+    except Exception as exc:  # the user's code: any failure drops the episode, loudly
+        log.warning("agent episode %d of task %r failed: %r", index, task.id, exc)
+        endpoint.recorder.take(episode, 0.0)  # forget what it recorded
+        return []
+    value, info = _reward_of(result, endpoint, episode, reward, task)
+    experiences = endpoint.collect(episode, value)
+    return [
+        msgspec.structs.replace(e, info={**e.info, **info, "episode": float(index)})
+        for e in experiences
+    ]
+
+
+def _reward_of(
+    result, endpoint: RecordingEndpoint, episode: str, reward: RewardFn, task: Task
+) -> tuple[float, dict[str, float]]:
+    """The agent's return value as (reward, info); None: ``explorer.reward`` of the last
+    response the episode got."""
+    if isinstance(result, tuple):
+        value, info = result
+        return float(value), dict(info)
+    if result is not None:
+        return float(result), {}
+    group = endpoint.recorder.groups.get(episode)
+    last = list(group.responses.values())[-1].rollout.text if group else ""
+    return reward(last, task)
+
+
+def _group(
+    task: Task, experiences: list[Experience], spec: RolloutSpec, now: float
+) -> ExperienceGroup:
+    gid = make_group_id(spec.run, task.id, task.epoch)
+    return ExperienceGroup(
+        id=gid,
+        run=spec.run,
+        task_id=task.id,
+        explorer=spec.explorer,
+        model_version=spec.model_version,
+        experiences=[
+            msgspec.structs.replace(e, id=f"{gid}#{i}") for i, e in enumerate(experiences)
+        ],
+        created_at=now,
+        workflow=task.workflow,
+        epoch=task.epoch,
+        explorer_step=spec.explorer_step,
+    )

@@ -1,0 +1,46 @@
+"""Agent functions for the ``agent`` workflow tests: plain code that talks to an OpenAI
+endpoint, as an application's agent would (``explorer.agent: tests.helpers.agents:NAME``)."""
+
+from __future__ import annotations
+
+import threading
+
+import openai
+
+TRANSCRIPTS: dict[str, list] = {}
+"""Episode base URL -> the completions the two-turn agent got (for the tests to compare)."""
+_LOCK = threading.Lock()
+
+
+def _client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+
+
+def addition_agent(task, base_url: str, model: str):
+    """One completion of the task's prompt; None: ``explorer.reward`` scores it."""
+    _client(base_url).completions.create(model=model, prompt=task.prompt, max_tokens=4)
+    return None
+
+
+def two_turn_agent(task, base_url: str, model: str):
+    """Ask, then ask again with the first answer in the conversation; reward 1 when the
+    first answer is right, with an info number."""
+    client = _client(base_url)
+    messages = [{"role": "user", "content": task.prompt}]
+    first = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=3, logprobs=True
+    )
+    answer = first.choices[0].message.content
+    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "sure?"}]
+    second = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=2, logprobs=True
+    )
+    with _LOCK:
+        TRANSCRIPTS[base_url] = [first, second]
+    return (1.0 if answer.strip() == task.answer else 0.0), {"turns": 2.0}
+
+
+def failing_agent(task, base_url: str, model: str):
+    """Asks once, then fails: its episode is dropped."""
+    _client(base_url).completions.create(model=model, prompt=task.prompt, max_tokens=2)
+    raise RuntimeError("the agent's own bug")
