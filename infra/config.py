@@ -274,6 +274,26 @@ class ExplorerConfig(_Section):
     """Stop after this many explorer steps (0: until tasks or trainer end)."""
     max_restarts: NonNeg = 3
     """``streamrft run`` starts an explorer that died again, up to this many times."""
+    agent: str = ""
+    """The ``agent`` workflow's agent: ``"package.module:function"`` called as
+    ``(task, base_url, model) -> reward`` once per episode, with ``base_url`` an
+    OpenAI-compatible endpoint of this explorer's policy that records the episode (see
+    README "Agents"). It returns the episode's reward, or None to score the last response
+    with ``explorer.reward``."""
+    agent_concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8
+    """Episodes of the ``agent`` workflow run at once (threads)."""
+    tasks_per_call: NonNeg = 0
+    """Tasks of one workflow per workflow call (0: all of a step's tasks of that workflow
+    in one call, the most batched); smaller calls run concurrently (``calls_in_flight``),
+    so a slow one does not hold up the rest."""
+    calls_in_flight: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
+    """Workflow calls of a step run at once (threads); their engine calls take turns."""
+    task_timeout_s: NonNegF = 0.0
+    """A workflow call running longer (s) is abandoned and its tasks tried again alone
+    (0: no limit)."""
+    task_retries: NonNeg = 2
+    """A task whose workflow call raised, timed out or made no group for it is tried again
+    alone up to this many times, then dead-lettered with the reason."""
 
 
 class TrainerConfig(_Section):
@@ -552,6 +572,9 @@ class ServeConfig(_Section):
     """A group with rewards and no new response for this long is published (0: never)."""
     unrewarded_ttl_s: PosF = 3600.0
     """A recorded response with no reward for this long is dropped (counted)."""
+    max_batch: Pos = 32
+    """Concurrent requests with the same ``n``, ``temperature`` and ``max_tokens`` are
+    sampled in one engine call of up to this many prompts."""
     max_recorded: Pos = 100_000
     """Responses held waiting for feedback or commit; when full, a request gets 503."""
     serve_initial: bool = False

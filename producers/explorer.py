@@ -26,15 +26,19 @@ import torch
 from streamrft.infra import kafka
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
+from streamrft.infra.consume import Record
 from streamrft.infra.modeling import load_policy, model_device
 from streamrft.infra.produce import group_records, send_all
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.engines import make_engine
+from streamrft.producers.engines.base import SerialEngine
 from streamrft.producers.rewards import get_reward
+from streamrft.producers.scheduler import RolloutScheduler, SchedulerLimits
 from streamrft.producers.task_intake import UNSTAMPED, Taken, TaskIntake
 from streamrft.producers.workflows import RolloutSpec, get_workflow
-from streamrft.schemas.errors import StreamRFTError
+from streamrft.schemas.codec import TASK
+from streamrft.schemas.errors import RolloutError, StreamRFTError
 from streamrft.schemas.events import RunState
 from streamrft.schemas.experience import ExperienceGroup, Task
 from streamrft.sync.follower import Synced, WeightFollower
@@ -71,6 +75,17 @@ class Explorer:
 
             model = attach_lora(model, cfg.model.lora)
         self.engine = make_engine(cfg.explorer.engine, model, tokenizer, cfg.explorer)
+        self.serial_engine = SerialEngine(self.engine)
+        """What workflows sample with: calls from the scheduler's threads take turns."""
+        self.scheduler = RolloutScheduler(
+            self._call,
+            SchedulerLimits(
+                cfg.explorer.tasks_per_call,
+                cfg.explorer.calls_in_flight,
+                cfg.explorer.task_timeout_s,
+                cfg.explorer.task_retries,
+            ),
+        )
         self.prompts = PromptRenderer.from_config(cfg.taskset, tokenizer)
         self.reward = get_reward(cfg.explorer.reward)
         self.follower = WeightFollower(
@@ -133,39 +148,61 @@ class Explorer:
         )
 
     async def explore(self, taken: Taken) -> None:
-        """One step on the tasks taken: roll out, publish, commit, report."""
+        """One step on the tasks taken: roll out (:mod:`.scheduler`), publish, dead-letter
+        the tasks given up, commit, report. An aborted step (a stop came) publishes what
+        it made and commits nothing: its tasks are explored again after a restart."""
         t0 = time.perf_counter()
-        groups = await asyncio.to_thread(self.rollout, taken.tasks)
+        seed = self.cfg.run.seed * 1_000_003 + self.index * 10_007 + self.step
+        outcome = await self.scheduler.run(taken.tasks, seed, self.stop)
         rollout_s = time.perf_counter() - t0
+        groups = _stamp(outcome.groups, taken.tasks)
         await self.publish(groups)
+        if outcome.aborted:
+            log.info(
+                "%s: step aborted; %d groups published, nothing committed", self.name, len(groups)
+            )
+            return
+        await self._give_up(taken, outcome.failed)
         await self.intake.commit()
         self.step += 1
+        self.counters.add("task_retries", outcome.retried)
         await self.report(groups, rollout_s)
 
-    def rollout(self, tasks: list[Task]) -> list[ExperienceGroup]:
-        """Run each task's workflow (tasks of one workflow in one batch)."""
+    def _call(self, workflow: str, tasks: list[Task], seed: int) -> list[ExperienceGroup]:
+        """One workflow call (on a scheduler thread)."""
         cfg = self.cfg.explorer
-        by_workflow: dict[str, list[Task]] = {}
-        for task in tasks:
-            by_workflow.setdefault(task.workflow, []).append(task)
-        seed = self.cfg.run.seed * 1_000_003 + self.index * 10_007 + self.step
-        groups: list[ExperienceGroup] = []
-        for k, (name, batch) in enumerate(by_workflow.items()):
-            spec = RolloutSpec(
-                repeat_times=cfg.repeat_times,
-                temperature=cfg.temperature,
-                max_new_tokens=cfg.max_new_tokens,
-                seed=seed + k * 7_919,
-                run=self.topics.run,
-                explorer=self.name,
-                model_version=self.follower.version,
-                explorer_step=self.step,
-                prompts=self.prompts,
+        spec = RolloutSpec(
+            repeat_times=cfg.repeat_times,
+            temperature=cfg.temperature,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=seed,
+            run=self.topics.run,
+            explorer=self.name,
+            model_version=self.follower.version,
+            explorer_step=self.step,
+            prompts=self.prompts,
+            agent=cfg.agent,
+            agent_concurrency=cfg.agent_concurrency,
+        )
+        return get_workflow(workflow)(self.serial_engine, tasks, self.reward, spec)
+
+    async def _give_up(self, taken: Taken, failed: list[tuple[Task, str]]) -> None:
+        """Dead-letter each task the scheduler gave up on, with its reason."""
+        where = {p.task.id: p for p in taken.items}
+        for task, reason in failed:
+            pending = where[task.id]
+            await self.events.dead_letter(
+                Record(
+                    topic=pending.tp.topic,
+                    partition=pending.tp.partition,
+                    offset=pending.offset,
+                    key=task.id.encode(),
+                    value=TASK.encode(task),
+                    headers=TASK.headers(),
+                    error=RolloutError(f"task {task.id!r}: {reason}"),
+                )
             )
-            groups += get_workflow(name)(self.engine, batch, self.reward, spec)
-        # every group carries its task's batch, whatever the workflow filled in
-        batches = {task.id: task.batch for task in tasks}
-        return [msgspec.structs.replace(g, batch=batches[g.task_id]) for g in groups]
+        self.counters.add("tasks_failed", len(failed))
 
     async def publish(self, groups: list[ExperienceGroup]) -> None:
         """Publish a step's groups (acks=all), all of them again after a broker outage. A
@@ -184,14 +221,11 @@ class Explorer:
         lengths = [e.response_length for g in groups for e in g.experiences]
         self.counters.add("groups_published", len(groups))
         self.counters.add("experiences_published", len(rewards))
-        await self.events.metrics(
-            {
-                "explorer/reward_mean": sum(rewards) / len(rewards),
-                "explorer/response_length": sum(lengths) / len(lengths),
-                "explorer/rollout_seconds": rollout_s,
-                "explorer/groups": float(len(groups)),
-            }
-        )
+        values = {"explorer/rollout_seconds": rollout_s, "explorer/groups": float(len(groups))}
+        if rewards:  # a step whose every task was given up has none
+            values["explorer/reward_mean"] = sum(rewards) / len(rewards)
+            values["explorer/response_length"] = sum(lengths) / len(lengths)
+        await self.events.metrics(values)
         await self.events.status()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -226,3 +260,9 @@ class Explorer:
 
 def main(cfg: Config, index: int | None = None) -> None:
     asyncio.run(Explorer(cfg, index).run())
+
+
+def _stamp(groups: list[ExperienceGroup], tasks: list[Task]) -> list[ExperienceGroup]:
+    """Every group carries its task's batch, whatever the workflow filled in."""
+    batches = {task.id: task.batch for task in tasks}
+    return [msgspec.structs.replace(g, batch=batches[g.task_id]) for g in groups]

@@ -51,3 +51,8 @@ class SyncTimeout(SyncError):
     """A wait for a model version ran past ``synchronizer.sync_timeout``."""
 
     retriable = True
+
+
+class RolloutError(StreamRFTError):
+    """A task's workflow kept failing (raised, timed out or produced no group) through its
+    retries; the task goes to the dead-letter topic with this reason."""

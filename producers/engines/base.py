@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -48,3 +49,26 @@ class RolloutEngine(Protocol):
     def load_adapter(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """A LoRA adapter version in place (``adapter_state_dict`` names)."""
         ...
+
+
+class SerialEngine:
+    """An engine whose sampling calls take turns: workflow calls run on several threads
+    (:mod:`streamrft.producers.scheduler`), and an engine (vLLM's ``LLM`` above all) is not
+    made to be called from two at once. Everything else is the wrapped engine's."""
+
+    def __init__(self, engine: RolloutEngine) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def rollout(
+        self, prompts: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+    ) -> list[list[Rollout]]:
+        with self._lock:
+            return self.engine.rollout(prompts, n, temperature, max_new_tokens, seed)
+
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
+        with self._lock:
+            return self.engine.greedy(prompts, max_new_tokens)

@@ -44,3 +44,17 @@ def failing_agent(task, base_url: str, model: str):
     """Asks once, then fails: its episode is dropped."""
     _client(base_url).completions.create(model=model, prompt=task.prompt, max_tokens=2)
     raise RuntimeError("the agent's own bug")
+
+
+def flaky_agent(task, base_url: str, model: str):
+    """Fails every time on a task whose ``metadata["fail"]`` is ``always``, the first time
+    only on one with ``once``; else one completion, reward 1."""
+    with _LOCK:
+        seen = TRANSCRIPTS.setdefault(f"flaky:{task.id}", [])
+        seen.append(base_url)
+        tries = len(seen)
+    mode = task.metadata.get("fail")
+    if mode == "always" or (mode == "once" and tries == 1):
+        raise RuntimeError(f"tool broke on {task.id}")
+    _client(base_url).completions.create(model=model, prompt=task.prompt, max_tokens=2)
+    return 1.0
