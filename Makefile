@@ -32,6 +32,9 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m tools.check_layers
 	$(BIN)/python -m tools.docgen --check README.md
+	$(BIN)/python -m tools.schemagen --check
+	# the Node.js example's kafkajs (tests/integration/test_node_app.py; skipped without npm)
+	command -v npm >/dev/null && npm ci --prefix examples/node --no-audit --no-fund || true
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -p no:cacheprovider
 
 test-unit: setup
@@ -54,6 +57,7 @@ $(VLLM_VENV)/.installed: pyproject.toml tools/build_vllm_venv.sh
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m tools.check_layers
+	$(BIN)/python -m tools.schemagen --check
 	$(BIN)/ruff format --check .
 
 format: setup
@@ -62,6 +66,7 @@ format: setup
 
 docs: setup
 	$(BIN)/python -m tools.docgen README.md
+	$(BIN)/python -m tools.schemagen
 
 bench: setup
 	OMP_NUM_THREADS=1 $(BIN)/python bench/experience_path.py

@@ -5,6 +5,8 @@
 Every module of the product belongs to one layer, decided by its folder:
 
     application   infra/app/          may import anything below
+    client        client/             may import the application, infra core, schemas
+                                      (the app-facing client: never producers/consumers)
     producers     producers/          may import sync, infra core, schemas
     consumers     consumers/          may import sync, infra core, schemas
     sync          sync/               may import infra core, schemas
@@ -37,6 +39,7 @@ FOLDERS = {
     "sync": "sync",
     "producers": "producers",
     "consumers": "consumers",
+    "client": "client",
 }
 """Source folder (relative to the repository root) -> layer; the longest match wins."""
 
@@ -48,6 +51,7 @@ MODULES = {
     "streamrft.sync": "sync",
     "streamrft.producers": "producers",
     "streamrft.consumers": "consumers",
+    "streamrft.client": "client",
 }
 """Imported module name -> layer; the longest prefix wins."""
 
@@ -59,6 +63,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "producers": frozenset({"schemas", "infra", "sync", "producers"}),
     "consumers": frozenset({"schemas", "infra", "sync", "consumers"}),
     "app": frozenset(MODULES.values()),
+    "client": frozenset({"schemas", "infra", "app", "client"}),
 }
 """What each layer may import."""
 
