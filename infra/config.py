@@ -217,7 +217,7 @@ class TasksetConfig(_Section):
     place of the prompt. A line has a prompt or messages, not both."""
     workflow: str = "math"
     """Workflow of tasks that do not name one: a name registered in ``producers/workflows``
-    (``math``)."""
+    (``math``, ``expert``, ``preference``, ``multi_turn``, ``tool_calling``, ``agent``)."""
     total_epochs: Pos = 1
     """Passes over the taskset the feeder publishes."""
     shuffle: bool = True

@@ -6,21 +6,34 @@ A workflow is a function ``(engine, tasks, reward, spec) -> list[ExperienceGroup
 that dict. ``math`` (the default) asks for the answer directly and scores it with
 ``explorer.reward``; ``expert`` turns a task's own answer into a trained response (SFT,
 expert data); ``preference`` turns a task's answer and ``metadata["rejected"]`` into a
-chosen/rejected pair (``dpo``).
+chosen/rejected pair (``dpo``); ``multi_turn`` plays episodes of several policy turns
+against an environment (scripted user turns by default) and records each conversation as
+one experience, trained only on the policy's own tokens (:mod:`.multi_turn`);
+``tool_calling`` does the same against the local tools ``calculator`` and ``lookup``
+(:mod:`.tool_calling`, :mod:`.tools`). Their environments are chosen by a task's
+``metadata["env"]`` from :data:`~.environments.ENVIRONMENTS`. ``agent`` runs your own
+agent code (``explorer.agent``) against an OpenAI-compatible endpoint of the policy that
+records every completion (:mod:`.agent`).
 """
 
 from __future__ import annotations
 
+from streamrft.producers.workflows.agent import agent_workflow
 from streamrft.producers.workflows.base import RolloutSpec, Workflow
 from streamrft.producers.workflows.expert_workflow import expert_workflow
 from streamrft.producers.workflows.math_workflow import math_workflow
+from streamrft.producers.workflows.multi_turn import multi_turn_workflow
 from streamrft.producers.workflows.preference_workflow import preference_workflow
+from streamrft.producers.workflows.tool_calling import tool_calling_workflow
 from streamrft.schemas.errors import ConfigError
 
 WORKFLOWS: dict[str, Workflow] = {
     "math": math_workflow,
     "expert": expert_workflow,
     "preference": preference_workflow,
+    "multi_turn": multi_turn_workflow,
+    "tool_calling": tool_calling_workflow,
+    "agent": agent_workflow,
 }
 """Workflow name (a task's ``workflow``) -> workflow."""
 
@@ -32,7 +45,9 @@ __all__ = [
     "expert_workflow",
     "get_workflow",
     "math_workflow",
+    "multi_turn_workflow",
     "preference_workflow",
+    "tool_calling_workflow",
 ]
 
 

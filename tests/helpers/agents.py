@@ -12,8 +12,13 @@ TRANSCRIPTS: dict[str, list] = {}
 _LOCK = threading.Lock()
 
 
+_BASE = openai.OpenAI(base_url="http://127.0.0.1:1/v1", api_key="unused", max_retries=0)
+"""One client, its connection pool shared: making a client costs ~40 ms (its TLS context),
+a copy with another base URL ~0.1 ms."""
+
+
 def _client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    return _BASE.with_options(base_url=base_url)
 
 
 def addition_agent(task, base_url: str, model: str):

@@ -161,6 +161,7 @@ def learn(
             explorer="explorer-0",
             model_version=max(0, step - lag),
             agent=agent,
+            agent_concurrency=32,
         )
         groups = get_workflow(workflow)(
             rollout, rng.sample(tasks, tasks_per_step), exact_match, spec

@@ -126,6 +126,8 @@ def test_rollout_spec_holds_exactly_the_old_keyword_arguments():
         "model_version",
         "explorer_step",
         "prompts",  # added with a default (issue 10: chat templates); old calls still work
+        "agent",  # added with defaults (issue 12: the agent workflow)
+        "agent_concurrency",
     ]
     with pytest.raises(AttributeError):
         SPEC.seed = 1  # type: ignore[misc]
@@ -135,7 +137,7 @@ def test_unknown_workflow_is_a_config_error_naming_the_workflows():
     for call in (get_workflow, check_workflow):
         with pytest.raises(
             ConfigError,
-            match=r"'chat' is not known .*taskset\.workflow.*known: math, expert, preference$",
+            match=r"'chat' is not known .*taskset\.workflow.*known: math, expert, preference, multi_turn, tool_calling, agent$",
         ):
             call("chat")
 
