@@ -27,12 +27,11 @@ from streamrft.infra import kafka
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
-from streamrft.infra.modeling import load_policy, model_device
+from streamrft.infra.modeling import model_device
 from streamrft.infra.produce import group_records, send_all
-from streamrft.infra.prompts import PromptRenderer
 from streamrft.infra.signals import install_stop_handlers
-from streamrft.producers.engines import make_engine
 from streamrft.producers.engines.base import SerialEngine
+from streamrft.producers.policy import followed_policy
 from streamrft.producers.rewards import get_reward
 from streamrft.producers.scheduler import RolloutScheduler, SchedulerLimits
 from streamrft.producers.task_intake import UNSTAMPED, Taken, TaskIntake
@@ -41,8 +40,7 @@ from streamrft.schemas.codec import TASK
 from streamrft.schemas.errors import RolloutError, StreamRFTError
 from streamrft.schemas.events import RunState
 from streamrft.schemas.experience import ExperienceGroup, Task
-from streamrft.sync.follower import Synced, WeightFollower
-from streamrft.sync.payload import ModelWeights
+from streamrft.sync.follower import Synced
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +67,8 @@ class Explorer:
         self.events = EventSender(cfg, self.name, "explorer", self.counters, self._position)
         self.view = ControlView(cfg, self.name, self.events.dead_letter, listen_status=True)
         torch.set_num_threads(cfg.explorer.threads)
-        model, tokenizer = load_policy(cfg.model)
-        if cfg.model.lora.enabled:
-            from streamrft.sync.lora import attach_lora
-
-            model = attach_lora(model, cfg.model.lora)
-        self.engine = make_engine(cfg.explorer.engine, model, tokenizer, cfg.explorer)
+        policy = followed_policy(cfg, self.name, self.view, self.events, self.counters, self.stop)
+        self.engine, self.prompts, self.follower = policy.engine, policy.prompts, policy.follower
         self.serial_engine = SerialEngine(self.engine)
         """What workflows sample with: calls from the scheduler's threads take turns."""
         self.scheduler = RolloutScheduler(
@@ -86,17 +80,7 @@ class Explorer:
                 cfg.explorer.task_retries,
             ),
         )
-        self.prompts = PromptRenderer.from_config(cfg.taskset, tokenizer)
         self.reward = get_reward(cfg.explorer.reward)
-        self.follower = WeightFollower(
-            cfg,
-            self.name,
-            ModelWeights(model, cfg.model.lora.enabled, target=self.engine),
-            self.view,
-            self.events,
-            self.counters,
-            self.stop,
-        )
         self.intake = TaskIntake(cfg, self.name, self.events, self.counters)
         self.producer: Any = None  # made in _start(), inside the event loop
 

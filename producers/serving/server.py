@@ -26,18 +26,14 @@ from typing import Any
 from streamrft.infra import kafka
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
-from streamrft.infra.modeling import load_policy
 from streamrft.infra.produce import group_records, send_all
-from streamrft.infra.prompts import PromptRenderer
-from streamrft.producers.engines import make_engine
 from streamrft.producers.engines.base import Rollout
+from streamrft.producers.policy import followed_policy
 from streamrft.producers.serving.batcher import Batcher
 from streamrft.producers.serving.recorder import Recorder
 from streamrft.schemas.errors import ConfigError, StreamRFTError
 from streamrft.schemas.events import RunState
 from streamrft.schemas.experience import ExperienceGroup
-from streamrft.sync.follower import WeightFollower
-from streamrft.sync.payload import ModelWeights
 
 log = logging.getLogger(__name__)
 
@@ -85,23 +81,10 @@ class Server:
         self.counters = Counters()
         self.events = EventSender(cfg, self.name, "serve", self.counters, self._position)
         self.view = ControlView(cfg, self.name, self.events.dead_letter)
-        model, self.tokenizer = load_policy(cfg.model)
-        if cfg.model.lora.enabled:
-            from streamrft.sync.lora import attach_lora
-
-            model = attach_lora(model, cfg.model.lora)
-        self.engine = make_engine(cfg.explorer.engine, model, self.tokenizer, cfg.explorer)
-        self.context = getattr(model.config, "max_position_embeddings", None)
-        self.prompts = PromptRenderer.from_config(cfg.taskset, self.tokenizer)
-        self.follower = WeightFollower(
-            cfg,
-            self.name,
-            ModelWeights(model, cfg.model.lora.enabled, target=self.engine),
-            self.view,
-            self.events,
-            self.counters,
-            self.stop,
-        )
+        policy = followed_policy(cfg, self.name, self.view, self.events, self.counters, self.stop)
+        self.engine, self.tokenizer = policy.engine, policy.tokenizer
+        self.prompts, self.follower = policy.prompts, policy.follower
+        self.context = getattr(self.engine.model.config, "max_position_embeddings", None)
         self.recorder = Recorder(
             self.topics.run, self.name, cfg.serve.group_size, cfg.serve.max_recorded
         )

@@ -23,15 +23,16 @@ import secrets
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import msgspec
 
 from streamrft.producers.engines.base import RolloutEngine
 from streamrft.producers.rewards import RewardFn, import_function
 from streamrft.producers.serving.endpoint import RecordingEndpoint, recording_endpoint
-from streamrft.producers.workflows.base import RolloutSpec
+from streamrft.producers.workflows.base import RolloutSpec, task_group
 from streamrft.schemas.errors import ConfigError
-from streamrft.schemas.experience import Experience, ExperienceGroup, Task, make_group_id
+from streamrft.schemas.experience import Experience, ExperienceGroup, Task
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def agent_workflow(
             e for (t, _), exps in zip(episodes, done, strict=True) if t is task for e in exps
         ]
         if experiences:
-            groups.append(_group(task, experiences, spec, now))
+            groups.append(task_group(task, spec, now, partial(_numbered, experiences)))
         else:
             log.warning("%s: task %r: no episode produced a completion", spec.explorer, task.id)
     return groups
@@ -99,21 +100,5 @@ def _reward_of(
     return reward(last, task)
 
 
-def _group(
-    task: Task, experiences: list[Experience], spec: RolloutSpec, now: float
-) -> ExperienceGroup:
-    gid = make_group_id(spec.run, task.id, task.epoch)
-    return ExperienceGroup(
-        id=gid,
-        run=spec.run,
-        task_id=task.id,
-        explorer=spec.explorer,
-        model_version=spec.model_version,
-        experiences=[
-            msgspec.structs.replace(e, id=f"{gid}#{i}") for i, e in enumerate(experiences)
-        ],
-        created_at=now,
-        workflow=task.workflow,
-        epoch=task.epoch,
-        explorer_step=spec.explorer_step,
-    )
+def _numbered(experiences: list[Experience], gid: str) -> list[Experience]:
+    return [msgspec.structs.replace(e, id=f"{gid}#{i}") for i, e in enumerate(experiences)]

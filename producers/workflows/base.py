@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.producers.engines.base import RolloutEngine
 from streamrft.producers.rewards import RewardFn
-from streamrft.schemas.experience import ExperienceGroup, Task
+from streamrft.schemas.experience import Experience, ExperienceGroup, Task, make_group_id
 
 
 @dataclass(frozen=True)
@@ -55,3 +55,24 @@ class Workflow(Protocol):
         reward: RewardFn,
         spec: RolloutSpec,
     ) -> list[ExperienceGroup]: ...
+
+
+def task_group(
+    task: Task, spec: RolloutSpec, now: float, experiences: Callable[[str], list[Experience]]
+) -> ExperienceGroup:
+    """The group of ``task`` sampled under ``spec`` (id ``<run>/<task id>@<epoch>``, the same
+    whichever explorer samples it); ``experiences(group_id)`` makes its experiences, whose
+    ids are ``<group id>#<index>``."""
+    gid = make_group_id(spec.run, task.id, task.epoch)
+    return ExperienceGroup(
+        id=gid,
+        run=spec.run,
+        task_id=task.id,
+        explorer=spec.explorer,
+        model_version=spec.model_version,
+        experiences=experiences(gid),
+        created_at=now,
+        workflow=task.workflow,
+        epoch=task.epoch,
+        explorer_step=spec.explorer_step,
+    )

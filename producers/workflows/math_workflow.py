@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 from streamrft.producers.engines.base import Rollout, RolloutEngine
 from streamrft.producers.rewards import RewardFn
-from streamrft.producers.workflows.base import RolloutSpec
+from streamrft.producers.workflows.base import RolloutSpec, task_group
 from streamrft.schemas.arrays import pack_f32, pack_i32, pack_u8
-from streamrft.schemas.experience import Experience, ExperienceGroup, Task, make_group_id
+from streamrft.schemas.experience import Experience, ExperienceGroup, Task
 
 
 def math_workflow(
@@ -25,30 +25,17 @@ def math_workflow(
     )
     now = time.time()
     return [
-        _group(task, rollouts, reward, spec, now)
+        task_group(
+            task,
+            spec,
+            now,
+            lambda gid, task=task, rollouts=rollouts: [
+                _experience(f"{gid}#{i}", r, task, reward, spec.model_version)
+                for i, r in enumerate(rollouts)
+            ],
+        )
         for task, rollouts in zip(tasks, batches, strict=True)
     ]
-
-
-def _group(
-    task: Task, rollouts: list[Rollout], reward: RewardFn, spec: RolloutSpec, now: float
-) -> ExperienceGroup:
-    gid = make_group_id(spec.run, task.id, task.epoch)
-    return ExperienceGroup(
-        id=gid,
-        run=spec.run,
-        task_id=task.id,
-        explorer=spec.explorer,
-        model_version=spec.model_version,
-        experiences=[
-            _experience(f"{gid}#{i}", r, task, reward, spec.model_version)
-            for i, r in enumerate(rollouts)
-        ],
-        created_at=now,
-        workflow=task.workflow,
-        epoch=task.epoch,
-        explorer_step=spec.explorer_step,
-    )
 
 
 def _experience(

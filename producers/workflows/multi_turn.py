@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 
 from streamrft.producers.engines.base import Rollout, RolloutEngine
 from streamrft.producers.rewards import RewardFn
-from streamrft.producers.workflows.base import RolloutSpec
+from streamrft.producers.workflows.base import RolloutSpec, task_group
 from streamrft.producers.workflows.conversation import TurnRenderer
 from streamrft.producers.workflows.environments import Environment, Message, make_environment
 from streamrft.schemas.arrays import pack_f32, pack_i32, pack_u8
 from streamrft.schemas.errors import SchemaError
-from streamrft.schemas.experience import Experience, ExperienceGroup, Task, make_group_id
+from streamrft.schemas.experience import Experience, ExperienceGroup, Task
 
 MAX_TURNS = 8
 """Policy turns per episode unless the task's ``metadata["max_turns"]`` says otherwise."""
@@ -210,27 +210,18 @@ def run_episodes(
     ]
     play(engine, [e for group in episodes for e in group], spec)
     now = time.time()
-    groups = []
-    for task, group in zip(tasks, episodes, strict=True):
-        gid = make_group_id(spec.run, task.id, task.epoch)
-        groups.append(
-            ExperienceGroup(
-                id=gid,
-                run=spec.run,
-                task_id=task.id,
-                explorer=spec.explorer,
-                model_version=spec.model_version,
-                experiences=[
-                    experience(f"{gid}#{i}", e, reward, spec.model_version, engine.tokenizer)
-                    for i, e in enumerate(group)
-                ],
-                created_at=now,
-                workflow=task.workflow,
-                epoch=task.epoch,
-                explorer_step=spec.explorer_step,
-            )
+    return [
+        task_group(
+            task,
+            spec,
+            now,
+            lambda gid, group=group: [
+                experience(f"{gid}#{i}", e, reward, spec.model_version, engine.tokenizer)
+                for i, e in enumerate(group)
+            ],
         )
-    return groups
+        for task, group in zip(tasks, episodes, strict=True)
+    ]
 
 
 def multi_turn_workflow(
