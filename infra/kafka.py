@@ -344,22 +344,24 @@ def replay_consumer(cfg: KafkaConfig, client_id: str) -> AIOKafkaConsumer:
     ``consumers/replay.py``): no consumer group (partitions assigned and sought by the
     caller, nothing committed), so a replay moves no group's offsets and reads the same
     records each time; fetches as large as the trainer's group member's."""
-    return AIOKafkaConsumer(
-        bootstrap_servers=_servers(cfg),
-        client_id=client_id,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=cfg.data_fetch_max_wait_ms,
-        max_partition_fetch_bytes=cfg.max_request_bytes,
+    return _group_less(
+        cfg,
+        [],
+        client_id,
+        cfg.data_fetch_max_wait_ms,
         fetch_max_bytes=max(cfg.max_request_bytes, 64 << 20),
-        request_timeout_ms=REQUEST_TIMEOUT_MS,
-        **security_options(cfg),
     )
 
 
 def event_reader(cfg: KafkaConfig, topics: Sequence[str], client_id: str) -> AIOKafkaConsumer:
     """Group-less reader of control/status/metrics topics, from the beginning, low latency."""
+    return _group_less(cfg, topics, client_id, cfg.control_fetch_max_wait_ms)
+
+
+def _group_less(
+    cfg: KafkaConfig, topics: Sequence[str], client_id: str, fetch_wait_ms: int, **more: Any
+) -> AIOKafkaConsumer:
+    """A reader in no consumer group (nothing committed), from the beginning."""
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=_servers(cfg),
@@ -367,9 +369,10 @@ def event_reader(cfg: KafkaConfig, topics: Sequence[str], client_id: str) -> AIO
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        fetch_max_wait_ms=cfg.control_fetch_max_wait_ms,
+        fetch_max_wait_ms=fetch_wait_ms,
         max_partition_fetch_bytes=cfg.max_request_bytes,
         request_timeout_ms=REQUEST_TIMEOUT_MS,
+        **more,
         **security_options(cfg),
     )
 

@@ -9,6 +9,9 @@ from typing import Any, Protocol
 
 import torch
 
+from streamrft.schemas.arrays import pack_f32, pack_i32, pack_u8
+from streamrft.schemas.experience import Experience
+
 
 @dataclass
 class Rollout:
@@ -18,6 +21,23 @@ class Rollout:
     logprobs: list[float]
     text: str
     """Decoded response without special tokens."""
+
+    def experience(
+        self, eid: str, reward: float, version: int, info: dict[str, float]
+    ) -> Experience:
+        """This rollout as an experience: every response token trained (mask 1), with
+        ``info`` and its ``response_length``."""
+        return Experience(
+            id=eid,
+            tokens=pack_i32(self.prompt_ids + self.response_ids),
+            prompt_length=len(self.prompt_ids),
+            logprobs=pack_f32(self.logprobs),
+            action_mask=pack_u8([1] * len(self.response_ids)),
+            reward=reward,
+            model_version=version,
+            response_text=self.text,
+            info={**info, "response_length": float(len(self.response_ids))},
+        )
 
 
 class RolloutEngine(Protocol):

@@ -15,7 +15,6 @@ import itertools
 from dataclasses import dataclass, field
 
 from streamrft.producers.engines.base import Rollout
-from streamrft.schemas.arrays import pack_f32, pack_i32, pack_u8
 from streamrft.schemas.errors import StreamRFTError
 from streamrft.schemas.experience import Experience, ExperienceGroup, make_group_id
 
@@ -209,19 +208,6 @@ class Recorder:
 
 
 def _experience(eid: str, recorded: Recorded, version: int) -> Experience:
-    rollout = recorded.rollout
     assert recorded.reward is not None
-    return Experience(
-        id=eid,
-        tokens=pack_i32(rollout.prompt_ids + rollout.response_ids),
-        prompt_length=len(rollout.prompt_ids),
-        logprobs=pack_f32(rollout.logprobs),
-        action_mask=pack_u8([1] * len(rollout.response_ids)),
-        reward=recorded.reward,
-        model_version=version,
-        response_text=rollout.text,
-        info={
-            "response_length": float(len(rollout.response_ids)),
-            "temperature": recorded.temperature,
-        },
-    )
+    info = {"temperature": recorded.temperature}
+    return recorded.rollout.experience(eid, recorded.reward, version, info)

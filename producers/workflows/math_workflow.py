@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from streamrft.producers.engines.base import Rollout, RolloutEngine
 from streamrft.producers.rewards import RewardFn
 from streamrft.producers.workflows.base import RolloutSpec, task_group
-from streamrft.schemas.arrays import pack_f32, pack_i32, pack_u8
 from streamrft.schemas.experience import Experience, ExperienceGroup, Task
 
 
@@ -42,14 +41,4 @@ def _experience(
     eid: str, r: Rollout, task: Task, reward: RewardFn, model_version: int
 ) -> Experience:
     value, info = reward(r.text, task)
-    return Experience(
-        id=eid,
-        tokens=pack_i32(r.prompt_ids + r.response_ids),
-        prompt_length=len(r.prompt_ids),
-        logprobs=pack_f32(r.logprobs),
-        action_mask=pack_u8([1] * len(r.response_ids)),
-        reward=value,
-        model_version=model_version,
-        response_text=r.text,
-        info={**info, "response_length": float(len(r.response_ids))},
-    )
+    return r.experience(eid, value, model_version, info)

@@ -8,7 +8,6 @@ finished by the explorer that inherits its partitions.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -17,26 +16,13 @@ from collections import defaultdict
 
 import pytest
 
-from streamrft.infra.consume import read_history
-from streamrft.schemas.codec import EXPERIENCE_GROUP, METRICS
 from streamrft.sync.styles import batch_version
 from tests.helpers.cli import explore_argv, run_argv, run_ok, start_logged, start_piped
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.processes import log_has, processes_mentioning, wait_for
+from tests.helpers.topics import groups_and_trainer_metrics
 
 pytestmark = pytest.mark.e2e
-
-
-def _read_run(cfg) -> tuple[list, list]:
-    """Every experience group published, and the trainer's metrics events."""
-    topics = cfg.topics()
-
-    async def read():
-        groups = await read_history(cfg.kafka, topics.experiences, EXPERIENCE_GROUP, "t-exp", 3)
-        metrics = await read_history(cfg.kafka, topics.metrics, METRICS, "t-metrics", 3)
-        return groups, [m for m in metrics if m.component == "trainer"]
-
-    return asyncio.run(read())
 
 
 def _check_books(groups: list, metrics: list, steps: int, per_batch: int) -> dict[int, dict]:
@@ -79,7 +65,7 @@ def test_two_explorers_share_every_batch_and_nothing_goes_stale(services, make_c
     assert summary["stale_dropped"] == 0 and summary["groups_trained"] == steps * 32
     assert summary["books"]["trained_twice"] == 0 and summary["books"]["staler_than_max"] == 0
 
-    groups, metrics = _read_run(make_config(run={"id": run_id}))
+    groups, metrics = groups_and_trainer_metrics(make_config(run={"id": run_id}))
     by_batch = _check_books(groups, metrics, steps, 32)
     # fixed style, sync_offset 1: batch b is sampled with version b - 1, by whoever takes it
     for g in groups:
@@ -168,7 +154,7 @@ def test_a_batch_an_explorer_died_in_is_finished_by_the_one_that_inherits_it(
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["stale_dropped"] == 0 and summary["books"]["trained_twice"] == 0
 
-    groups, metrics = _read_run(make_config(run={"id": run_id}))
+    groups, metrics = groups_and_trainer_metrics(make_config(run={"id": run_id}))
     by_batch = _check_books(groups, metrics, steps, per_batch)
     hand_id = next(g.explorer for g in groups if g.explorer != "explorer-0")
     assert all(g.model_version >= batch_version(g.batch, 1, 1) for g in groups)

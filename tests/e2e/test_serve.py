@@ -4,7 +4,6 @@ process, a real trainer process consuming what it records, on the session's brok
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -18,12 +17,11 @@ import openai
 import pytest
 
 from streamrft.infra.config import load_config, with_run_id
-from streamrft.infra.consume import read_history
 from streamrft.schemas.arrays import unpack_f32, unpack_i32
-from streamrft.schemas.codec import EXPERIENCE_GROUP, METRICS
 from tests.helpers.cli import env, overrides, service_overrides, start_logged, streamrft_cmd
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.processes import wait_for
+from tests.helpers.topics import groups_and_trainer_metrics
 
 pytestmark = pytest.mark.e2e
 
@@ -71,17 +69,6 @@ def _server_url(runs: Path, run_id: str, proc) -> str:
 
 def _health_version(url: str) -> int:
     return _http(f"{url}/health", key=None)[1]["model_version"]
-
-
-def _read(cfg) -> tuple[list, list]:
-    topics = cfg.topics()
-
-    async def read():
-        groups = await read_history(cfg.kafka, topics.experiences, EXPERIENCE_GROUP, "t-exp", 3)
-        metrics = await read_history(cfg.kafka, topics.metrics, METRICS, "t-metrics", 3)
-        return groups, [m for m in metrics if m.component == "trainer"]
-
-    return asyncio.run(read())
 
 
 def test_openai_client_serve_feedback_commit_and_the_trainer_trains_it(services, tmp_path):
@@ -188,7 +175,7 @@ def test_openai_client_serve_feedback_commit_and_the_trainer_trains_it(services,
             EXAMPLE,
             [f"run.dir={runs}", f"kafka.bootstrap_servers={services.bootstrap_servers}"],
         )
-        groups, metrics = _read(with_run_id(cfg, run_id))
+        groups, metrics = groups_and_trainer_metrics(with_run_id(cfg, run_id))
         published = committed["group_ids"] + last["group_ids"]
         assert sorted(g.id for g in groups) == sorted(published)
         trained = [row.group_id for m in metrics for row in m.trained]
