@@ -30,7 +30,6 @@ from streamrft.infra.consume import Record
 from streamrft.infra.modeling import model_device
 from streamrft.infra.produce import group_records, send_all
 from streamrft.infra.signals import install_stop_handlers
-from streamrft.producers.engines.base import SerialEngine
 from streamrft.producers.policy import followed_policy
 from streamrft.producers.rewards import get_reward
 from streamrft.producers.scheduler import RolloutScheduler, SchedulerLimits
@@ -69,8 +68,6 @@ class Explorer:
         torch.set_num_threads(cfg.explorer.threads)
         policy = followed_policy(cfg, self.name, self.view, self.events, self.counters, self.stop)
         self.engine, self.prompts, self.follower = policy.engine, policy.prompts, policy.follower
-        self.serial_engine = SerialEngine(self.engine)
-        """What workflows sample with: calls from the scheduler's threads take turns."""
         self.scheduler = RolloutScheduler(
             self._call,
             SchedulerLimits(
@@ -168,13 +165,13 @@ class Explorer:
             agent=cfg.agent,
             agent_concurrency=cfg.agent_concurrency,
         )
-        return get_workflow(workflow)(self.serial_engine, tasks, self.reward, spec)
+        return get_workflow(workflow)(self.engine, tasks, self.reward, spec)
 
     async def _give_up(self, taken: Taken, failed: list[tuple[Task, str]]) -> None:
         """Dead-letter each task the scheduler gave up on, with its reason."""
-        where = {p.task.id: p for p in taken.items}
+        where = {(p.task.id, p.task.epoch): p for p in taken.items}
         for task, reason in failed:
-            pending = where[task.id]
+            pending = where[(task.id, task.epoch)]
             await self.events.dead_letter(
                 Record(
                     topic=pending.tp.topic,
@@ -248,5 +245,5 @@ def main(cfg: Config, index: int | None = None) -> None:
 
 def _stamp(groups: list[ExperienceGroup], tasks: list[Task]) -> list[ExperienceGroup]:
     """Every group carries its task's batch, whatever the workflow filled in."""
-    batches = {task.id: task.batch for task in tasks}
-    return [msgspec.structs.replace(g, batch=batches[g.task_id]) for g in groups]
+    batches = {(task.id, task.epoch): task.batch for task in tasks}
+    return [msgspec.structs.replace(g, batch=batches[(g.task_id, g.epoch)]) for g in groups]

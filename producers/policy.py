@@ -12,15 +12,16 @@ from streamrft.infra.config import Config
 from streamrft.infra.modeling import load_policy
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.producers.engines import make_engine
-from streamrft.producers.engines.base import RolloutEngine
+from streamrft.producers.engines.base import RolloutEngine, SerialEngine
 from streamrft.sync.follower import WeightFollower
 from streamrft.sync.payload import ModelWeights
 
 
 @dataclass
 class FollowedPolicy:
-    """The engine around the configured model (LoRA attached when configured), the prompt
-    renderer of ``taskset.*``, and the weight follower that applies versions to the engine."""
+    """The engine around the configured model (LoRA attached when configured; calls from
+    several threads take turns, version loads between them: :class:`SerialEngine`), the
+    prompt renderer of ``taskset.*``, and the weight follower that applies versions to it."""
 
     engine: RolloutEngine
     tokenizer: Any
@@ -42,7 +43,7 @@ def followed_policy(
         from streamrft.sync.lora import attach_lora
 
         model = attach_lora(model, cfg.model.lora)
-    engine = make_engine(cfg.explorer.engine, model, tokenizer, cfg.explorer)
+    engine = SerialEngine(make_engine(cfg.explorer.engine, model, tokenizer, cfg.explorer))
     weights = ModelWeights(model, cfg.model.lora.enabled, target=engine)
     follower = WeightFollower(cfg, name, weights, view, events, counters, stop)
     return FollowedPolicy(

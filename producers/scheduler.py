@@ -131,9 +131,13 @@ class RolloutScheduler:
                 log.info("batch aborted: waiting for %d running workflow calls", len(running))
             if not running:
                 break
-            stopping = asyncio.create_task(stop.wait())
-            done, _ = await asyncio.wait(running | {stopping}, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
+            waits: set[asyncio.Future] = set(running)
+            stopping = None if out.aborted else asyncio.ensure_future(stop.wait())
+            if stopping is not None:  # once aborted, only the running calls are waited for
+                waits.add(stopping)
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if stopping is not None:
+                stopping.cancel()
             for finished in done - {stopping}:
                 running.discard(finished)
                 queue += self._settle(finished.result(), out)
@@ -155,9 +159,9 @@ class RolloutScheduler:
     ) -> list[Call]:
         """Keep a call's groups; the retries of its tasks that made none."""
         call, groups, reason = result
-        made = {g.task_id for g in groups}
+        made = {(g.task_id, g.epoch) for g in groups}
         out.groups += groups
-        missing = [t for t in call.tasks if t.id not in made]
+        missing = [t for t in call.tasks if (t.id, t.epoch) not in made]
         reason = reason or f"workflow {call.workflow!r} returned no group for the task"
         retries = []
         for task in missing:

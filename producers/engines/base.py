@@ -92,3 +92,13 @@ class SerialEngine:
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
         with self._lock:
             return self.engine.greedy(prompts, max_new_tokens)
+
+    # a version is applied between two sampling calls, even those a timed-out workflow
+    # call still makes after the explorer moved on
+    def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        with self._lock:
+            self.engine.load_weights(version, tensors)
+
+    def load_adapter(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        with self._lock:
+            self.engine.load_adapter(version, tensors)

@@ -9,6 +9,7 @@ over ``serve.max_request_bytes``, 503 before the first model version (or when
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 import time
@@ -40,6 +41,7 @@ from streamrft.schemas.errors import SchemaError, StreamRFTError
 from streamrft.schemas.experience import ChatMessage, Task
 
 CONVERSATION_HEADER = "x-conversation-id"
+log = logging.getLogger(__name__)
 
 
 class Backend(Protocol):
@@ -84,9 +86,15 @@ def _error(exc: ApiError) -> Response:
     return _json({"error": {"message": str(exc), "type": exc.kind, "code": exc.status}}, exc.status)
 
 
+DRAIN_FACTOR = 8
+"""A body over the limit is read and discarded up to this many times the limit before the
+413 goes out, so an ordinary client gets the 413 rather than a broken pipe; beyond that
+the connection is dropped."""
+
+
 class BodyLimit:
-    """ASGI middleware: 413 for a body over ``max_bytes``, by its length header or as it
-    streams in (no length header)."""
+    """ASGI middleware: 413 for a body over ``max_bytes`` (by its length header or as it
+    streams in), the body drained first (:data:`DRAIN_FACTOR`)."""
 
     def __init__(self, app: Any, max_bytes: int) -> None:
         self.app = app
@@ -97,6 +105,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await self._drain(receive, 0)
             return await _error(self._too_big())(scope, receive, send)
         seen = 0
 
@@ -105,10 +114,19 @@ class BodyLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
-                raise ApiError(413, str(self._too_big()))
+                if message.get("more_body"):
+                    await self._drain(receive, seen)
+                raise self._too_big()
             return message
 
         return await self.app(scope, counted, send)
+
+    async def _drain(self, receive: Callable, seen: int) -> None:
+        while seen <= DRAIN_FACTOR * self.max_bytes:
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if not message.get("more_body"):
+                return
 
     def _too_big(self) -> ApiError:
         return ApiError(413, f"request body over {self.max_bytes} bytes (serve.max_request_bytes)")
@@ -138,6 +156,9 @@ def build_app(server: Backend, key: str | None, prefix: str = "", feedback: bool
                 return _error(exc)
             except SchemaError as exc:
                 return _error(ApiError(400, str(exc)))
+            except Exception as exc:  # a bug or an engine failure: an answer, not a dropped socket
+                log.exception("%s %s failed", method, path)
+                return _error(ApiError(500, f"{type(exc).__name__}: {exc}", "server_error"))
 
         app.add_api_route(prefix + path, endpoint, methods=[method])
 
@@ -162,7 +183,11 @@ class Handlers:
 
     def __init__(self, server: Backend) -> None:
         self.server = server
-        self.cfg = server.limits
+
+    @property
+    def cfg(self) -> ServeConfig:
+        """The server's limits as they are now (the agent endpoint's change every step)."""
+        return self.server.limits
 
     async def health(self, _request: Request) -> dict[str, Any]:
         version = self.server.version
@@ -207,9 +232,8 @@ class Handlers:
         server = self.server
         temperature = server.temperature if req.temperature is None else req.temperature
         seed = req.seed if req.seed is not None else secrets.randbits(31)
-        rollouts, version = await server.sample(
-            prompt_ids, req.n, max(temperature, GREEDY_TEMPERATURE), max_tokens, seed
-        )
+        temperature = max(temperature, GREEDY_TEMPERATURE)  # recorded as sampled
+        rollouts, version = await server.sample(prompt_ids, req.n, temperature, max_tokens, seed)
         choices = [finish(r, server.tokenizer, req.stops(), max_tokens) for r in rollouts]
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
         conversation = (

@@ -71,13 +71,14 @@ class Batcher:
                     rollouts, version = await self.call(
                         prompts, n, temperature, max_tokens, batch[0].seed
                     )
+                    answers = list(zip(batch, rollouts, strict=True))
                 except Exception as exc:  # handed to every request of the batch
                     for w in batch:
                         if not w.done.done():
                             w.done.set_exception(exc)
                     continue
                 self.calls += 1
-                for w, r in zip(batch, rollouts, strict=True):
+                for w, r in answers:
                     if not w.done.done():
                         w.done.set_result((r, version))
 

@@ -37,20 +37,28 @@ def finish(rollout: Rollout, tokenizer: Any, stops: list[str], max_tokens: int) 
 
 
 def _cut_at_stop(rollout: Rollout, tokenizer: Any, stops: list[str]) -> Choice:
-    """The shortest token prefix whose text holds a stop string; the text before it."""
+    """The shortest token prefix whose text holds a stop string (a binary search: a prefix
+    that holds one, longer ones do too), and the text before the stop."""
     ids = rollout.response_ids
-    for end in range(1, len(ids) + 1):
-        text = tokenizer.decode(ids[:end], skip_special_tokens=True)
-        hits = [text.index(s) for s in stops if s in text]
-        if hits:
-            cut = replace(
-                rollout,
-                response_ids=ids[:end],
-                logprobs=rollout.logprobs[:end],
-                text=text[: min(hits)],
-            )
-            return Choice(cut, "stop")
-    return Choice(rollout, "stop")  # unreachable: the whole text holds a stop
+
+    def text(end: int) -> str:
+        return tokenizer.decode(ids[:end], skip_special_tokens=True)
+
+    low, high = 1, len(ids)  # text(high) holds a stop
+    while low < high:
+        mid = (low + high) // 2
+        if any(s in text(mid) for s in stops):
+            high = mid
+        else:
+            low = mid + 1
+    cut_text = text(high)
+    cut = replace(
+        rollout,
+        response_ids=ids[:high],
+        logprobs=rollout.logprobs[:high],
+        text=cut_text[: min(cut_text.index(s) for s in stops if s in cut_text)],
+    )
+    return Choice(cut, "stop")
 
 
 def _token_strings(tokenizer: Any, ids: list[int]) -> list[str]:

@@ -17,6 +17,7 @@ import asyncio
 import socket
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 from streamrft.infra.config import ServeConfig
@@ -30,23 +31,44 @@ from streamrft.schemas.experience import Experience, ExperienceGroup
 MODEL_NAME = "policy"
 """The model name the endpoint serves (requests may also name none)."""
 START_TIMEOUT_S = 30.0
+CLOSED_KEPT = 100_000
+"""Closed episodes remembered (a late completion for an older one would be recorded and
+never collected; episode ids are random, so none is reused)."""
 
 
 class LockedRecorder(Recorder):
-    """A :class:`Recorder` used from the server's thread and the workflow's threads."""
+    """A :class:`Recorder` used from the server's thread and the workflow's threads. An
+    episode once taken is closed: a completion that still comes for it (the agent's client
+    gave up on it, or retried) is answered but not recorded (``late``)."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._lock = threading.Lock()
+        self.closed: OrderedDict[str, None] = OrderedDict()
+        self.late = 0
 
-    def record(self, *args: Any, **kwargs: Any) -> None:
+    def record(
+        self,
+        response_id: str,
+        rollouts: list[Rollout],
+        version: int,
+        temperature: float,
+        conversation: str | None,
+        now: float,
+    ) -> None:
         with self._lock:
-            super().record(*args, **kwargs)
+            if conversation in self.closed:
+                self.late += len(rollouts)
+                return
+            super().record(response_id, rollouts, version, temperature, conversation, now)
 
     def take(self, conversation: str, reward: float) -> list[ExperienceGroup]:
         """The responses of ``conversation`` rewarded with ``reward``, as groups (none if
-        the agent asked for no completion)."""
+        the agent asked for no completion); the episode is closed."""
         with self._lock:
+            self.closed[conversation] = None
+            while len(self.closed) > CLOSED_KEPT:
+                self.closed.popitem(last=False)
             if conversation not in self.groups:
                 return []
             self.feedback(reward, conversation=conversation)

@@ -54,6 +54,10 @@ class _Sampling(msgspec.Struct, kw_only=True):
     seed: int | None = None
     stream: bool = False
     user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    response_format: dict | None = None
     conversation_id: Id | None = None
     """streamrft's own field (``extra_body``): responses with the same id form one group
     and ``/feedback`` can reward them together; also the ``X-Conversation-Id`` header."""
@@ -116,6 +120,13 @@ def refuse_unsupported(req: ChatRequest | CompletionRequest) -> None:
         raise SchemaError("stream: streaming responses are not supported; send stream=false")
     if req.top_p is not None and req.top_p != 1:
         raise SchemaError("top_p: only 1 is supported (the trainer recomputes plain log-probs)")
+    if req.logit_bias or req.presence_penalty or req.frequency_penalty:
+        raise SchemaError(
+            "logit_bias, presence_penalty, frequency_penalty: not supported (the trainer "
+            "recomputes plain log-probs)"
+        )
+    if req.response_format and req.response_format.get("type", "text") != "text":
+        raise SchemaError("response_format: only text is supported")
     if isinstance(req, ChatRequest):
         if req.top_logprobs:
             raise SchemaError("top_logprobs: not supported (logprobs=true gives each token's)")

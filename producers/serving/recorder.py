@@ -15,6 +15,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from streamrft.producers.engines.base import Rollout
+from streamrft.schemas import limits
 from streamrft.schemas.errors import StreamRFTError
 from streamrft.schemas.experience import Experience, ExperienceGroup, make_group_id
 
@@ -55,11 +56,21 @@ class Group:
 class Recorder:
     """Responses waiting for feedback and publication, for one serve process ``server``."""
 
-    def __init__(self, run: str, server: str, group_size: int, max_recorded: int) -> None:
+    def __init__(
+        self,
+        run: str,
+        server: str,
+        group_size: int,
+        max_recorded: int,
+        max_group_bytes: int = 8 << 20,
+    ) -> None:
         self.run = run
         self.server = server
         self.group_size = group_size
         self.max_recorded = max_recorded
+        self.max_group_bytes = max_group_bytes
+        """A published group is split to stay under this (about half the broker's record
+        limit) and under ``MAX_EXPERIENCES_PER_GROUP`` experiences."""
         self.groups: dict[str, Group] = {}
         self.group_of: dict[str, str] = {}
         """Response id -> group key."""
@@ -177,7 +188,11 @@ class Recorder:
         by_version: dict[int, list[Recorded]] = {}
         for _, recorded in rewarded:
             by_version.setdefault(recorded.version, []).append(recorded)
-        return [self._group(key, v, rs, now) for v, rs in sorted(by_version.items())]
+        return [
+            self._group(key, v, part, now)
+            for v, rs in sorted(by_version.items())
+            for part in _parts(rs, self.max_group_bytes)
+        ]
 
     def _forget(self, group: Group, removed: list[tuple[str, int]]) -> None:
         """Book ``removed`` responses of ``group`` gone; forget what is left empty."""
@@ -205,6 +220,28 @@ class Recorder:
             created_at=now,
             workflow=SERVE_WORKFLOW,
         )
+
+
+def _size(recorded: Recorded) -> int:
+    """About how many bytes ``recorded`` takes in a published group."""
+    r = recorded.rollout
+    return 4 * len(r.prompt_ids) + 9 * len(r.response_ids) + 4 * len(r.text) + 256
+
+
+def _parts(responses: list[Recorded], max_bytes: int) -> list[list[Recorded]]:
+    """``responses`` in order, cut into groups of at most ``MAX_EXPERIENCES_PER_GROUP``
+    and about ``max_bytes`` each."""
+    parts: list[list[Recorded]] = [[]]
+    size = 0
+    for recorded in responses:
+        grows = _size(recorded)
+        full = len(parts[-1]) >= limits.MAX_EXPERIENCES_PER_GROUP or size + grows > max_bytes
+        if parts[-1] and full:
+            parts.append([])
+            size = 0
+        parts[-1].append(recorded)
+        size += grows
+    return parts
 
 
 def _experience(eid: str, recorded: Recorded, version: int) -> Experience:

@@ -27,6 +27,7 @@ from streamrft.infra import kafka
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
 from streamrft.infra.produce import group_records, send_all
+from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.engines.base import Rollout
 from streamrft.producers.policy import followed_policy
 from streamrft.producers.serving.batcher import Batcher
@@ -41,9 +42,24 @@ FLUSH_S = 1.0
 """How often due groups are published and versions looked for."""
 
 
+def _http_server(app: Any) -> Any:
+    """A uvicorn server that leaves signals alone: this process's stop handlers set
+    :attr:`Server.stop`, and the server is told to exit from there (uvicorn's own
+    handling would re-raise the signal after serving and skip the final publication)."""
+    import uvicorn
+
+    class Quiet(uvicorn.Server):
+        def capture_signals(self) -> contextlib.AbstractContextManager:
+            return contextlib.nullcontext()
+
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+    return Quiet(config)
+
+
 def server_identity() -> str:
-    """``serve-<pid>-<4 hex>``: unique among the serve processes of a run."""
-    return f"serve-{os.getpid()}-{secrets.token_hex(2)}"
+    """``serve-<pid>-<16 hex>``: unique among the serve processes of a run, and across
+    restarts (a restarted server's group ids must never repeat an earlier one's)."""
+    return f"serve-{os.getpid()}-{secrets.token_hex(8)}"
 
 
 def api_key(cfg: Config) -> str | None:
@@ -86,7 +102,11 @@ class Server:
         self.prompts, self.follower = policy.prompts, policy.follower
         self.context = getattr(self.engine.model.config, "max_position_embeddings", None)
         self.recorder = Recorder(
-            self.topics.run, self.name, cfg.serve.group_size, cfg.serve.max_recorded
+            self.topics.run,
+            self.name,
+            cfg.serve.group_size,
+            cfg.serve.max_recorded,
+            cfg.kafka.max_request_bytes // 2,
         )
         self.lock = asyncio.Lock()
         self.batcher = Batcher(self._call, cfg.serve.max_batch)
@@ -145,7 +165,8 @@ class Server:
 
     # -- background loops --------------------------------------------------------------------
     async def _follow(self) -> None:
-        """Apply each newer version between two engine calls."""
+        """Apply each newer version between two engine calls (the lock is held while it is
+        received and applied: requests wait for a swap)."""
         while not self.stop.is_set():
             newer = await self.view.wait_until(
                 lambda: self.follower.newest() > self.follower.version,
@@ -160,44 +181,68 @@ class Server:
             async with self.lock:
                 if not await self.follower.apply_newest():
                     return
-            if self.events.state != RunState.RUNNING:
+            if self.follower.newest() > self.follower.version:  # the store is down: later
+                await self._pause(FLUSH_S)
+            elif self.events.state != RunState.RUNNING:
                 await self.events.status(RunState.RUNNING, f"version {self.version}")
 
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), seconds)
+
     async def _flush(self) -> None:
-        """Publish the groups that are due, and again those whose publication failed."""
+        """Publish the groups that are due, and again those whose publication failed, one
+        group at a time (one that fails does not hold up the others)."""
         serve = self.cfg.serve
         while not self.stop.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), FLUSH_S)
+            await self._pause(FLUSH_S)
             due = self.recorder.ready(time.time(), serve.group_timeout_s, serve.unrewarded_ttl_s)
             retry, self.unpublished = self.unpublished, []
-            try:
-                await self.publish(retry + due)
-            except StreamRFTError as exc:
-                log.warning("%s: publication failed, will retry: %s", self.name, exc)
+            for group in retry + due:
+                try:
+                    await self.publish([group])
+                except StreamRFTError as exc:
+                    log.warning("%s: publication failed, will retry: %s", self.name, exc)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self, app: Any, key: str | None) -> None:
-        """Serve until SIGINT/SIGTERM, then publish what is rewarded and stop."""
-        import uvicorn
-
+        """Serve until SIGINT/SIGTERM (or a background loop fails), then publish what is
+        rewarded and stop."""
         sock = socket.socket(socket.AF_INET6 if ":" in self.cfg.serve.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.cfg.serve.host, self.cfg.serve.port))
         port = sock.getsockname()[1]
+        sock.listen(2048)  # connections wait in the backlog from the moment the URL is written
+        install_stop_handlers(self.stop, self.name)
         async with contextlib.AsyncExitStack() as stack:
             await self._start(stack)
-            url = f"http://{self.cfg.serve.host}:{port}"
+            host = self.cfg.serve.host
+            url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
             stack.callback(self._announce(url, key is not None))
-            loops = [asyncio.create_task(self._follow()), asyncio.create_task(self._flush())]
-            config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
-            http = uvicorn.Server(config)
+            http = _http_server(app)
+            loops = [
+                asyncio.create_task(self._follow(), name="the version follower"),
+                asyncio.create_task(self._flush(), name="the publisher"),
+            ]
+            for loop in loops:
+                loop.add_done_callback(self._loop_ended)
             log.info("%s: serving %s at %s/v1", self.name, self.model_name, url)
-            await http.serve(sockets=[sock])  # returns after SIGINT/SIGTERM
-            self.stop.set()
+            serving = asyncio.create_task(http.serve(sockets=[sock]))
+            await self.stop.wait()
+            http.should_exit = True  # finishes the requests in flight, then returns
+            await serving
             await asyncio.gather(*loops, return_exceptions=True)
             await self.batcher.close()
             await self._final_publish()
+
+    def _loop_ended(self, task: asyncio.Task) -> None:
+        """A background loop that fails stops the server (loudly), rather than leaving it
+        answering on a version it no longer follows."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "%s: %s failed; stopping", self.name, task.get_name(), exc_info=task.exception()
+            )
+            self.stop.set()
 
     async def _final_publish(self) -> None:
         groups = self.unpublished + self.recorder.commit(time.time())

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 import msgspec
 
@@ -51,8 +52,9 @@ def agent_workflow(
     endpoint = recording_endpoint(engine, spec.renderer(engine), spec.run, spec.explorer)
     endpoint.prepare(spec.model_version, spec.temperature, spec.max_new_tokens)
     episodes = [(task, i) for task in tasks for i in range(spec.repeat_times)]
-    with ThreadPoolExecutor(spec.agent_concurrency, thread_name_prefix="agent") as pool:
-        done = list(pool.map(lambda ep: _episode(agent, endpoint, reward, *ep), episodes))
+    done = _map_on_daemon_threads(
+        lambda ep: _episode(agent, endpoint, reward, *ep), episodes, spec.agent_concurrency
+    )
     now = time.time()
     groups = []
     for task in tasks:
@@ -102,3 +104,36 @@ def _reward_of(
 
 def _numbered(experiences: list[Experience], gid: str) -> list[Experience]:
     return [msgspec.structs.replace(e, id=f"{gid}#{i}") for i, e in enumerate(experiences)]
+
+
+def _map_on_daemon_threads(fn: Callable[[Any], Any], items: list, workers: int) -> list:
+    """``[fn(item) for item in items]`` on up to ``workers`` daemon threads: an agent stuck
+    for good (a tool that never answers) never keeps the explorer from exiting, as a
+    thread pool's worker would."""
+    results: list[Any] = [None] * len(items)
+    errors: list[BaseException] = []
+    order = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(order, None)
+            if i is None or errors:
+                return
+            try:
+                results[i] = fn(items[i])
+            except BaseException as exc:  # re-raised by the caller
+                errors.append(exc)
+
+    threads = [
+        threading.Thread(target=work, name="agent", daemon=True)
+        for _ in range(min(workers, len(items)))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results

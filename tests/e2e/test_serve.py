@@ -61,6 +61,20 @@ def _http(url: str, body: dict | None = None, key: str | None = KEY) -> tuple[in
         return exc.code, json.loads(exc.read())
 
 
+def _chunked(url: str, body: bytes) -> int:
+    """The status of a POST whose body is sent in chunks (no length header)."""
+    parts = (body[i : i + 65536] for i in range(0, len(body), 65536))
+    req = urllib.request.Request(url, data=parts, method="POST")
+    req.add_header("content-type", "application/json")
+    req.add_header("authorization", f"Bearer {KEY}")
+    req.add_header("transfer-encoding", "chunked")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def _server_url(runs: Path, run_id: str, proc) -> str:
     folder = runs / run_id / "serve"
     wait_for(lambda: folder.is_dir() and any(folder.glob("*.json")), proc, 180, "serve to start")
@@ -140,6 +154,7 @@ def test_openai_client_serve_feedback_commit_and_the_trainer_trains_it(services,
         assert status == 400 and "reward" in body["error"]["message"]
         big = {"model": model, "messages": [{"role": "user", "content": "x" * (2 << 20)}]}
         assert _http(f"{url}/v1/chat/completions", big)[0] == 413
+        assert _chunked(f"{url}/v1/chat/completions", json.dumps(big).encode()) == 413
         with pytest.raises(openai.BadRequestError, match="max_n"):
             client.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": "1"}], n=17
@@ -170,6 +185,11 @@ def test_openai_client_serve_feedback_commit_and_the_trainer_trains_it(services,
             model=model, messages=[{"role": "user", "content": "2+2="}], max_tokens=2
         )
         assert after.model_extra["model_version"] == 1  # swapped between requests
+        # rewarded, never committed: SIGTERM publishes it; an unrewarded one is dropped
+        assert _http(f"{url}/feedback", {"response_id": after.id, "reward": 1.0})[0] == 200
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+        assert not list((runs / run_id / "serve").glob("*.json"))  # the URL file is removed
 
         cfg = load_config(
             EXAMPLE,
@@ -177,7 +197,9 @@ def test_openai_client_serve_feedback_commit_and_the_trainer_trains_it(services,
         )
         groups, metrics = groups_and_trainer_metrics(with_run_id(cfg, run_id))
         published = committed["group_ids"] + last["group_ids"]
-        assert sorted(g.id for g in groups) == sorted(published)
+        (at_stop,) = [g for g in groups if g.id not in published]
+        assert at_stop.model_version == 1 and [e.reward for e in at_stop.experiences] == [1.0]
+        assert sorted(g.id for g in groups) == sorted([*published, at_stop.id])
         trained = [row.group_id for m in metrics for row in m.trained]
         assert sorted(trained) == sorted(published)  # the books balance: each once
         (four,) = [g for g in groups if len(g.experiences) == 4]

@@ -63,3 +63,11 @@ def flaky_agent(task, base_url: str, model: str):
         raise RuntimeError(f"tool broke on {task.id}")
     _client(base_url).completions.create(model=model, prompt=task.prompt, max_tokens=2)
     return 1.0
+
+
+def no_limit_agent(task, base_url: str, model: str):
+    """Names no ``max_tokens``: the explorer's ``max_new_tokens`` applies."""
+    out = _client(base_url).completions.create(model=model, prompt=task.prompt)
+    with _LOCK:
+        TRANSCRIPTS[base_url] = [out]
+    return 0.0

@@ -103,3 +103,13 @@ def test_the_tiny_model_learns_addition_through_the_agent_workflow(seed):
     )
     assert learned.accuracy_after >= learned.accuracy_before + 0.08
     assert learned.reward_gain() >= 0.02  # not seeded: 0.05-0.11 seen
+
+
+def test_a_request_naming_no_max_tokens_gets_the_explorers_max_new_tokens():
+    engine = _engine()
+    agents.TRANSCRIPTS.clear()
+    spec = RolloutSpec(**{**_spec("no_limit_agent").__dict__, "max_new_tokens": 3})
+    groups = get_workflow("agent")(engine, TASKS, exact_match, spec)
+    lengths = [e.response_length for g in groups for e in g.experiences]
+    assert len(lengths) == 6 and max(lengths) <= 3
+    assert max(o[0].usage.completion_tokens for o in agents.TRANSCRIPTS.values()) <= 3

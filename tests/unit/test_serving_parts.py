@@ -136,3 +136,16 @@ def test_the_batcher_coalesces_requests_with_the_same_settings_into_one_call():
     assert calls == [(1, 1, 1.0, 4), (3, 1, 1.0, 4), (1, 1, 1.0, 4), (1, 2, 0.5, 4)]
     assert [o[0][0].text for o in out] == ["9", "0", "1", "2", "3", "7"]
     assert [o[1] for o in out] == [1, 2, 2, 2, 3, 4]  # the version of the call that sampled
+
+
+def test_a_big_conversation_is_published_in_parts_under_the_byte_budget():
+    rec = Recorder("run", "s", group_size=0, max_recorded=10_000, max_group_bytes=2_000)
+    for i in range(10):
+        rec.record(f"r{i}", [_rollout("1+1=", "2" * 40)], 0, 1.0, "conv", now=0.0)
+    rec.feedback(1.0, conversation="conv")
+    groups = rec.commit(1.0)
+    sizes = [len(g.experiences) for g in groups]
+    assert sum(sizes) == 10 and len(groups) > 1 and len({g.id for g in groups}) == len(groups)
+    for g in groups:
+        validate_group(g)
+        assert sum(len(e.tokens) + len(e.logprobs) for e in g.experiences) <= 2_000
