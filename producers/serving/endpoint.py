@@ -144,6 +144,7 @@ class RecordingEndpoint:
         from streamrft.producers.serving.api import build_app
 
         sock = socket.socket()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # see server.py
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         app = build_app(self, None, prefix="/ep/{conversation}", feedback=False)
