@@ -23,20 +23,19 @@ from typing import Any
 import msgspec
 import torch
 
-from streamrft.infra import kafka
-from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
+from streamrft.infra.bus import ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
 from streamrft.infra.modeling import model_device
 from streamrft.infra.produce import group_records, send_all
 from streamrft.infra.signals import install_stop_handlers
-from streamrft.producers.policy import followed_policy
+from streamrft.producers.policy import followed_policy, start_sampler
 from streamrft.producers.rewards import get_reward
 from streamrft.producers.scheduler import RolloutScheduler, SchedulerLimits
 from streamrft.producers.task_intake import UNSTAMPED, Taken, TaskIntake
 from streamrft.producers.workflows import RolloutSpec, get_workflow
 from streamrft.schemas.codec import TASK
-from streamrft.schemas.errors import RolloutError, StreamRFTError
+from streamrft.schemas.errors import RolloutError
 from streamrft.schemas.events import RunState
 from streamrft.schemas.experience import ExperienceGroup, Task
 from streamrft.sync.follower import Synced
@@ -211,15 +210,9 @@ class Explorer:
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def _start(self, stack: contextlib.AsyncExitStack) -> None:
-        await self.events.start(heartbeat_s=HEARTBEAT_S)
-        stack.push_async_callback(self.events.stop)
-        stack.push_async_callback(self._report_stopped)
-        stack.callback(self.follower.close)
-        await self.view.start()
-        stack.push_async_callback(self.view.stop)
-        self.producer = kafka.data_producer(self.cfg.kafka, f"{self.name}-data")
-        await kafka.start_client(self.producer, f"{self.name} producer")  # closes on failure
-        stack.push_async_callback(self.producer.stop)
+        self.producer = await start_sampler(
+            stack, self.cfg, self.name, self.events, self.view, self.follower
+        )
         stack.push_async_callback(self.intake.stop)
         await self.intake.start()
         await self.events.status(RunState.RUNNING, "started")
@@ -231,12 +224,6 @@ class Explorer:
             model_device(model),
             self.cfg.model.dtype,
         )
-
-    async def _report_stopped(self) -> None:
-        try:
-            await self.events.status(RunState.STOPPED, "stopped")
-        except StreamRFTError:
-            pass
 
 
 def main(cfg: Config, index: int | None = None) -> None:

@@ -4,15 +4,19 @@ serve mode's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from streamrft.infra.bus import ControlView, Counters, EventSender
+from streamrft.infra import kafka
+from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender
 from streamrft.infra.config import Config
 from streamrft.infra.modeling import load_policy
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.producers.engines import make_engine
 from streamrft.producers.engines.base import RolloutEngine, SerialEngine
+from streamrft.schemas.errors import StreamRFTError
+from streamrft.schemas.events import RunState
 from streamrft.sync.follower import WeightFollower
 from streamrft.sync.payload import ModelWeights
 
@@ -49,3 +53,31 @@ def followed_policy(
     return FollowedPolicy(
         engine, tokenizer, PromptRenderer.from_config(cfg.taskset, tokenizer), follower
     )
+
+
+async def start_sampler(
+    stack: contextlib.AsyncExitStack,
+    cfg: Config,
+    name: str,
+    events: EventSender,
+    view: ControlView,
+    follower: WeightFollower,
+) -> Any:
+    """Start what a sampling process (explorer, serve) talks through, each stopped in
+    reverse order by ``stack``: its event sender (heartbeats; a STOPPED status at the
+    end), the control view, the follower's receivers; returns its started data producer."""
+    await events.start(heartbeat_s=HEARTBEAT_S)
+    stack.push_async_callback(events.stop)
+    stack.push_async_callback(_report_stopped, events)
+    stack.callback(follower.close)
+    await view.start()
+    stack.push_async_callback(view.stop)
+    producer = kafka.data_producer(cfg.kafka, f"{name}-data")
+    await kafka.start_client(producer, f"{name} producer")  # closes it on failure
+    stack.push_async_callback(producer.stop)
+    return producer
+
+
+async def _report_stopped(events: EventSender) -> None:
+    with contextlib.suppress(StreamRFTError):
+        await events.status(RunState.STOPPED, "stopped")

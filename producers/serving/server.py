@@ -23,13 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from streamrft.infra import kafka
-from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
+from streamrft.infra.bus import ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
 from streamrft.infra.produce import group_records, send_all
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.engines.base import Rollout
-from streamrft.producers.policy import followed_policy
+from streamrft.producers.policy import followed_policy, start_sampler
 from streamrft.producers.serving.batcher import Batcher
 from streamrft.producers.serving.recorder import Recorder
 from streamrft.schemas.errors import ConfigError, StreamRFTError
@@ -267,22 +266,12 @@ class Server:
         return lambda: path.unlink(missing_ok=True)
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> None:
-        await self.events.start(heartbeat_s=HEARTBEAT_S)
-        stack.push_async_callback(self.events.stop)
-        stack.push_async_callback(self._report_stopped)
-        stack.callback(self.follower.close)
-        await self.view.start()
-        stack.push_async_callback(self.view.stop)
-        self.producer = kafka.data_producer(self.cfg.kafka, f"{self.name}-data")
-        await kafka.start_client(self.producer, f"{self.name} producer")
-        stack.push_async_callback(self.producer.stop)
+        self.producer = await start_sampler(
+            stack, self.cfg, self.name, self.events, self.view, self.follower
+        )
         waiting = self.version < 0
         state = RunState.WAITING_SYNC if waiting else RunState.RUNNING
         await self.events.status(state, "no model version yet" if waiting else "serving")
-
-    async def _report_stopped(self) -> None:
-        with contextlib.suppress(StreamRFTError):
-            await self.events.status(RunState.STOPPED, "stopped")
 
 
 def main(cfg: Config) -> None:
