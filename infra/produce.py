@@ -56,3 +56,22 @@ def group_records(topic: str, groups: Sequence[ExperienceGroup]) -> list[OutReco
     return [
         OutRecord(topic, EXPERIENCE_GROUP.encode(g), g.task_id.encode(), headers) for g in groups
     ]
+
+
+async def send_groups(
+    producer: Any,
+    topic: str,
+    groups: Sequence[ExperienceGroup],
+    who: str,
+    outage_timeout_s: float,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> int:
+    """:func:`send_all` of ``groups`` as :func:`group_records` of ``topic``; ``who``
+    names the sender in the error of an outage that outlasts ``outage_timeout_s``."""
+    return await send_all(
+        producer,
+        group_records(topic, groups),
+        f"{who}: publishing {len(groups)} experience groups",
+        outage_timeout_s,
+        on_retry,
+    )

@@ -27,7 +27,7 @@ from streamrft.infra.bus import ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
 from streamrft.infra.modeling import model_device
-from streamrft.infra.produce import group_records, send_all
+from streamrft.infra.produce import send_groups
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.policy import followed_policy, start_sampler
 from streamrft.producers.rewards import get_reward
@@ -188,10 +188,11 @@ class Explorer:
         """Publish a step's groups (acks=all), all of them again after a broker outage. A
         group sent twice is harmless: the trainer deduplicates by experience id. Key: the
         task id, so a group stays whole on one partition."""
-        await send_all(
+        await send_groups(
             self.producer,
-            group_records(self.topics.experiences, groups),
-            f"{self.name}: publishing {len(groups)} experience groups",
+            self.topics.experiences,
+            groups,
+            self.name,
             self.cfg.run.outage_timeout_s,
             lambda _exc: self.counters.add("publish_retries"),
         )

@@ -25,7 +25,7 @@ from typing import Any
 
 from streamrft.infra.bus import ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
-from streamrft.infra.produce import group_records, send_all
+from streamrft.infra.produce import send_groups
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.engines.base import Rollout
 from streamrft.producers.policy import followed_policy, start_sampler
@@ -149,10 +149,11 @@ class Server:
         if not groups:
             return
         try:
-            await send_all(
+            await send_groups(
                 self.producer,
-                group_records(self.topics.experiences, groups),
-                f"{self.name}: publishing {len(groups)} experience groups",
+                self.topics.experiences,
+                groups,
+                self.name,
                 self.cfg.run.outage_timeout_s,
                 lambda _exc: self.counters.add("publish_retries"),
             )
