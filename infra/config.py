@@ -26,6 +26,8 @@ Frac = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
 
 REDACTED = "***"
+UNUSED_SECRET = "<redacted: not used by this command>"
+"""What a redacted secret becomes for a command that needs none (``load_config``)."""
 """What a secret reads as in logs, ``repr`` and the run's ``config.yaml``."""
 
 ENV_CREDENTIALS: dict[str, tuple[str, str]] = {
@@ -583,11 +585,46 @@ class ServeConfig(_Section):
     until the first version is applied."""
 
 
+class WandbConfig(_Section):
+    project: str = "streamrft"
+    """W&B project the run's metrics go to (``monitor.exporters: [wandb]``)."""
+    mode: Literal["offline", "online"] = "offline"
+    """``offline``: files under ``dir`` only (``wandb sync`` uploads them later); ``online``
+    needs a W&B account and network."""
+    dir: str = ""
+    """Folder of W&B's files; empty: the run folder."""
+
+
+class MlflowConfig(_Section):
+    tracking_uri: str = ""
+    """MLflow tracking URI (``monitor.exporters: [mlflow]``); empty: a local file store,
+    ``file:<run dir>/mlruns``."""
+    experiment: str = "streamrft"
+    """MLflow experiment the run is logged under."""
+
+
 class MonitorConfig(_Section):
     progress: bool = True
     """Show a live progress line during ``streamrft run``."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level of every process of the run."""
+    exporters: list[Literal["tensorboard", "wandb", "mlflow"]] = msgspec.field(
+        default_factory=lambda: ["tensorboard"]
+    )
+    """Where ``streamrft run`` also sends every metric as it is consumed from the metrics
+    topic (``streamrft export-metrics`` does it for any run, later or beside it). TensorBoard
+    is skipped with a note when the ``tensorboard`` package is missing; ``wandb`` or
+    ``mlflow`` named here without its package is a configuration error."""
+    tensorboard_dir: str = ""
+    """Folder of TensorBoard's event files; empty: ``<run dir>/tensorboard``."""
+    wandb: WandbConfig = WandbConfig()
+    mlflow: MlflowConfig = MlflowConfig()
+    curves: bool = True
+    """Draw ``<run dir>/curves.png`` (reward, eval accuracy, staleness, step time) when a
+    run ends (needs matplotlib)."""
+    dashboard_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8765
+    """Port of ``streamrft dashboard`` and ``streamrft run --dashboard`` on 127.0.0.1 (0: a
+    free port)."""
 
 
 class Config(_Section):
@@ -769,9 +806,15 @@ def _secret_fields() -> list[tuple[str, str]]:
     ]
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+def load_config(
+    path: str | Path, overrides: list[str] | None = None, needs_secrets: bool = True
+) -> Config:
     """Read a YAML config, fill credentials from the environment (:data:`ENV_CREDENTIALS`),
-    apply ``key.path=value`` overrides, resolve relative paths against the file's folder."""
+    apply ``key.path=value`` overrides, resolve relative paths against the file's folder.
+
+    A secret redacted in the file (a run folder's ``config.yaml``) and not in the
+    environment is an error, unless ``needs_secrets`` is False (commands that talk to
+    neither the broker nor the store, such as ``export``): then it is :data:`UNUSED_SECRET`."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
@@ -803,6 +846,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
             data[section][key] = str((base / value).resolve())
     for section, key in _secret_fields():
         if (data.get(section) or {}).get(key) == REDACTED:
+            if not needs_secrets:  # a stand-in nothing of this command uses
+                data[section][key] = UNUSED_SECRET
+                continue
             var = next(v for v, field in ENV_CREDENTIALS.items() if field == (section, key))
             raise ConfigError(f"{section}.{key}: redacted in {str(path)!r}; set {var}")
     cfg = from_dict(data)

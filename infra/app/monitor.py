@@ -9,17 +9,21 @@ once, never newer than the trainer's version, never staler than ``max_staleness`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from streamrft.infra import kafka
+from streamrft.infra.app.run_events import read_events
 from streamrft.infra.config import Config
-from streamrft.infra.consume import Record, consume
-from streamrft.schemas.codec import DEAD_LETTER, METRICS, STATUS
+from streamrft.infra.consume import Record
 from streamrft.schemas.events import DeadLetter, MetricsEvent, RunState, StatusEvent
 
 log = logging.getLogger(__name__)
+
+
+class MetricsSink(Protocol):
+    def write(self, ev: MetricsEvent) -> None: ...
+    def flush(self) -> None: ...
 
 
 def _head_tail_mean(values: list[float], k: int) -> tuple[float | None, float | None]:
@@ -42,8 +46,13 @@ class RunMonitor:
     ledger: dict[int, MetricsEvent] = field(default_factory=dict)
     """Trainer step -> the metrics event carrying its ledger; a step redone after a resume
     from an older checkpoint replaces the lost attempt's entry (its update was lost too)."""
+    sinks: list[MetricsSink] = field(default_factory=list)
+    """Where every metrics event also goes as consumed (``write``, then ``flush`` after
+    each poll): the run's ``metrics.jsonl`` and the exporters of ``monitor.exporters``."""
 
     def on_metrics(self, ev: MetricsEvent) -> None:
+        for sink in self.sinks:
+            sink.write(ev)
         if ev.component == "trainer":
             if "eval/accuracy" in ev.values:
                 self.eval_accuracy.append((ev.step, ev.values["eval/accuracy"]))
@@ -59,13 +68,13 @@ class RunMonitor:
         self.status[ev.component] = ev
 
     async def follow(self, stop: asyncio.Event, on_update=None) -> None:
-        """Consume the event topics until ``stop`` is set and they have gone quiet (1 s)."""
-        topics = self.cfg.topics()
-        codecs = {topics.metrics: METRICS, topics.status: STATUS, topics.dead_letters: DEAD_LETTER}
+        """Consume the event topics until ``stop`` is set and they have gone quiet (1 s);
+        every metrics event also goes to each of ``sinks`` (``metrics.jsonl``, exporters),
+        which are flushed after each poll."""
         handlers = {
-            topics.metrics: self.on_metrics,
-            topics.status: self.on_status,
-            topics.dead_letters: self.on_dead_letter,
+            "metrics": self.on_metrics,
+            "status": self.on_status,
+            "dead_letters": self.on_dead_letter,
         }
 
         def on_bad(rec: Record) -> None:
@@ -73,25 +82,24 @@ class RunMonitor:
             log.warning("monitor: undecodable event on %s: %s", rec.topic, rec.error)
 
         def after_poll(records: list[Record]) -> None:
-            if records and on_update is not None:
+            if not records:
+                return
+            for sink in self.sinks:
+                sink.flush()
+            if on_update is not None:
                 on_update(self)
 
-        reader = kafka.event_reader(self.cfg.kafka, list(codecs), "streamrft-monitor")
-        await kafka.start_client(reader, "run monitor")
-        try:
-            await consume(
-                reader,
-                codecs,
-                lambda rec: handlers[rec.topic](rec.obj),
-                on_bad=on_bad,
-                stop=stop,
-                until_quiet=4,
-                poll_ms=250,
-                after_poll=after_poll,
-            )
-        finally:
-            with contextlib.suppress(Exception):
-                await reader.stop()
+        await read_events(
+            self.cfg.kafka,
+            self.cfg.topics(),
+            list(handlers),
+            lambda kind, ev: handlers[kind](ev),
+            follow=True,
+            stop=stop,
+            on_bad=on_bad,
+            after_poll=after_poll,
+            client_id="streamrft-monitor",
+        )
 
     def on_dead_letter(self, _letter: DeadLetter) -> None:
         self.dead_letters += 1

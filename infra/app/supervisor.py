@@ -22,6 +22,8 @@ from pathlib import Path
 
 from streamrft.infra import admin
 from streamrft.infra.app.cli import EXIT_CONFIG
+from streamrft.infra.app.curves import draw
+from streamrft.infra.app.metrics_log import MetricsLog, metrics_path, read_metrics
 from streamrft.infra.app.monitor import RunMonitor
 from streamrft.infra.app.placement import check_gpu_shares, start_order
 from streamrft.infra.app.resume import check_resume
@@ -162,8 +164,9 @@ class Supervisor:
     async def _run(self) -> dict:
         started = time.monotonic()
         signals = install_stop_handlers(self.stop, "supervisor", on_force=self._kill_all)
+        sinks = open_sinks(self.cfg)  # before anything starts: a missing exporter is an error
         config_path = await self._prepare()
-        monitor, bar = RunMonitor(self.cfg), self._bar()
+        monitor, bar = RunMonitor(self.cfg, sinks=sinks), self._bar()
         monitor_done = asyncio.Event()
         follow = asyncio.create_task(monitor.follow(monitor_done, lambda m: _show(bar, m)))
         failure = None
@@ -178,7 +181,11 @@ class Supervisor:
             if bar is not None:
                 _show(bar, monitor)
                 bar.close()
+            for sink in sinks:
+                with contextlib.suppress(Exception):  # one exporter failing loses no other
+                    sink.close()
         summary = monitor.summary(time.monotonic() - started)
+        summary.update(after_run_files(self.cfg))
         summary["interrupted"] = self.stop.is_set()
         summary["signal"] = signals.received
         summary["exit_codes"] = {n: c.returncode for n, c in self.children.items()}
@@ -201,7 +208,7 @@ class Supervisor:
                 admin.tasks_partitions(cfg.kafka, cfg.explorer.count),
             )
         created = await admin.ensure_topics(cfg.kafka, cfg.topics(), cfg.explorer.count)
-        log.info(
+        log.debug(
             "topics ready (%d created) under %s.%s.*",
             len(created),
             cfg.kafka.topic_prefix,
@@ -210,7 +217,7 @@ class Supervisor:
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         config_path = cfg.run_dir / "config.yaml"
         config_path.write_text(to_yaml(cfg))
-        log.info("resolved config written to %s", config_path)
+        log.debug("resolved config written to %s", config_path)
         return config_path
 
     def _start_children(self, config_path: Path) -> None:
@@ -297,6 +304,58 @@ class Supervisor:
         return asyncio.run(self._run())
 
 
+def header(cfg: Config, services: LocalServices | None) -> str:
+    """The few lines the console shows when a run starts (the resolved config is in the run
+    folder, and in the log at DEBUG)."""
+    m = cfg.model
+    model = m.path if m.source == "path" else f"tiny ({m.num_layers} layers, {m.hidden_size} wide)"
+    if m.lora.enabled:
+        model += ", LoRA"
+    broker_own = " (embedded)" if services is not None and services.broker else ""
+    store_own = " (embedded)" if services is not None and services.object_store else ""
+    steps = cfg.trainer.max_steps or "no step limit"
+    return "\n".join(
+        (
+            f"run {cfg.run.id}",
+            f"  services  broker {cfg.kafka.bootstrap_servers}{broker_own}, "
+            f"object store {cfg.object_store.endpoint}{store_own}",
+            f"  model     {model}, {m.dtype} on {m.device}; explorer engine {cfg.explorer.engine}",
+            f"  training  {cfg.algorithm.type}, {steps} steps, {cfg.explorer.count} explorer(s), "
+            f"sync {cfg.synchronizer.method} / {cfg.synchronizer.style}",
+            f"  files     {cfg.run_dir}/ (config.yaml, logs/, metrics.jsonl)",
+            f"  watch     streamrft status --run-id {cfg.run.id}   |   "
+            f"streamrft dashboard --run-id {cfg.run.id}",
+        )
+    )
+
+
+def open_sinks(cfg: Config) -> list:
+    """Where the monitor writes every metrics event: ``<run dir>/metrics.jsonl`` and the
+    exporters of ``monitor.exporters``."""
+    sinks: list = [MetricsLog(metrics_path(cfg.run_dir))]
+    if cfg.monitor.exporters:
+        from streamrft.infra.app.exporters import open_exporters
+
+        sinks += open_exporters(cfg, cfg.monitor.exporters, strict=False)
+    return sinks
+
+
+def after_run_files(cfg: Config) -> dict:
+    """The run's metrics file and its curves (drawn now, from the whole file), for the
+    summary."""
+    path = metrics_path(cfg.run_dir)
+    files: dict = {"metrics_file": str(path), "curves": None}
+    if not cfg.monitor.curves or not path.exists():
+        return files
+    try:
+        curves = draw(read_metrics(path), cfg.run_dir / "curves.png", f"run {cfg.run.id}")
+    except (ImportError, OSError, ValueError) as exc:
+        log.warning("curves not drawn: %s", exc)
+        return files
+    files["curves"] = str(curves) if curves else None
+    return files
+
+
 def start_embedded(cfg: Config) -> tuple[Config, LocalServices | None]:
     """Start the embedded broker and/or object store for what ``cfg`` names no endpoint of
     (see ``infra.app.endpoints`` for where one is looked for first); ``cfg`` pointed at them.
@@ -317,7 +376,7 @@ def start_embedded(cfg: Config) -> tuple[Config, LocalServices | None]:
     )
     eps = services.start()
     services.record()
-    log.info(
+    log.debug(
         "embedded services: broker %s, object store %s", eps.bootstrap_servers, eps.s3_endpoint
     )
     cfg = with_endpoints(cfg, eps.bootstrap_servers, eps.s3_endpoint)
@@ -332,6 +391,7 @@ def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = T
     if check_resume(cfg):  # before anything starts: a refused resume changes nothing
         log.info("run %s exists in %s: resuming it", cfg.run.id, cfg.run_dir)
     cfg, services = start_embedded(cfg)
+    log.info("%s", header(cfg, services))
     try:
         summary = Supervisor(cfg, summary_path, progress).run()
     finally:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from streamrft.infra.app.metrics_log import read_metrics
 from tests.helpers.cli import env, run_argv, run_ok, start_piped, streamrft_cmd
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.processes import log_has, processes_mentioning, wait_for
@@ -58,6 +59,17 @@ def test_run_learns_and_books_balance(tmp_path):
         ckpt = tmp_path / ckpt
     assert (ckpt / "checkpoints" / "latest").read_text() == f"step_{steps:08d}"
     assert not processes_mentioning(s["run_id"])
+    # the metrics outlive the run's broker: every step of every component, and the curves
+    events = read_metrics(Path(s["metrics_file"]))
+    trained = [e for e in events if e.component == "trainer" and "train/loss" in e.values]
+    assert sorted(e.step for e in trained) == list(range(1, steps + 1))
+    assert sum(len(e.trained) for e in trained) == s["groups_trained"]
+    explored = {e.step for e in events if e.component == "explorer-0"}
+    assert set(range(1, steps + 1)) <= explored
+    assert [e.values["eval/accuracy"] for e in events if "eval/accuracy" in e.values] == [
+        acc for _, acc in s["eval_accuracy"]
+    ]
+    assert Path(s["curves"]).read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize(("signame", "exit_code"), [("SIGINT", 130), ("SIGTERM", 0)])
@@ -81,6 +93,8 @@ def test_a_signal_stops_everything_cleanly(tmp_path, signame, exit_code):
         )
         trainer_log = next(runs.glob("*/logs/trainer.log"))
         run_id = trainer_log.parent.parent.name
+        if signame == "SIGTERM":  # once is enough: follow the run from another shell
+            _watch_from_another_shell(tmp_path, run_id)
         proc.send_signal(getattr(signal, signame))
         _, err = proc.communicate(timeout=90)
     finally:
@@ -97,6 +111,60 @@ def test_a_signal_stops_everything_cleanly(tmp_path, signame, exit_code):
     latest = (runs / run_id / "checkpoints" / "latest").read_text()
     assert int(latest.split("_")[1]) >= 10
     assert not processes_mentioning(run_id)
+    # the console showed a short header, not the resolved config
+    assert f"run {run_id}\n  services  broker 127.0.0.1:" in err
+    assert "resolved config" not in err and "sync_interval" not in err
+    # every trainer step up to the last is in metrics.jsonl
+    steps = [
+        e.step for e in read_metrics(runs / run_id / "metrics.jsonl") if "train/loss" in e.values
+    ]
+    assert sorted(steps) == list(range(1, s["steps"] + 1))
+    if signame == "SIGTERM":  # the run's embedded broker is gone: a clear error
+        late = subprocess.run(
+            streamrft_cmd("status", "--run-id", run_id),
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert late.returncode == 2
+        assert "no reachable broker" in late.stderr and "metrics.jsonl" in late.stderr
+
+
+def _watch_from_another_shell(cwd: Path, run_id: str) -> None:
+    """``status --run-id`` and ``tail --run-id KIND --where`` from a second process in the
+    project folder, with no config and no --bootstrap: they find the run's own broker."""
+
+    def cli(*args: str) -> str:
+        proc = subprocess.run(
+            streamrft_cmd(*args), env=env(), capture_output=True, text=True, timeout=90, cwd=cwd
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout
+
+    table = cli("status", "--run-id", run_id).splitlines()
+    assert table[0].startswith(f"run {run_id}: 3 components")
+    assert table[1].split()[:7] == [
+        "component",
+        "role",
+        "state",
+        "step",
+        "version",
+        "heartbeat",
+        "partitions",
+    ]
+    rows = {line.split()[0]: line.split() for line in table[2:]}
+    assert set(rows) == {"trainer", "explorer-0", "feeder"}
+    assert rows["trainer"][2] == "RUNNING" and int(rows["trainer"][3]) >= 1
+    assert rows["explorer-0"][1] == "explorer" and "ago" in table[3]
+    lines = cli(
+        "tail", "--run-id", run_id, "metrics", "--where", "component=trainer", "--max", "3"
+    ).splitlines()
+    got = [json.loads(line)["value"] for line in lines]
+    assert len(got) == 3 and {v["component"] for v in got} == {"trainer"}
+    one = cli("tail", "--run-id", run_id, "status", "--where", "component=explorer-0", "--max", "1")
+    assert json.loads(one)["value"]["role"] == "explorer"
 
 
 def test_bad_config_is_a_clear_error(tmp_path):

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from streamrft.infra.consume import read_history
 from streamrft.schemas import CONTROL, ModelVersionReady
-from tests.helpers.cli import run_argv, run_ok, streamrft_cmd
+from tests.helpers.cli import env, run_argv, run_ok, streamrft_cmd
 from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -52,14 +53,22 @@ def test_lora_run_learns_publishes_adapters_and_exports(services, make_config, t
         assert ev.lora and ev.base_version == 0
         assert ev.bytes < 200_000 and ev.bytes < full.bytes / 4
 
+    # exported with the run folder's own config.yaml (its store secret redacted) and no
+    # credentials in the environment: export talks to neither broker nor store
     out = tmp_path / "hf"
-    run_ok(
+    resolved = runs / run_id / "config.yaml"
+    assert "secret_key: '***'" in resolved.read_text()
+    proc = subprocess.run(
         streamrft_cmd(
-            "export", str(LORA_EXAMPLE), "--checkpoint", str(runs / run_id), "--out", str(out)
+            "export", str(resolved), "--checkpoint", str(runs / run_id), "--out", str(out)
         ),
-        tmp_path,
+        env={k: v for k, v in env().items() if not k.startswith("STREAMRFT_")},
+        capture_output=True,
+        text=True,
         timeout=120,
+        cwd=tmp_path,
     )
+    assert proc.returncode == 0, proc.stderr[-3000:]
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)

@@ -14,6 +14,7 @@ from streamrft.infra import kafka
 from streamrft.infra.config import (
     ENV_CREDENTIALS,
     REDACTED,
+    UNUSED_SECRET,
     from_dict,
     load_config,
     to_yaml,
@@ -251,6 +252,20 @@ def test_redacted_file_loads_with_secrets_from_env(tmp_path, monkeypatch):
         load_config(path)
     monkeypatch.setenv("STREAMRFT_S3_SECRET_KEY", SECRET)
     assert load_config(path) == cfg
+
+
+def test_a_command_that_needs_no_secret_loads_a_redacted_file(tmp_path, monkeypatch):
+    """``streamrft export`` on a run folder's config.yaml: the redacted secrets stay
+    placeholders, nothing else changes, and no environment is needed."""
+    for var in ("STREAMRFT_KAFKA_SASL_PASSWORD", "STREAMRFT_S3_SECRET_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    path = write_config(tmp_path, {})
+    cfg = _secret_config(taskset=str(tmp_path / "data" / "tasks.jsonl"))
+    path.write_text(to_yaml(cfg))
+    loaded = load_config(path, needs_secrets=False)
+    assert loaded.kafka.sasl_password == loaded.object_store.secret_key == UNUSED_SECRET
+    assert loaded.kafka.sasl_username == "alice"
+    assert loaded.model == cfg.model and loaded.trainer == cfg.trainer
 
 
 # -- what the clients get ----------------------------------------------------------------------

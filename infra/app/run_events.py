@@ -1,0 +1,162 @@
+"""One way to read a run from outside it: its event topics, on the broker that holds them.
+
+The monitor of ``streamrft run``, ``streamrft status``, ``tail --run-id``, the exporters
+(``export-metrics``) and the dashboard all read a run through here: a group-less reader
+(nothing committed, any number of readers) of the run's ``metrics``, ``status``,
+``control`` and ``dead_letters`` topics from their beginning, following them or stopping
+once they have gone quiet. ``find_broker`` finds the broker of a run the way ``explore
+--run-id`` does, and says None when none is reachable: the embedded broker of a finished
+run stops with it (then ``<run dir>/metrics.jsonl`` is what is left, ``metrics_log``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from streamrft.infra import kafka
+from streamrft.infra.app.endpoints import INFRA_DIR, infra_up, of_run
+from streamrft.infra.config import Config, KafkaConfig
+from streamrft.infra.consume import Record, consume
+from streamrft.infra.local.processes import port_open
+from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, Codec
+from streamrft.schemas.errors import StreamRFTError
+from streamrft.schemas.topics import TopicNames
+
+log = logging.getLogger(__name__)
+
+EVENT_CODECS: dict[str, Codec[Any]] = {
+    "metrics": METRICS,
+    "status": STATUS,
+    "control": CONTROL,
+    "dead_letters": DEAD_LETTER,
+}
+"""The run's event topics by kind, and how each decodes."""
+
+
+@dataclass(frozen=True)
+class Broker:
+    """A reachable broker of a run, and where it was found (for messages)."""
+
+    kafka: KafkaConfig
+    source: str
+
+
+def reachable(bootstrap: str, timeout: float = 1.0) -> bool:
+    """Whether the first of ``host:port[,...]`` accepts a TCP connection."""
+    host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
+    try:
+        return port_open(int(port), timeout, host.strip("[]") or "127.0.0.1")
+    except ValueError:
+        return False
+
+
+def _candidates(cfg: Config, bootstrap: str | None, infra_dir: Path | None):
+    if bootstrap:
+        yield bootstrap, "--bootstrap"
+    if cfg.kafka.bootstrap_servers:
+        yield cfg.kafka.bootstrap_servers, "the config"
+    if cfg.run.id:
+        with contextlib.suppress(StreamRFTError):  # its embedded services have stopped
+            found = of_run(cfg)
+            if found is not None and found.bootstrap_servers:
+                yield found.bootstrap_servers, found.source
+    found = infra_up(infra_dir or Path(cfg.run.dir) / INFRA_DIR)
+    if found is not None and found.bootstrap_servers:
+        yield found.bootstrap_servers, found.source
+
+
+def find_broker(
+    cfg: Config, bootstrap: str | None = None, infra_dir: Path | None = None
+) -> Broker | None:
+    """The broker of run ``cfg.run.id``: ``bootstrap``, the config's, the run's embedded
+    services while they run, the run's resolved ``config.yaml``, then ``streamrft infra up``'s
+    (``infra_dir``, default ``<run.dir>/infra``); the first that answers. None: none does."""
+    tried = []
+    for servers, source in _candidates(cfg, bootstrap, infra_dir):
+        if reachable(servers):
+            return Broker(msgspec.structs.replace(cfg.kafka, bootstrap_servers=servers), source)
+        tried.append(f"{servers} ({source})")
+    if tried:
+        log.info("no reachable broker among: %s", "; ".join(tried))
+    return None
+
+
+def need_broker(cfg: Config, bootstrap: str | None = None, infra_dir: Path | None = None) -> Broker:
+    """``find_broker``, or a clear error saying what was looked for."""
+    found = find_broker(cfg, bootstrap, infra_dir)
+    if found is None:
+        raise StreamRFTError(
+            f"run {cfg.run.id}: no reachable broker (looked at --bootstrap, the config, the "
+            f"run's embedded services in {cfg.run_dir / 'services'}, its config.yaml and "
+            "`streamrft infra up`); a finished run's embedded broker stopped with it: its "
+            f"metrics remain in {cfg.run_dir / 'metrics.jsonl'}"
+        )
+    return found
+
+
+Handler = Callable[[str, Any], Any]
+
+
+async def read_events(
+    kafka_cfg: KafkaConfig,
+    topics: TopicNames,
+    kinds: Sequence[str],
+    handle: Handler,
+    *,
+    follow: bool,
+    stop: asyncio.Event | None = None,
+    on_bad: Callable[[Record], Any] | None = None,
+    after_poll: Callable[[list[Record]], Any] | None = None,
+    client_id: str = "streamrft-reader",
+) -> int:
+    """Read the run's event topics of ``kinds`` from the beginning; ``handle(kind, event)``
+    gets every good event in each partition's order. ``follow``: until ``stop`` is set (then
+    drained until quiet); else until the topics have been quiet for about a second.
+    Undecodable records go to ``on_bad`` (default: a warning). Returns how many were handled.
+    """
+    if follow and stop is None:
+        stop = asyncio.Event()  # never set: follow until cancelled
+    names = {topics.of(kind): kind for kind in kinds}
+    codecs = {name: EVENT_CODECS[kind] for name, kind in names.items()}
+
+    def bad(rec: Record) -> Any:
+        if on_bad is not None:
+            return on_bad(rec)
+        log.warning("undecodable event on %s offset %s: %s", rec.topic, rec.offset, rec.error)
+        return None
+
+    reader = kafka.event_reader(kafka_cfg, list(codecs), client_id)
+    await kafka.start_client(reader, client_id)
+    try:
+        return await consume(
+            reader,
+            codecs,
+            lambda rec: handle(names[rec.topic], rec.obj),
+            on_bad=bad,
+            stop=stop if follow else None,
+            until_quiet=4,
+            poll_ms=250,
+            after_poll=after_poll,
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            await reader.stop()
+
+
+def runs_on_broker(topic_names: Sequence[str], prefix: str) -> list[str]:
+    """Run ids with topics under ``<prefix>.`` among ``topic_names``, sorted."""
+    runs = set()
+    for name in topic_names:
+        head, _, kind = name.rpartition(".")
+        pre, _, run = head.partition(".")
+        if pre == prefix and run and TopicNames.kind_of(name) == kind:
+            runs.add(run)
+    return sorted(runs)
