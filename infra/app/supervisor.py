@@ -29,6 +29,7 @@ from streamrft.infra.app.placement import check_gpu_shares, start_order
 from streamrft.infra.app.resume import check_resume
 from streamrft.infra.bus import EventSender
 from streamrft.infra.config import Config, credentials_env, for_s3_broker, to_yaml, with_endpoints
+from streamrft.infra.local.processes import port_open
 from streamrft.infra.local.services import LocalServices
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.schemas.errors import ServiceError, StreamRFTError
@@ -60,6 +61,12 @@ class Child:
             self.proc.kill()
         self.proc.wait()
         self._log.close()
+
+    def kill_after(self, grace_s: float) -> None:
+        """Wait up to ``grace_s`` for it to exit (after ``terminate``), then kill it."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(grace_s)
+        self.kill()
 
     def tail(self, lines: int = 15) -> str:
         try:
@@ -96,10 +103,16 @@ def _show(bar, m: RunMonitor) -> None:
 
 
 class Supervisor:
-    def __init__(self, cfg: Config, summary_path: Path | None, progress: bool) -> None:
+    def __init__(
+        self, cfg: Config, summary_path: Path | None, progress: bool, dashboard: bool = False
+    ) -> None:
         self.cfg = cfg
         self.summary_path = summary_path
         self.progress = progress and cfg.monitor.progress
+        self.want_dashboard = dashboard
+        self.dashboard: Child | None = None
+        """``streamrft dashboard`` beside the run (``run --dashboard``): not a member of
+        the run; its failure fails nothing, and it stops with the run."""
         self.children: dict[str, Child] = {}
         self.spawn_args: dict[str, tuple[list[str], int, Path]] = {}
         self.restarts: dict[str, int] = {}
@@ -171,10 +184,15 @@ class Supervisor:
         follow = asyncio.create_task(monitor.follow(monitor_done, lambda m: _show(bar, m)))
         failure = None
         try:
+            if self.want_dashboard:
+                await self._start_dashboard(config_path)
             self._start_children(config_path)
             failure = await self._watch(follow, monitor)
         finally:
             await self._shutdown()
+            if self.dashboard is not None:
+                self.dashboard.terminate()
+                await asyncio.to_thread(self.dashboard.kill_after, 5)
             monitor_done.set()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(follow, 30)
@@ -219,6 +237,35 @@ class Supervisor:
         config_path.write_text(to_yaml(cfg))
         log.debug("resolved config written to %s", config_path)
         return config_path
+
+    async def _start_dashboard(self, config_path: Path) -> None:
+        """Start ``streamrft dashboard`` on this run and print its address (the configured
+        port, or a free one when that is taken)."""
+        port = self.cfg.monitor.dashboard_port
+        if port and port_open(port):
+            log.info("port %d is taken (another dashboard?): the dashboard takes a free one", port)
+            port = 0
+        url_file = self.cfg.run_dir / "dashboard.url"
+        url_file.unlink(missing_ok=True)
+        argv = [
+            sys.executable, "-m", "streamrft.infra.app.cli", "dashboard", str(config_path),
+            "--run-id", str(self.cfg.run.id), "--port", str(port), "--url-file", str(url_file),
+        ]  # fmt: skip
+        log_path = self.cfg.run_dir / "logs" / "dashboard.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = child_env(1, credentials_env(self.cfg))
+        self.dashboard = Child("dashboard", argv, log_path, env)
+        deadline = time.monotonic() + 60
+        while not url_file.exists() and self.dashboard.returncode is None:
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        if url_file.exists():
+            log.info("dashboard: %s", url_file.read_text().strip())
+        else:
+            log.warning(
+                "the dashboard did not start (log %s):\n%s", log_path, self.dashboard.tail(5)
+            )
 
     def _start_children(self, config_path: Path) -> None:
         """Trainer, explorers, feeder; with ``explorers_first`` (``run.start_order``) the
@@ -385,15 +432,18 @@ def start_embedded(cfg: Config) -> tuple[Config, LocalServices | None]:
     return cfg, services
 
 
-def run_with_services(cfg: Config, summary_path: Path | None, progress: bool = True) -> dict:
-    """Check a resume, start embedded services where needed, run, write the summary."""
+def run_with_services(
+    cfg: Config, summary_path: Path | None, progress: bool = True, dashboard: bool = False
+) -> dict:
+    """Check a resume, start embedded services where needed, run (with ``dashboard``, the
+    dashboard beside it), write the summary."""
     check_gpu_shares(cfg)
     if check_resume(cfg):  # before anything starts: a refused resume changes nothing
         log.info("run %s exists in %s: resuming it", cfg.run.id, cfg.run_dir)
     cfg, services = start_embedded(cfg)
     log.info("%s", header(cfg, services))
     try:
-        summary = Supervisor(cfg, summary_path, progress).run()
+        summary = Supervisor(cfg, summary_path, progress, dashboard).run()
     finally:
         if services is not None:
             services.stop()
