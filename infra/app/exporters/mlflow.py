@@ -1,0 +1,90 @@
+"""MLflow: one MLflow run per streamrft run, in experiment ``monitor.mlflow.experiment``.
+
+The tracking URI is ``monitor.mlflow.tracking_uri``, by default a local file store,
+``file:<run dir>/mlruns`` (``mlflow ui --backend-store-uri`` that URI shows it; MLflow 3
+asks for ``MLFLOW_ALLOW_FILE_STORE=true`` to open a file store, which this exporter sets
+for its own process when the URI is one). The MLflow run is named after the streamrft run
+and tagged ``streamrft.run_id``; an export again finds it by that tag, reads the last
+step of each metric back and logs only later steps. Metrics are
+``<component>/<metric>`` (:mod:`.names`) on the component's step, timestamped with the
+event's ``created_at``, and sent in batches at each flush.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from urllib.parse import urlparse
+
+from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from streamrft.infra.app.exporters.marks import Watermarks
+from streamrft.infra.app.exporters.names import points
+from streamrft.infra.config import Config
+from streamrft.schemas.errors import ConfigError
+from streamrft.schemas.events import MetricsEvent
+
+RUN_TAG = "streamrft.run_id"
+"""Tag of the MLflow run holding a streamrft run's metrics."""
+BATCH = 1000
+"""Metrics per ``log_batch`` call (MLflow's limit)."""
+
+
+def tracking_uri(cfg: Config) -> str:
+    """``monitor.mlflow.tracking_uri``, or a file store in ``<run dir>/mlruns``."""
+    return cfg.monitor.mlflow.tracking_uri or (cfg.run_dir / "mlruns").resolve().as_uri()
+
+
+def find_run(client: MlflowClient, experiment: str, run_id: str) -> str:
+    """The MLflow run id of streamrft run ``run_id`` in ``experiment``; created (and the
+    experiment too) when there is none yet."""
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+    found = client.search_runs(
+        [exp_id], filter_string=f"tags.`{RUN_TAG}` = '{run_id}'", max_results=1
+    )
+    if found:
+        return found[0].info.run_id
+    return client.create_run(exp_id, run_name=run_id, tags={RUN_TAG: run_id}).info.run_id
+
+
+class MlflowExporter:
+    name = "mlflow"
+
+    def __init__(self, cfg: Config) -> None:
+        self.where = tracking_uri(cfg)
+        if urlparse(self.where).scheme in ("", "file"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=self.where)
+        try:
+            self.run_id = find_run(self.client, cfg.monitor.mlflow.experiment, cfg.run.id or "")
+        except MlflowException as exc:
+            raise ConfigError(
+                f"monitor.mlflow: no MLflow run at {self.where} ({exc}); check "
+                "monitor.mlflow.tracking_uri and monitor.mlflow.experiment"
+            ) from exc
+        self._marks = Watermarks()
+        for key in self.client.get_run(self.run_id).data.metrics:
+            for m in self.client.get_metric_history(self.run_id, key):
+                self._marks.seen(key, m.step)
+        self._pending: list[Metric] = []
+        self._closed = False
+
+    def write(self, ev: MetricsEvent) -> None:
+        stamp = int((ev.created_at or time.time()) * 1000)
+        for p in self._marks.fresh(points(ev)):
+            self._pending.append(Metric(p.name, p.value, stamp, p.step))
+
+    def flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[:BATCH], self._pending[BATCH:]
+            self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self.client.set_terminated(self.run_id, "FINISHED")
