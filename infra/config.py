@@ -26,9 +26,9 @@ Frac = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
 
 REDACTED = "***"
+"""What a secret reads as in logs, ``repr`` and the run's ``config.yaml``."""
 UNUSED_SECRET = "<redacted: not used by this command>"
 """What a redacted secret becomes for a command that needs none (``load_config``)."""
-"""What a secret reads as in logs, ``repr`` and the run's ``config.yaml``."""
 
 ENV_CREDENTIALS: dict[str, tuple[str, str]] = {
     "STREAMRFT_KAFKA_SASL_USERNAME": ("kafka", "sasl_username"),
@@ -618,7 +618,9 @@ class MonitorConfig(_Section):
     tensorboard_dir: str = ""
     """Folder of TensorBoard's event files; empty: ``<run dir>/tensorboard``."""
     wandb: WandbConfig = WandbConfig()
+    """The W&B exporter's settings (``monitor.exporters: [wandb]``)."""
     mlflow: MlflowConfig = MlflowConfig()
+    """The MLflow exporter's settings (``monitor.exporters: [mlflow]``)."""
     curves: bool = True
     """Draw ``<run dir>/curves.png`` (reward, eval accuracy, staleness, step time) when a
     run ends (needs matplotlib)."""
@@ -807,14 +809,17 @@ def _secret_fields() -> list[tuple[str, str]]:
 
 
 def load_config(
-    path: str | Path, overrides: list[str] | None = None, needs_secrets: bool = True
+    path: str | Path,
+    overrides: list[str] | None = None,
+    needs_secrets: bool | tuple[str, ...] = True,
 ) -> Config:
     """Read a YAML config, fill credentials from the environment (:data:`ENV_CREDENTIALS`),
     apply ``key.path=value`` overrides, resolve relative paths against the file's folder.
 
     A secret redacted in the file (a run folder's ``config.yaml``) and not in the
-    environment is an error, unless ``needs_secrets`` is False (commands that talk to
-    neither the broker nor the store, such as ``export``): then it is :data:`UNUSED_SECRET`."""
+    environment is an error for the sections ``needs_secrets`` names (True: all; a tuple
+    such as ``("kafka",)`` for tools that read the broker only; False for ``export``, which
+    talks to neither broker nor store); any other becomes :data:`UNUSED_SECRET`."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
@@ -846,7 +851,8 @@ def load_config(
             data[section][key] = str((base / value).resolve())
     for section, key in _secret_fields():
         if (data.get(section) or {}).get(key) == REDACTED:
-            if not needs_secrets:  # a stand-in nothing of this command uses
+            if needs_secrets is not True and section not in (needs_secrets or ()):
+                # a stand-in: nothing of this command uses it
                 data[section][key] = UNUSED_SECRET
                 continue
             var = next(v for v, field in ENV_CREDENTIALS.items() if field == (section, key))

@@ -60,6 +60,12 @@ def read_metrics(path: Path) -> list[MetricsEvent]:
     return out
 
 
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as fh:
+        fh.seek(-1, 2)
+        return fh.read(1) == b"\n"
+
+
 class MetricsLog:
     """Appends events to a metrics file, each once: a resumed run's monitor reads the topic
     from the beginning again, and the events already in the file are not written twice."""
@@ -69,6 +75,8 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._seen = {_key(ev) for ev in read_metrics(self.path)} if self.path.exists() else set()
         self._fh = self.path.open("ab")
+        if self._fh.tell() and not _ends_with_newline(self.path):
+            self._fh.write(b"\n")  # a run killed mid-line: the next event starts afresh
         self.written = 0
 
     def append(self, ev: MetricsEvent) -> bool:

@@ -11,19 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from streamrft.infra.app.metric_sinks import SinkWorker
 from streamrft.infra.app.run_events import read_events
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
 from streamrft.schemas.events import DeadLetter, MetricsEvent, RunState, StatusEvent
 
 log = logging.getLogger(__name__)
-
-
-class MetricsSink(Protocol):
-    def write(self, ev: MetricsEvent) -> None: ...
-    def flush(self) -> None: ...
 
 
 def _head_tail_mean(values: list[float], k: int) -> tuple[float | None, float | None]:
@@ -46,9 +41,10 @@ class RunMonitor:
     ledger: dict[int, MetricsEvent] = field(default_factory=dict)
     """Trainer step -> the metrics event carrying its ledger; a step redone after a resume
     from an older checkpoint replaces the lost attempt's entry (its update was lost too)."""
-    sinks: list[MetricsSink] = field(default_factory=list)
+    sinks: list[SinkWorker] = field(default_factory=list)
     """Where every metrics event also goes as consumed (``write``, then ``flush`` after
-    each poll): the run's ``metrics.jsonl`` and the exporters of ``monitor.exporters``."""
+    each poll): the run's ``metrics.jsonl`` and the exporters of ``monitor.exporters``,
+    each on its own thread (``metric_sinks``), none able to stop the monitor."""
 
     def on_metrics(self, ev: MetricsEvent) -> None:
         for sink in self.sinks:

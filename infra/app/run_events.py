@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import yaml
 
-from streamrft.infra import kafka
+from streamrft.infra import admin, kafka
 from streamrft.infra.app.endpoints import INFRA_DIR, infra_up, of_run
 from streamrft.infra.config import Config, KafkaConfig
 from streamrft.infra.consume import Record, consume
@@ -59,47 +60,81 @@ def reachable(bootstrap: str, timeout: float = 1.0) -> bool:
 
 
 def _candidates(cfg: Config, bootstrap: str | None, infra_dir: Path | None):
-    if bootstrap:
+    if bootstrap:  # named on the command line: that one only
         yield bootstrap, "--bootstrap"
+        return
     if cfg.kafka.bootstrap_servers:
         yield cfg.kafka.bootstrap_servers, "the config"
     if cfg.run.id:
-        with contextlib.suppress(StreamRFTError):  # its embedded services have stopped
+        try:
             found = of_run(cfg)
-            if found is not None and found.bootstrap_servers:
-                yield found.bootstrap_servers, found.source
+        except StreamRFTError:  # its embedded services have stopped: its config.yaml
+            found = _of_run_config(cfg)
+        if found is not None and found.bootstrap_servers:
+            yield found.bootstrap_servers, found.source
+            return  # the run's own record says where it ran: no other broker holds it
     found = infra_up(infra_dir or Path(cfg.run.dir) / INFRA_DIR)
     if found is not None and found.bootstrap_servers:
         yield found.bootstrap_servers, found.source
 
 
+def _of_run_config(cfg: Config):
+    """The endpoints in the run's resolved ``config.yaml`` (``of_run`` without the check of
+    its embedded services)."""
+    from streamrft.infra.app.endpoints import Found
+
+    resolved = cfg.run_dir / "config.yaml"
+    if not resolved.is_file():
+        return None
+    data = yaml.safe_load(resolved.read_text()) or {}
+    servers = (data.get("kafka") or {}).get("bootstrap_servers")
+    return Found(servers, None, f"run {cfg.run.id} ({resolved})") if servers else None
+
+
 def find_broker(
     cfg: Config, bootstrap: str | None = None, infra_dir: Path | None = None
 ) -> Broker | None:
-    """The broker of run ``cfg.run.id``: ``bootstrap``, the config's, the run's embedded
-    services while they run, the run's resolved ``config.yaml``, then ``streamrft infra up``'s
-    (``infra_dir``, default ``<run.dir>/infra``); the first that answers. None: none does."""
+    """The broker of run ``cfg.run.id``: ``bootstrap`` (then that one only), else the
+    config's, else the run's own record (its embedded services while they run, else its
+    resolved ``config.yaml``; when the run folder has one, no other broker is tried), else
+    ``streamrft infra up``'s (``infra_dir``, default ``<run.dir>/infra``); the first that
+    answers. None: none does."""
+    return _search(cfg, bootstrap, infra_dir)[0]
+
+
+def _search(cfg: Config, bootstrap: str | None, infra_dir: Path | None):
     tried = []
     for servers, source in _candidates(cfg, bootstrap, infra_dir):
         if reachable(servers):
-            return Broker(msgspec.structs.replace(cfg.kafka, bootstrap_servers=servers), source)
+            return Broker(msgspec.structs.replace(cfg.kafka, bootstrap_servers=servers), source), tried
         tried.append(f"{servers} ({source})")
-    if tried:
-        log.info("no reachable broker among: %s", "; ".join(tried))
-    return None
+    return None, tried
 
 
 def need_broker(cfg: Config, bootstrap: str | None = None, infra_dir: Path | None = None) -> Broker:
-    """``find_broker``, or a clear error saying what was looked for."""
-    found = find_broker(cfg, bootstrap, infra_dir)
+    """``find_broker``, or a clear error saying what was tried."""
+    found, tried = _search(cfg, bootstrap, infra_dir)
     if found is None:
+        looked = "; ".join(tried) if tried else "no broker named anywhere"
         raise StreamRFTError(
-            f"run {cfg.run.id}: no reachable broker (looked at --bootstrap, the config, the "
-            f"run's embedded services in {cfg.run_dir / 'services'}, its config.yaml and "
-            "`streamrft infra up`); a finished run's embedded broker stopped with it: its "
-            f"metrics remain in {cfg.run_dir / 'metrics.jsonl'}"
+            f"run {cfg.run.id}: no reachable broker (tried: {looked}); a finished run's "
+            "embedded broker stopped with it: its metrics remain in "
+            f"{cfg.run_dir / 'metrics.jsonl'}"
         )
     return found
+
+
+async def check_run_exists(broker: Broker, topics: TopicNames) -> None:
+    """Raise a clear error unless the broker holds the run's topics (reading a topic that
+    does not exist would create it on a broker that creates topics on demand)."""
+    names = await admin.list_topics(broker.kafka)
+    if topics.status in names:
+        return
+    others = runs_on_broker(names, topics.prefix)
+    raise StreamRFTError(
+        f"run {topics.run}: no topics on {broker.kafka.bootstrap_servers} (found via "
+        f"{broker.source}); runs there: {', '.join(others) or 'none'}"
+    )
 
 
 Handler = Callable[[str, Any], Any]

@@ -23,7 +23,8 @@ from pathlib import Path
 from streamrft.infra import admin
 from streamrft.infra.app.cli import EXIT_CONFIG
 from streamrft.infra.app.curves import draw
-from streamrft.infra.app.metrics_log import MetricsLog, metrics_path, read_metrics
+from streamrft.infra.app.metric_sinks import close_sinks, open_sinks
+from streamrft.infra.app.metrics_log import metrics_path, read_metrics
 from streamrft.infra.app.monitor import RunMonitor
 from streamrft.infra.app.placement import check_gpu_shares, start_order
 from streamrft.infra.app.resume import check_resume
@@ -177,31 +178,13 @@ class Supervisor:
     async def _run(self) -> dict:
         started = time.monotonic()
         signals = install_stop_handlers(self.stop, "supervisor", on_force=self._kill_all)
-        sinks = open_sinks(self.cfg)  # before anything starts: a missing exporter is an error
-        config_path = await self._prepare()
-        monitor, bar = RunMonitor(self.cfg, sinks=sinks), self._bar()
-        monitor_done = asyncio.Event()
-        follow = asyncio.create_task(monitor.follow(monitor_done, lambda m: _show(bar, m)))
-        failure = None
+        # before anything starts (a missing exporter is an error); off the loop: an
+        # exporter may reach a server
+        sinks = await asyncio.to_thread(open_sinks, self.cfg)
         try:
-            if self.want_dashboard:
-                await self._start_dashboard(config_path)
-            self._start_children(config_path)
-            failure = await self._watch(follow, monitor)
+            monitor, failure = await self._supervise(sinks)
         finally:
-            await self._shutdown()
-            if self.dashboard is not None:
-                self.dashboard.terminate()
-                await asyncio.to_thread(self.dashboard.kill_after, 5)
-            monitor_done.set()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(follow, 30)
-            if bar is not None:
-                _show(bar, monitor)
-                bar.close()
-            for sink in sinks:
-                with contextlib.suppress(Exception):  # one exporter failing loses no other
-                    sink.close()
+            await asyncio.to_thread(close_sinks, sinks)
         summary = monitor.summary(time.monotonic() - started)
         summary.update(after_run_files(self.cfg))
         summary["interrupted"] = self.stop.is_set()
@@ -212,6 +195,35 @@ class Supervisor:
         if failure:
             summary["failure"] = failure
         return summary
+
+    async def _supervise(self, sinks: list) -> tuple[RunMonitor, str | None]:
+        """Topics and config, the monitor, the children until the run ends; then every
+        child stopped and the monitor drained. Returns the monitor and the failure."""
+        config_path = await self._prepare()
+        monitor, bar = RunMonitor(self.cfg, sinks=sinks), self._bar()
+        monitor_done = asyncio.Event()
+        follow = asyncio.create_task(monitor.follow(monitor_done, lambda m: _show(bar, m)))
+        failure = None
+        try:
+            if self.want_dashboard:
+                await self._start_dashboard(config_path)
+            if not self.stop.is_set():
+                self._start_children(config_path)
+                failure = await self._watch(follow, monitor)
+        finally:
+            await self._shutdown()
+            if self.dashboard is not None:
+                self.dashboard.terminate()
+                await asyncio.to_thread(self.dashboard.kill_after, 5)
+            monitor_done.set()
+            try:
+                await asyncio.wait_for(follow, 30)
+            except Exception as exc:  # the failure (if it ended the run) is reported already
+                log.warning("the run monitor ended with %s: %s", type(exc).__name__, exc)
+            if bar is not None:
+                _show(bar, monitor)
+                bar.close()
+        return monitor, failure
 
     async def _prepare(self) -> Path:
         """The run's topics (tasks partitions for every explorer) and its resolved config
@@ -257,7 +269,7 @@ class Supervisor:
         self.dashboard = Child("dashboard", argv, log_path, env)
         deadline = time.monotonic() + 60
         while not url_file.exists() and self.dashboard.returncode is None:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self.stop.is_set():
                 break
             await asyncio.sleep(0.2)
         if url_file.exists():
@@ -314,6 +326,8 @@ class Supervisor:
     def _kill_all(self) -> None:
         for child in self.children.values():
             child.kill()
+        if self.dashboard is not None:
+            self.dashboard.kill()
 
     async def _shutdown(self) -> None:
         """Shutdown event, wait for orderly exits, then SIGTERM, then SIGKILL."""
@@ -365,7 +379,7 @@ def header(cfg: Config, services: LocalServices | None) -> str:
         (
             f"run {cfg.run.id}",
             f"  services  broker {cfg.kafka.bootstrap_servers}{broker_own}, "
-            f"object store {cfg.object_store.endpoint}{store_own}",
+            f"object store {cfg.object_store.endpoint or 'none'}{store_own}",
             f"  model     {model}, {m.dtype} on {m.device}; explorer engine {cfg.explorer.engine}",
             f"  training  {cfg.algorithm.type}, {steps} steps, {cfg.explorer.count} explorer(s), "
             f"sync {cfg.synchronizer.method} / {cfg.synchronizer.style}",
@@ -374,17 +388,6 @@ def header(cfg: Config, services: LocalServices | None) -> str:
             f"streamrft dashboard --run-id {cfg.run.id}",
         )
     )
-
-
-def open_sinks(cfg: Config) -> list:
-    """Where the monitor writes every metrics event: ``<run dir>/metrics.jsonl`` and the
-    exporters of ``monitor.exporters``."""
-    sinks: list = [MetricsLog(metrics_path(cfg.run_dir))]
-    if cfg.monitor.exporters:
-        from streamrft.infra.app.exporters import open_exporters
-
-        sinks += open_exporters(cfg, cfg.monitor.exporters, strict=False)
-    return sinks
 
 
 def after_run_files(cfg: Config) -> dict:

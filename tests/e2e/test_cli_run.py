@@ -70,6 +70,15 @@ def test_run_learns_and_books_balance(tmp_path):
         acc for _, acc in s["eval_accuracy"]
     ]
     assert Path(s["curves"]).read_bytes()[:4] == b"\x89PNG"
+    # and went to TensorBoard as consumed (monitor.exporters' default), every trainer step
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    acc = EventAccumulator(str(ckpt / "tensorboard" / "trainer"), size_guidance={SCALARS: 0})
+    acc.Reload()
+    losses = {e.step: e.value for e in acc.Scalars("train/loss")}
+    assert sorted(losses) == list(range(1, steps + 1))
+    sent = {e.step: e.values["train/loss"] for e in trained}
+    assert losses[steps] == pytest.approx(sent[steps], rel=1e-6)
 
 
 @pytest.mark.parametrize(("signame", "exit_code"), [("SIGINT", 130), ("SIGTERM", 0)])

@@ -64,6 +64,10 @@ def test_a_partial_last_line_is_skipped_not_fatal(tmp_path, caplog):
         fh.write(b'{"run":"r","component":"trainer","st')  # killed mid-write
     assert [e.step for e in read_metrics(path)] == [1]
     assert "line 2: not a metrics event" in caplog.text
+    resumed = MetricsLog(path)  # the run resumed: its next event is whole, on a line of its own
+    resumed.append(_ev("trainer", 2, 11.0, a=2.0))
+    resumed.close()
+    assert [e.step for e in read_metrics(path)] == [1, 2]
 
 
 def test_series_per_panel_and_component_in_step_order():

@@ -4,8 +4,9 @@ step with the folders (an editable install hides a missing entry; a plain instal
 from __future__ import annotations
 
 import fnmatch
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -36,7 +37,7 @@ def test_every_data_file_of_a_package_is_shipped():
     for name, folder in _package_folders().items():
         globs = [*data.get("*", []), *data.get(name, [])]
         for path in folder.iterdir():
-            if path.is_dir() and (path / "__init__.py").exists() or path.suffix == ".py":
+            if (path.is_dir() and (path / "__init__.py").exists()) or path.suffix == ".py":
                 continue
             if path.name == "__pycache__":
                 continue

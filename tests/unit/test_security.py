@@ -266,6 +266,14 @@ def test_a_command_that_needs_no_secret_loads_a_redacted_file(tmp_path, monkeypa
     assert loaded.kafka.sasl_password == loaded.object_store.secret_key == UNUSED_SECRET
     assert loaded.kafka.sasl_username == "alice"
     assert loaded.model == cfg.model and loaded.trainer == cfg.trainer
+    # a tool that reads the broker only (status, tail, dashboard, export-metrics) needs the
+    # Kafka secret, never the store's
+    with pytest.raises(ConfigError, match=r"^kafka\.sasl_password: redacted .*_SASL_PASSWORD"):
+        load_config(path, needs_secrets=("kafka",))
+    monkeypatch.setenv("STREAMRFT_KAFKA_SASL_PASSWORD", PASSWORD)
+    reader = load_config(path, needs_secrets=("kafka",))
+    assert reader.kafka.sasl_password == PASSWORD
+    assert reader.object_store.secret_key == UNUSED_SECRET
 
 
 # -- what the clients get ----------------------------------------------------------------------
