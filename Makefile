@@ -35,6 +35,10 @@ test: setup
 	$(BIN)/python -m tools.schemagen --check
 	# the Node.js example's kafkajs (tests/integration/test_node_app.py; skipped without npm)
 	command -v npm >/dev/null && npm ci --prefix examples/node --no-audit --no-fund || true
+	# the browser tests' Chromium (CI installs it) and playwright-core (tests/e2e/test_dashboard.py;
+	# skipped without them, except under CI=true)
+	if [ "$$CI" = true ]; then tools/install_browser.sh; fi
+	command -v npm >/dev/null && npm ci --prefix tests/browser --no-audit --no-fund || true
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -p no:cacheprovider
 
 test-unit: setup

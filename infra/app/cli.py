@@ -18,7 +18,7 @@ streamrft bench CONFIG --run-id ID [--checkpoint latest|all|STEP] [--k K] [--eng
 streamrft publish --run-id ID tasks|experiences FILE.jsonl [--config CONFIG] [--bootstrap HOST:PORT]
 streamrft dashboard [CONFIG] [--run-id ID] [--host H] [--port P] [--bootstrap HOST:PORT] [--url-file PATH]
 streamrft export-metrics [CONFIG] --run-id ID [--to tensorboard|wandb|mlflow ...] [--follow]
-    [--bootstrap HOST:PORT] [--from-file PATH]   (a run's metrics into TensorBoard / W&B / MLflow)
+    [--bootstrap HOST:PORT] [--dir INFRA_DIR] [--from-file PATH]   (a run's metrics into TensorBoard / W&B / MLflow)
 """
 
 from __future__ import annotations
@@ -218,11 +218,16 @@ def cmd_topics(args: argparse.Namespace) -> int:
 def _run_of(args: argparse.Namespace):
     """The config of a tool watching run ``--run-id`` (``--config``, or the defaults: the
     run folder under ``runs/``), and the broker that holds its topics."""
-    from streamrft.infra.app.run_events import need_broker
+    from streamrft.infra.app.run_events import check_run_exists, need_broker
     from streamrft.infra.config import Config, load_config, with_run_id
 
-    cfg = with_run_id(load_config(args.config) if args.config else Config(), args.run_id)
-    return cfg, need_broker(cfg, args.bootstrap, Path(args.dir))
+    cfg = Config()
+    if args.config:  # a run folder's config.yaml serves: these tools need no store secret
+        cfg = load_config(args.config, needs_secrets=("kafka",))
+    cfg = with_run_id(cfg, args.run_id)
+    broker = need_broker(cfg, args.bootstrap, Path(args.dir))
+    asyncio.run(check_run_exists(broker, cfg.topics()))
+    return cfg, broker
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -263,8 +268,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     from streamrft.infra.config import Config, load_config, with_run_id
 
     _setup_logging("WARNING")
-    # the dashboard reads the broker only: a run folder's config.yaml serves as it is
-    cfg = load_config(args.config, args.override, needs_secrets=False) if args.config else Config()
+    # the dashboard reads the broker only: a run folder's config.yaml serves (its Kafka
+    # secret from the environment when the broker needs one)
+    cfg = (
+        load_config(args.config, args.override, needs_secrets=("kafka",))
+        if args.config
+        else Config()
+    )
     cfg = with_run_id(cfg, args.run_id) if args.run_id else cfg
     if args.runs_dir:
         cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, dir=args.runs_dir))
@@ -283,8 +293,13 @@ def cmd_export_metrics(args: argparse.Namespace) -> int:
     _setup_logging("WARNING")
     if args.override and not args.config:
         raise ConfigError("-o/--override needs a CONFIG to apply to")
-    # the exporters read the broker only: a run folder's config.yaml serves as it is
-    cfg = load_config(args.config, args.override, needs_secrets=False) if args.config else Config()
+    # the exporters read the broker only: a run folder's config.yaml serves (its Kafka
+    # secret from the environment when the broker needs one)
+    cfg = (
+        load_config(args.config, args.override, needs_secrets=("kafka",))
+        if args.config
+        else Config()
+    )
     if not (args.run_id or cfg.run.id):
         raise StreamRFTError("--run-id is required (the run whose metrics to export)")
     cfg = with_run_id(cfg, args.run_id)
@@ -296,6 +311,7 @@ def cmd_export_metrics(args: argparse.Namespace) -> int:
         strict=bool(args.to),  # named on the command line: all of them, or an error
         follow=args.follow,
         bootstrap=args.bootstrap,
+        infra_dir=Path(args.dir) if args.dir else None,
         from_file=Path(args.from_file) if args.from_file else None,
     )
     print(outcome.line(cfg.run.id or ""))
@@ -465,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--follow", action="store_true", help="keep exporting new metrics until Ctrl-C")
     sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
+    sp.add_argument("--dir", metavar="INFRA_DIR", help="state folder of `infra up`")
     sp.add_argument(
         "--from-file", metavar="PATH", help="a metrics.jsonl to read instead of the broker"
     )

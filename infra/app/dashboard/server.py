@@ -1,0 +1,280 @@
+"""``streamrft dashboard``: a page that watches runs live, served on 127.0.0.1.
+
+Routes: ``/`` the page (``static/index.html``), ``/static/*`` its assets (vendored: no CDN,
+nothing fetched at run time), ``/api/runs`` the runs to choose from (those with topics on
+the broker, and run folders with a ``metrics.jsonl``), ``/api/runs/{run}/snapshot`` a run's
+state now, ``/api/runs/{run}/events`` the same as Server-Sent Events: a snapshot at once,
+then a new one as events arrive (at most one per :data:`MIN_INTERVAL_S`), and a comment
+line every :data:`KEEPALIVE_S` so that proxies keep the stream open. One
+:class:`~.feed.Feed` per watched run, started when the run is first asked for.
+
+Uvicorn runs without capturing signals: SIGINT/SIGTERM set the stop flag
+(``install_stop_handlers``), open streams end, the server exits, the feeds stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from streamrft.infra.app import run_events
+from streamrft.infra.app.dashboard.feed import LIST_S, Feed, topic_names
+from streamrft.infra.app.metrics_log import METRICS_FILE
+from streamrft.infra.config import Config, with_run_id
+from streamrft.infra.signals import install_stop_handlers
+from streamrft.schemas.errors import StreamRFTError
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+"""What a run id may be (it is part of topic names)."""
+MIN_INTERVAL_S = 0.3
+"""At most one update of a stream this often: a burst of events becomes one update."""
+KEEPALIVE_S = 10.0
+"""A stream with nothing new sends a comment this often."""
+FIRST_WAIT_S = 5.0
+"""``/snapshot`` of a feed just started waits this long for its first events."""
+RUNS_TTL_S = 3.0
+"""The list of runs is looked up again after this long."""
+
+
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Dashboard:
+    """The runs a dashboard can show, and the feeds of those shown."""
+
+    def __init__(
+        self, cfg: Config, bootstrap: str | None = None, infra_dir: Path | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.bootstrap = bootstrap
+        self.infra_dir = infra_dir
+        self.default_run = cfg.run.id
+        self.feeds: dict[str, Feed] = {}
+        self.closing = asyncio.Event()
+        self._runs: tuple[float, dict[str, Any]] = (0.0, {})
+
+    async def runs(self) -> dict[str, Any]:
+        """``{"runs": [{run, on_broker, metrics_file}], "default": id, "broker": where}``."""
+        at, cached = self._runs
+        if cached and time.monotonic() - at < RUNS_TTL_S:
+            return cached
+        broker = await asyncio.to_thread(
+            run_events.find_broker, self.cfg, self.bootstrap, self.infra_dir
+        )
+        names = await topic_names(broker) if broker is not None else None
+        on_broker = run_events.runs_on_broker(names or [], self.cfg.kafka.topic_prefix)
+        root = Path(self.cfg.run.dir)
+        in_files = [p.parent.name for p in root.glob(f"*/{METRICS_FILE}")]
+        ids = {r for r in [*on_broker, *in_files, *self.feeds] if RUN_ID.match(r)}
+        if self.default_run:
+            ids.add(self.default_run)
+        rows = [
+            {"run": r, "on_broker": r in on_broker, "metrics_file": r in in_files}
+            for r in sorted(ids)
+        ]
+        where = f"{broker.kafka.bootstrap_servers} ({broker.source})" if broker else None
+        result = {"runs": rows, "default": self.default_run, "broker": where}
+        self._runs = (time.monotonic(), result)
+        return result
+
+    async def feed(self, run: str) -> Feed:
+        """The feed of ``run`` (started now if new); ``LookupError``: no such run."""
+        if run not in self.feeds:
+            known = {row["run"] for row in (await self.runs())["runs"]}
+            if run not in known:
+                self._runs = (0.0, {})  # it may have just started: look once more
+                known = {row["run"] for row in (await self.runs())["runs"]}
+            if run not in known:
+                raise LookupError(run)
+            feed = Feed(with_run_id(self.cfg, run), self.bootstrap, self.infra_dir)
+            self.feeds[run] = feed
+            feed.start()
+        return self.feeds[run]
+
+    async def stream(self, feed: Feed) -> AsyncIterator[bytes]:
+        """Server-Sent Events of ``feed``: see the module docstring."""
+        sent = feed.seq
+        yield b"data: " + feed.payload() + b"\n\n"
+        while not self.closing.is_set():
+            if feed.seq == sent:
+                changed = asyncio.create_task(feed.changed().wait())
+                closing = asyncio.create_task(self.closing.wait())
+                done, pending = await asyncio.wait(
+                    {changed, closing}, timeout=KEEPALIVE_S, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in pending:
+                    task.cancel()
+                if not done:
+                    yield b": keep-alive\n\n"
+                continue
+            await asyncio.sleep(MIN_INTERVAL_S)  # let a burst of events land first
+            sent = feed.seq
+            yield b"data: " + feed.payload() + b"\n\n"
+
+    async def close(self) -> None:
+        self.closing.set()
+        for feed in self.feeds.values():
+            await feed.stop()
+
+
+def _error(status: int, message: str) -> Any:
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def build_app(dash: Dashboard) -> Any:
+    """The FastAPI app of ``dash``: see the module docstring."""
+    from fastapi import FastAPI
+    from fastapi.responses import FileResponse, Response, StreamingResponse
+    from fastapi.staticfiles import StaticFiles
+
+    app = FastAPI(title="streamrft dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/")
+    async def index() -> Any:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/api/runs")
+    async def runs() -> Any:
+        return await dash.runs()
+
+    async def feed_of(run: str) -> Feed | Any:
+        if not RUN_ID.match(run):
+            return _error(400, f"bad run id {run[:80]!r}: letters, digits, '_' and '-' only")
+        try:
+            return await dash.feed(run)
+        except LookupError:
+            return _error(404, f"unknown run {run!r}: not on the broker, no {METRICS_FILE}")
+
+    @app.get("/api/runs/{run}/snapshot")
+    async def snapshot(run: str) -> Any:
+        feed = await feed_of(run)
+        if not isinstance(feed, Feed):
+            return feed
+        if feed.seq == 0:  # a feed just started: give it a moment to find its source
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(feed.changed().wait(), FIRST_WAIT_S)
+        return Response(feed.payload(), media_type="application/json")
+
+    @app.get("/api/runs/{run}/events")
+    async def events(run: str) -> Any:
+        feed = await feed_of(run)
+        if not isinstance(feed, Feed):
+            return feed
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(dash.stream(feed), media_type="text/event-stream", headers=headers)
+
+    return app
+
+
+def _http_server(app: Any) -> Any:
+    """A uvicorn server that leaves signals alone (as ``streamrft serve``'s does): the stop
+    handlers of this process set the stop flag, and the server is told to exit from there."""
+    import uvicorn
+
+    class Quiet(uvicorn.Server):
+        def capture_signals(self) -> contextlib.AbstractContextManager:
+            return contextlib.nullcontext()
+
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+        # longer than any request takes (a topic listing is cut at LIST_S)
+        timeout_graceful_shutdown=LIST_S + 5,
+    )
+    return Quiet(config)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StreamRFTError(
+            f"dashboard: cannot listen on {host}:{port} ({exc.strerror}); pass --port or set "
+            "monitor.dashboard_port (0: a free port)"
+        ) from exc
+    sock.listen(128)
+    return sock
+
+
+def url_of(host: str, port: int, run: str | None) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/" + (f"?run={run}" if run else "")
+
+
+async def serve(dash: Dashboard, host: str, port: int, url_file: Path | None = None) -> None:
+    """Serve ``dash`` on ``host:port`` until SIGINT/SIGTERM; print the URL (and write it to
+    ``url_file``, removed again at the end) once it is listening."""
+    if not loopback(host):
+        print(
+            f"streamrft: warning: the dashboard on {host} is reachable from other machines "
+            "and has no authentication",
+            file=sys.stderr,
+            flush=True,
+        )
+    sock = _bind(host, port)
+    url = url_of(host, sock.getsockname()[1], dash.default_run)
+    stop = asyncio.Event()
+    install_stop_handlers(stop, "dashboard")
+    http = _http_server(build_app(dash))
+    serving = asyncio.create_task(http.serve(sockets=[sock]))
+    print(f"dashboard: {url}", flush=True)
+    if url_file is not None:
+        tmp = url_file.with_name(url_file.name + f".{os.getpid()}.tmp")
+        tmp.write_text(url + "\n")
+        tmp.replace(url_file)
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({serving, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        dash.closing.set()
+        http.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        await dash.close()
+        if url_file is not None:
+            url_file.unlink(missing_ok=True)
+        sock.close()
+
+
+def main(
+    cfg: Config,
+    host: str,
+    port: int,
+    bootstrap: str | None = None,
+    infra_dir: Path | None = None,
+    url_file: Path | None = None,
+) -> None:
+    """``streamrft dashboard``: serve the page until stopped."""
+
+    async def run() -> None:
+        await serve(Dashboard(cfg, bootstrap, infra_dir), host, port, url_file)
+
+    asyncio.run(run())

@@ -1,0 +1,262 @@
+"""``streamrft dashboard`` in a real headless Chromium, beside a real ``streamrft run``.
+
+The page renders and updates without a reload: the reward curve gains points, an explorer
+started by hand appears and its STOPPED shows once it is sent SIGTERM, the dead-letter
+counter moves when garbage is produced to the run's experiences topic. A finished run
+whose broker is gone is shown from its ``metrics.jsonl``. A screenshot of each page is
+kept in ``test-artifacts/`` (gitignored). Without Chromium or ``tests/browser``'s
+node_modules the tests skip, except under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from streamrft.infra.app import run_events
+from streamrft.infra.app.metrics_log import MetricsLog, metrics_path
+from streamrft.infra.config import Config, with_run_id
+from streamrft.schemas.events import MetricsEvent
+from tests.helpers.browser import Browser, need_browser
+from tests.helpers.cli import env, explore_argv, run_argv, start_logged, streamrft_cmd
+from tests.helpers.paths import EXAMPLE
+from tests.helpers.processes import processes_mentioning, wait_for
+
+pytestmark = pytest.mark.e2e
+
+ROW = "document.querySelector('#components tr[data-component^=\"{}\"]')"
+
+
+def _start_dashboard(tmp_path: Path, runs: Path, run_id: str, *more: str):
+    """``streamrft dashboard --run-id RUN_ID --runs-dir RUNS --port 0``; (process, URL)."""
+    url_file = tmp_path / f"dashboard-{run_id}.url"
+    argv = streamrft_cmd(
+        "dashboard", "--run-id", run_id, "--runs-dir", str(runs), "--port", "0",
+        "--url-file", str(url_file), *more,
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        argv, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    wait_for(url_file.is_file, proc, 60, "the dashboard to serve")
+    url = url_file.read_text().strip()
+    assert url.startswith("http://127.0.0.1:") and url.endswith(f"/?run={run_id}")
+    return proc, url
+
+
+def _stop_dashboard(proc: subprocess.Popen) -> str:
+    """SIGTERM: it stops cleanly (exit 0) with open streams; its stdout."""
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    return out
+
+
+def _count(browser: Browser, selector: str, attr: str) -> int:
+    return int(browser.eval(f"document.querySelector('{selector}').dataset.{attr}"))
+
+
+async def _produce_garbage(bootstrap: str, topic: str) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"\xff\x00 not a message \x13\x37", key=b"garbage")
+    finally:
+        await producer.stop()
+
+
+def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
+    need_browser()
+    runs = tmp_path / "runs"
+    run_id = f"dash-{os.getpid()}-{int(time.time())}"
+    run = start_logged(
+        run_argv(
+            EXAMPLE,
+            run_id,
+            80,  # the hand-started explorer needs ~10-30 s to import and load on 2 cores
+            runs,
+            None,
+            "trainer.eval_interval=10",
+            "trainer.warmup_sft_steps=20",  # a reward that rises: a curve worth looking at
+            explorers=2,
+            summary=tmp_path / "summary.json",
+        ),
+        tmp_path / "run.log",
+        tmp_path,
+    )
+    dash = hand = browser = None
+    try:
+        wait_for(lambda: (runs / run_id / "config.yaml").is_file(), run, 120, "the run to start")
+        dash, url = _start_dashboard(tmp_path, runs, run_id)
+        browser = Browser()
+        browser.goto(url)
+        browser.eval("window.__loadedOnce = 'same page'")  # gone if the page reloads
+        browser.wait(
+            "document.querySelector('#source').dataset.live === 'true' && "
+            "document.querySelector('#source-text').textContent.startsWith('broker ')",
+            60,
+            "the run's broker as its source",
+        )
+        browser.wait("document.querySelector('#chart-reward').dataset.points >= 3", 240, "rewards")
+        browser.wait(f"{ROW.format('trainer')}?.dataset.state === 'RUNNING'", 60, "the trainer")
+        browser.wait(f"{ROW.format('explorer-1')}", 60, "the second explorer")
+        browser.wait("Number(document.querySelector('#rebalances').textContent) >= 2", 60, "rebal.")
+        browser.wait("document.querySelector('#kpi-rate').textContent !== '–'", 90, "experiences/s")
+
+        # an explorer started by hand joins; SIGTERM makes it report STOPPED
+        hand = start_logged(
+            explore_argv(EXAMPLE, run_id, runs, None), tmp_path / "hand.log", tmp_path
+        )
+        hand_row = ROW.format(f"explorer-{hand.pid}-")
+        browser.wait(f"{hand_row}?.dataset.state === 'RUNNING'", 180, "the hand-started explorer")
+        hand.send_signal(signal.SIGTERM)
+        assert hand.wait(timeout=90) == 0, (tmp_path / "hand.log").read_text()[-3000:]
+        browser.wait(f"{hand_row}?.dataset.state === 'STOPPED'", 60, "the explorer's STOPPED")
+
+        # garbage on the experiences topic: the trainer dead-letters it, the counter moves
+        before = _count(browser, "#dead-letter-count", "count")
+        cfg = with_run_id(
+            msgspec.structs.replace(
+                Config(), run=msgspec.structs.replace(Config().run, dir=str(runs))
+            ),
+            run_id,
+        )
+        broker = run_events.find_broker(cfg)
+        assert broker is not None
+        topic = cfg.topics().experiences
+        asyncio.run(_produce_garbage(broker.kafka.bootstrap_servers, topic))
+        browser.wait(
+            f"Number(document.querySelector('#dead-letter-count').dataset.count) > {before}",
+            60,
+            "the dead letter",
+        )
+        letters = browser.eval(
+            "[...document.querySelectorAll('#dead-letters tr')].map(r => r.textContent)"
+        )
+        assert any(topic in row for row in letters), letters
+        assert browser.eval("window.__loadedOnce") == "same page"  # all of it without a reload
+        shot = browser.screenshot("dashboard.png")
+        assert shot.stat().st_size > 10_000
+        assert browser.errors() == []
+
+        assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
+        # the run's embedded broker stopped with it: the page says so, and keeps what it read
+        browser.wait(
+            "document.querySelector('#source').dataset.live === 'false' && "
+            "document.querySelector('#source-text').textContent.includes('gone')",
+            60,
+            "the broker gone",
+        )
+        steps = json.loads((tmp_path / "summary.json").read_text())["steps"]
+        assert _count(browser, "#chart-reward", "points") >= steps
+        assert "dashboard: http://127.0.0.1:" in _stop_dashboard(dash)
+        # a dashboard started now finds no broker: the run folder's metrics.jsonl shows it
+        assert metrics_path(runs / run_id).is_file()
+        dash, url = _start_dashboard(tmp_path, runs, run_id)
+        browser.goto(url)
+        browser.wait(
+            "document.querySelector('#source-text').textContent.includes('metrics.jsonl')",
+            60,
+            "the run's metrics.jsonl as its source",
+        )
+        browser.wait(f"document.querySelector('#kpi-step').textContent === '{steps}'", 30, "steps")
+        assert _count(browser, "#chart-reward", "points") >= steps
+        browser.screenshot("dashboard-ended.png")
+        _stop_dashboard(dash)
+        dash = None
+    finally:
+        if browser is not None:
+            browser.close()
+        for proc in (hand, dash, run):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert not processes_mentioning(run_id)
+
+
+def _finished_run(runs: Path, run_id: str, steps: int) -> None:
+    """A run folder as a finished run leaves it: ``metrics.jsonl``, no broker."""
+    log = MetricsLog(metrics_path(runs / run_id))
+    t0 = time.time() - 600
+    for step in range(1, steps + 1):
+        values = {
+            "train/reward_mean": step / steps,
+            "train/step_seconds": 0.5,
+            "train/staleness_groups_0": 24.0,
+            "train/staleness_groups_1": 8.0,
+        }
+        if step % 5 == 0:
+            values["eval/accuracy"] = 0.5 + step / (4 * steps)
+        log.append(MetricsEvent(run=run_id, component="trainer", step=step, version=step - 1,
+                                values=values, created_at=t0 + step))  # fmt: skip
+        log.append(MetricsEvent(run=run_id, component="explorer-0", step=step, version=step - 1,
+                                values={"explorer/reward_mean": step / steps / 2,
+                                        "explorer/groups": 32.0},
+                                created_at=t0 + step + 0.5))  # fmt: skip
+    log.close()
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_finished_run_is_shown_from_its_metrics_file(tmp_path):
+    """No broker holds the run (no services, none configured): the page reads the run
+    folder's metrics.jsonl and says so; the API answers bad requests with clear errors."""
+    runs = tmp_path / "runs"
+    run_id = f"finished-{os.getpid()}"
+    _finished_run(runs, run_id, steps=25)
+    dash, url = _start_dashboard(tmp_path, runs, run_id)
+    browser = None
+    try:
+        base = url.split("?")[0]
+        status, body = _get(f"{base}api/runs")
+        assert status == 200
+        assert {"run": run_id, "on_broker": False, "metrics_file": True} in body["runs"]
+        assert _get(f"{base}api/runs/no-such-run/snapshot") == (
+            404,
+            {"error": "unknown run 'no-such-run': not on the broker, no metrics.jsonl"},
+        )
+        status, body = _get(f"{base}api/runs/bad.id/snapshot")
+        assert status == 400 and "bad run id" in body["error"]
+        need_browser()
+        browser = Browser()
+        browser.goto(url)
+        browser.wait(
+            "document.querySelector('#source-text').textContent.includes('metrics.jsonl')",
+            60,
+            "metrics.jsonl as the source",
+        )
+        # 25 trainer rewards and 25 of explorer-0
+        browser.wait("document.querySelector('#chart-reward').dataset.points == 50", 30, "rewards")
+        assert _count(browser, "#chart-eval", "points") == 5
+        assert _count(browser, "#chart-staleness", "bars") == 2
+        assert browser.eval("document.querySelector('#kpi-step').textContent") == "25"
+        rows = browser.eval(
+            "[...document.querySelectorAll('#components tr')].map(r => r.dataset.component)"
+        )
+        assert rows == ["explorer-0", "trainer"]
+        assert browser.eval("document.querySelector('#runs li.active').dataset.run") == run_id
+        browser.screenshot("dashboard-finished.png")
+        assert browser.errors() == []
+    finally:
+        if browser is not None:
+            browser.close()
+        if dash.poll() is None:
+            _stop_dashboard(dash)
