@@ -106,7 +106,9 @@ def _search(cfg: Config, bootstrap: str | None, infra_dir: Path | None):
     tried = []
     for servers, source in _candidates(cfg, bootstrap, infra_dir):
         if reachable(servers):
-            return Broker(msgspec.structs.replace(cfg.kafka, bootstrap_servers=servers), source), tried
+            return Broker(
+                msgspec.structs.replace(cfg.kafka, bootstrap_servers=servers), source
+            ), tried
         tried.append(f"{servers} ({source})")
     return None, tried
 
