@@ -613,8 +613,9 @@ class MonitorConfig(_Section):
     )
     """Where ``streamrft run`` also sends every metric as it is consumed from the metrics
     topic (``streamrft export-metrics`` does it for any run, later or beside it). TensorBoard
-    is skipped with a note when the ``tensorboard`` package is missing; ``wandb`` or
-    ``mlflow`` named here without its package is a configuration error."""
+    is skipped with a note when the ``tensorboard`` package is missing or does not import;
+    ``wandb`` or ``mlflow`` named here without a working package is a configuration error.
+    An exporter that fails during the run is dropped with a warning; the run goes on."""
     tensorboard_dir: str = ""
     """Folder of TensorBoard's event files; empty: ``<run dir>/tensorboard``."""
     wandb: WandbConfig = WandbConfig()

@@ -5,9 +5,19 @@ The source is the run's metrics topic, read from the beginning on the broker fou
 ``--follow`` until Ctrl-C / SIGTERM (flushing after every poll); when no broker is
 reachable or it has no metrics topic of the run (a finished run's embedded broker stops
 with it), ``<run dir>/metrics.jsonl``; or a file given with ``--from-file``. The source is
-named on stderr. Exporting the same run again appends only what is new (each exporter
-writes a metric's step once). The exporters open at the first event, so a run without
-metrics leaves no empty W&B or MLflow run behind.
+named on stderr (``--dir`` names the state folder of ``streamrft infra up`` when it is not
+``<run.dir>/infra``). Exporting the same run again appends only what is new (each
+exporter writes a metric's value of a given ``created_at`` once, :mod:`.exporters.marks`).
+The exporters open at the first event, so a run without metrics leaves no empty W&B or
+MLflow run behind.
+
+A running ``streamrft run`` already exports its metrics to its ``monitor.exporters`` as
+it goes (TensorBoard by default). A second exporter writing to the same TensorBoard folder
+at the same time duplicates every point (each keeps its own marks), so
+``export-metrics --follow`` is for a run started without that exporter (``-o
+monitor.exporters=[]``, or without ``wandb``/``mlflow``), or to export elsewhere (another
+exporter, another ``monitor.tensorboard_dir``). Once a run has finished, exporting it again
+to the same place adds only what is missing.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamrft.infra import admin
-from streamrft.infra.app.exporters import Backend, Exporter, backends, close_all
+from streamrft.infra.app.exporters import Backend, Exporter, backends, close_all, open_backend
 from streamrft.infra.app.metrics_log import metrics_path, read_metrics
 from streamrft.infra.app.run_events import Broker, find_broker, read_events
 from streamrft.infra.config import Config
@@ -30,17 +40,28 @@ from streamrft.schemas.events import MetricsEvent
 
 @dataclass
 class Sink:
-    """The chosen exporters, opened at the first event."""
+    """The chosen exporters, opened at the first event (:func:`open_backend`'s rules)."""
 
     cfg: Config
     chosen: list[tuple[str, Backend]]
+    strict: bool
     exporters: list[Exporter] = field(default_factory=list)
     events: int = 0
+    opened: bool = False
+
+    def _open(self) -> None:
+        self.opened = True
+        for name, backend in self.chosen:
+            exporter = open_backend(self.cfg, name, backend, strict=self.strict)
+            if exporter is not None:
+                self.exporters.append(exporter)
+        if not self.exporters:
+            names = [name for name, _ in self.chosen]
+            raise ConfigError(f"monitor.exporters: none of {names} can run here")
 
     def write(self, ev: MetricsEvent) -> None:
-        if not self.exporters:
-            for _name, backend in self.chosen:
-                self.exporters.append(backend.open(self.cfg))
+        if not self.opened:
+            self._open()
         self.events += 1
         for exp in self.exporters:
             exp.write(ev)
@@ -80,13 +101,15 @@ async def _topic_has_metrics(broker: Broker, topic: str) -> bool:
     return topic in await admin.list_topics(broker.kafka)
 
 
-def choose_source(cfg: Config, bootstrap: str | None) -> tuple[str, Broker | Path]:
-    """Where run ``cfg`` 's metrics are read from: its topic on a reachable broker, else
-    ``<run dir>/metrics.jsonl``; a :class:`StreamRFTError` saying what was looked at when
-    neither is there."""
+def choose_source(
+    cfg: Config, bootstrap: str | None, infra_dir: Path | None = None
+) -> tuple[str, Broker | Path]:
+    """Where run ``cfg`` 's metrics are read from: its topic on a reachable broker (found
+    as :func:`find_broker` finds it), else ``<run dir>/metrics.jsonl``; a
+    :class:`StreamRFTError` saying what was looked at when neither is there."""
     topic = cfg.topics().metrics
     jsonl = metrics_path(cfg.run_dir)
-    broker = find_broker(cfg, bootstrap)
+    broker = find_broker(cfg, bootstrap, infra_dir)
     if broker is not None and asyncio.run(_topic_has_metrics(broker, topic)):
         return f"topic {topic} on {broker.kafka.bootstrap_servers} ({broker.source})", broker
     if jsonl.is_file():
@@ -132,6 +155,7 @@ def export_metrics(
     strict: bool = True,
     follow: bool = False,
     bootstrap: str | None = None,
+    infra_dir: Path | None = None,
     from_file: Path | None = None,
 ) -> Outcome:
     """Export run ``cfg.run.id``'s metrics to the exporters ``names`` (see the module
@@ -139,11 +163,13 @@ def export_metrics(
     chosen = backends(names, strict=strict)
     if not chosen:
         raise ConfigError(f"monitor.exporters: none of {list(names)} can run here")
-    source, where = _file_source(from_file) if from_file else choose_source(cfg, bootstrap)
+    source, where = (
+        _file_source(from_file) if from_file else choose_source(cfg, bootstrap, infra_dir)
+    )
     if follow and not isinstance(where, Broker):
         print("--follow: the source is a file, exported as it is now", file=sys.stderr)
     print(f"export-metrics: reading run {cfg.run.id}'s metrics from {source}", file=sys.stderr)
-    sink = Sink(cfg, chosen)
+    sink = Sink(cfg, chosen, strict)
     try:
         if isinstance(where, Broker):
             asyncio.run(_from_topic(cfg, where, sink, follow))

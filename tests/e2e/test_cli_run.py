@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -84,15 +85,14 @@ def test_run_learns_and_books_balance(tmp_path):
 @pytest.mark.parametrize(("signame", "exit_code"), [("SIGINT", 130), ("SIGTERM", 0)])
 def test_a_signal_stops_everything_cleanly(tmp_path, signame, exit_code):
     """Ctrl-C exits 130, SIGTERM (a scheduler's orderly stop) 0; either way every process
-    finishes its unit of work, reports STOPPED, exits 0, and the trainer checkpoints."""
+    finishes its unit of work, reports STOPPED, exits 0, and the trainer checkpoints. With
+    SIGTERM the run also serves its dashboard (``--dashboard``), which stops with it."""
     runs = tmp_path / "runs"
     summary_path = tmp_path / "summary.json"
-    proc = start_piped(
-        run_argv(
-            EXAMPLE, None, 100000, runs, None, "trainer.warmup_sft_steps=0", summary=summary_path
-        ),
-        tmp_path,
+    argv = run_argv(
+        EXAMPLE, None, 100000, runs, None, "trainer.warmup_sft_steps=0", summary=summary_path
     )
+    proc = start_piped(argv + ["--dashboard"] * (signame == "SIGTERM"), tmp_path)
     try:
         wait_for(
             lambda: any(log_has(p, "trainer: step 10 ") for p in runs.glob("*/logs/trainer.log")),
@@ -104,6 +104,9 @@ def test_a_signal_stops_everything_cleanly(tmp_path, signame, exit_code):
         run_id = trainer_log.parent.parent.name
         if signame == "SIGTERM":  # once is enough: follow the run from another shell
             _watch_from_another_shell(tmp_path, run_id)
+            url = (runs / run_id / "dashboard.url").read_text().strip()
+            with urllib.request.urlopen(url, timeout=30) as page:
+                assert page.status == 200 and b"streamrft" in page.read()
         proc.send_signal(getattr(signal, signame))
         _, err = proc.communicate(timeout=90)
     finally:
@@ -120,6 +123,9 @@ def test_a_signal_stops_everything_cleanly(tmp_path, signame, exit_code):
     latest = (runs / run_id / "checkpoints" / "latest").read_text()
     assert int(latest.split("_")[1]) >= 10
     assert not processes_mentioning(run_id)
+    if signame == "SIGTERM":  # the address was printed; the dashboard stopped with the run
+        assert f"dashboard: {url}" in err
+        assert not (runs / run_id / "dashboard.url").exists()
     # the console showed a short header, not the resolved config
     assert f"run {run_id}\n  services  broker 127.0.0.1:" in err
     assert "resolved config" not in err and "sync_interval" not in err

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -33,6 +34,7 @@ from streamrft.infra.bus import EventSender
 from streamrft.infra.config import from_dict, to_yaml
 from streamrft.infra.net import free_port
 from streamrft.schemas.codec import METRICS
+from streamrft.schemas.errors import ServiceError
 from streamrft.schemas.events import MetricsEvent
 from tests.helpers.cli import env, start_piped, streamrft_cmd
 from tests.helpers.paths import ADDITION
@@ -116,16 +118,21 @@ def _tensorboard(root: Path) -> dict[tuple[str, str], list[tuple[int, float, flo
 
     out = {}
     for run in sorted(p for p in root.iterdir() if p.is_dir()):
-        acc = EventAccumulator(str(run), size_guidance={SCALARS: 0})
+        # every value in the files, whatever TensorBoard's view would leave out
+        acc = EventAccumulator(str(run), size_guidance={SCALARS: 0}, purge_orphaned_data=False)
         acc.Reload()
         for name in acc.Tags()["scalars"]:
-            out[(run.name, name)] = [(e.step, e.value, e.wall_time) for e in acc.Scalars(name)]
+            # in time order: TensorBoard reads a folder's files in name order, and two
+            # files started in the same second of one process sort by a counter as text
+            scalars = sorted(acc.Scalars(name), key=lambda e: e.wall_time)
+            out[(run.name, name)] = [(e.step, e.value, e.wall_time) for e in scalars]
     return out
 
 
 def _mlflow(cfg) -> dict[tuple[str, str], list[tuple[int, float, float]]]:
     from mlflow.tracking import MlflowClient
 
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # as the exporter sets it
     client = MlflowClient(tracking_uri(cfg))
     exp = client.get_experiment_by_name(cfg.monitor.mlflow.experiment)
     runs = client.search_runs([exp.experiment_id], f"tags.`{RUN_TAG}` = '{cfg.run.id}'")
@@ -134,7 +141,9 @@ def _mlflow(cfg) -> dict[tuple[str, str], list[tuple[int, float, float]]]:
     out = {}
     for name in client.get_run(run_id).data.metrics:
         component, _, key = name.partition("/")
-        history = sorted(client.get_metric_history(run_id, name), key=lambda m: m.step)
+        history = sorted(
+            client.get_metric_history(run_id, name), key=lambda m: (m.timestamp, m.step)
+        )
         out[(component, key)] = [(m.step, m.value, m.timestamp / 1000) for m in history]
     return out
 
@@ -164,11 +173,23 @@ def _wandb_records(path: Path):
             pieces += chunk
 
 
+def _wandb_runs(cfg) -> list[Path]:
+    """The offline run folders of ``cfg``'s run id, oldest first: ``offline-run-<time>-<id>``,
+    and ``...-<id>-<n>`` for the n-th more started within the same second."""
+    name = re.compile(rf"offline-run-(\d{{8}}_\d{{6}})-{re.escape(cfg.run.id)}(?:-(\d+))?")
+    found = []
+    for path in (cfg.run_dir / "wandb").iterdir():
+        m = name.fullmatch(path.name)
+        if m:
+            found.append(((m.group(1), int(m.group(2) or 0)), path))
+    return [path for _order, path in sorted(found)]
+
+
 def _wandb(cfg) -> tuple[dict, dict[str, str]]:
     """Values by (component, tag) from the history rows of every offline run of ``cfg``'s
     run id, in order, each on the row's ``<component>/step``; and each metric glob's step
     metric (``define_metric``)."""
-    runs = sorted((cfg.run_dir / "wandb").glob(f"offline-run-*-{cfg.run.id}"))
+    runs = _wandb_runs(cfg)
     assert runs, list((cfg.run_dir / "wandb").iterdir())
     values: dict[tuple[str, str], list[tuple[int, float]]] = {}
     step_of: dict[str, str] = {}
@@ -259,7 +280,64 @@ def test_wandb_offline_holds_every_value_and_stops_its_service(tmp_path):
     values, _ = _wandb(cfg)
     both = _expected(_appended(first, again))
     assert values == {k: [(s, v) for s, v, _t in pts] for k, pts in both.items()}
-    assert len(list((cfg.run_dir / "wandb").glob(f"offline-run-*-{cfg.run.id}"))) == 2
+    assert len(_wandb_runs(cfg)) == 2
+
+
+def _attempt(run: str, n: int, later: int) -> list[MetricsEvent]:
+    """An explorer attempt counting its steps from 1 to ``n``, ``later`` seconds after the
+    first one (a restart counts from 1 again), beside a trainer that goes on; values
+    exact in float32."""
+    out = []
+    for s in range(1, n + 1):
+        at = T0 + later + s
+        values = {"explorer/reward_mean": s + later / 128}
+        out.append(
+            MetricsEvent(
+                run=run, component="explorer-0", step=s, version=0, values=values, created_at=at
+            )
+        )
+        step = later + s
+        out.append(
+            MetricsEvent(
+                run=run,
+                component="trainer",
+                step=step,
+                version=step,
+                values={"train/loss": step / 4},
+                created_at=at + 0.25,
+            )
+        )
+    return out
+
+
+def _read(cfg, name: str) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """(component, tag) -> [(step, value)] as ``name``'s own reader sees them."""
+    if name == "wandb":
+        return _wandb(cfg)[0]
+    found = _tensorboard(cfg.run_dir / "tensorboard") if name == "tensorboard" else _mlflow(cfg)
+    return {key: [(s, v) for s, v, _t in pts] for key, pts in found.items()}
+
+
+def _steps_values(events: list[MetricsEvent]) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    return {key: [(s, v) for s, v, _t in pts] for key, pts in _expected(events).items()}
+
+
+@pytest.mark.parametrize("name", ["tensorboard", "mlflow", "wandb"])
+def test_a_restarted_explorers_steps_are_exported_again(tmp_path, name):
+    # explorer-0 restarted by the supervisor while the exporter is open (one process)
+    cfg = _config(tmp_path, mlflow={"experiment": "exporters-restart"})
+    first, restarted = _attempt(cfg.run.id, 4, 0), _attempt(cfg.run.id, 2, 100)
+    _export(cfg, [name], first + restarted)
+    assert _read(cfg, name) == _steps_values(first + restarted)
+    assert [s for s, _v in _read(cfg, name)[("explorer-0", "explorer/reward_mean")]] == [
+        1, 2, 3, 4, 1, 2,
+    ]  # fmt: skip
+
+    # the run resumed: its monitor (or an export) reads everything again, and every
+    # explorer starts from step 1 again; only the resumed attempt is added
+    resumed = _attempt(cfg.run.id, 3, 200)
+    _export(cfg, [name], first + restarted + resumed)
+    assert _read(cfg, name) == _steps_values(first + restarted + resumed)
 
 
 # -- streamrft export-metrics ------------------------------------------------------------------
@@ -277,7 +355,7 @@ def _write_config(cfg, path: Path) -> Path:
     return path
 
 
-def _cli(*args: str, cwd: Path, pre: str = "") -> subprocess.CompletedProcess:
+def _cli(*args: str, cwd: Path, pre: str = "", timeout: float = 300) -> subprocess.CompletedProcess:
     """``streamrft ARGS`` as a second process; ``pre``: Python run first in it."""
     argv = (
         [
@@ -290,7 +368,7 @@ def _cli(*args: str, cwd: Path, pre: str = "") -> subprocess.CompletedProcess:
         if pre
         else streamrft_cmd(*args)
     )
-    return subprocess.run(argv, env=env(), cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(argv, env=env(), cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def test_export_metrics_reads_the_topic_of_a_run(make_config, tmp_path):
@@ -467,3 +545,107 @@ def test_a_run_without_metrics_is_an_error_and_leaves_no_empty_runs(make_config,
     )
     assert proc.returncode == 2
     assert "has no topic" in proc.stderr and "metrics.jsonl does not exist" in proc.stderr
+
+
+def test_an_installed_tensorboard_that_does_not_import_is_skipped_unless_named(tmp_path):
+    cfg = _config(
+        tmp_path,
+        bootstrap=f"127.0.0.1:{free_port()}",
+        exporters=["tensorboard", "mlflow"],
+        mlflow={"experiment": "exporters-broken"},
+    )
+    events = _events(cfg.run.id)
+    log = MetricsLog(metrics_path(cfg.run_dir))
+    log.extend(events)
+    log.close()
+    config = _write_config(cfg, tmp_path / "config.yaml")
+    # tensorboard is installed, but a module of it fails to import (as with a protobuf
+    # conflict): the default exporters go on without it, with a warning
+    broken = "import sys; sys.modules['tensorboard.summary.writer.event_file_writer'] = None"
+    proc = _cli("export-metrics", str(config), "--run-id", cfg.run.id, cwd=tmp_path, pre=broken)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "monitor.exporters: tensorboard skipped" in proc.stderr
+    assert "event_file_writer" in proc.stderr
+    assert not (cfg.run_dir / "tensorboard").exists()
+    assert _mlflow(cfg) == _expected(events)
+
+    # named on the command line, it is an error naming the package and why
+    proc = _cli(
+        "export-metrics",
+        str(config),
+        "--run-id",
+        cfg.run.id,
+        "--to",
+        "tensorboard",
+        cwd=tmp_path,
+        pre=broken,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "monitor.exporters: tensorboard: the 'tensorboard' package is installed but" in (
+        proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_mlflow_server_that_is_down_is_a_clear_error(tmp_path):
+    cfg = _config(tmp_path, bootstrap=f"127.0.0.1:{free_port()}")
+    log = MetricsLog(metrics_path(cfg.run_dir))
+    log.extend(_events(cfg.run.id))
+    log.close()
+    config = _write_config(cfg, tmp_path / "config.yaml")
+    proc = _cli(
+        "export-metrics",
+        str(config),
+        "--run-id",
+        cfg.run.id,
+        "--to",
+        "mlflow",
+        "-o",
+        "monitor.mlflow.tracking_uri=http://127.0.0.1:9",  # nothing listens: refused
+        cwd=tmp_path,
+        # seconds with MLflow's retries capped; its own defaults retry for about 4 minutes
+        timeout=150,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "streamrft: error: monitor.mlflow.tracking_uri: no MLflow run at http://127.0.0.1:9" in (
+        proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_mlflow_error_while_logging_is_a_service_error(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    cfg = _config(tmp_path, mlflow={"experiment": "exporters-lost"})
+    (exporter,) = open_exporters(cfg, ["mlflow"], strict=True)
+    for ev in _events(cfg.run.id):
+        exporter.write(ev)
+    MlflowClient(tracking_uri(cfg)).delete_run(exporter.run_id)  # gone while exporting
+    with pytest.raises(ServiceError, match=r"monitor.mlflow.tracking_uri: logging \d+ metrics to"):
+        exporter.flush()
+    with pytest.raises(ServiceError, match=r"monitor\.mlflow\.tracking_uri: logging"):
+        exporter.close()  # the values still to log, then the run to finish: neither can be
+    exporter.close()  # closed already: nothing more
+
+
+def test_export_metrics_finds_the_broker_of_infra_up_in_dir(services, make_config, tmp_path):
+    cfg = make_config()
+    asyncio.run(admin.ensure_topics(cfg.kafka, cfg.topics()))
+    events = _events(cfg.run.id)
+    asyncio.run(_publish(cfg, events))
+    # the record `streamrft infra up` leaves in its state folder, naming the session broker
+    # (a live process, its port open)
+    infra = tmp_path / "elsewhere"
+    infra.mkdir()
+    port = int(services.bootstrap_servers.rpartition(":")[2])
+    state = {
+        "version": 1,
+        "endpoints": {"bootstrap_servers": services.bootstrap_servers, "s3_endpoint": None},
+        "services": {"kafka": {"pid": os.getpid(), "start_time": None, "port": port}},
+    }
+    (infra / "services.json").write_text(json.dumps(state))
+    args = ("export-metrics", "--run-id", cfg.run.id, "--runs-dir", cfg.run.dir, "--to")
+    proc = _cli(*args, "tensorboard", "--dir", str(infra), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"(`streamrft infra up` in {infra})" in proc.stderr
+    assert _tensorboard(cfg.run_dir / "tensorboard") == _expected(events)

@@ -3,15 +3,19 @@ from being written twice, and the exporter registry's rules."""
 
 from __future__ import annotations
 
+import logging
 import re
+import sys
 
 import pytest
 
-from streamrft.infra.app.exporters import EXPORTERS, Backend, backends
+from streamrft.infra.app.exporters import EXPORTERS, Backend, backends, open_exporters
 from streamrft.infra.app.exporters.marks import Watermarks
 from streamrft.infra.app.exporters.names import folder, metric, points, step_metric, tag
+from streamrft.infra.config import from_dict
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.events import MetricsEvent
+from tests.helpers.paths import ADDITION
 
 MLFLOW_NAME = re.compile(r"^[A-Za-z0-9_\-. /]+$")
 KEYS_IN_USE = [
@@ -87,15 +91,30 @@ def test_points_put_each_value_on_its_components_own_step():
     assert got[0].component == "explorer-1" and got[0].tag == "explorer/reward_mean"
 
 
-def test_watermarks_keep_each_metric_step_once():
+def test_watermarks_keep_each_metric_value_of_a_time_once():
     ev = MetricsEvent(run="r", component="trainer", step=2, version=0, values={"train/loss": 1})
     marks = Watermarks()
-    marks.seen("trainer/train/loss", 1)  # read back from a backend
-    assert [p.step for p in marks.fresh(points(ev))] == [2]
-    assert marks.fresh(points(ev)) == []  # the same step again
+    marks.seen("trainer/train/loss", 10.0)  # read back from a backend
+    assert marks.fresh(points(ev), 10.0) == []  # that value again
+    assert [p.step for p in marks.fresh(points(ev), 11.0)] == [2]
+    assert marks.fresh(points(ev), 11.0) == []  # the same event again
     other = MetricsEvent(run="r", component="trainer", step=2, version=0, values={"eval/x": 1})
-    assert len(marks.fresh(points(other))) == 1  # another metric at the same step
-    assert marks.skipped == 1
+    assert len(marks.fresh(points(other), 11.0)) == 1  # another metric at the same time
+    assert marks.skipped == 2
+
+
+def test_a_restarted_components_lower_steps_are_new_when_later():
+    # a first attempt's steps 1..5, then a restarted one counting from 1 again
+    marks = Watermarks()
+    first = [
+        MetricsEvent(run="r", component="explorer-0", step=s, version=0, values={"x": s})
+        for s in range(1, 6)
+    ]
+    for at, ev in enumerate(first):
+        assert len(marks.fresh(points(ev), float(at))) == 1
+    again = MetricsEvent(run="r", component="explorer-0", step=1, version=0, values={"x": 9})
+    assert [(p.step, p.value) for p in marks.fresh(points(again), 100.0)] == [(1, 9.0)]
+    assert marks.skipped == 0
 
 
 def test_unknown_exporter_is_a_config_error_listing_the_known_ones():
@@ -123,3 +142,44 @@ def test_a_missing_package_skips_an_optional_exporter_unless_named(monkeypatch):
         ConfigError, match=r"monitor.exporters: needed-x .*pip install needed-x-pip"
     ):
         backends(["needed-x"], strict=False)
+
+
+def _config(tmp_path):
+    return from_dict(
+        {
+            "run": {"name": "t", "id": "t-broken", "dir": str(tmp_path / "runs")},
+            "taskset": {"path": str(ADDITION)},
+        }
+    )
+
+
+def _block(monkeypatch, module: str, exporter: str) -> None:
+    """Make ``import module`` fail as a broken package's does (Python's own way to block
+    an import: a None entry in sys.modules), and forget the exporter's module that
+    imports it; both restored after the test."""
+    monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.delitem(sys.modules, f"streamrft.infra.app.exporters.{exporter}", raising=False)
+
+
+def test_an_installed_tensorboard_that_does_not_import_is_skipped_unless_named(
+    monkeypatch, tmp_path, caplog
+):
+    _block(monkeypatch, "tensorboard.summary.writer.event_file_writer", "tensorboard")
+    assert EXPORTERS["tensorboard"].installed()  # the package is there: only its import fails
+    cfg = _config(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="streamrft.infra.app.exporters"):
+        assert open_exporters(cfg, ["tensorboard"], strict=False) == []
+    assert "monitor.exporters: tensorboard skipped" in caplog.text
+    assert "event_file_writer" in caplog.text  # the import error itself
+    with pytest.raises(ConfigError, match=r"monitor.exporters: tensorboard: the 'tensorboard' "):
+        open_exporters(cfg, ["tensorboard"], strict=True)
+
+
+def test_a_required_exporter_that_does_not_import_is_a_config_error(monkeypatch, tmp_path):
+    _block(monkeypatch, "mlflow.tracking", "mlflow")
+    with pytest.raises(ConfigError) as err:
+        open_exporters(_config(tmp_path), ["mlflow"], strict=False)
+    assert "monitor.exporters: mlflow: the 'mlflow' package is installed but does not" in str(
+        err.value
+    )
+    assert "mlflow.tracking" in str(err.value)  # the import error itself

@@ -6,8 +6,13 @@ makes what it holds durable (``flush``, after each poll of the topic) and finish
 monitor consumes the metrics topic; ``streamrft export-metrics`` (``export_metrics``) feeds
 them from the topic of any run, running or finished, or from its ``metrics.jsonl``.
 What every metric is called in each backend is decided in :mod:`.names`; each exporter
-writes a metric's step once (:mod:`.marks`), so exporting a run again appends only what is
-new.
+writes a metric's value of a given time once (:mod:`.marks`), so exporting a run again
+appends only what is new.
+
+A package that is installed but fails to import (a protobuf version conflict...) is told
+apart from one that is missing only at open: an optional exporter (TensorBoard, when not
+asked for by name) is then skipped with a warning, any other is a :class:`ConfigError`
+naming the package and the import error.
 
 Adding an exporter is a file with a class taking the ``Config`` and a line in
 :data:`EXPORTERS`.
@@ -65,11 +70,24 @@ class Backend:
         return importlib.util.find_spec(self.package) is not None
 
     def open(self, cfg: Config) -> Exporter:
+        """The exporter for run ``cfg``; :class:`BrokenPackage` when its module (or the
+        package under it) fails to import."""
         module, _, cls = self.target.partition(":")
-        factory: Callable[[Config], Exporter] = getattr(
-            importlib.import_module(f"{__name__}.{module}"), cls
-        )
+        try:
+            code = importlib.import_module(f"{__name__}.{module}")
+        except Exception as exc:  # any error: importing runs the package's own code
+            raise BrokenPackage(self.package, exc) from exc
+        factory: Callable[[Config], Exporter] = getattr(code, cls)
         return factory(cfg)
+
+
+class BrokenPackage(Exception):
+    """An exporter's package is installed but does not import."""
+
+    def __init__(self, package: str, error: BaseException) -> None:
+        super().__init__(f"{package}: {type(error).__name__}: {error}")
+        self.package = package
+        self.error = error
 
 
 EXPORTERS: dict[str, Backend] = {
@@ -103,13 +121,40 @@ def backends(names: Sequence[str], *, strict: bool) -> list[tuple[str, Backend]]
     return out
 
 
+def open_backend(cfg: Config, name: str, backend: Backend, *, strict: bool) -> Exporter | None:
+    """``backend.open(cfg)``; when its package fails to import, None (with a warning) for
+    an optional one unless ``strict``, else a :class:`ConfigError` saying why."""
+    try:
+        return backend.open(cfg)
+    except BrokenPackage as exc:
+        if backend.optional and not strict:
+            log.warning(
+                "monitor.exporters: %s skipped: the %r package is installed but does not "
+                "import (%s: %s)",
+                name,
+                backend.package,
+                type(exc.error).__name__,
+                exc.error,
+            )
+            return None
+        raise ConfigError(
+            f"monitor.exporters: {name}: the {backend.package!r} package is installed but "
+            f"does not import ({type(exc.error).__name__}: {exc.error}); repair it "
+            f"(`pip install --force-reinstall {backend.pip}`) or leave {name} out of "
+            "monitor.exporters"
+        ) from exc.error
+
+
 def open_exporters(cfg: Config, names: Sequence[str], *, strict: bool) -> list[Exporter]:
-    """Open the exporters ``names`` for run ``cfg`` (see :func:`backends` for the rules).
-    If one fails to open, those already open are closed and the error goes on."""
+    """Open the exporters ``names`` for run ``cfg`` (see :func:`backends` and
+    :func:`open_backend` for the rules). If one fails to open, those already open are
+    closed and the error goes on."""
     opened: list[Exporter] = []
     try:
-        for _name, backend in backends(names, strict=strict):
-            opened.append(backend.open(cfg))
+        for name, backend in backends(names, strict=strict):
+            exporter = open_backend(cfg, name, backend, strict=strict)
+            if exporter is not None:
+                opened.append(exporter)
     except BaseException:
         close_all(opened)
         raise

@@ -1,10 +1,19 @@
 """What an exporter has already written, so a second export of a run appends only the new.
 
 ``streamrft export-metrics`` reads a run's metrics from the beginning every time, and a
-resumed run's monitor reads its topic again. Each exporter recovers, from its own
-backend's files when it opens, the last step written of every metric, and writes a value
-only when its step is past that mark. A metric's steps only grow within a component (a
-resumed trainer that redoes a step reports it again; the first report is kept).
+resumed run's monitor reads its topic again. A value is new when its event's
+``created_at`` is later than the newest ``created_at`` already written of the same metric
+(a ``(component, key)`` pair, :attr:`Point.name`): time moves forward across restarts,
+steps do not. An explorer restarted by the supervisor, and every explorer of a resumed
+run, counts its steps from 0 again; its new values are written although their steps
+were written before (the backend then holds both attempts at the same steps, as
+TensorBoard holds a restarted job's). A resumed trainer that redoes a step reports it
+again, and both reports are kept.
+
+Each exporter recovers the marks, when it opens, from what its backend stores: the wall
+time of TensorBoard's events, the timestamp of MLflow's metrics, a file of its own beside
+W&B's. The times are in the backend's own unit (seconds, or MLflow's milliseconds), the
+same one the exporter compares in.
 """
 
 from __future__ import annotations
@@ -13,27 +22,31 @@ from collections.abc import Iterable
 
 from streamrft.infra.app.exporters.names import Point
 
+NEVER = float("-inf")
+"""The mark of a metric nothing was written of yet."""
+
 
 class Watermarks:
-    """The last step written of each metric, by :attr:`Point.name`."""
+    """The newest ``created_at`` written of each metric, by :attr:`Point.name`."""
 
-    def __init__(self, marks: dict[str, int] | None = None) -> None:
-        self.marks: dict[str, int] = dict(marks or {})
+    def __init__(self, marks: dict[str, float] | None = None) -> None:
+        self.marks: dict[str, float] = dict(marks or {})
         self.skipped = 0
-        """Values left out because their step was already written."""
+        """Values left out because a value at their time or later was already written."""
 
-    def seen(self, name: str, step: int) -> None:
-        """Note that ``name`` holds a value at ``step`` (read back from the backend)."""
-        if step > self.marks.get(name, -(2**63)):
-            self.marks[name] = step
+    def seen(self, name: str, at: float) -> None:
+        """Note that ``name`` holds a value created at ``at`` (read back from the backend)."""
+        if at > self.marks.get(name, NEVER):
+            self.marks[name] = at
 
-    def fresh(self, points: Iterable[Point]) -> list[Point]:
-        """The points past their metric's mark, marked as written from now."""
+    def fresh(self, points: Iterable[Point], at: float) -> list[Point]:
+        """The points, created at ``at``, later than their metric's mark; marked as
+        written from now."""
         out = []
         for p in points:
-            if p.step <= self.marks.get(p.name, -(2**63)):
+            if at <= self.marks.get(p.name, NEVER):
                 self.skipped += 1
                 continue
-            self.marks[p.name] = p.step
+            self.marks[p.name] = at
             out.append(p)
         return out

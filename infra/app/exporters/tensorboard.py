@@ -4,7 +4,8 @@ Written with TensorBoard's own event writer (no TensorFlow, no torch); one subfo
 TensorBoard run, per component (:mod:`.names`), scalars on the component's step with the
 event's ``created_at`` as wall time. ``tensorboard --logdir <that folder>`` shows them.
 An export again (or a resumed run's monitor) reads the event files already in a
-component's folder and adds a new file with only the steps past them.
+component's folder and adds a new file with only the values created after the newest
+wall time of their tag there (:mod:`.marks`).
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ def tensorboard_dir(cfg: Config) -> Path:
     )
 
 
-def written_steps(folder: Path, marks: Watermarks) -> None:
-    """Note in ``marks`` the last step of every tag in the event files of ``folder``
-    (one component's run)."""
+def written_times(folder: Path, marks: Watermarks) -> None:
+    """Note in ``marks`` the newest wall time (an event's ``created_at``) of every tag in
+    the event files of ``folder`` (one component's run)."""
     for path in sorted(folder.glob("events.out.tfevents.*")):  # none: a new folder
         for event in LegacyEventFileLoader(str(path)).Load():
             for value in event.summary.value:
-                marks.seen(f"{folder.name}/{value.tag}", event.step)
+                marks.seen(f"{folder.name}/{value.tag}", event.wall_time)
 
 
 class TensorBoardExporter:
@@ -53,21 +54,21 @@ class TensorBoardExporter:
         self._read: set[str] = set()
         """Components whose folder's event files have been read into the marks."""
 
-    def _fresh(self, ev: MetricsEvent) -> dict[str, list[Summary.Value]]:
-        """The values of ``ev`` not written yet, by component folder."""
+    def _fresh(self, ev: MetricsEvent, wall: float) -> dict[str, list[Summary.Value]]:
+        """The values of ``ev`` (created at ``wall``) not written yet, by component folder."""
         out: dict[str, list[Summary.Value]] = {}
         for p in points(ev):
             if p.component not in self._read:
                 self._read.add(p.component)
-                written_steps(self.root / p.component, self._marks)
-            if self._marks.fresh([p]):
+                written_times(self.root / p.component, self._marks)
+            if self._marks.fresh([p], wall):
                 value = Summary.Value(tag=p.tag, simple_value=p.value)
                 out.setdefault(p.component, []).append(value)
         return out
 
     def write(self, ev: MetricsEvent) -> None:
         wall = ev.created_at or time.time()
-        for component, values in self._fresh(ev).items():
+        for component, values in self._fresh(ev, wall).items():
             writer = self._writers.get(component)
             if writer is None:
                 writer = self._writers[component] = EventFileWriter(str(self.root / component))

@@ -8,16 +8,17 @@ id (an export again) are synced in order as one resumed run. Each component has 
 step axis: ``define_metric("<component>/*", step_metric="<component>/step")``, and every
 event is one row of ``<component>/<metric>`` values with ``<component>/step`` (:mod:`.names`).
 
-W&B's files cannot be queried for the steps already logged, so the last step of each
-metric is kept beside them in ``wandb/streamrft-<run id>.steps.json`` (written once the
-run is finished); an export again logs only later steps. ``close`` finishes the run and shuts down
-W&B's service process.
+W&B's files cannot be queried for what was already logged, so the newest ``created_at``
+logged of each metric is kept beside them in ``wandb/streamrft-<run id>.marks.json``
+(written once the run is finished); an export again logs only values created later
+(:mod:`.marks`). ``close`` finishes the run and shuts down W&B's service process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import wandb
@@ -38,7 +39,8 @@ def wandb_dir(cfg: Config) -> Path:
 
 
 def marks_path(cfg: Config) -> Path:
-    return wandb_dir(cfg) / "wandb" / f"streamrft-{cfg.run.id}.steps.json"
+    """The newest ``created_at`` logged of each metric (JSON: name -> Unix time)."""
+    return wandb_dir(cfg) / "wandb" / f"streamrft-{cfg.run.id}.marks.json"
 
 
 class WandbExporter:
@@ -83,7 +85,7 @@ class WandbExporter:
         self._closed = False
 
     def write(self, ev: MetricsEvent) -> None:
-        fresh = self._marks.fresh(points(ev))
+        fresh = self._marks.fresh(points(ev), ev.created_at or time.time())
         if not fresh:
             return
         component = folder(ev.component)
@@ -104,7 +106,7 @@ class WandbExporter:
         self._closed = True
         try:
             self.run.finish()
-            # the steps are noted only once W&B has written them: a crash before this
+            # the marks are noted only once W&B has written the values: a crash before this
             # logs them again on the next export rather than losing them
             self._marks_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self._marks_path.with_suffix(".tmp")
