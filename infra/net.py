@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 
@@ -30,3 +31,14 @@ def free_port(host: str = "127.0.0.1") -> int:
             del _recent_ports[:-64]
         return port
     raise ServiceError(f"could not find a free TCP port on {host}")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps a server on this machine (``localhost``, 127.x, ::1):
+    what decides whether serve mode needs an API key and the dashboard warns."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import logging
 import math
@@ -25,6 +24,7 @@ from typing import Any
 
 from streamrft.infra.bus import ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
+from streamrft.infra.net import is_loopback
 from streamrft.infra.produce import send_groups
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.engines.base import Rollout
@@ -65,21 +65,12 @@ def api_key(cfg: Config) -> str | None:
     """The API key from ``serve.api_key_env``; ConfigError when a non-loopback address
     would be served without one."""
     key = os.environ.get(cfg.serve.api_key_env) or None
-    if key is None and not _loopback(cfg.serve.host):
+    if key is None and not is_loopback(cfg.serve.host):
         raise ConfigError(
             f"serve.host: {cfg.serve.host!r} is reachable from other machines; set an API key "
             f"in ${cfg.serve.api_key_env} (serve.api_key_env) or bind 127.0.0.1"
         )
     return key
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class Server:
