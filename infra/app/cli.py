@@ -268,6 +268,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     from streamrft.infra.config import Config, load_config, with_run_id
 
     _setup_logging("WARNING")
+    if args.override and not args.config:
+        raise ConfigError("-o/--override needs a CONFIG to apply to")
     # the dashboard reads the broker only: a run folder's config.yaml serves (its Kafka
     # secret from the environment when the broker needs one)
     cfg = (

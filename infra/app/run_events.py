@@ -51,12 +51,15 @@ class Broker:
 
 
 def reachable(bootstrap: str, timeout: float = 1.0) -> bool:
-    """Whether the first of ``host:port[,...]`` accepts a TCP connection."""
-    host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
-    try:
-        return port_open(int(port), timeout, host.strip("[]") or "127.0.0.1")
-    except ValueError:
-        return False
+    """Whether any of ``host:port[,host:port...]`` accepts a TCP connection."""
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            if port_open(int(port), timeout, host.strip("[]") or "127.0.0.1"):
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 def _candidates(cfg: Config, bootstrap: str | None, infra_dir: Path | None):
@@ -156,8 +159,10 @@ async def read_events(
 ) -> int:
     """Read the run's event topics of ``kinds`` from the beginning; ``handle(kind, event)``
     gets every good event in each partition's order. ``follow``: until ``stop`` is set (then
-    drained until quiet); else until the topics have been quiet for about a second.
-    Undecodable records go to ``on_bad`` (default: a warning). Returns how many were handled.
+    drained until quiet). Else until caught up with the end each partition had at its last
+    fetch, or quiet for about a second: a live run's heartbeats never go quiet, so "the
+    end" is where the reader caught up. Undecodable records go to ``on_bad`` (default: a
+    warning). Returns how many were handled.
     """
     if follow and stop is None:
         stop = asyncio.Event()  # never set: follow until cancelled
@@ -172,20 +177,47 @@ async def read_events(
 
     reader = kafka.event_reader(kafka_cfg, list(codecs), client_id)
     await kafka.start_client(reader, client_id)
+    done, quiet = asyncio.Event(), 0
+
+    async def after(records: list[Record]) -> None:
+        nonlocal quiet
+        if after_poll is not None:
+            await _maybe_await(after_poll(records))
+        quiet = 0 if records else quiet + 1
+        if not follow and (quiet >= 4 or await caught_up(reader, len(names))):
+            done.set()
+
     try:
         return await consume(
             reader,
             codecs,
             lambda rec: handle(names[rec.topic], rec.obj),
             on_bad=bad,
-            stop=stop if follow else None,
-            until_quiet=4,
+            stop=stop if follow else done,
+            until_quiet=4 if follow else None,
             poll_ms=250,
-            after_poll=after_poll,
+            after_poll=after,
         )
     finally:
         with contextlib.suppress(Exception):
             await reader.stop()
+
+
+async def caught_up(reader: Any, topics: int) -> bool:
+    """Every partition of the ``topics`` subscribed topics is assigned, has been fetched
+    once, and is read up to that fetch's high-water mark."""
+    parts = reader.assignment()
+    if len({tp.topic for tp in parts}) < topics:
+        return False
+    for tp in parts:
+        high = reader.highwater(tp)
+        if high is None or await reader.position(tp) < high:
+            return False
+    return True
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if asyncio.iscoroutine(value) else value
 
 
 def runs_on_broker(topic_names: Sequence[str], prefix: str) -> list[str]:

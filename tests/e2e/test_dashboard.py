@@ -1,9 +1,11 @@
 """``streamrft dashboard`` in a real headless Chromium, beside a real ``streamrft run``.
 
-The page renders and updates without a reload: the reward curve gains points, an explorer
-started by hand appears and its STOPPED shows once it is sent SIGTERM, the dead-letter
-counter moves when garbage is produced to the run's experiences topic. A finished run
-whose broker is gone is shown from its ``metrics.jsonl``. A screenshot of each page is
+The page renders and updates without a reload: the trainer's reward curve gains points,
+experiences/s rises above 0, an explorer started by hand appears (and the others are
+reassigned: a rebalance) and its STOPPED shows once it is sent SIGTERM, the dead-letter
+counter moves when garbage is produced to the run's experiences topic, and markup in a
+dead letter shows as text. A finished run whose broker is gone is shown from its
+``metrics.jsonl``, with what that file cannot know shown as unknown. A screenshot of each page is
 kept in ``test-artifacts/`` (gitignored). Without Chromium or ``tests/browser``'s
 node_modules the tests skip, except under ``CI=true``.
 """
@@ -26,7 +28,8 @@ import pytest
 from streamrft.infra.app import run_events
 from streamrft.infra.app.metrics_log import MetricsLog, metrics_path
 from streamrft.infra.config import Config, with_run_id
-from streamrft.schemas.events import MetricsEvent
+from streamrft.schemas.codec import DEAD_LETTER
+from streamrft.schemas.events import DeadLetter, MetricsEvent
 from tests.helpers.browser import Browser, need_browser
 from tests.helpers.cli import env, explore_argv, run_argv, start_logged, streamrft_cmd
 from tests.helpers.paths import EXAMPLE
@@ -35,6 +38,12 @@ from tests.helpers.processes import processes_mentioning, wait_for
 pytestmark = pytest.mark.e2e
 
 ROW = "document.querySelector('#components tr[data-component^=\"{}\"]')"
+TRAINER_POINTS = (
+    "Number(document.querySelector('#chart-reward path[data-series=\"trainer\"]')"
+    "?.dataset.points || 0)"
+)
+XSS = '<img src=x onerror="window.__pwned = 1">'
+"""Markup in a component id or a dead letter's reason: the page shows it as text."""
 
 
 def _start_dashboard(tmp_path: Path, runs: Path, run_id: str, *more: str):
@@ -66,15 +75,31 @@ def _count(browser: Browser, selector: str, attr: str) -> int:
     return int(browser.eval(f"document.querySelector('{selector}').dataset.{attr}"))
 
 
-async def _produce_garbage(bootstrap: str, topic: str) -> None:
+async def _produce_garbage(bootstrap: str, topic: str, letters: str) -> None:
+    """Garbage to ``topic`` (the trainer dead-letters it), and a dead letter with markup in
+    its reason straight to ``letters``."""
     from aiokafka import AIOKafkaProducer
 
+    letter = DeadLetter(
+        source_topic=topic, partition=0, offset=0, key=None, value=b"", reason=f"bad {XSS}",
+        error_type="SchemaError", component=XSS, created_at=time.time(),
+    )  # fmt: skip
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await producer.start()
     try:
         await producer.send_and_wait(topic, b"\xff\x00 not a message \x13\x37", key=b"garbage")
+        await producer.send_and_wait(
+            letters, DEAD_LETTER.encode(letter), headers=DEAD_LETTER.headers()
+        )
     finally:
         await producer.stop()
+
+
+def _assert_shown_as_text(browser: Browser, table: str) -> None:
+    assert browser.eval("window.__pwned === undefined") is True
+    assert browser.eval(f"document.querySelectorAll('{table} img').length") == 0
+    cells = browser.eval(f"[...document.querySelectorAll('{table} td')].map(c => c.textContent)")
+    assert any(XSS in cell for cell in cells), cells
 
 
 def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
@@ -109,11 +134,15 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
             60,
             "the run's broker as its source",
         )
-        browser.wait("document.querySelector('#chart-reward').dataset.points >= 3", 240, "rewards")
+        browser.wait(f"{TRAINER_POINTS} >= 3", 240, "the trainer's rewards")
         browser.wait(f"{ROW.format('trainer')}?.dataset.state === 'RUNNING'", 60, "the trainer")
         browser.wait(f"{ROW.format('explorer-1')}", 60, "the second explorer")
-        browser.wait("Number(document.querySelector('#rebalances').textContent) >= 2", 60, "rebal.")
-        browser.wait("document.querySelector('#kpi-rate').textContent !== '–'", 90, "experiences/s")
+        browser.wait(
+            "document.querySelector('#kpi-rate-label').textContent === 'experiences/s' && "
+            "parseFloat(document.querySelector('#kpi-rate').textContent.replace(/,/g, '')) > 0",
+            90,
+            "experiences/s above 0",
+        )
 
         # an explorer started by hand joins; SIGTERM makes it report STOPPED
         hand = start_logged(
@@ -121,6 +150,8 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
         )
         hand_row = ROW.format(f"explorer-{hand.pid}-")
         browser.wait(f"{hand_row}?.dataset.state === 'RUNNING'", 180, "the hand-started explorer")
+        # it joined the explorers' group: the others were reassigned their tasks partitions
+        browser.wait("Number(document.querySelector('#rebalances').textContent) >= 1", 60, "rebal.")
         hand.send_signal(signal.SIGTERM)
         assert hand.wait(timeout=90) == 0, (tmp_path / "hand.log").read_text()[-3000:]
         browser.wait(f"{hand_row}?.dataset.state === 'STOPPED'", 60, "the explorer's STOPPED")
@@ -136,16 +167,19 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
         broker = run_events.find_broker(cfg)
         assert broker is not None
         topic = cfg.topics().experiences
-        asyncio.run(_produce_garbage(broker.kafka.bootstrap_servers, topic))
+        asyncio.run(
+            _produce_garbage(broker.kafka.bootstrap_servers, topic, cfg.topics().dead_letters)
+        )
         browser.wait(
-            f"Number(document.querySelector('#dead-letter-count').dataset.count) > {before}",
+            f"Number(document.querySelector('#dead-letter-count').dataset.count) > {before + 1}",
             60,
-            "the dead letter",
+            "the dead letters",
         )
         letters = browser.eval(
             "[...document.querySelectorAll('#dead-letters tr')].map(r => r.textContent)"
         )
-        assert any(topic in row for row in letters), letters
+        assert sum(topic in row for row in letters) >= 2, letters
+        _assert_shown_as_text(browser, "#dead-letters")
         assert browser.eval("window.__loadedOnce") == "same page"  # all of it without a reload
         shot = browser.screenshot("dashboard.png")
         assert shot.stat().st_size > 10_000
@@ -160,7 +194,7 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
             "the broker gone",
         )
         steps = json.loads((tmp_path / "summary.json").read_text())["steps"]
-        assert _count(browser, "#chart-reward", "points") >= steps
+        assert browser.eval(TRAINER_POINTS) >= steps
         assert "dashboard: http://127.0.0.1:" in _stop_dashboard(dash)
         # a dashboard started now finds no broker: the run folder's metrics.jsonl shows it
         assert metrics_path(runs / run_id).is_file()
@@ -172,7 +206,12 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
             "the run's metrics.jsonl as its source",
         )
         browser.wait(f"document.querySelector('#kpi-step').textContent === '{steps}'", 30, "steps")
-        assert _count(browser, "#chart-reward", "points") >= steps
+        assert browser.eval(TRAINER_POINTS) >= steps
+        # the file holds metrics only: no dead-letter count, rebalances or versions announced
+        for kpi in ("dead-letter-count", "rebalances", "kpi-versions"):
+            assert browser.eval(f"document.querySelector('#{kpi}').textContent") == "–"
+            note = browser.eval(f"document.querySelector('#{kpi}-note').textContent")
+            assert note == "not in metrics.jsonl"
         browser.screenshot("dashboard-ended.png")
         _stop_dashboard(dash)
         dash = None
@@ -188,7 +227,8 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
 
 def _finished_run(runs: Path, run_id: str, steps: int) -> None:
     """A run folder as a finished run leaves it: ``metrics.jsonl``, no broker."""
-    log = MetricsLog(metrics_path(runs / run_id))
+    path = metrics_path(runs / run_id)
+    log = MetricsLog(path)
     t0 = time.time() - 600
     for step in range(1, steps + 1):
         values = {
@@ -197,6 +237,8 @@ def _finished_run(runs: Path, run_id: str, steps: int) -> None:
             "train/staleness_groups_0": 24.0,
             "train/staleness_groups_1": 8.0,
         }
+        if step == 1:
+            values["train/staleness_groups_-1"] = 2.0  # sampled with a newer version
         if step % 5 == 0:
             values["eval/accuracy"] = 0.5 + step / (4 * steps)
         log.append(MetricsEvent(run=run_id, component="trainer", step=step, version=step - 1,
@@ -205,7 +247,10 @@ def _finished_run(runs: Path, run_id: str, steps: int) -> None:
                                 values={"explorer/reward_mean": step / steps / 2,
                                         "explorer/groups": 32.0},
                                 created_at=t0 + step + 0.5))  # fmt: skip
+    log.append(MetricsEvent(run=run_id, component=XSS, step=1, version=0,
+                            values={"explorer/groups": 1.0}, created_at=t0 + 1))  # fmt: skip
     log.close()
+    os.utime(path, (t0 + steps + 1, t0 + steps + 1))  # written when the run ended
 
 
 def _get(url: str) -> tuple[int, dict]:
@@ -228,7 +273,9 @@ def test_a_finished_run_is_shown_from_its_metrics_file(tmp_path):
         base = url.split("?")[0]
         status, body = _get(f"{base}api/runs")
         assert status == 200
-        assert {"run": run_id, "on_broker": False, "metrics_file": True} in body["runs"]
+        (row,) = [r for r in body["runs"] if r["run"] == run_id]
+        assert (row["on_broker"], row["metrics_file"], row["folder"]) == (False, True, True)
+        assert row["last"] > time.time() - 3600
         assert _get(f"{base}api/runs/no-such-run/snapshot") == (
             404,
             {"error": "unknown run 'no-such-run': not on the broker, no metrics.jsonl"},
@@ -245,13 +292,23 @@ def test_a_finished_run_is_shown_from_its_metrics_file(tmp_path):
         )
         # 25 trainer rewards and 25 of explorer-0
         browser.wait("document.querySelector('#chart-reward').dataset.points == 50", 30, "rewards")
+        assert browser.eval(TRAINER_POINTS) == 25
         assert _count(browser, "#chart-eval", "points") == 5
-        assert _count(browser, "#chart-staleness", "bars") == 2
+        # groups 1, 0 and -1 versions old (-1: sampled with a version newer than the trainer's)
+        assert _count(browser, "#chart-staleness", "bars") == 3
+        assert (
+            browser.eval("document.querySelector('#chart-staleness rect.newer').dataset.k") == "-1"
+        )
         assert browser.eval("document.querySelector('#kpi-step').textContent") == "25"
+        assert browser.eval("document.querySelector('#kpi-version').textContent") == "24"
+        # a run that ended long ago is not live; what the file cannot know is not shown as 0
+        assert browser.eval("document.querySelector('#source').dataset.live") == "false"
+        assert browser.eval("document.querySelector('#dead-letter-count').textContent") == "–"
         rows = browser.eval(
             "[...document.querySelectorAll('#components tr')].map(r => r.dataset.component)"
         )
-        assert rows == ["explorer-0", "trainer"]
+        assert rows == [XSS, "explorer-0", "trainer"]
+        _assert_shown_as_text(browser, "#components")
         assert browser.eval("document.querySelector('#runs li.active').dataset.run") == run_id
         browser.screenshot("dashboard-finished.png")
         assert browser.errors() == []

@@ -34,6 +34,7 @@ def test_secrets_from_env_work_and_are_written_nowhere(services, tmp_path):
             "trainer.eval_interval=0",
             "trainer.warmup_sft_steps=0",
             f"kafka.bootstrap_servers={services.bootstrap_servers}",
+            "monitor.log_level=DEBUG",  # the resolved config is logged at DEBUG
         ),
         env=secret_env,
         capture_output=True,
@@ -47,7 +48,7 @@ def test_secrets_from_env_work_and_are_written_nowhere(services, tmp_path):
     assert summary["steps"] == 3
     assert summary["exit_codes"] == {"trainer": 0, "explorer-0": 0, "feeder": 0}
     assert summary["versions_applied"]["explorer-0"] >= 1  # weights went through the store
-    # the resolved config is logged and written, with the secrets redacted
+    # the resolved config is logged (at DEBUG) and written, with the secrets redacted
     assert "secret_key: '***'" in proc.stderr and "sasl_password: '***'" in proc.stderr
     config_yaml = (run_dir / "config.yaml").read_text()
     assert "secret_key: '***'" in config_yaml and "sasl_password: '***'" in config_yaml

@@ -24,12 +24,31 @@ ARTIFACTS = ROOT / "test-artifacts"
 """Screenshots the browser tests keep (gitignored)."""
 
 
+NODE_MAJOR = 20
+"""The oldest Node.js that runs playwright-core (its ``engines``)."""
+
+
+def node_version() -> tuple[int, ...] | None:
+    """``node --version`` as numbers; None when it does not say."""
+    try:
+        out = subprocess.run(
+            ["node", "--version"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+        return tuple(int(part) for part in out.lstrip("v").split("."))
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
 def missing() -> str | None:
     """Why no browser test can run here, or None."""
     if not CHROMIUM.exists():
         return f"no Chromium at {CHROMIUM} (apt-get install chromium; tools/install_browser.sh)"
     if shutil.which("node") is None:
-        return "no node (Node.js runs playwright-core)"
+        return f"no node (Node.js {NODE_MAJOR}+ runs playwright-core)"
+    version = node_version()
+    if version is None or version[0] < NODE_MAJOR:
+        shown = ".".join(map(str, version)) if version else "unknown"
+        return f"node {shown} is too old: playwright-core needs Node.js {NODE_MAJOR} or newer"
     if not (BROWSER_DIR / "node_modules" / "playwright-core").is_dir():
         return "playwright-core not installed: npm ci --prefix tests/browser"
     return None

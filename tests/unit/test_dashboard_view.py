@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from streamrft.infra.app.dashboard.view import MAX_POINTS, Curve, RunView
+from streamrft.infra.app.dashboard.view import MAX_POINTS, RATE_WINDOW_S, Curve, RunView
 from streamrft.schemas.events import (
     DeadLetter,
     MetricsEvent,
@@ -71,7 +71,7 @@ def test_rewards_eval_step_time_and_staleness_by_step():
     assert snap["curves"]["reward"]["explorer-0"] == [[1, 0.2], [2, 0.2], [3, 0.2]]
     assert snap["curves"]["eval_accuracy"] == [[2, 0.75]]
     assert snap["curves"]["step_seconds"] == [[1, 0.5], [2, 1.0], [3, 1.5]]
-    assert snap["staleness"] == {"0": 9.0, "1": 6.0}
+    assert snap["staleness"] == [[0, 9.0], [1, 6.0]]
     assert snap["trainer"]["step"] == 3
     assert snap["events"]["metrics"] == 6
     # a step redone after a resume replaces its first attempt, in the curve and the histogram
@@ -81,7 +81,7 @@ def test_rewards_eval_step_time_and_staleness_by_step():
     )
     snap = view.snapshot()
     assert snap["curves"]["reward"]["trainer"] == [[1, 0.1], [2, 0.9]]
-    assert snap["staleness"] == {"0": 7.0, "1": 4.0}
+    assert snap["staleness"] == [[0, 7.0], [1, 4.0]]
     json.dumps(snap, allow_nan=False)  # JSON-able as it is
 
 
@@ -110,10 +110,12 @@ def test_components_versions_lag_heartbeat_and_rebalances():
     e0 = rows["explorer-0"]
     assert (e0["state"], e0["step"], e0["version"], e0["lag"]) == ("WAITING_SYNC", 7, 4, 1)
     assert e0["heartbeat"] == T0 + 8
-    assert e0["partitions"] == "tasks partitions 0,1" and e0["rebalances"] == 3
-    assert rows["explorer-1"]["state"] == "STOPPED" and rows["explorer-1"]["lag"] == 0
+    # 3 assignments of tasks partitions: the first one and 2 more
+    assert e0["partitions"] == "tasks partitions 0,1" and e0["rebalances"] == 2
+    # a stopped explorer holds no version that could fall behind
+    assert rows["explorer-1"]["state"] == "STOPPED" and rows["explorer-1"]["lag"] is None
     assert rows["trainer"]["lag"] is None
-    assert snap["rebalances"] == 3
+    assert snap["rebalances"] == 2
     assert snap["versions"]["announced"] == 1 and snap["versions"]["latest"] == 5
     assert snap["versions"]["recent"][0]["version"] == 5
     assert snap["shutdown"] == "done"
@@ -216,3 +218,72 @@ def test_a_long_curve_stays_bounded_and_keeps_its_ends():
     gaps = {b - a for a, b in itertools.pairwise(xs[:-1])}
     assert len(gaps) == 1  # evenly thinned
     assert curve.count == n
+
+
+def test_rebalances_are_reassignments_of_the_explorer_that_saw_most():
+    """Every member of the group counts each group rebalance, and its first assignment:
+    two explorers through one rebalance are 1 rebalance, not 2 + 1."""
+    view = RunView(run="r")
+    rebalanced = {"explorer-0": 2.0, "explorer-1": 1.0}
+    for n, (name, count) in enumerate(rebalanced.items()):
+        view.apply(
+            "status",
+            status(name, "explorer", RunState.RUNNING, T0 + n, counters={"rebalances": count}),
+        )
+    snap = view.snapshot()
+    assert snap["rebalances"] == 1
+    assert [r["rebalances"] for r in snap["components"]] == [1, 0]
+    # explorer-0 restarts and counts from 1 again: its reassignments so far stay
+    view.apply(
+        "status",
+        status("explorer-0", "explorer", RunState.RUNNING, T0 + 9, counters={"rebalances": 1.0}),
+    )
+    assert view.snapshot()["rebalances"] == 1
+
+
+def test_a_restarted_explorer_keeps_its_earlier_reward_curve():
+    view = RunView(run="r")
+    for step in range(5):
+        view.apply("metrics", metrics("explorer-0", step, T0 + step, explorer__reward_mean=0.1))
+    # the same component name again, counting from 0, later
+    for step in range(3):
+        view.apply(
+            "metrics", metrics("explorer-0", step, T0 + 100 + step, explorer__reward_mean=0.5)
+        )
+    reward = view.snapshot()["curves"]["reward"]
+    assert reward["explorer-0"] == [[s, 0.1] for s in range(5)]
+    assert reward["explorer-0 (restart 1)"] == [[s, 0.5] for s in range(3)]
+    # a trainer resumed from a checkpoint redoes its steps: those replace the first attempt
+    view.apply("metrics", metrics("trainer", 4, T0 + 1, train__reward_mean=0.1))
+    view.apply("metrics", metrics("trainer", 3, T0 + 200, train__reward_mean=0.7))
+    assert view.snapshot()["curves"]["reward"]["trainer"] == [[3, 0.7]]
+
+
+def test_stale_rates_leave_the_rate_now():
+    """An explorer that died without STOPPED: its rate ages out of the rate now."""
+    view = RunView(run="r")
+    for t in range(0, 25, 5):
+        view.apply(
+            "status",
+            status("explorer-0", "explorer", RunState.RUNNING, T0 + t,
+                   counters={"experiences_published": 10.0 * t}),
+        )  # fmt: skip
+    assert view.snapshot(now=T0 + 21)["throughput_now"] == pytest.approx(10.0)
+    assert view.snapshot(now=T0 + 20 + 2 * RATE_WINDOW_S + 1)["throughput_now"] == 0.0
+    assert view.snapshot()["throughput_now"] == pytest.approx(10.0)  # the curve's newest
+    assert RunView().snapshot(now=T0)["throughput_now"] is None
+
+
+def test_negative_staleness_is_shown_and_any_component_reports_versions():
+    view = RunView(run="r")
+    view.apply(
+        "metrics",
+        metrics("trainer", 1, T0, version=3, train__staleness_groups_0=2.0,
+                train__staleness_groups_1=1.0, **{"train__staleness_groups_-1": 4.0}),
+    )  # fmt: skip
+    snap = view.snapshot()
+    assert snap["staleness"] == [[-1, 4.0], [0, 2.0], [1, 1.0]]
+    assert snap["versions"]["latest"] == 3
+    # an explorer's metrics (no reward among them) report a newer version it loaded
+    view.apply("metrics", metrics("explorer-0", 7, T0 + 1, version=4, explorer__groups=2.0))
+    assert view.snapshot()["versions"]["latest"] == 4

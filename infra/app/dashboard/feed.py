@@ -3,9 +3,16 @@
 A feed reads the run's event topics from the beginning and follows them
 (``run_events.read_events``) on the run's broker (``run_events.find_broker``). When no
 broker holds the run's topics (the embedded broker of a finished run stopped with it), it
-reads the run folder's ``metrics.jsonl`` instead, and again as the file grows. A broker
-that goes away while followed (the run ended) leaves the view as read, marked as no longer
-live. Listeners wait on :meth:`Feed.changed`; :meth:`Feed.payload` is what they send.
+reads the run folder's ``metrics.jsonl`` instead, and again as the file grows.
+
+A followed broker that stops answering is shown as not live at once, and back as live
+when it answers again (the reader reconnects by itself). One that refuses
+:data:`GONE_CHECKS` checks in a row is gone (the run ended, or its broker crashed): the
+page keeps what was read, and the feed looks for the run's broker again; once one holds
+the run's topics, the run is read again from the beginning into a fresh view, shown once
+it has caught up. A feed that fails logs why, says ``failed: <reason>`` and starts over
+after :data:`FAILED_PAUSE_S`. Listeners wait on :meth:`Feed.changed`;
+:meth:`Feed.payload` is what they send.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -25,6 +33,7 @@ from streamrft.infra.app.metrics_log import decode_line, metrics_path
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
 from streamrft.schemas.errors import StreamRFTError
+from streamrft.schemas.events import MetricsEvent
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +42,20 @@ RETRY_S = 2.0
 """How often a feed with nothing to read looks again for the run's broker or file."""
 FILE_POLL_S = 1.0
 """How often a followed ``metrics.jsonl`` is checked for new lines."""
+FILE_QUIET_S = 10.0
+"""A ``metrics.jsonl`` last written longer ago than this is not live (a finished run's)."""
+CHUNK_BYTES = 1 << 20
+"""``metrics.jsonl`` is read and decoded this many bytes at a time, off the event loop."""
 GONE_CHECKS = 2
 """A followed broker that refuses this many checks in a row (``RETRY_S`` apart) is gone."""
 LIST_S = 5.0
 """How long listing a broker's topics may take."""
 DRAIN_S = 10.0
 """How long the reader of a gone broker may take to finish before it is cancelled."""
+FAILED_PAUSE_S = 5.0
+"""A feed that failed starts over after this long."""
+REFRESH_S = 5.0
+"""A payload is made anew at least this often without new events (the rate "now" ages)."""
 
 
 async def topic_names(broker: run_events.Broker) -> list[str] | None:
@@ -51,6 +68,38 @@ async def topic_names(broker: run_events.Broker) -> list[str] | None:
         return None
 
 
+def answers(bootstrap: str) -> bool:
+    """Whether any of the brokers ``host:port[,...]`` accepts a TCP connection."""
+    return any(run_events.reachable(s) for s in bootstrap.split(",") if s.strip())
+
+
+def read_chunk(path: Path, offset: int) -> tuple[bytes, os.stat_result] | None:
+    """Up to :data:`CHUNK_BYTES` of ``path`` from ``offset``, and its stat; None: no such
+    file."""
+    try:
+        with path.open("rb") as fh:
+            st = os.fstat(fh.fileno())
+            if st.st_size < offset:
+                return b"", st
+            fh.seek(offset)
+            return fh.read(CHUNK_BYTES), st
+    except FileNotFoundError:
+        return None
+
+
+def decode_lines(lines: list[bytes]) -> tuple[list[MetricsEvent], list[str]]:
+    """The metrics events of ``lines`` and why the others are none."""
+    events, bad = [], []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            events.append(decode_line(line))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            bad.append(str(exc))
+    return events, bad
+
+
 class Feed:
     """The events of run ``cfg.run.id``; see the module docstring."""
 
@@ -60,13 +109,20 @@ class Feed:
         self.infra_dir = infra_dir
         self.view = RunView(run=str(cfg.run.id))
         self.source = "looking for the run's broker or metrics.jsonl"
+        self.kind = ""
+        """Where the view comes from: "broker", "file" (metrics only), "" (nowhere yet)."""
         self.live = False
         self.undecodable = 0
         self.seq = 0
         """Bumped at every change; listeners compare it with what they sent."""
+        self.listeners = 0
+        """Open streams of this feed."""
+        self.idle_since = time.monotonic()
+        """When its last listener left (or it started without one)."""
         self._tick = asyncio.Event()
-        self._cached: tuple[int, bytes] = (-1, b"")
+        self._cached: tuple[tuple[int, int], bytes] = ((-1, 0), b"")
         self.task: asyncio.Task[None] | None = None
+        self._retry: asyncio.TimerHandle | None = None
 
     # -- listeners -----------------------------------------------------------------------------
     def changed(self) -> asyncio.Event:
@@ -78,16 +134,24 @@ class Feed:
         tick, self._tick = self._tick, asyncio.Event()
         tick.set()
 
+    def listen(self, delta: int) -> None:
+        """A stream opened (+1) or closed (-1)."""
+        self.listeners += delta
+        if self.listeners == 0:
+            self.idle_since = time.monotonic()
+
     def payload(self) -> bytes:
         """The page's data as JSON: the view's snapshot, where it comes from, the time."""
-        seq, view = self._cached
-        if seq != self.seq:
-            view = msgspec.json.encode(self.view.snapshot())
-            self._cached = (self.seq, view)
+        key, view = self._cached
+        now = time.time()
+        if key != (self.seq, int(now // REFRESH_S)):
+            view = msgspec.json.encode(self.view.snapshot(now=now))
+            self._cached = ((self.seq, int(now // REFRESH_S)), view)
         return msgspec.json.encode(
             {
                 "seq": self.seq,
                 "source": self.source,
+                "kind": self.kind,
                 "live": self.live,
                 "undecodable": self.undecodable,
                 "server_time": time.time(),
@@ -95,12 +159,12 @@ class Feed:
             }
         )
 
-    def _set_source(self, source: str, live: bool) -> None:
-        self.source, self.live = source, live
-        self._bump()
-
-    def _apply(self, kind: str, event: object) -> None:
-        self.view.apply(kind, event)
+    def _set_source(self, source: str, live: bool, kind: str | None = None) -> None:
+        if kind is not None:
+            self.kind = kind
+        if (source, live) != (self.source, self.live):
+            self.source, self.live = source, live
+            self._bump()
 
     def _bad(self, rec: Record) -> None:
         self.undecodable += 1
@@ -110,26 +174,67 @@ class Feed:
     def start(self) -> None:
         if self.task is None:
             self.task = asyncio.create_task(self.follow(), name=f"feed {self.cfg.run.id}")
+            self.task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A feed's task ended: only a stop cancels it; anything else is a failure, shown,
+        logged and retried."""
+        if task is not self.task or task.cancelled():
+            return
+        exc = task.exception()
+        reason = repr(exc) if exc is not None else "its reader ended"
+        log.error(
+            "dashboard: the feed of run %s failed (again in %.0f s): %s",
+            self.cfg.run.id,
+            FAILED_PAUSE_S,
+            reason,
+            exc_info=exc,
+        )
+        self.task = None
+        self._set_source(f"failed: {reason}; trying again in {FAILED_PAUSE_S:.0f} s", False)
+        self._retry = asyncio.get_running_loop().call_later(FAILED_PAUSE_S, self._restart)
+
+    def _restart(self) -> None:
+        self._retry = None
+        self.view = RunView(run=str(self.cfg.run.id))
+        self.kind = ""
+        self._bump()
+        self.start()
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
-            self.task = None
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        task, self.task = self.task, None
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                log.exception("dashboard: the feed of run %s failed as it stopped", self.cfg.run.id)
 
     async def follow(self) -> None:
         """Follow the run's broker, else its ``metrics.jsonl``; look again every
-        :data:`RETRY_S` while neither is there."""
+        :data:`RETRY_S` while neither is there, and again for its broker once it is gone."""
+        read_once = False
         while True:
             broker = await self._broker()
             if broker is not None:
-                await self._from_broker(broker)
-                return
+                await self._from_broker(broker, fresh=read_once)
+                read_once = True
+                continue
             path = metrics_path(self.cfg.run_dir)
-            if path.is_file():
+            if not read_once and path.is_file():
                 await self._from_file(path)
-                return
+                return  # never: a followed file is followed until the feed stops
+            if not read_once and not self.cfg.run_dir.exists():
+                self._set_source(
+                    "unknown run: no topics on the broker and no run folder "
+                    f"({self.cfg.run_dir}); looking again",
+                    False,
+                )
             await asyncio.sleep(RETRY_S)
 
     async def _broker(self) -> run_events.Broker | None:
@@ -142,62 +247,99 @@ class Feed:
         names = await topic_names(broker)
         return broker if names is not None and self.cfg.topics().metrics in names else None
 
-    async def _from_broker(self, broker: run_events.Broker) -> None:
+    async def _from_broker(self, broker: run_events.Broker, fresh: bool) -> None:
+        """Read the run's topics from the beginning until the broker is gone. ``fresh``:
+        into a new view, shown once it has caught up (the old one stays until then)."""
         where = f"broker {broker.kafka.bootstrap_servers} ({broker.source})"
-        self._set_source(where, live=True)
+        view = RunView(run=str(self.cfg.run.id)) if fresh else self.view
+        caught_up = not fresh
+
+        def after_poll(records: list[Record]) -> None:
+            nonlocal caught_up
+            if not caught_up and not records:
+                caught_up, self.view = True, view
+                self._bump()
+            elif records and caught_up:
+                self._bump()
+
+        self._set_source(where, live=True, kind="broker")
         reader = asyncio.create_task(
             run_events.read_events(
                 broker.kafka,
                 self.cfg.topics(),
                 KINDS,
-                self._apply,
+                view.apply,
                 follow=True,
                 on_bad=self._bad,
-                after_poll=lambda records: self._bump() if records else None,
+                after_poll=after_poll,
                 client_id="streamrft-dashboard",
             )
         )
-        watch = asyncio.create_task(self._watch(broker.kafka.bootstrap_servers))
+        watch = asyncio.create_task(self._watch(broker.kafka.bootstrap_servers, where))
         try:
             await asyncio.wait({reader, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watch.cancel()
-            if not reader.done():
-                reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
                 await asyncio.wait_for(reader, DRAIN_S)
-        if reader.done() and not reader.cancelled() and reader.exception() is not None:
-            log.warning("dashboard: reading %s failed: %s", where, reader.exception())
-        self._set_source(f"{where}; gone, showing what was read", live=False)
+        failed = reader.exception() if reader.done() and not reader.cancelled() else None
+        if not caught_up:
+            self.view = view  # what the broker gave before it went: newer than the old one
+        at = time.strftime("%H:%M:%S")
+        if failed is not None:
+            log.warning("dashboard: reading %s failed: %r", where, failed)
+            self._set_source(f"{where}; reading failed at {at} ({failed!r}), again soon", False)
+            await asyncio.sleep(RETRY_S)
+        else:
+            self._set_source(f"{where}; gone at {at}, showing what was read", live=False)
 
-    async def _watch(self, bootstrap: str) -> None:
-        """Return once ``bootstrap`` refused :data:`GONE_CHECKS` connections in a row."""
+    async def _watch(self, bootstrap: str, where: str) -> None:
+        """Show the broker as not live while it refuses connections, as live once it
+        answers again; return once it refused :data:`GONE_CHECKS` checks in a row."""
         refused = 0
         while refused < GONE_CHECKS:
             await asyncio.sleep(RETRY_S)
-            up = await asyncio.to_thread(run_events.reachable, bootstrap)
+            up = await asyncio.to_thread(answers, bootstrap)
             refused = 0 if up else refused + 1
+            self._set_source(where if up else f"{where}; not answering", live=up)
 
     async def _from_file(self, path: Path) -> None:
-        """Fold the file's events, then its new lines as they are written."""
-        self._set_source(f"{path} (no broker holds the run's topics)", live=True)
-        offset, partial = 0, b""
+        """Fold the file's events, then its new lines as they are written; a file that
+        shrank or was replaced is read again from its start into a fresh view."""
+        what = f"{path} (metrics only: no broker holds the run's topics)"
+        self._set_source(what, live=False, kind="file")
+        offset, inode, partial = 0, None, b""
         while True:
-            with path.open("rb") as fh:
-                fh.seek(offset)
-                data = fh.read()
-            offset += len(data)
-            *lines, partial = (partial + data).split(b"\n")
-            for line in lines:
-                if line.strip():
-                    self._fold_line(line)
-            if lines:
+            chunk = await asyncio.to_thread(read_chunk, path, offset)
+            data, st = chunk if chunk is not None else (b"", None)
+            size, ino = (st.st_size, st.st_ino) if st is not None else (0, None)
+            if size < offset or (inode is not None and ino != inode):
+                log.info("dashboard: %s was truncated or replaced: reading it again", path)
+                self.view = RunView(run=str(self.cfg.run.id))
+                offset, inode, partial = 0, None, b""
                 self._bump()
+                if chunk is None:
+                    await asyncio.sleep(FILE_POLL_S)
+                continue
+            inode = ino
+            if data:
+                offset += len(data)
+                *lines, partial = (partial + data).split(b"\n")
+                await self._fold_lines(lines)
+            live = st is not None and time.time() - st.st_mtime < FILE_QUIET_S
+            self._set_source(what + ("; growing" if live else "; not growing"), live)
+            if offset < size:
+                continue  # more to read now
             await asyncio.sleep(FILE_POLL_S)
 
-    def _fold_line(self, line: bytes) -> None:
-        try:
-            self.view.apply("metrics", decode_line(line))
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self.undecodable += 1
-            log.warning("dashboard: a line of metrics.jsonl is no metrics event: %s", exc)
+    async def _fold_lines(self, lines: list[bytes]) -> None:
+        """Decode off the loop, then fold into the view."""
+        events, bad = await asyncio.to_thread(decode_lines, lines)
+        for why in bad[:3]:
+            log.warning("dashboard: a line of metrics.jsonl is no metrics event: %s", why)
+        self.undecodable += len(bad)
+        for ev in events:
+            self.view.apply("metrics", ev)
+        if events or bad:
+            self._bump()

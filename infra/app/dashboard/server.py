@@ -4,9 +4,10 @@ Routes: ``/`` the page (``static/index.html``), ``/static/*`` its assets (vendor
 nothing fetched at run time), ``/api/runs`` the runs to choose from (those with topics on
 the broker, and run folders with a ``metrics.jsonl``), ``/api/runs/{run}/snapshot`` a run's
 state now, ``/api/runs/{run}/events`` the same as Server-Sent Events: a snapshot at once,
-then a new one as events arrive (at most one per :data:`MIN_INTERVAL_S`), and a comment
-line every :data:`KEEPALIVE_S` so that proxies keep the stream open. One
-:class:`~.feed.Feed` per watched run, started when the run is first asked for.
+then a new one as events arrive (at most one per :data:`MIN_INTERVAL_S`), and again every
+:data:`KEEPALIVE_S` without events (the rate "now" ages; proxies keep the stream open). One
+:class:`~.feed.Feed` per watched run, started when the run is first asked for, and
+stopped once no stream has listened to it for :data:`IDLE_STOP_S`.
 
 Uvicorn runs without capturing signals: SIGINT/SIGTERM set the stop flag
 (``install_stop_handlers``), open streams end, the server exits, the feeds stop.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import re
@@ -31,31 +31,27 @@ from streamrft.infra.app import run_events
 from streamrft.infra.app.dashboard.feed import LIST_S, Feed, topic_names
 from streamrft.infra.app.metrics_log import METRICS_FILE
 from streamrft.infra.config import Config, with_run_id
+from streamrft.infra.net import is_loopback
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.schemas.errors import StreamRFTError
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
-RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
-"""What a run id may be (it is part of topic names)."""
+RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,255}")
+"""What a run id may be (it is part of topic names); ``fullmatch`` it."""
 MIN_INTERVAL_S = 0.3
 """At most one update of a stream this often: a burst of events becomes one update."""
 KEEPALIVE_S = 10.0
-"""A stream with nothing new sends a comment this often."""
+"""A stream with nothing new sends the snapshot again this often."""
 FIRST_WAIT_S = 5.0
 """``/snapshot`` of a feed just started waits this long for its first events."""
 RUNS_TTL_S = 3.0
 """The list of runs is looked up again after this long."""
-
-
-def loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+IDLE_STOP_S = 300.0
+"""A feed no stream has listened to for this long is stopped (opened again on demand)."""
+REAP_S = 30.0
+"""How often feeds are checked for that."""
 
 
 class Dashboard:
@@ -71,9 +67,13 @@ class Dashboard:
         self.feeds: dict[str, Feed] = {}
         self.closing = asyncio.Event()
         self._runs: tuple[float, dict[str, Any]] = (0.0, {})
+        self._opening = asyncio.Lock()
+        """Held while a feed is looked up and created: one feed per run."""
 
     async def runs(self) -> dict[str, Any]:
-        """``{"runs": [{run, on_broker, metrics_file}], "default": id, "broker": where}``."""
+        """``{"runs": [{run, on_broker, metrics_file, folder, last}], "default": id,
+        "broker": where}``; ``last``: the Unix time of the run's newest event known here
+        (its open feed, else its run folder's newest write), 0 when unknown."""
         at, cached = self._runs
         if cached and time.monotonic() - at < RUNS_TTL_S:
             return cached
@@ -84,11 +84,20 @@ class Dashboard:
         on_broker = run_events.runs_on_broker(names or [], self.cfg.kafka.topic_prefix)
         root = Path(self.cfg.run.dir)
         in_files = [p.parent.name for p in root.glob(f"*/{METRICS_FILE}")]
-        ids = {r for r in [*on_broker, *in_files, *self.feeds] if RUN_ID.match(r)}
+        ids = {r for r in [*on_broker, *in_files, *self.feeds] if RUN_ID.fullmatch(r)}
         if self.default_run:
             ids.add(self.default_run)
+        last = await asyncio.to_thread(_last_writes, root, sorted(ids))
+        for run, feed in self.feeds.items():
+            last[run] = max(last.get(run, 0.0), feed.view.updated_at)
         rows = [
-            {"run": r, "on_broker": r in on_broker, "metrics_file": r in in_files}
+            {
+                "run": r,
+                "on_broker": r in on_broker,
+                "metrics_file": r in in_files,
+                "folder": (root / r).is_dir(),
+                "last": last.get(r, 0.0),
+            }
             for r in sorted(ids)
         ]
         where = f"{broker.kafka.bootstrap_servers} ({broker.source})" if broker else None
@@ -98,6 +107,12 @@ class Dashboard:
 
     async def feed(self, run: str) -> Feed:
         """The feed of ``run`` (started now if new); ``LookupError``: no such run."""
+        if run in self.feeds:
+            return self.feeds[run]
+        async with self._opening:
+            return await self._feed(run)
+
+    async def _feed(self, run: str) -> Feed:
         if run not in self.feeds:
             known = {row["run"] for row in (await self.runs())["runs"]}
             if run not in known:
@@ -112,28 +127,70 @@ class Dashboard:
 
     async def stream(self, feed: Feed) -> AsyncIterator[bytes]:
         """Server-Sent Events of ``feed``: see the module docstring."""
-        sent = feed.seq
-        yield b"data: " + feed.payload() + b"\n\n"
-        while not self.closing.is_set():
-            if feed.seq == sent:
-                changed = asyncio.create_task(feed.changed().wait())
-                closing = asyncio.create_task(self.closing.wait())
-                done, pending = await asyncio.wait(
-                    {changed, closing}, timeout=KEEPALIVE_S, return_when=asyncio.FIRST_COMPLETED
-                )
-                for task in pending:
-                    task.cancel()
-                if not done:
-                    yield b": keep-alive\n\n"
-                continue
-            await asyncio.sleep(MIN_INTERVAL_S)  # let a burst of events land first
+        feed.listen(+1)
+        try:
             sent = feed.seq
             yield b"data: " + feed.payload() + b"\n\n"
+            while not self.closing.is_set():
+                if feed.seq == sent:
+                    if not await self._next_change(feed):
+                        yield b"data: " + feed.payload() + b"\n\n"
+                    continue
+                await asyncio.sleep(MIN_INTERVAL_S)  # let a burst of events land first
+                sent = feed.seq
+                yield b"data: " + feed.payload() + b"\n\n"
+        finally:
+            feed.listen(-1)
+
+    async def _next_change(self, feed: Feed) -> bool:
+        """Wait for ``feed``'s next change or the dashboard's end, at most
+        :data:`KEEPALIVE_S`; False: neither came."""
+        changed = asyncio.create_task(feed.changed().wait())
+        closing = asyncio.create_task(self.closing.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {changed, closing}, timeout=KEEPALIVE_S, return_when=asyncio.FIRST_COMPLETED
+            )
+            return bool(done)
+        finally:  # a closed stream cancels its generator here: leave no task behind
+            changed.cancel()
+            closing.cancel()
+
+    async def stop_idle(self, idle_s: float = IDLE_STOP_S) -> list[str]:
+        """Stop the feeds no stream has listened to for ``idle_s``; their runs."""
+        now = time.monotonic()
+        idle = [
+            run
+            for run, feed in self.feeds.items()
+            if feed.listeners == 0 and now - feed.idle_since >= idle_s
+        ]
+        for run in idle:
+            feed = self.feeds.pop(run)
+            await feed.stop()
+            log.info("dashboard: stopped following run %s (nobody watching)", run)
+        return idle
+
+    async def reap(self) -> None:
+        """:meth:`stop_idle` every :data:`REAP_S` until the dashboard closes."""
+        while not self.closing.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.closing.wait(), REAP_S)
+            await self.stop_idle()
 
     async def close(self) -> None:
         self.closing.set()
-        for feed in self.feeds.values():
+        for feed in list(self.feeds.values()):
             await feed.stop()
+
+
+def _last_writes(root: Path, runs: list[str]) -> dict[str, float]:
+    """Run -> the newest modification time of its folder or the files in it."""
+    out = {}
+    for run in runs:
+        folder = root / run
+        with contextlib.suppress(OSError):
+            out[run] = max([folder.stat().st_mtime, *(p.stat().st_mtime for p in folder.iterdir())])
+    return out
 
 
 def _error(status: int, message: str) -> Any:
@@ -160,7 +217,7 @@ def build_app(dash: Dashboard) -> Any:
         return await dash.runs()
 
     async def feed_of(run: str) -> Feed | Any:
-        if not RUN_ID.match(run):
+        if not RUN_ID.fullmatch(run):
             return _error(400, f"bad run id {run[:80]!r}: letters, digits, '_' and '-' only")
         try:
             return await dash.feed(run)
@@ -231,7 +288,7 @@ def url_of(host: str, port: int, run: str | None) -> str:
 async def serve(dash: Dashboard, host: str, port: int, url_file: Path | None = None) -> None:
     """Serve ``dash`` on ``host:port`` until SIGINT/SIGTERM; print the URL (and write it to
     ``url_file``, removed again at the end) once it is listening."""
-    if not loopback(host):
+    if not is_loopback(host):
         print(
             f"streamrft: warning: the dashboard on {host} is reachable from other machines "
             "and has no authentication",
@@ -250,10 +307,12 @@ async def serve(dash: Dashboard, host: str, port: int, url_file: Path | None = N
         tmp.write_text(url + "\n")
         tmp.replace(url_file)
     stopped = asyncio.create_task(stop.wait())
+    reaper = asyncio.create_task(dash.reap(), name="dashboard feeds reaper")
     try:
         await asyncio.wait({serving, stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopped.cancel()
+        reaper.cancel()
         dash.closing.set()
         http.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):

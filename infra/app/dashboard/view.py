@@ -10,16 +10,23 @@ Where the numbers come from:
 
 - reward: ``train/reward_mean`` by trainer step, ``explorer/reward_mean`` by each
   explorer's step; eval accuracy: ``eval/accuracy``; step time: ``train/step_seconds``;
+- reward by explorer: an explorer whose step falls while its events get newer was
+  restarted (a new process counts from 0): its new attempt is a series of its own,
+  ``explorer-0 (restart 1)``, and the earlier points stay;
 - staleness histogram: the sum over trainer steps of ``train/staleness_groups_<k>`` (a
-  step redone after a resume replaces its first attempt);
+  step redone after a resume replaces its first attempt); ``k < 0`` (groups sampled with a
+  version newer than the one the trainer held) is shown as it is;
 - experiences/s: the sum over explorers of the rise of each one's
   ``experiences_published`` status counter over its last :data:`RATE_WINDOW_S` seconds;
   with metrics only (a finished run's file), groups/s from ``explorer/groups`` over
-  ``created_at``;
-- versions: ``ModelVersionReady`` events and the trainer's status; an explorer's lag is
-  the newest of them minus the version it holds;
-- rebalances: the explorers' ``rebalances`` status counter (the task intake counts every
-  assignment of tasks partitions) and the partitions each holds (its status detail);
+  ``created_at``; the rate "now" leaves out sources silent for two windows;
+- versions: the highest version any event reports (``ModelVersionReady``, statuses,
+  metrics of any component); an explorer's lag is that minus the version it holds (none
+  once it stopped);
+- rebalances: the explorers' ``rebalances`` status counter counts every assignment of
+  tasks partitions, the first one too, and every member counts each group rebalance: an
+  explorer's reassignments are that count minus one (its largest across restarts), and the
+  run's rebalances the most reassignments any one explorer saw;
 - dead letters: every event of the dead-letter topic, the last :data:`LATEST_LETTERS` kept.
 """
 
@@ -142,6 +149,13 @@ class Throughput:
             recent = [r for at, r in self._rates.values() if at >= t - 2 * self.window_s]
             self.curve.add(t, sum(recent))
 
+    def rate_at(self, now: float) -> float | None:
+        """The summed rate of the sources that reported within two windows of ``now``;
+        None before any rate."""
+        if not self.curve.count:
+            return None
+        return sum(r for at, r in self._rates.values() if at >= now - 2 * self.window_s)
+
     def count(self, source: str, t: float, n: float) -> None:
         """``source`` did ``n`` more at time ``t`` (a step's groups)."""
         self._sums[source] = self._sums.get(source, 0.0) + n
@@ -164,6 +178,8 @@ class Component:
     partitions: str = ""
     """Its newest assignment note (``tasks partitions 0,1``)."""
     rebalances: int = 0
+    """Its largest ``rebalances`` counter (assignments of tasks partitions, the first one
+    too) across restarts."""
     starved: bool = False
     counters: dict[str, float] = field(default_factory=dict)
 
@@ -189,6 +205,8 @@ class RunView:
     staleness_by_step: dict[int, dict[int, float]] = field(default_factory=dict)
     staleness: dict[int, float] = field(default_factory=dict)
     components: dict[str, Component] = field(default_factory=dict)
+    attempts: dict[str, tuple[int, float, int]] = field(default_factory=dict)
+    """Explorer -> (newest step, its created_at, restarts seen) of its reward series."""
     versions_announced: int = 0
     latest_version: int = -1
     versions: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=LATEST_VERSIONS))
@@ -225,13 +243,13 @@ class RunView:
             comp.step, comp.version = ev.step, ev.version
             comp.heartbeat = max(comp.heartbeat, ev.created_at)
             comp.role = comp.role or _role_of(values)
+        self.latest_version = max(self.latest_version, ev.version)
         if "train/reward_mean" in values:
-            self.latest_version = max(self.latest_version, ev.version)
             self._series("trainer").add(ev.step, values["train/reward_mean"])
             self.trainer_step = max(self.trainer_step, ev.step)
             self.trainer_latest = {k: v for k, v in values.items() if math.isfinite(v)}
         if "explorer/reward_mean" in values:
-            series = self._series(ev.component)
+            series = self._series(self._attempt(ev.component, ev.step, ev.created_at))
             if series is not None:
                 series.add(ev.step, values["explorer/reward_mean"])
         if "eval/accuracy" in values:
@@ -243,10 +261,22 @@ class RunView:
         stale = {
             int(name[len(STALENESS_PREFIX) :]): n
             for name, n in values.items()
-            if name.startswith(STALENESS_PREFIX) and name[len(STALENESS_PREFIX) :].isdigit()
+            if name.startswith(STALENESS_PREFIX)
+            and name[len(STALENESS_PREFIX) :].removeprefix("-").isdigit()
+            and math.isfinite(n)
         }
         if stale:
             self._staleness(ev.step, stale)
+
+    def _attempt(self, component: str, step: int, t: float) -> str:
+        """The reward series of ``component``'s step at time ``t``: its own name, or
+        ``<name> (restart N)`` once its step fell while its events got newer."""
+        last_step, last_t, restarts = self.attempts.get(component, (step, t, 0))
+        if step < last_step and t > last_t:
+            restarts += 1
+        if step >= last_step or t > last_t:
+            self.attempts[component] = (step, t, restarts)
+        return f"{component} (restart {restarts})" if restarts else component
 
     def _series(self, name: str) -> Curve | None:
         if name not in self.reward and name != "trainer" and len(self.reward) > MAX_SERIES:
@@ -272,7 +302,7 @@ class RunView:
             comp.detail = ev.detail
             if ev.detail.startswith(PARTITIONS_NOTES):
                 comp.partitions = ev.detail
-        comp.rebalances = int(ev.counters.get("rebalances", comp.rebalances))
+        comp.rebalances = max(comp.rebalances, int(ev.counters.get("rebalances", 0)))
         if ev.role == "trainer":
             self.trainer_step = max(self.trainer_step, ev.step)
             self.latest_version = max(self.latest_version, ev.version)
@@ -321,13 +351,18 @@ class RunView:
         )
 
     # -- the page's data -----------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
         """Everything the page shows, as plain JSON-able data (times are Unix seconds;
-        throughput x values are seconds since the run's first event)."""
-        throughput, unit = self.experiences.curve, "experiences/s"
-        if not throughput.count and self.groups.curve.count:
-            throughput, unit = self.groups.curve, "groups/s"
-        rel = [[x - self.started_at, y] for x, y in throughput.shown()]
+        throughput x values are seconds since the run's first event). ``now``: the time
+        the rate "now" is taken at (sources silent for two windows count no more); None:
+        the newest point of the rate curve."""
+        rates, unit = self.experiences, "experiences/s"
+        if not rates.curve.count and self.groups.curve.count:
+            rates, unit = self.groups, "groups/s"
+        rel = [[x - self.started_at, y] for x, y in rates.curve.shown()]
+        rate_now = rel[-1][1] if rel else None
+        if now is not None:
+            rate_now = rates.rate_at(now)
         return {
             "run": self.run,
             "events": dict(self.events),
@@ -344,10 +379,13 @@ class RunView:
                 "step_seconds": self.step_seconds.shown(),
                 "throughput": {"unit": unit, "points": rel},
             },
-            "throughput_now": rel[-1][1] if rel else None,
-            "staleness": {str(k): self.staleness[k] for k in sorted(self.staleness)},
+            "throughput_now": rate_now,
+            "staleness": [[k, self.staleness[k]] for k in sorted(self.staleness)],
             "components": [self._row(c) for _, c in sorted(self.components.items())],
-            "rebalances": sum(c.rebalances for c in self.components.values()),
+            "rebalances": max(
+                (_beyond_first(c) for c in self.components.values() if c.role == "explorer"),
+                default=0,
+            ),
             "versions": {
                 "announced": self.versions_announced,
                 "latest": self.latest_version,
@@ -360,8 +398,9 @@ class RunView:
 
     def _row(self, c: Component) -> dict[str, Any]:
         lag = None
+        stopped = c.state == RunState.STOPPED.value
         if c.role in ("explorer", "serve") and c.version >= 0 and self.latest_version >= 0:
-            lag = max(0, self.latest_version - c.version)
+            lag = None if stopped else max(0, self.latest_version - c.version)
         return {
             "component": c.name,
             "role": c.role,
@@ -372,7 +411,12 @@ class RunView:
             "heartbeat": c.heartbeat,
             "detail": c.detail,
             "partitions": c.partitions,
-            "rebalances": c.rebalances,
+            "rebalances": _beyond_first(c),
             "starved": c.starved,
             "experiences_published": c.counters.get("experiences_published"),
         }
+
+
+def _beyond_first(c: Component) -> int:
+    """Assignments of tasks partitions an explorer got after its first one."""
+    return max(0, c.rebalances - 1)

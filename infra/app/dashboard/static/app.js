@@ -8,8 +8,8 @@ const SVG = "http://www.w3.org/2000/svg";
 
 let current = null;      // the run shown
 let stream = null;       // its EventSource
-let latest = null;       // the newest payload
 let clockSkew = 0;       // server time - this page's time, seconds
+let latestKind = "";     // where the shown payload came from: "broker", "file"
 
 const $ = (id) => document.getElementById(id);
 
@@ -102,7 +102,7 @@ function lineChart(host, series, opts) {
     if (!s.points.length) return;
     const color = s.color || COLORS[i % COLORS.length];
     const d = s.points.map((p, j) => `${j ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join("");
-    root.append(svg("path", { d, class: "line", stroke: color, "data-series": s.name }));
+    root.append(svg("path", { d, class: "line", stroke: color, "data-series": s.name, "data-points": String(s.points.length) }));
     if (s.points.length < 40) {
       for (const p of s.points) root.append(svg("circle", { cx: sx(p[0]), cy: sy(p[1]), r: 2.5, fill: color }));
     }
@@ -122,18 +122,17 @@ function lineChart(host, series, opts) {
   }
 }
 
-// A bar chart of {label: value} into `host`.
+// A bar chart of [[k, value]...] (k: versions behind) into `host`.
 function barChart(host, bars, opts) {
   const W = 460, H = 200, L = 44, R = 10, T = 10, B = 26;
-  const keys = Object.keys(bars);
-  host.dataset.bars = String(keys.length);
+  host.dataset.bars = String(bars.length);
   host.replaceChildren();
-  if (!keys.length) {
+  if (!bars.length) {
     host.append(el("p", { class: "empty" }, opts.empty || "no data yet"));
     return;
   }
-  const max = Math.max(1, ...Object.values(bars));
-  const slot = (W - L - R) / keys.length;
+  const max = Math.max(1, ...bars.map(([, n]) => n));
+  const slot = (W - L - R) / bars.length;
   const sy = (y) => H - B - (y / max) * (H - T - B);
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
   for (const t of niceTicks(0, max, 4)) {
@@ -142,15 +141,18 @@ function barChart(host, bars, opts) {
     label.textContent = fmt(t, 0);
     root.append(label);
   }
-  keys.forEach((k, i) => {
+  bars.forEach(([k, n], i) => {
     const x = L + i * slot + slot * 0.15;
-    const bar = svg("rect", { x, y: sy(bars[k]), width: slot * 0.7, height: H - B - sy(bars[k]), class: "bar" });
+    const newer = k < 0;
+    const bar = svg("rect", { x, y: sy(n), width: slot * 0.7, height: H - B - sy(n), class: newer ? "bar newer" : "bar", "data-k": String(k) });
     const title = svg("title");
-    title.textContent = `${bars[k]} groups ${k} version(s) old`;
+    title.textContent = newer
+      ? `${n} groups sampled with a version ${-k} newer than the trainer held`
+      : `${n} groups ${k} version(s) old`;
     bar.append(title);
     root.append(bar);
     const label = svg("text", { x: x + slot * 0.35, y: H - 8, class: "tick", "text-anchor": "middle" });
-    label.textContent = k;
+    label.textContent = newer ? `${k} (newer)` : String(k);
     root.append(label);
   });
   host.append(root);
@@ -166,7 +168,7 @@ function renderRuns(data) {
     link.addEventListener("click", (e) => { e.preventDefault(); choose(row.run); });
     item.append(link);
     const where = [row.on_broker ? "broker" : null, row.metrics_file ? "metrics.jsonl" : null].filter(Boolean);
-    item.append(el("small", {}, where.join(" · ") || "waiting"));
+    item.append(el("small", {}, where.join(" · ") || (row.folder ? "run folder, nothing read yet" : "no topics, no run folder")));
     list.append(item);
   }
   if (!data.runs.length) list.append(el("li", { class: "muted" }, "no runs found"));
@@ -179,7 +181,8 @@ async function loadRuns() {
     const data = await resp.json();
     if (!current) {
       const asked = new URLSearchParams(location.search).get("run");
-      const first = asked || data.default || (data.runs.length ? data.runs[data.runs.length - 1].run : null);
+      const newest = [...data.runs].sort((a, b) => a.last - b.last || a.run.localeCompare(b.run)).pop();
+      const first = asked || data.default || (newest ? newest.run : null);
       if (first) choose(first);
     }
     renderRuns(data);
@@ -191,7 +194,6 @@ async function loadRuns() {
 function choose(run) {
   if (stream) stream.close();
   current = run;
-  latest = null;
   history.replaceState(null, "", `?run=${encodeURIComponent(run)}`);
   $("run-title").textContent = run;
   document.title = `${run} · streamrft`;
@@ -201,7 +203,6 @@ function choose(run) {
   stream.onmessage = (msg) => {
     const payload = JSON.parse(msg.data);
     clockSkew = payload.server_time - Date.now() / 1000;
-    latest = payload;
     render(payload);
   };
   stream.onerror = () => {
@@ -215,9 +216,19 @@ function setSource(text, live) {
   $("source").dataset.live = live ? "true" : "false";
 }
 
+// A KPI the run's metrics.jsonl cannot know (no status, control or dead-letter topic).
+function unknowable(id, p) {
+  const unknown = p.kind === "file";
+  $(`${id}-note`).textContent = unknown ? "not in metrics.jsonl" : "";
+  $(id).parentElement.classList.toggle("unknown", unknown);
+  if (unknown) $(id).textContent = "–";
+  return unknown;
+}
+
 function render(p) {
   const v = p.view;
   setSource(p.source, p.live);
+  document.body.dataset.kind = p.kind;
   document.body.dataset.seq = String(p.seq);
   $("kpi-step").textContent = String(v.trainer.step);
   $("kpi-version").textContent = v.versions.latest >= 0 ? String(v.versions.latest) : "–";
@@ -225,12 +236,15 @@ function render(p) {
   $("kpi-rate-label").textContent = v.curves.throughput.unit;
   const st = v.curves.step_seconds;
   $("kpi-step-time").textContent = st.length ? `${fmt(st[st.length - 1][1])} s` : "–";
-  $("kpi-versions").textContent = String(v.versions.announced);
-  $("rebalances").textContent = String(v.rebalances);
+  if (!unknowable("kpi-versions", p)) $("kpi-versions").textContent = String(v.versions.announced);
+  if (!unknowable("rebalances", p)) $("rebalances").textContent = String(v.rebalances);
   const dead = $("dead-letter-count");
-  dead.textContent = String(v.dead_letters.count);
   dead.dataset.count = String(v.dead_letters.count);
+  if (!unknowable("dead-letter-count", p)) dead.textContent = String(v.dead_letters.count);
   $("kpi-dead").classList.toggle("alarm", v.dead_letters.count > 0);
+  $("dead-letters-empty").textContent = p.kind === "file"
+    ? "– (not in metrics.jsonl: dead letters are on the run's broker only)"
+    : "none: every message decoded";
 
   const reward = Object.entries(v.curves.reward)
     .sort(([a], [b]) => (a === "trainer" ? -1 : b === "trainer" ? 1 : a.localeCompare(b)))
@@ -243,6 +257,7 @@ function render(p) {
   lineChart($("chart-rate"), [{ name: tp.unit, points: tp.points }], { yMin: 0, xLabel: "seconds since start" });
   lineChart($("chart-step-time"), [{ name: "train/step_seconds", points: st }], { yMin: 0, xLabel: "trainer step" });
   barChart($("chart-staleness"), v.staleness, { empty: "no trained groups yet" });
+  latestKind = p.kind;
   renderComponents(v.components);
   renderVersions(v.versions.recent);
   renderLetters(v.dead_letters.latest);
@@ -264,7 +279,8 @@ function renderComponents(rows) {
     tr.append(el("td", { class: `num ${c.lag > 1 ? "warn" : ""}` }, c.lag === null ? "–" : String(c.lag)));
     tr.append(el("td", { class: "num age", "data-t": String(c.heartbeat) }, age(c.heartbeat)));
     tr.append(el("td", {}, c.partitions.replace("tasks partitions ", "") || "–"));
-    tr.append(el("td", { class: "num" }, c.role === "explorer" ? String(c.rebalances) : "–"));
+    const reassigned = c.role === "explorer" && latestKind !== "file" ? String(c.rebalances) : "–";
+    tr.append(el("td", { class: "num" }, reassigned));
     tr.append(el("td", { class: "detail", title: c.detail }, c.detail));
     body.append(tr);
   }
