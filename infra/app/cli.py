@@ -215,16 +215,36 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_of(args: argparse.Namespace):
-    """The config of a tool watching run ``--run-id`` (``--config``, or the defaults: the
-    run folder under ``runs/``), and the broker that holds its topics."""
-    from streamrft.infra.app.run_events import check_run_exists, need_broker
+def _watcher_config(args: argparse.Namespace, run_id_required: bool):
+    """The config of a tool that watches a run from outside (``status``, ``tail``,
+    ``dashboard``, ``export-metrics``): CONFIG / ``--config`` (a run folder's config.yaml
+    serves: these read the broker only, so only a Kafka secret is needed) with its ``-o``
+    overrides, else the defaults; ``--run-id``; ``--runs-dir``."""
+    import msgspec
+
     from streamrft.infra.config import Config, load_config, with_run_id
 
+    overrides = getattr(args, "override", None)
+    if overrides and not args.config:
+        raise ConfigError("-o/--override needs a CONFIG to apply to")
     cfg = Config()
-    if args.config:  # a run folder's config.yaml serves: these tools need no store secret
-        cfg = load_config(args.config, needs_secrets=("kafka",))
-    cfg = with_run_id(cfg, args.run_id)
+    if args.config:
+        cfg = load_config(args.config, overrides, needs_secrets=("kafka",))
+    if run_id_required and not (args.run_id or cfg.run.id):
+        raise StreamRFTError("--run-id is required (the run to watch)")
+    if args.run_id or run_id_required:
+        cfg = with_run_id(cfg, args.run_id)
+    if getattr(args, "runs_dir", None):
+        cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, dir=args.runs_dir))
+    return cfg
+
+
+def _run_of(args: argparse.Namespace):
+    """The config of a tool watching run ``--run-id`` and the broker that holds its topics
+    (an error when none does, or when the run has no topics there)."""
+    from streamrft.infra.app.run_events import check_run_exists, need_broker
+
+    cfg = _watcher_config(args, run_id_required=True)
     broker = need_broker(cfg, args.bootstrap, Path(args.dir))
     asyncio.run(check_run_exists(broker, cfg.topics()))
     return cfg, broker
@@ -262,24 +282,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    import msgspec
-
     from streamrft.infra.app.dashboard.server import main
-    from streamrft.infra.config import Config, load_config, with_run_id
 
     _setup_logging("WARNING")
-    if args.override and not args.config:
-        raise ConfigError("-o/--override needs a CONFIG to apply to")
-    # the dashboard reads the broker only: a run folder's config.yaml serves (its Kafka
-    # secret from the environment when the broker needs one)
-    cfg = (
-        load_config(args.config, args.override, needs_secrets=("kafka",))
-        if args.config
-        else Config()
-    )
-    cfg = with_run_id(cfg, args.run_id) if args.run_id else cfg
-    if args.runs_dir:
-        cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, dir=args.runs_dir))
+    cfg = _watcher_config(args, run_id_required=False)
     port = cfg.monitor.dashboard_port if args.port is None else args.port
     url_file = Path(args.url_file) if args.url_file else None
     main(cfg, args.host, port, args.bootstrap, Path(args.dir) if args.dir else None, url_file)
@@ -287,26 +293,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def cmd_export_metrics(args: argparse.Namespace) -> int:
-    import msgspec
-
     from streamrft.infra.app.export_metrics import export_metrics
-    from streamrft.infra.config import Config, load_config, with_run_id
 
     _setup_logging("WARNING")
-    if args.override and not args.config:
-        raise ConfigError("-o/--override needs a CONFIG to apply to")
-    # the exporters read the broker only: a run folder's config.yaml serves (its Kafka
-    # secret from the environment when the broker needs one)
-    cfg = (
-        load_config(args.config, args.override, needs_secrets=("kafka",))
-        if args.config
-        else Config()
-    )
-    if not (args.run_id or cfg.run.id):
-        raise StreamRFTError("--run-id is required (the run whose metrics to export)")
-    cfg = with_run_id(cfg, args.run_id)
-    if args.runs_dir:
-        cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, dir=args.runs_dir))
+    cfg = _watcher_config(args, run_id_required=True)
     outcome = export_metrics(
         cfg,
         args.to or cfg.monitor.exporters,

@@ -121,11 +121,13 @@ def need_broker(cfg: Config, bootstrap: str | None = None, infra_dir: Path | Non
     found, tried = _search(cfg, bootstrap, infra_dir)
     if found is None:
         looked = "; ".join(tried) if tried else "no broker named anywhere"
-        raise StreamRFTError(
-            f"run {cfg.run.id}: no reachable broker (tried: {looked}); a finished run's "
-            "embedded broker stopped with it: its metrics remain in "
-            f"{cfg.run_dir / 'metrics.jsonl'}"
+        metrics = cfg.run_dir / "metrics.jsonl"
+        left = (
+            f"a finished run's embedded broker stopped with it: its metrics remain in {metrics}"
+            if metrics.exists()
+            else f"and there is no run folder {cfg.run_dir} with a metrics.jsonl either"
         )
+        raise StreamRFTError(f"run {cfg.run.id}: no reachable broker (tried: {looked}); {left}")
     return found
 
 
