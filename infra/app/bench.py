@@ -42,8 +42,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from streamrft.infra.app.run_events import reachable
 from streamrft.infra.config import Config
-from streamrft.infra.local.processes import port_open
 from streamrft.schemas.errors import ServiceError, StreamRFTError
 
 if TYPE_CHECKING:  # heavy (torch): imported when a scorer is built
@@ -271,7 +271,7 @@ class MetricsOutlet:
             cfg, _ = resolve(self.cfg, joining=True)
             if not cfg.kafka.bootstrap_servers:
                 raise ServiceError(f"no broker known for run {cfg.run.id}")
-            if not _answers(cfg.kafka.bootstrap_servers):
+            if not reachable(cfg.kafka.bootstrap_servers, timeout=2.0):
                 raise ServiceError(
                     f"the run's broker {cfg.kafka.bootstrap_servers} does not answer (a run's "
                     "embedded broker stops when the run ends)"
@@ -326,16 +326,6 @@ class MetricsOutlet:
             f"(--require-publish makes this an error): {exc}",
             file=sys.stderr,
         )
-
-
-def _answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """Whether any ``host:port`` of ``bootstrap`` accepts a TCP connection: a broker that is
-    gone is told at once, not after the Kafka client's connect retries."""
-    for address in bootstrap.split(","):
-        host, _, port = address.strip().rpartition(":")
-        if port.isdigit() and port_open(int(port), timeout_s, host.strip("[]")):
-            return True
-    return False
 
 
 # -- the command -----------------------------------------------------------------------------

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING
 
 from streamrft.infra.app.endpoints import of_run
 from streamrft.infra.config import Config, with_endpoints, with_run_id
-from streamrft.infra.local.processes import port_open
 from streamrft.schemas.errors import ConfigError, StreamRFTError
 from streamrft.schemas.topics import TopicNames
 
@@ -134,8 +133,9 @@ def _with_source_broker(cfg: Config, source: str) -> Config:
     servers = cfg.kafka.bootstrap_servers
     if not servers:
         raise StreamRFTError(f"no broker found for run {source}: {NEEDS_A_BROKER}")
-    host, _, port = servers.split(",")[0].rpartition(":")
-    if port.isdigit() and not port_open(int(port), timeout=2.0, host=host or "127.0.0.1"):
+    from streamrft.infra.app.run_events import reachable  # aiokafka: only when used
+
+    if not reachable(servers, timeout=2.0):
         raise StreamRFTError(
             f"the broker {servers} (from {where}) does not answer: {NEEDS_A_BROKER}"
         )

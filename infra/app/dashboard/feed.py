@@ -68,11 +68,6 @@ async def topic_names(broker: run_events.Broker) -> list[str] | None:
         return None
 
 
-def answers(bootstrap: str) -> bool:
-    """Whether any of the brokers ``host:port[,...]`` accepts a TCP connection."""
-    return any(run_events.reachable(s) for s in bootstrap.split(",") if s.strip())
-
-
 def read_chunk(path: Path, offset: int) -> tuple[bytes, os.stat_result] | None:
     """Up to :data:`CHUNK_BYTES` of ``path`` from ``offset``, and its stat; None: no such
     file."""
@@ -300,7 +295,7 @@ class Feed:
         refused = 0
         while refused < GONE_CHECKS:
             await asyncio.sleep(RETRY_S)
-            up = await asyncio.to_thread(answers, bootstrap)
+            up = await asyncio.to_thread(run_events.reachable, bootstrap)
             refused = 0 if up else refused + 1
             self._set_source(where if up else f"{where}; not answering", live=up)
 
