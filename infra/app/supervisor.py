@@ -330,9 +330,16 @@ class Supervisor:
             self.dashboard.kill()
 
     async def _shutdown(self) -> None:
-        """Shutdown event, wait for orderly exits, then SIGTERM, then SIGKILL."""
+        """Shutdown event, wait for orderly exits, then SIGTERM, then SIGKILL. A run
+        stopped by a signal passes it on to its children first, then sends the Shutdown
+        event (for explorers started by hand): a child that stopped on the event alone
+        would have left its event loop, and with it its signal handler, by the time a
+        later SIGTERM arrived, and died of it mid-exit."""
         alive = [c for c in self.children.values() if c.returncode is None]
         if alive:
+            if self.stop.is_set():
+                for c in alive:
+                    c.terminate()
             try:
                 async with EventSender(self.cfg, "supervisor", "supervisor") as sender:
                     await sender.control(
@@ -340,9 +347,6 @@ class Supervisor:
                     )
             except StreamRFTError as exc:
                 log.warning("could not send Shutdown (%s); signalling the processes", exc)
-            if self.stop.is_set():
-                for c in alive:
-                    c.terminate()
         deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline and any(
             c.returncode is None for c in self.children.values()
