@@ -64,17 +64,21 @@ def of_run(cfg: Config) -> Found | None:
         eps = own["endpoints"]
         source = f"run {cfg.run.id} (its embedded services)"
         return Found(eps.get("bootstrap_servers"), eps.get("s3_endpoint"), source)
+    return of_run_config(cfg)
+
+
+def of_run_config(cfg: Config) -> Found | None:
+    """The endpoints the run's resolved ``<run dir>/config.yaml`` names, if any."""
     resolved = cfg.run_dir / "config.yaml"
-    if resolved.is_file():
-        data = yaml.safe_load(resolved.read_text()) or {}
-        found = Found(
-            (data.get("kafka") or {}).get("bootstrap_servers"),
-            (data.get("object_store") or {}).get("endpoint"),
-            f"run {cfg.run.id} ({resolved})",
-        )
-        if found.bootstrap_servers or found.s3_endpoint:
-            return found
-    return None
+    if not resolved.is_file():
+        return None
+    data = yaml.safe_load(resolved.read_text()) or {}
+    found = Found(
+        (data.get("kafka") or {}).get("bootstrap_servers"),
+        (data.get("object_store") or {}).get("endpoint"),
+        f"run {cfg.run.id} ({resolved})",
+    )
+    return found if found.bootstrap_servers or found.s3_endpoint else None
 
 
 def resolve(cfg: Config, joining: bool) -> tuple[Config, str | None]:

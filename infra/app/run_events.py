@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import yaml
 
 from streamrft.infra import admin, kafka
-from streamrft.infra.app.endpoints import INFRA_DIR, infra_up, of_run
+from streamrft.infra.app.endpoints import INFRA_DIR, infra_up, of_run, of_run_config
 from streamrft.infra.config import Config, KafkaConfig
 from streamrft.infra.consume import Record, consume
 from streamrft.infra.local.processes import port_open
@@ -72,26 +71,13 @@ def _candidates(cfg: Config, bootstrap: str | None, infra_dir: Path | None):
         try:
             found = of_run(cfg)
         except StreamRFTError:  # its embedded services have stopped: its config.yaml
-            found = _of_run_config(cfg)
+            found = of_run_config(cfg)
         if found is not None and found.bootstrap_servers:
             yield found.bootstrap_servers, found.source
             return  # the run's own record says where it ran: no other broker holds it
     found = infra_up(infra_dir or Path(cfg.run.dir) / INFRA_DIR)
     if found is not None and found.bootstrap_servers:
         yield found.bootstrap_servers, found.source
-
-
-def _of_run_config(cfg: Config):
-    """The endpoints in the run's resolved ``config.yaml`` (``of_run`` without the check of
-    its embedded services)."""
-    from streamrft.infra.app.endpoints import Found
-
-    resolved = cfg.run_dir / "config.yaml"
-    if not resolved.is_file():
-        return None
-    data = yaml.safe_load(resolved.read_text()) or {}
-    servers = (data.get("kafka") or {}).get("bootstrap_servers")
-    return Found(servers, None, f"run {cfg.run.id} ({resolved})") if servers else None
 
 
 def find_broker(
