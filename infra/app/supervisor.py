@@ -211,7 +211,7 @@ class Supervisor:
                 self._start_children(config_path)
                 failure = await self._watch(follow, monitor)
         finally:
-            await self._shutdown()
+            await self._shutdown(failed=failure is not None)
             if self.dashboard is not None:
                 self.dashboard.terminate()
                 await asyncio.to_thread(self.dashboard.kill_after, 5)
@@ -329,15 +329,17 @@ class Supervisor:
         if self.dashboard is not None:
             self.dashboard.kill()
 
-    async def _shutdown(self) -> None:
+    async def _shutdown(self, failed: bool) -> None:
         """Shutdown event, wait for orderly exits, then SIGTERM, then SIGKILL. A run
-        stopped by a signal passes it on to its children first, then sends the Shutdown
-        event (for explorers started by hand): a child that stopped on the event alone
-        would have left its event loop, and with it its signal handler, by the time a
-        later SIGTERM arrived, and died of it mid-exit."""
+        stopped by a signal, or failed (a child's configuration error, a child out of
+        restarts), passes SIGTERM on to its children first, then sends the Shutdown event
+        (for explorers started by hand): a child that stopped on the event alone would
+        have left its event loop, and with it its signal handler, by the time a later
+        SIGTERM arrived, and died of it mid-exit; and a sibling still building its engine
+        reads no event, so a failed run would wait out the whole grace for it."""
         alive = [c for c in self.children.values() if c.returncode is None]
         if alive:
-            if self.stop.is_set():
+            if self.stop.is_set() or failed:
                 for c in alive:
                     c.terminate()
             try:
