@@ -30,10 +30,16 @@ half-posted collective behind:
    ``abort:mismatch:...`` (the sender raises ``SyncTimeout`` / ``SyncError``, waiting
    members raise the same, a late member reads the abort at once; the epoch stays usable).
 3. transfer: a header (int64: magic, version, bucket bytes, tensor count, digest) is
-   broadcast and checked, then the buckets: tensors grouped by dtype, sorted by name,
-   packed into flat buffers of about ``bucket_mb`` (a large tensor is split across
-   buckets, so no buffer is larger than a bucket), one ``broadcast`` call per bucket;
-   receivers ``copy_`` each slice into their own tensors in place.
+   broadcast and checked, then the buckets (:func:`plan_buckets`), one ``broadcast`` call
+   each: tensors grouped by dtype, sorted by name; a tensor of at least 1 MiB (or a
+   bucket, if smaller) has buckets of its own, chunks of at most ``bucket_mb`` that go on
+   the wire IN PLACE on both sides when the tensor is contiguous and on the wire's device
+   (no copy at all); smaller tensors are packed into shared buckets (a copy costs less
+   than a call). Packed buckets go through ``IN_FLIGHT`` (2) staging buffers reused from
+   version to version, and ``IN_FLIGHT`` broadcasts are posted ahead (``async``), so the
+   sender packs bucket i+1 while bucket i is on the wire and the receiver unpacks bucket
+   i while bucket i+1 arrives. The bytes on the wire are the tensors' own, so both sides
+   agree whatever their layouts; a non-contiguous tensor is staged.
 4. each member sets ``vV/done/<rank>``; ``broadcast`` returns when all did.
 
 Join and ready share one deadline of ``timeout_s`` per ``broadcast``; every collective has
@@ -59,6 +65,7 @@ import os
 import socket
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -72,7 +79,13 @@ from streamrft.schemas.errors import SyncError, SyncTimeout
 log = logging.getLogger(__name__)
 
 BACKENDS = ("gloo", "nccl")
-_MAGIC = 0x53524654_31574231  # "SRFT1WB1"
+_MAGIC = 0x53524654_31574232  # "SRFT1WB2" (bucket plan 2: big tensors in buckets of their own)
+DIRECT_MIN_BYTES = 1 << 20
+"""A tensor of at least this size (or a bucket's, if smaller) gets buckets of its own and is
+broadcast in place; smaller ones are packed together (a copy is cheaper than a call)."""
+IN_FLIGHT = 2
+"""Broadcasts posted ahead of the one being waited on: while one bucket is on the wire the
+next is packed (sender) or the last one unpacked (receiver)."""
 _NAMESPACE = "streamrft/epoch"
 _GO = "go"
 _ABORT_TIMEOUT = "abort:timeout:"
@@ -228,10 +241,13 @@ def spec_digest(specs: Sequence[TensorSpec]) -> bytes:
 
 
 def plan_buckets(specs: Sequence[TensorSpec], bucket_bytes: int) -> list[Bucket]:
-    """Pack tensors, grouped by dtype, into buckets of at most ~``bucket_bytes`` each.
+    """Tensors, grouped by dtype, in buckets of at most ~``bucket_bytes`` each.
 
-    Deterministic for a given spec list. A tensor larger than a bucket is split across
-    consecutive buckets; empty tensors take no room.
+    Deterministic for a given spec list. A tensor of at least ``min(bucket_bytes,
+    DIRECT_MIN_BYTES)`` gets buckets of its own (one segment each, a tensor larger than a
+    bucket split across several), so a contiguous tensor goes on the wire in place, with no
+    copy; smaller tensors are packed together into shared buckets, so that many tiny
+    tensors cost a few broadcast calls. Empty tensors take no room.
     """
     if bucket_bytes <= 0:
         raise SyncError(f"bucket size must be positive, got {bucket_bytes}")
@@ -240,13 +256,20 @@ def plan_buckets(specs: Sequence[TensorSpec], bucket_bytes: int) -> list[Bucket]
     for s in specs:
         by_dtype.setdefault(str(s.dtype), []).append(s)
         dtypes[str(s.dtype)] = s.dtype
+    own_min = min(bucket_bytes, DIRECT_MIN_BYTES)
     buckets: list[Bucket] = []
     for key in sorted(by_dtype):
         dtype = dtypes[key]
-        cap = max(1, bucket_bytes // _itemsize(dtype))
+        item = _itemsize(dtype)
+        cap = max(1, bucket_bytes // item)
         segs: list[Segment] = []
         fill = 0
         for s in by_dtype[key]:
+            if s.numel * item >= own_min:
+                for start in range(0, s.numel, cap):
+                    n = min(cap, s.numel - start)
+                    buckets.append(Bucket(dtype, n, (Segment(s.name, start, n, 0),)))
+                continue
             start = 0
             while start < s.numel:
                 n = min(s.numel - start, cap - fill)
@@ -261,15 +284,39 @@ def plan_buckets(specs: Sequence[TensorSpec], bucket_bytes: int) -> list[Bucket]
     return buckets
 
 
+def direct_view(
+    bucket: Bucket, tensors: Mapping[str, torch.Tensor], device: torch.device
+) -> torch.Tensor | None:
+    """The bucket's bytes as a view of the tensor itself when it is one segment of a
+    contiguous tensor on ``device`` (broadcast in place, no copy); else None."""
+    if len(bucket.segments) != 1:
+        return None
+    seg = bucket.segments[0]
+    t = tensors[seg.name].detach()
+    if not t.is_contiguous() or t.device != device:
+        return None
+    return t.view(-1)[seg.start : seg.start + seg.numel]
+
+
 @torch.no_grad()
 def flatten_bucket(
-    bucket: Bucket, tensors: Mapping[str, torch.Tensor], device: torch.device | str = "cpu"
+    bucket: Bucket,
+    tensors: Mapping[str, torch.Tensor],
+    device: torch.device | str = "cpu",
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One contiguous 1-D buffer on ``device`` holding the bucket's slices."""
-    buf = torch.empty(bucket.numel, dtype=bucket.dtype, device=device)
-    for seg in bucket.segments:
-        src = tensors[seg.name].detach().reshape(-1)
-        buf[seg.offset : seg.offset + seg.numel].copy_(src[seg.start : seg.start + seg.numel])
+    """One contiguous 1-D buffer on ``device`` holding the bucket's slices (written into
+    ``out``, a 1-D buffer of the bucket's dtype and size, when given)."""
+    buf = torch.empty(bucket.numel, dtype=bucket.dtype, device=device) if out is None else out
+    srcs = [
+        tensors[seg.name].detach().reshape(-1)[seg.start : seg.start + seg.numel]
+        for seg in bucket.segments
+    ]
+    if all(src.device == buf.device for src in srcs):
+        torch.cat(srcs, out=buf)  # one call: faster than a copy per segment
+        return buf
+    for seg, src in zip(bucket.segments, srcs, strict=True):
+        buf[seg.offset : seg.offset + seg.numel].copy_(src)
     return buf
 
 
@@ -283,13 +330,16 @@ def unflatten_bucket(
     """Copy the bucket's slices into ``tensors`` IN PLACE (any device, any layout).
 
     A non-contiguous tensor split across buckets is assembled in ``staging`` (pass the same
-    dict for every bucket of one transfer) and copied in when its last slice arrives.
+    dict for every bucket of one transfer) and copied in when its last slice arrives. A
+    ``buf`` that already is the tensor's memory (received in place) is left as it is.
     """
     staging = {} if staging is None else staging
     for seg in bucket.segments:
         dst = tensors[seg.name]
         src = buf[seg.offset : seg.offset + seg.numel]
         total = dst.numel()
+        if dst.is_contiguous() and src.data_ptr() == dst.data_ptr() + seg.start * src.itemsize:
+            continue  # received in place
         if seg.start == 0 and seg.numel == total:
             dst.copy_(src.view(dst.shape))
         elif dst.is_contiguous():
@@ -376,15 +426,121 @@ def _internal_timeout(backend: str, timeout_s: float) -> timedelta:
     return _td(timeout_s) if backend == "gloo" else _td(2 * timeout_s + 30)
 
 
-def _broadcast(pg: Any, backend: str, tensor: torch.Tensor, timeout_s: float) -> None:
-    """One broadcast from rank 0 (as bytes: dtype-agnostic), waited on with a timeout."""
+def _post(pg: Any, backend: str, tensor: torch.Tensor, timeout_s: float) -> Any:
+    """Post one broadcast from rank 0 (as bytes: dtype-agnostic); its work handle."""
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
     opts.rootTensor = 0
     opts.timeout = _internal_timeout(backend, timeout_s)
-    work = pg.broadcast([tensor.view(torch.uint8)], opts)
+    return pg.broadcast([tensor.view(torch.uint8)], opts)
+
+
+def _wait_work(work: Any, timeout_s: float) -> None:
     if not work.wait(_td(timeout_s)):
         raise TimeoutError(f"broadcast did not complete within {timeout_s:.1f}s")
+
+
+class _Staging:
+    """``IN_FLIGHT`` reusable byte buffers for packed buckets, taken in turn: one is packed
+    (or unpacked) while the others are on the wire. Kept between versions on the CPU, where
+    a fresh buffer costs more in page faults than the copy into it; given back after each
+    version on a GPU (the caching allocator reuses the memory anyway)."""
+
+    def __init__(self) -> None:
+        self._bufs: list[torch.Tensor] = []
+        self._turn = 0
+
+    def reserve(self, nbytes: int, device: torch.device) -> None:
+        if nbytes and (
+            not self._bufs or self._bufs[0].device != device or self._bufs[0].numel() < nbytes
+        ):
+            self._bufs = []  # drop the old ones first: at most one set alive
+            self._bufs = [
+                torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(IN_FLIGHT)
+            ]
+
+    def take(self, bucket: Bucket) -> torch.Tensor:
+        buf = self._bufs[self._turn]
+        self._turn = (self._turn + 1) % len(self._bufs)
+        return buf[: bucket.nbytes].view(bucket.dtype)
+
+    def release(self) -> None:
+        if self._bufs and self._bufs[0].device.type != "cpu":
+            self._bufs = []
+
+
+def _plan_views(
+    buckets: Sequence[Bucket],
+    tensors: Mapping[str, torch.Tensor],
+    device: torch.device,
+    staging: _Staging,
+) -> list[torch.Tensor | None]:
+    """Each bucket's in-place view (None: packed), staging reserved for the packed ones."""
+    views = [direct_view(b, tensors, device) for b in buckets]
+    packed = [b.nbytes for b, v in zip(buckets, views, strict=True) if v is None]
+    staging.reserve(max(packed, default=0), device)
+    return views
+
+
+def _send_buckets(
+    pg: Any,
+    backend: str,
+    buckets: Sequence[Bucket],
+    tensors: Mapping[str, torch.Tensor],
+    timeout_s: float,
+    staging: _Staging,
+) -> tuple[float, int]:
+    """Broadcast every bucket, in place when it can be, else packed into a staging buffer
+    while the previous bucket is on the wire; the seconds spent packing and the number of
+    buckets packed."""
+    device = _buffer_device(backend)
+    src = {
+        n: t.detach() if t.is_contiguous() else t.detach().contiguous() for n, t in tensors.items()
+    }
+    views = _plan_views(buckets, src, device, staging)
+    pending: deque[Any] = deque()
+    pack_s = 0.0
+    for bucket, view in zip(buckets, views, strict=True):
+        while len(pending) >= IN_FLIGHT:  # frees the staging buffer this bucket may take
+            _wait_work(pending.popleft(), timeout_s)
+        if view is None:
+            t0 = time.perf_counter()
+            view = flatten_bucket(bucket, src, device, out=staging.take(bucket))
+            pack_s += time.perf_counter() - t0
+        pending.append(_post(pg, backend, view, timeout_s))
+    while pending:
+        _wait_work(pending.popleft(), timeout_s)
+    staging.release()
+    return pack_s, sum(v is None for v in views)
+
+
+def _recv_buckets(
+    pg: Any,
+    backend: str,
+    buckets: Sequence[Bucket],
+    tensors: Mapping[str, torch.Tensor],
+    timeout_s: float,
+    staging: _Staging,
+) -> tuple[float, int]:
+    """Receive every bucket, in place when it can be, else into a staging buffer that is
+    unpacked while the next bucket is on the wire; the seconds spent unpacking and the
+    number of buckets unpacked."""
+    views = _plan_views(buckets, tensors, _buffer_device(backend), staging)
+    pending: deque[tuple[Any, Bucket, torch.Tensor]] = deque()
+    assembling: dict[str, torch.Tensor] = {}
+    unpack_s = 0.0
+    for i, bucket in enumerate([*buckets, None]):
+        while pending and (bucket is None or len(pending) >= IN_FLIGHT):
+            work, done, buf = pending.popleft()
+            _wait_work(work, timeout_s)
+            t0 = time.perf_counter()
+            unflatten_bucket(done, buf, tensors, assembling)  # a no-op when in place
+            unpack_s += time.perf_counter() - t0
+        if bucket is not None:
+            view = views[i] if views[i] is not None else staging.take(bucket)
+            pending.append((_post(pg, backend, view, timeout_s), bucket, view))
+    staging.release()
+    return unpack_s, sum(v is None for v in views)
 
 
 def _drop_group(pg: Any) -> None:
@@ -452,6 +608,13 @@ class CollectiveSender:
         self._master: Any = None  # the TCPStore server
         self._epoch: _Epoch | None = None
         self._last_epoch = 0
+        self._staging = _Staging()
+        self.last_stats: dict[str, float] = {}
+        """Seconds of the last version's phases: ``wait_s`` (group formation when new, the
+        ready/go handshake), ``send_s`` (header and buckets), ``pack_s`` (the part of
+        ``send_s`` spent copying into buckets), ``confirm_s`` (until every member confirmed);
+        counts: ``buckets`` (broadcast calls after the header), ``packed`` (those copied
+        into a staging buffer; the others went in place)."""
 
     # -- epochs
 
@@ -563,15 +726,52 @@ class CollectiveSender:
             ) from exc
 
     def _send(self, ep: _Epoch, tensors: Mapping[str, torch.Tensor], version: int) -> None:
-        t0 = time.monotonic()
-        deadline = t0 + self.timeout_s
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + self.timeout_s
         specs = tensor_specs(tensors)
-        digest = spec_digest(specs).hex()
         if ep.pg is None:
             self._form(ep, deadline)
         rdv, store = ep.rdv, ep.store
         ranks = range(1, rdv.world_size)
-        # ready: every member asks for this version, with its model's digest
+        keys = self._handshake(ep, version, spec_digest(specs).hex(), deadline)
+        t1 = time.perf_counter()
+        # transfer: header, then the buckets
+        device = _buffer_device(rdv.backend)
+        buckets = plan_buckets(specs, self.bucket_bytes)
+        header = torch.tensor(_header(version, self.bucket_bytes, specs), dtype=torch.int64)
+        _wait_work(_post(ep.pg, rdv.backend, header.to(device), self.timeout_s), self.timeout_s)
+        pack_s, packed = _send_buckets(
+            ep.pg, rdv.backend, buckets, tensors, self.timeout_s, self._staging
+        )
+        t2 = time.perf_counter()
+        done = [f"v{version}/done/{r}" for r in ranks]
+        missing = _wait_keys(store, done, time.monotonic() + self.timeout_s)
+        if missing:
+            who = [rdv.members[int(k.rsplit("/", 1)[1]) - 1] for k in missing]
+            raise self._fail(ep, f"{', '.join(who)} did not confirm version {version}", True)
+        t3 = time.perf_counter()
+        for key in [*keys, *done]:
+            store.delete_key(key)
+        self.last_stats = {"wait_s": t1 - t0, "send_s": t2 - t1, "pack_s": pack_s}
+        self.last_stats.update(confirm_s=t3 - t2, buckets=len(buckets), packed=packed)
+        log.info(
+            "weight-sync version %d: %.1f MB in %d buckets to %d members, %.2fs waiting, "
+            "%.2fs sending (%.2fs packing), %.2fs until confirmed",
+            version,
+            sum(b.nbytes for b in buckets) / 1e6,
+            len(buckets),
+            len(rdv.members),
+            t1 - t0,
+            t2 - t1,
+            pack_s,
+            t3 - t2,
+        )
+
+    def _handshake(self, ep: _Epoch, version: int, digest: str, deadline: float) -> list[str]:
+        """Wait for every member's ready key, check their digests, set go (or abort);
+        the control keys of this version to delete once it is done."""
+        rdv, store = ep.rdv, ep.store
+        ranks = range(1, rdv.world_size)
         ready = [f"v{version}/ready/{r}" for r in ranks]
         missing = _wait_keys(store, ready, deadline)
         if missing:
@@ -594,37 +794,13 @@ class CollectiveSender:
             store.set(f"v{version}/go", _ABORT_MISMATCH + reason)
             raise SyncError(f"weight-sync epoch {rdv.epoch}: {reason}")
         store.set(f"v{version}/go", _GO)
-        t1 = time.monotonic()
-        # transfer: header, then the buckets
-        device = _buffer_device(rdv.backend)
-        buckets = plan_buckets(specs, self.bucket_bytes)
-        header = torch.tensor(_header(version, self.bucket_bytes, specs), dtype=torch.int64)
-        _broadcast(ep.pg, rdv.backend, header.to(device), self.timeout_s)
-        for bucket in buckets:
-            _broadcast(ep.pg, rdv.backend, flatten_bucket(bucket, tensors, device), self.timeout_s)
-        done = [f"v{version}/done/{r}" for r in ranks]
-        missing = _wait_keys(store, done, time.monotonic() + self.timeout_s)
-        if missing:
-            who = [rdv.members[int(k.rsplit("/", 1)[1]) - 1] for k in missing]
-            raise self._fail(ep, f"{', '.join(who)} did not confirm version {version}", True)
-        for key in [*ready, f"v{version}/go", *done]:
-            store.delete_key(key)
-        nbytes = sum(b.nbytes for b in buckets)
-        log.info(
-            "weight-sync version %d: %.1f MB in %d buckets to %d members, "
-            "%.2fs waiting, %.2fs transfer",
-            version,
-            nbytes / 1e6,
-            len(buckets),
-            len(rdv.members),
-            t1 - t0,
-            time.monotonic() - t1,
-        )
+        return [*ready, f"v{version}/go"]
 
     def close(self) -> None:
         """Drop the group and stop the rendezvous store. Idempotent."""
         self._end_epoch()
         self._master = None
+        self._staging = _Staging()
 
     def __enter__(self) -> CollectiveSender:
         return self
@@ -651,6 +827,12 @@ class CollectiveReceiver:
         self._client: Any = None
         self._store: Any = None
         self._pg: Any = None
+        self._staging = _Staging()
+        self.last_stats: dict[str, float] = {}
+        """Seconds of the last version's phases: ``wait_s`` (ready until go), ``recv_s``
+        (header and buckets), ``unpack_s`` (the part of ``recv_s`` spent copying out of
+        buckets); counts: ``buckets`` and ``packed`` (received into a staging buffer; the
+        others straight into the tensors)."""
 
     @property
     def epoch(self) -> int | None:
@@ -737,6 +919,7 @@ class CollectiveReceiver:
         version: int,
     ) -> None:
         store = self._store
+        t0 = time.perf_counter()
         store.set(f"v{version}/ready/{rank}", spec_digest(specs).hex())
         go = _wait_get(store, f"v{version}/go", self.timeout_s)
         if go is None:
@@ -750,9 +933,9 @@ class CollectiveReceiver:
             raise SyncError(f"weight-sync epoch {rdv.epoch}: {go[len(_ABORT_MISMATCH) :]}")
         if go != _GO:
             raise SyncError(f"weight-sync epoch {rdv.epoch}: unexpected go value {go!r}")
-        device = _buffer_device(rdv.backend)
-        header = torch.zeros(8, dtype=torch.int64, device=device)
-        _broadcast(self._pg, rdv.backend, header, self.timeout_s)
+        t1 = time.perf_counter()
+        header = torch.zeros(8, dtype=torch.int64, device=_buffer_device(rdv.backend))
+        _wait_work(_post(self._pg, rdv.backend, header, self.timeout_s), self.timeout_s)
         got = header.cpu().tolist()
         bucket_bytes = got[2]
         if bucket_bytes <= 0 or got != _header(version, bucket_bytes, specs):
@@ -761,16 +944,19 @@ class CollectiveReceiver:
                 f"weight-sync epoch {rdv.epoch}: header {got} does not match version "
                 f"{version} of this model"
             )
-        staging: dict[str, torch.Tensor] = {}
-        for bucket in plan_buckets(specs, bucket_bytes):
-            buf = torch.empty(bucket.numel, dtype=bucket.dtype, device=device)
-            _broadcast(self._pg, rdv.backend, buf, self.timeout_s)
-            unflatten_bucket(bucket, buf, tensors, staging)
+        buckets = plan_buckets(specs, bucket_bytes)
+        unpack_s, packed = _recv_buckets(
+            self._pg, rdv.backend, buckets, tensors, self.timeout_s, self._staging
+        )
+        t2 = time.perf_counter()
         store.set(f"v{version}/done/{rank}", "1")
+        self.last_stats = {"wait_s": t1 - t0, "recv_s": t2 - t1, "unpack_s": unpack_s}
+        self.last_stats.update(buckets=len(buckets), packed=packed)
 
     def close(self) -> None:
         """Leave the current epoch. Idempotent."""
         self._leave()
+        self._staging = _Staging()
 
     def __enter__(self) -> CollectiveReceiver:
         return self

@@ -9,12 +9,16 @@ what needs no second process.
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing as mp
 import os
 import queue
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -380,3 +384,103 @@ def test_fixed_port_keeps_one_store_and_separates_epochs():
     finally:
         receiver.close()
         sender.close()
+
+
+def _mixed_model(seed: int) -> dict[str, torch.Tensor]:
+    """Tensors bigger than a bucket (0.25 MiB below), mixed dtypes, non-contiguous ones and
+    many tiny ones: every path of the bucket plan (in place, packed, split, staged)."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = {
+        "big.f32": torch.randn(300_001, generator=g),  # 1.1 MiB: five buckets of its own
+        "big.bf16": torch.randn(700, 300, generator=g).to(torch.bfloat16),  # 0.4 MiB
+        "big.t": torch.randn(400, 500, generator=g).t(),  # non-contiguous, split
+        "mid.f16": torch.randn(60_000, generator=g).half(),  # packed, spans two buckets
+        "ids": torch.randint(-(2**40), 2**40, (5000,), generator=g),
+        "mask": torch.rand(999, generator=g) > 0.5,
+        "f64": torch.randn(33, 3, generator=g, dtype=torch.float64),
+        "empty": torch.empty(0, 5),
+    }
+    for i in range(600):  # many tiny tensors, some of two elements
+        tensors[f"tiny.{i:03d}"] = torch.randn(2 + (i * 7) % 40, generator=g)
+    return tensors
+
+
+def _send_and_receive(sender, receiver, uri, src, dst, version) -> None:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            receiver.receive(uri, dst, version)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    sender.broadcast(src, version)
+    thread.join(timeout=30)
+    assert not thread.is_alive() and not errors, errors
+
+
+def test_every_bucket_path_carries_exact_bytes_in_place_version_after_version():
+    sender = CollectiveSender("127.0.0.1", 0, timeout_s=20.0, bucket_mb=0.25, backend="gloo")
+    receiver = CollectiveReceiver("explorer-0", timeout_s=20.0)
+    dst = _mixed_model(99)
+    dst["big.t"] = torch.zeros(400, 500).t()  # the receiver's own non-contiguous layout
+    dst["big.f32"] = torch.nn.Parameter(dst["big.f32"])  # a parameter that requires grad
+    ptrs = {k: v.data_ptr() for k, v in dst.items()}
+    try:
+        uri = sender.open_epoch(["explorer-0"])
+        for version in (1, 2, 3):
+            src = _mixed_model(version)
+            _send_and_receive(sender, receiver, uri, src, dst, version)
+            assert _digests({k: v.detach() for k, v in dst.items()}) == _digests(src), version
+            assert {k: v.data_ptr() for k, v in dst.items()} == ptrs
+            for t in dst.values():  # the next version must really arrive, staging included
+                t.detach().zero_()
+        assert dst["big.f32"].requires_grad
+        # some buckets went in place, the small tensors packed, on both sides alike
+        for stats in (sender.last_stats, receiver.last_stats):
+            assert 0 < stats["packed"] < stats["buckets"], stats
+    finally:
+        receiver.close()
+        sender.close()
+
+
+def test_contiguous_big_tensors_go_on_the_wire_without_packing():
+    sender = CollectiveSender("127.0.0.1", 0, timeout_s=20.0, bucket_mb=0.5, backend="gloo")
+    receiver = CollectiveReceiver("explorer-0", timeout_s=20.0)
+    src = {f"w{i}": torch.randn(200_000 + i) for i in range(4)}  # 0.76 MiB each: 2 buckets
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    try:
+        uri = sender.open_epoch(["explorer-0"])
+        _send_and_receive(sender, receiver, uri, src, dst, 1)
+        assert all(torch.equal(dst[k], src[k]) for k in src)
+        # nothing was copied into a bucket on either side: every bucket went in place
+        for stats in (sender.last_stats, receiver.last_stats):
+            assert stats["buckets"] == 8 and stats["packed"] == 0, stats
+        assert sender.last_stats["pack_s"] == 0.0
+    finally:
+        receiver.close()
+        sender.close()
+
+
+@pytest.mark.parametrize(
+    ("tensors", "packed"),
+    [(2, False), (40, True)],  # 2 MiB tensors go in place, 0.1 MiB ones are packed
+)
+def test_broadcast_bench_reports_its_figures_and_equal_bytes(tensors, packed):
+    bench = Path(__file__).resolve().parents[2] / "bench" / "broadcast.py"
+    argv = ["--mb", "4", "--tensors", str(tensors), "--bucket-mb", "1", "--repeats", "2"]
+    proc = subprocess.run(
+        [sys.executable, str(bench), *argv], capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (result["bench"], result["method"], result["backend"]) == ("weight_sync", "nccl", "gloo")
+    assert result["bytes_equal"] is True
+    assert (result["tensors"], result["repeats"]) == (tensors, 2)
+    for key in ("ratio_vs_raw_broadcast", "broadcast_s", "raw_flat_s", "raw_tensors_s"):
+        assert result[key] > 0, key
+    assert result["raw_s"] == min(result["raw_flat_s"], result["raw_tensors_s"])
+    for side in ("sender_phases", "receiver_phases"):
+        assert (result[side]["packed"] > 0) == packed, result[side]

@@ -7,8 +7,11 @@ import torch
 
 from streamrft.schemas.errors import SyncError
 from streamrft.sync.collective import (
+    DIRECT_MIN_BYTES,
     Rendezvous,
+    Segment,
     TensorSpec,
+    direct_view,
     flatten_bucket,
     parse_rendezvous,
     plan_buckets,
@@ -144,8 +147,11 @@ def test_plan_covers_every_element_once(bucket_bytes):
 def test_big_tensor_is_split_not_oversized():
     specs = [TensorSpec("big", (1000,), torch.float32), TensorSpec("small", (3,), torch.float32)]
     buckets = plan_buckets(specs, 1024)  # 256 floats a bucket
-    assert [b.numel for b in buckets] == [256, 256, 256, 235]
-    assert buckets[-1].segments[-1].name == "small"
+    # the big tensor in buckets of its own (each from offset 0: sent in place), then the rest
+    assert [b.numel for b in buckets] == [256, 256, 256, 232, 3]
+    assert all(len(b.segments) == 1 and b.segments[0].name == "big" for b in buckets[:4])
+    assert [s.start for b in buckets[:4] for s in b.segments] == [0, 256, 512, 768]
+    assert buckets[-1].segments == (Segment("small", 0, 3, 0),)
     with pytest.raises(SyncError):
         plan_buckets(specs, 0)
 
@@ -179,3 +185,65 @@ def test_unflatten_into_parameters_that_require_grad():
         unflatten_bucket(bucket, flatten_bucket(bucket, src), own)
     assert torch.equal(layer.weight.detach(), src["weight"])
     assert layer.weight.requires_grad
+
+
+def test_big_tensors_get_buckets_of_their_own_small_ones_share():
+    big = DIRECT_MIN_BYTES // 4  # float32 elements of a tensor at the threshold
+    specs = tensor_specs(
+        {
+            "a.big": torch.empty(3 * big),  # 3 MiB: three buckets of its own
+            "b.tiny": torch.empty(5),
+            "c.half": torch.empty(2 * big, dtype=torch.float16),  # 1 MiB of float16: its own
+            "d.tiny": torch.empty(7, dtype=torch.float16),
+            "e.below": torch.empty(big // 2),  # below the threshold: packed with b.tiny
+        }
+    )
+    buckets = plan_buckets(specs, DIRECT_MIN_BYTES)
+    assert [[(s.name, s.start, s.offset) for s in b.segments] for b in buckets] == [
+        [("c.half", 0, 0)],  # float16 first (dtypes in name order), big ones at once
+        [("d.tiny", 0, 0)],
+        [("a.big", 0, 0)],
+        [("a.big", big, 0)],
+        [("a.big", 2 * big, 0)],
+        [("b.tiny", 0, 0), ("e.below", 0, 5)],
+    ]
+    # the bucket size still bounds every bucket, big or shared
+    assert max(b.nbytes for b in buckets) <= DIRECT_MIN_BYTES
+    # a bucket smaller than the threshold makes the threshold the bucket's size
+    small = plan_buckets(tensor_specs({"w": torch.empty(64), "v": torch.empty(3)}), 256)
+    assert [[(s.name, s.start, s.offset) for s in b.segments] for b in small] == [
+        [("w", 0, 0)],
+        [("v", 0, 0)],
+    ]
+
+
+def test_direct_view_is_the_tensor_memory_only_when_it_can_be():
+    t = torch.arange(3000, dtype=torch.float32)
+    specs = tensor_specs({"t": t})
+    (b0, b1, b2) = plan_buckets(specs, 4000)  # 1000 floats a bucket, one segment each
+    view = direct_view(b1, {"t": t}, torch.device("cpu"))
+    assert view is not None and view.data_ptr() == t[1000:].data_ptr() and view.numel() == 1000
+    view.fill_(-1)  # a receive into the view lands in the tensor
+    assert torch.equal(t[1000:2000], torch.full((1000,), -1.0))
+    assert direct_view(b0, {"t": torch.zeros(100, 30).t()}, torch.device("cpu")) is None
+    assert direct_view(b2, {"t": t}, torch.device("meta")) is None  # not on the wire's device
+    packed = plan_buckets(tensor_specs({"x": torch.zeros(2), "y": torch.zeros(3)}), 1 << 20)
+    assert len(packed) == 1 and direct_view(packed[0], {}, torch.device("cpu")) is None
+
+
+def test_flatten_into_a_given_buffer_and_unflatten_from_the_tensor_itself():
+    src = _tensors(3)
+    bucket = next(
+        b for b in plan_buckets(tensor_specs(src), 1 << 20) if str(b.dtype) == "torch.float32"
+    )
+    out = torch.full((bucket.numel,), float("nan"))
+    assert flatten_bucket(bucket, src, out=out).data_ptr() == out.data_ptr()
+    for seg in bucket.segments:
+        want = src[seg.name].reshape(-1)[seg.start : seg.start + seg.numel]
+        assert torch.equal(out[seg.offset : seg.offset + seg.numel], want)
+    # a bucket received in place: unflattening from the tensor's own memory changes nothing
+    w = torch.randn(5000)
+    before = w.clone()
+    (only,) = plan_buckets(tensor_specs({"w": w}), 1 << 20)
+    unflatten_bucket(only, direct_view(only, {"w": w}, torch.device("cpu")), {"w": w})
+    assert torch.equal(w, before)
