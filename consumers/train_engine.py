@@ -38,7 +38,7 @@ from streamrft.infra.modeling import DTYPES, load_policy, resolve_device
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import ExperienceGroup, Task
-from streamrft.sync.payload import ModelWeights
+from streamrft.sync.payload import DeltaPolicy, ModelWeights
 
 Evaluator = Callable[[torch.nn.Module, Any], dict[str, float]]
 """``evaluate(model, tokenizer) -> {"eval/accuracy": ...}``: handed to the trainer by the
@@ -162,7 +162,8 @@ class TorchTrainEngine(TrainEngine):
             weight_decay=self.tcfg.weight_decay,
             betas=self.tcfg.betas,
         )
-        return ModelWeights(self.model, lora, DTYPES[self.cfg.model.dtype])
+        delta = DeltaPolicy.from_config(self.cfg.synchronizer, lora)
+        return ModelWeights(self.model, lora, DTYPES[self.cfg.model.dtype], delta=delta)
 
     def train_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
         assert self.optimizer is not None, "prepare() first"

@@ -544,6 +544,23 @@ class SynchronizerConfig(_Section):
     """Port of the rendezvous store (0: a free port, new for every group epoch)."""
     nccl_bucket_mb: Pos = 64
     """Tensors are flattened into buckets of about this size per broadcast call."""
+    delta: Literal["never", "auto", "always"] = "never"
+    """Delta versions (``object_store``, ``filesystem``; not LoRA, not ``nccl``): a version
+    goes out as the elements that changed since the version before it (flat indices or a
+    bit mask, plus the new values), each explorer rebuilding it on the weights it holds and
+    checking the result's sha256 (``ModelVersionReady.state_sha256``). ``auto``: only when
+    that is at most ``delta_max_ratio`` of the full bytes (bf16 / fp16 fine-tuning changes
+    a few % of the elements per step; float32 changes nearly all, so it stays full);
+    ``always``: a delta whatever its size (within ``full_every``); ``never``: every version
+    full. Costs one more copy of the weights (in ``model.dtype``) on the trainer and on
+    each explorer."""
+    full_every: Pos = 10
+    """With ``delta``: a full version after this many deltas in a row, so an explorer that
+    lacks the base (it joined late, missed versions, or its rebuilt state failed the check)
+    fetches the newest full version and at most this many deltas."""
+    delta_max_ratio: Frac = 0.5
+    """``delta: auto`` sends a delta only when its bytes are at most this share of the full
+    version's."""
 
 
 class ServeConfig(_Section):

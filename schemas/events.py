@@ -37,6 +37,12 @@ class ModelVersionReady(msgspec.Struct, tag="model_version_ready", kw_only=True)
     """Unix time of publication."""
     base_version: int = -1
     """For an adapter-only version: the full version it applies on top of."""
+    delta_base: int = -1
+    """For a delta version: the version whose weights it changes (its tensors hold only the
+    changed elements, ``synchronizer.delta``); -1: whole tensors."""
+    state_sha256: str = ""
+    """sha256 of the whole state the version makes (every tensor, in name order), set when
+    the trainer publishes deltas: an explorer checks a rebuilt delta against it."""
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", kw_only=True):
@@ -170,8 +176,12 @@ def validate_control(event: ControlEvent) -> ControlEvent:
                 raise SchemaError(
                     f"{what}: uri of {len(event.uri)} characters (1..{limits.MAX_URI_CHARS})"
                 )
-            if len(event.manifest_sha256) > 128:
-                raise SchemaError(f"{what}: manifest_sha256 of {len(event.manifest_sha256)} chars")
+            if len(event.manifest_sha256) > 128 or len(event.state_sha256) > 128:
+                raise SchemaError(f"{what}: a sha256 of more than 128 chars")
+            if event.delta_base < -1 or event.delta_base >= event.version:
+                raise SchemaError(
+                    f"{what}: delta_base {event.delta_base} (-1, or an earlier version)"
+                )
         case Shutdown():
             what = "shutdown"
             if len(event.reason) > limits.MAX_URI_CHARS:

@@ -30,12 +30,13 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender
 from streamrft.infra.config import Config
-from streamrft.schemas.errors import ServiceError, SyncError
+from streamrft.schemas.errors import IntegrityError, ServiceError, SyncError
 from streamrft.schemas.events import ModelVersionReady, RunState, SyncRequest
+from streamrft.sync.delta import verify_state
 from streamrft.sync.payload import ModelWeights
 from streamrft.sync.styles import ExplorerSync, Schedule, choose_version, explorer_sync
 from streamrft.sync.transport import Receivers, WeightReceiver
@@ -68,6 +69,24 @@ def on_failure(exc: SyncError, refetchable: bool, have_weights: bool) -> OnFailu
     if exc.retriable:  # the store did not answer
         return OnFailure.STAY if have_weights else OnFailure.RETRY_SOON
     return OnFailure.REJECT  # it failed verification: it never will pass
+
+
+def delta_chain(
+    versions: Mapping[int, ModelVersionReady], target: int, held: int
+) -> list[ModelVersionReady]:
+    """The versions to load, in order, to make version ``target``: when ``target`` is a
+    delta, back through the deltas it builds on to ``held`` (the version the explorer holds:
+    the first is then a delta on it) or else to a full version (the first is that one)."""
+    chain = [versions[target]]
+    while chain[-1].delta_base >= 0 and chain[-1].delta_base != held:
+        base = versions.get(chain[-1].delta_base)
+        if base is None:
+            raise SyncError(
+                f"version {chain[-1].version} is a delta on version "
+                f"{chain[-1].delta_base}, which was never announced"
+            )
+        chain.append(base)
+    return chain[::-1]
 
 
 class WeightFollower:
@@ -265,7 +284,10 @@ class WeightFollower:
 
     def _receive_and_apply(self, event: ModelVersionReady) -> None:
         """Everything is received and verified before the model is touched; an adapter
-        whose base the model lacks brings the base first."""
+        whose base the model lacks brings the base first, a delta is rebuilt first."""
+        if event.delta_base >= 0:
+            self.weights.apply(event, self._rebuilt(event))
+            return
         base_event, base = None, None
         if self.weights.needs_base(event):
             base_event = self.view.versions.get(event.base_version)
@@ -286,6 +308,46 @@ class WeightFollower:
         if base_event is not None and base is not None:
             self.weights.apply(base_event, base)
         self.weights.apply(event, tensors)
+
+    def _rebuilt(self, event: ModelVersionReady) -> dict:
+        """Delta version ``event`` as whole tensors, checked against its ``state_sha256``:
+        rebuilt on the state held when its deltas lead back to it, else from the newest full
+        version they lead back to; that too when the check fails on the state held (it is
+        not what the trainer had: counter ``delta_refetches``)."""
+        held = self.weights.held_version if self.weights.held is not None else -1
+        chain = delta_chain(self.view.versions, event.version, held)
+        if chain[0].delta_base < 0:
+            return self._walk(chain)
+        try:
+            return self._walk(chain)
+        except IntegrityError as exc:
+            self.counters.add("delta_refetches")
+            log.warning(
+                "%s: delta version %d does not rebuild on version %d (%s); from a full "
+                "version instead",
+                self.name,
+                event.version,
+                held,
+                exc,
+            )
+        return self._walk(delta_chain(self.view.versions, event.version, -1))
+
+    def _walk(self, chain: list[ModelVersionReady]) -> dict:
+        """The state at the end of ``chain`` (see :func:`delta_chain`), verified."""
+        state = None
+        deltas = chain
+        if chain[0].delta_base < 0:
+            receiver = self.receivers.for_event(chain[0])
+            state = receiver.receive(chain[0], self._template(receiver, chain[0]))
+            deltas = chain[1:]
+        for event in deltas:
+            changes = self.receivers.for_event(event).receive(event, {})
+            state = self.weights.rebuild(event, changes, state)
+            self.counters.add("delta_bytes", event.bytes)
+        assert state is not None
+        last = chain[-1]
+        verify_state(state, last.state_sha256, f"version {last.version}")
+        return state
 
     def _template(self, receiver: WeightReceiver, event: ModelVersionReady):
         return self.weights.template(event) if receiver.needs_template else {}

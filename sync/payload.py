@@ -8,16 +8,29 @@ here for the trainer (:meth:`ModelWeights.outgoing`) and undone here for an expl
 A LoRA run publishes the full model once per trainer process (the warmed-up base, so that
 explorers that join later can build it), and after that only the adapter; a transport may
 ask for a full version again (``MakePayload``'s argument: a new broadcast group).
+
+Delta versions (``synchronizer.delta``, :class:`DeltaPolicy`): a full run may send a version
+as its changes against the version before it (:mod:`.delta`). The trainer keeps the state
+it sent last as the base of the next delta; an explorer keeps the state it holds
+(:attr:`ModelWeights.held`) to rebuild the next one on (:meth:`ModelWeights.rebuild`).
+Every version then carries the sha256 of its whole state (``state_sha256``), which the
+explorer checks after rebuilding. The event of a delta names its base (``delta_base``);
+the transports know nothing of it: a delta is just other tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 import torch
 
+from streamrft.infra.config import SynchronizerConfig
+from streamrft.schemas.errors import SyncError
 from streamrft.schemas.events import ModelVersionReady
+from streamrft.sync import delta
 from streamrft.sync.transport import Payload
 from streamrft.sync.weights import apply_state_dict, unique_state_dict
 
@@ -52,6 +65,41 @@ class ModuleTarget:
         apply_adapter(self.model, tensors)
 
 
+@dataclass(frozen=True)
+class DeltaPolicy:
+    """When the trainer sends a version as a delta (``synchronizer.delta``)."""
+
+    always: bool = False
+    """``always``: a delta whatever its size; ``auto``: only within ``max_ratio``."""
+    full_every: int = 10
+    """A full version after this many deltas in a row."""
+    max_ratio: float = 0.5
+    """``auto``: a delta's bytes at most this share of the full version's."""
+
+    @classmethod
+    def from_config(cls, sync: SynchronizerConfig, lora: bool) -> DeltaPolicy | None:
+        """The policy of ``sync`` (None: every version full: ``delta: never``, a LoRA run, or
+        the ``nccl`` method, whose broadcast sends whole tensors)."""
+        if sync.delta == "never" or lora or sync.method == "nccl":
+            return None
+        return cls(sync.delta == "always", sync.full_every, sync.delta_max_ratio)
+
+    def send_delta(self, delta_bytes: int, full_bytes: int, deltas_in_a_row: int) -> bool:
+        """Whether a delta of ``delta_bytes`` goes out instead of the full version."""
+        if deltas_in_a_row >= self.full_every:
+            return False
+        return self.always or delta_bytes <= self.max_ratio * full_bytes
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What the trainer's last payload was, for its event (:meth:`ModelWeights.stamp`)."""
+
+    version: int
+    state_sha256: str
+    delta_base: int = -1
+
+
 class ModelWeights:
     """A live model seen as versions: full weights, or a LoRA adapter over a base version.
 
@@ -59,7 +107,7 @@ class ModelWeights:
     trainer sets it when it publishes a full version, an explorer when it applies one.
     ``dtype``: what the explorers hold (``model.dtype``); the trainer's float32 master
     weights are sent in it (a LoRA adapter keeps its own dtype: PEFT keeps adapters float32
-    on both sides).
+    on both sides). ``delta``: the trainer's :class:`DeltaPolicy` (None: full versions).
     """
 
     def __init__(
@@ -68,6 +116,7 @@ class ModelWeights:
         lora: bool,
         dtype: torch.dtype | None = None,
         target: WeightTarget | None = None,
+        delta: DeltaPolicy | None = None,
     ) -> None:
         self.model = model
         self.lora = lora
@@ -75,6 +124,16 @@ class ModelWeights:
         self.target = target or ModuleTarget(model)
         """Where :meth:`apply` puts a version (an explorer: its engine)."""
         self.base_version = -1
+        self.delta = delta
+        self._last: dict[str, torch.Tensor] | None = None
+        """The trainer's last full state sent (the base of the next delta)."""
+        self._deltas_in_a_row = 0
+        self.sent: Sent | None = None
+        """The trainer's last payload (what its event says beyond the transport's)."""
+        self.held: dict[str, torch.Tensor] | None = None
+        """An explorer's state as of version :attr:`held_version`, kept while the trainer
+        sends deltas (its versions carry ``state_sha256``): the base to rebuild on."""
+        self.held_version = -1
 
     # -- trainer side ------------------------------------------------------------------------
     def payload(self, version: int, step: int, must_be_full: bool = False) -> Payload:
@@ -85,6 +144,8 @@ class ModelWeights:
             self.base_version = version
             # the base in the explorers' dtype; a LoRA adapter as PEFT keeps it (float32)
             tensors = unique_state_dict(self.model, self.dtype, lambda name: ".lora_" in name)
+            if self.delta is not None:
+                return self._full_or_delta(version, step, tensors, must_be_full)
             return Payload(version, step, tensors, base_version=version)
         from streamrft.sync.lora import adapter_config_json, adapter_state_dict
 
@@ -95,6 +156,42 @@ class ModelWeights:
             lora=True,
             base_version=self.base_version,
             extra_files={"adapter_config.json": adapter_config_json(self.model)},
+        )
+
+    def _full_or_delta(
+        self, version: int, step: int, tensors: dict[str, torch.Tensor], must_be_full: bool
+    ) -> Payload:
+        """The full ``tensors``, or their delta against the last version sent (see
+        :class:`DeltaPolicy`); the state is kept as the next base either way."""
+        assert self.delta is not None
+        changes = None
+        if self._last is not None and not must_be_full:
+            try:
+                changes = delta.encode(tensors, self._last)
+            except KeyError:  # tensors gone since the base: say it whole
+                changes = None
+        base = self.sent.version if self.sent is not None else -1
+        send = changes is not None and self.delta.send_delta(
+            delta.nbytes(changes), delta.nbytes(tensors), self._deltas_in_a_row
+        )
+        self._last = _owned(tensors, self.model)
+        digest = delta.state_sha256(tensors)
+        if not send or changes is None:
+            self._deltas_in_a_row = 0
+            self.sent = Sent(version, digest)
+            return Payload(version, step, tensors, base_version=version)
+        self._deltas_in_a_row += 1
+        self.sent = Sent(version, digest, delta_base=base)
+        return Payload(version, step, changes, base_version=version)
+
+    def stamp(self, event: ModelVersionReady) -> ModelVersionReady:
+        """``event`` (the transport's) with what the last payload adds: a delta's base, and
+        the state's sha256 (when the trainer sends deltas)."""
+        sent = self.sent
+        if sent is None or sent.version != event.version:
+            return event
+        return msgspec.structs.replace(
+            event, delta_base=sent.delta_base, state_sha256=sent.state_sha256
         )
 
     # -- explorer side -----------------------------------------------------------------------
@@ -111,11 +208,41 @@ class ModelWeights:
         """Whether ``event`` (an adapter) needs a full version first that the model lacks."""
         return event.lora and event.base_version != self.base_version
 
+    def rebuild(
+        self,
+        event: ModelVersionReady,
+        changes: Mapping[str, torch.Tensor],
+        base: Mapping[str, torch.Tensor] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """The whole state delta version ``event`` makes of ``base`` (default: the state
+        held, which must be its base). Not checked: see :func:`.delta.verify_state`."""
+        if base is None:
+            if self.held is None or self.held_version != event.delta_base:
+                raise SyncError(
+                    f"delta version {event.version} applies on version {event.delta_base}; "
+                    f"this explorer holds {self.held_version}"
+                )
+            base = self.held
+        return delta.decode(changes, base, f"delta version {event.version}")
+
     def apply(self, event: ModelVersionReady, tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy a received version into the target in place (names and shapes are checked
-        before the first copy, so a mismatch leaves the model as it was)."""
+        before the first copy, so a mismatch leaves the model as it was). A delta version
+        comes here rebuilt (:meth:`rebuild`): whole tensors."""
         if event.lora:
             self.target.load_adapter(event.version, tensors)
             return
         self.target.load_weights(event.version, tensors)
         self.base_version = event.version
+        keep = bool(event.state_sha256)  # the trainer sends deltas: the next needs this state
+        self.held = dict(tensors) if keep else None
+        self.held_version = event.version if keep else -1
+
+
+def _owned(tensors: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``tensors`` with those that are the model's own storage (no cast was needed) copied,
+    so that training does not change a kept base."""
+    live = {t.untyped_storage().data_ptr() for t in model.state_dict().values()}
+    return {
+        k: v.clone() if v.untyped_storage().data_ptr() in live else v for k, v in tensors.items()
+    }

@@ -31,6 +31,13 @@ async def announced_floor(cfg: Config) -> int:
     return max((ev.version for ev in history if isinstance(ev, ModelVersionReady)), default=-1)
 
 
+def _kind(event: ModelVersionReady) -> str:
+    """What a version holds besides full weights, for the log."""
+    if event.lora:
+        return ", adapter"
+    return f", delta on {event.delta_base}" if event.delta_base >= 0 else ""
+
+
 class VersionPublisher:
     """Publishes the trainer's weights as numbered versions through one transport."""
 
@@ -39,7 +46,7 @@ class VersionPublisher:
     ) -> None:
         self.weights = weights
         self.sender = sender
-        self.announce = announce
+        self.announce = self._stamped(announce)
         self.counters = counters
         self.version = -1
         """The version the trainer's weights are (its last published; -1 before the first)."""
@@ -48,6 +55,15 @@ class VersionPublisher:
         self._fresh = False
         """The model still holds exactly :attr:`version` (no step since it was published)."""
         self._resent = -1
+
+    def _stamped(self, announce: Announce) -> Announce:
+        """``announce`` of events that say what the payload adds to the transport's event
+        (a delta's base, the state's sha256: :meth:`ModelWeights.stamp`)."""
+
+        async def stamped(event: ModelVersionReady) -> None:
+            await announce(self.weights.stamp(event))
+
+        return stamped
 
     def resume(self, version: int, floor: int) -> None:
         """After a restore: the checkpoint's version, and the highest one ever announced."""
@@ -64,16 +80,21 @@ class VersionPublisher:
         event = await self.sender.send(
             lambda must_be_full: self.weights.payload(version, step, must_be_full), self.announce
         )
+        event = self.weights.stamp(event)
         self.version = event.version
         self._step, self._fresh = step, True
         self.counters.add("versions_published")
         self.counters.add("publish_seconds", time.perf_counter() - t0)
         log.info(
-            "trainer: version %d published (%s%s)",
+            "trainer: version %d published (%s%s, %d bytes)",
             event.version,
             event.method,
-            ", adapter" if event.lora else "",
+            _kind(event),
+            event.bytes,
         )
+        self.counters.add("published_bytes", event.bytes)
+        if event.delta_base >= 0:
+            self.counters.add("deltas_published")
         return event
 
     def stepped(self) -> None:

@@ -87,6 +87,8 @@ LIMITS: dict[type, dict[str, dict[str, Any]]] = {
         "bytes": {"minimum": 0},
         "step": {"minimum": 0},
         "base_version": {"minimum": -1},
+        "delta_base": {"minimum": -1},
+        "state_sha256": {"maxLength": 128},
     },
     SyncRequest: {"explorer": _ID, "min_version": {"minimum": 0}},
     Shutdown: {"reason": {"maxLength": limits.MAX_URI_CHARS}},
