@@ -5,9 +5,11 @@ removed afterwards), creates a fresh topic set per shape with ``TopicNames`` /
 ``admin.ensure_topics`` and pushes realistic ``ExperienceGroup`` messages (random token
 ids, log-probs and masks) through the real client code path:
 
-- producer: ``kafka.data_producer`` (acks=all, as configured for the explorer); per
-  explorer step, ``groups_per_step`` groups are encoded with ``EXPERIENCE_GROUP.encode``
-  and sent, then the step's delivery futures are gathered (exactly as the explorer does);
+- producer: ``kafka.data_producer`` (acks=all, as configured for the explorer) of each
+  ``--producer`` library, ``aiokafka`` and/or ``confluent`` (librdkafka, ``kafka.producer:
+  confluent``; needs the ``kafka-fast`` extra); per explorer step, ``groups_per_step``
+  groups go through the explorer's own path, ``produce.send_groups`` (encode each with
+  ``EXPERIENCE_GROUP.encode``, send, send what lingers, gather the step's acks);
 - consumer: ``kafka.experience_consumer`` in a fresh group, polling with ``getmany`` and
   decoding every record with ``EXPERIENCE_GROUP.decode(value, headers)`` (header check,
   typed decode and ``validate_group``), until every group id has arrived.
@@ -27,11 +29,15 @@ headers and Kafka framing are not counted):
   frame (median of 3 runs; same process, same loop);
 - ``ratio_vs_loopback`` = ``mb_s`` / ``loopback_mb_s``.
 
-The overall figures sum bytes, experiences and seconds over the shapes. A figure, not a
-test: nothing is asserted beyond every group arriving intact.
+The overall figures sum bytes, experiences and seconds over the shapes, per producer. Each
+producer gets fresh topics; the loopback is measured once per shape and shared. In the
+JSON line, ``by_producer`` holds each producer's overall figures and shapes;
+``producer`` / ``ratio_vs_loopback`` / ``mb_s`` at the top are those of the fastest
+producer run (the only one with a single ``--producer``). A figure, not a test: nothing is
+asserted beyond every group arriving intact.
 
-Usage: ``python bench/experience_path.py [--mb 64] [--quick]``. Human-readable lines
-first, then one JSON line on stdout.
+Usage: ``python bench/experience_path.py [--mb 64] [--quick] [--producer both]``.
+Human-readable lines first, then one JSON line on stdout.
 """
 
 from __future__ import annotations
@@ -53,11 +59,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
-from streamrft.infra import admin, kafka
+from streamrft.infra import admin, kafka, produce_confluent
 from streamrft.infra.config import KafkaConfig
 from streamrft.infra.local.services import LocalServices
+from streamrft.infra.produce import send_groups
 from streamrft.schemas import (
     EXPERIENCE_GROUP,
     Experience,
@@ -202,7 +210,12 @@ async def loopback_once(payloads: list[bytes]) -> float:
 
 
 async def kafka_once(
-    cfg: KafkaConfig, shape: Shape, groups: list[ExperienceGroup], run: str, timeout_s: float
+    cfg: KafkaConfig,
+    shape: Shape,
+    groups: list[ExperienceGroup],
+    sent_bytes: int,
+    run: str,
+    timeout_s: float,
 ) -> dict[str, float]:
     topics = TopicNames(cfg.topic_prefix, run)
     await admin.ensure_topics(cfg, topics)
@@ -248,23 +261,10 @@ async def kafka_once(
 
         t0 = time.perf_counter()
         consumer_task = asyncio.create_task(consume())
-        sent_bytes = 0
         try:
             step = shape.groups_per_step
             for i in range(0, len(groups), step):
-                futures = []
-                for g in groups[i : i + step]:
-                    value = EXPERIENCE_GROUP.encode(g)
-                    sent_bytes += len(value)
-                    futures.append(
-                        await producer.send(
-                            topics.experiences,
-                            value,
-                            key=g.task_id.encode(),
-                            headers=EXPERIENCE_GROUP.headers(),
-                        )
-                    )
-                await asyncio.gather(*futures)
+                await send_groups(producer, topics.experiences, groups[i : i + step], "bench", 30)
             t_produced = time.perf_counter()
             t_end = await asyncio.wait_for(consumer_task, timeout_s)
         finally:
@@ -281,6 +281,7 @@ async def kafka_once(
             "produce_s": t_produced - t0,
             "join_s": join_s,
             "bytes": float(sent_bytes),
+            "groups": float(len(groups)),
             "experiences": float(stats["experiences"]),
             "tokens": float(stats["tokens"]),
             "duplicates": float(stats["duplicates"]),
@@ -296,7 +297,10 @@ async def kafka_once(
 # --------------------------------------------------------------------------- main
 
 
-async def run_shape(cfg: KafkaConfig, shape: Shape, mb: float, tag: str, seed: int) -> dict:
+async def run_shape(
+    cfg: KafkaConfig, shape: Shape, mb: float, tag: str, seed: int, producers: list[str]
+) -> dict[str, dict]:
+    """The shape through each producer: ``{producer: figures}``."""
     run = f"bench-{tag}-{shape.name}"
     t = time.perf_counter()
     groups = build_groups(shape, run, int(mb * MIB), seed)
@@ -317,10 +321,18 @@ async def run_shape(cfg: KafkaConfig, shape: Shape, mb: float, tag: str, seed: i
         f" (median of {LOOPBACK_REPEATS}: {', '.join(f'{x:.3f}' for x in loop_times)} s)"
     )
 
-    r = await kafka_once(cfg, shape, groups, run, timeout_s=max(120.0, mb * 4))
+    out = {}
+    for name in producers:
+        pcfg = msgspec.structs.replace(cfg, producer=name)
+        r = await kafka_once(pcfg, shape, groups, total, f"{run}-{name}", max(120.0, mb * 4))
+        out[name] = shape_figures(shape, r, loop_s, name)
+    return out
+
+
+def shape_figures(shape: Shape, r: dict[str, float], loop_s: float, producer: str) -> dict:
     mb_total = r["bytes"] / MIB
     res = {
-        "groups": len(groups),
+        "groups": int(r["groups"]),
         "experiences": int(r["experiences"]),
         "tokens": int(r["tokens"]),
         "mb": round(mb_total, 2),
@@ -336,28 +348,26 @@ async def run_shape(cfg: KafkaConfig, shape: Shape, mb: float, tag: str, seed: i
         "ratio_vs_loopback": round(loop_s / r["seconds"], 4),
     }
     say(
-        f"[{shape.name}] kafka end to end: {res['mb_s']} MB/s, {res['experiences_s']} experiences/s"
-        f" ({res['seconds']} s; produce+acks {res['produce_s']} s = {res['produce_mb_s']} MB/s;"
-        f" group join {res['join_s']} s untimed; duplicates {res['duplicates']})"
+        f"[{shape.name}] {producer}: kafka end to end: {res['mb_s']} MB/s,"
+        f" {res['experiences_s']} experiences/s ({res['seconds']} s; produce+acks"
+        f" {res['produce_s']} s = {res['produce_mb_s']} MB/s; group join {res['join_s']} s"
+        f" untimed; duplicates {res['duplicates']}); ratio vs loopback:"
+        f" {res['ratio_vs_loopback']}"
     )
-    say(f"[{shape.name}] ratio vs loopback: {res['ratio_vs_loopback']}")
     return res
 
 
-async def run_all(bootstrap: str, mb: float, seed: int) -> dict:
-    cfg = KafkaConfig(bootstrap_servers=bootstrap)
-    tag = time.strftime("%Y%m%d-%H%M%S")
-    shapes = {}
-    for i, shape in enumerate(SHAPES):
-        shapes[shape.name] = await run_shape(cfg, shape, mb, tag, seed + i)
+def overall(shapes: dict[str, dict]) -> dict:
+    """One producer's figures summed over the shapes."""
     mb_total = sum(s["mb"] for s in shapes.values())
     secs = sum(s["seconds"] for s in shapes.values())
+    produce_s = sum(s["produce_s"] for s in shapes.values())
     loop_s = sum(s["loopback_s"] for s in shapes.values())
     exps = sum(s["experiences"] for s in shapes.values())
     return {
-        "bench": "experience_path",
         "mb_s": round(mb_total / secs, 1),
         "experiences_s": round(exps / secs, 1),
+        "produce_mb_s": round(mb_total / produce_s, 1),
         "loopback_mb_s": round(mb_total / loop_s, 1),
         "ratio_vs_loopback": round(loop_s / secs, 4),
         "mb": round(mb_total, 2),
@@ -366,12 +376,47 @@ async def run_all(bootstrap: str, mb: float, seed: int) -> dict:
     }
 
 
+async def run_all(bootstrap: str, mb: float, seed: int, producers: list[str]) -> dict:
+    cfg = KafkaConfig(bootstrap_servers=bootstrap)
+    tag = time.strftime("%Y%m%d-%H%M%S")
+    per_shape = {}
+    for i, shape in enumerate(SHAPES):
+        per_shape[shape.name] = await run_shape(cfg, shape, mb, tag, seed + i, producers)
+    by_producer = {
+        name: overall({shape: figures[name] for shape, figures in per_shape.items()})
+        for name in producers
+    }
+    best = max(producers, key=lambda name: by_producer[name]["ratio_vs_loopback"])
+    top = by_producer[best]
+    return {
+        "bench": "experience_path",
+        "producer": best,
+        "ratio_vs_loopback": top["ratio_vs_loopback"],
+        "mb_s": top["mb_s"],
+        "experiences_s": top["experiences_s"],
+        "loopback_mb_s": top["loopback_mb_s"],
+        "mb": top["mb"],
+        "seconds": top["seconds"],
+        "by_producer": by_producer,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=None, help="payload MiB per shape (default 64)")
     ap.add_argument("--quick", action="store_true", help="tiny run (2 MiB per shape)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--producer",
+        choices=("aiokafka", "confluent", "both"),
+        default="both" if produce_confluent.available() else "aiokafka",
+        help="data producer library (kafka.producer); default: both when confluent-kafka"
+        " is installed, else aiokafka",
+    )
     args = ap.parse_args(argv)
+    producers = ["aiokafka", "confluent"] if args.producer == "both" else [args.producer]
+    if "confluent" in producers and not produce_confluent.available():
+        ap.error("--producer confluent needs confluent-kafka (pip install 'streamrft[kafka-fast]')")
     mb = args.mb if args.mb is not None else (2.0 if args.quick else 64.0)
     if mb <= 0:
         ap.error("--mb must be > 0")
@@ -384,15 +429,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         eps = services.start()
         say(f"broker at {eps.bootstrap_servers} (Tansu, memory storage), {mb:g} MB per shape")
-        result = asyncio.run(run_all(eps.bootstrap_servers or "", mb, args.seed))
+        result = asyncio.run(run_all(eps.bootstrap_servers or "", mb, args.seed, producers))
     finally:
         services.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    say(
-        f"overall: {result['mb_s']} MB/s, {result['experiences_s']} experiences/s,"
-        f" loopback {result['loopback_mb_s']} MB/s, ratio {result['ratio_vs_loopback']}"
-        f" (wall {time.perf_counter() - t_start:.1f} s)"
-    )
+    for name, r in result["by_producer"].items():
+        say(
+            f"overall {name}: {r['mb_s']} MB/s, {r['experiences_s']} experiences/s,"
+            f" produce {r['produce_mb_s']} MB/s, loopback {r['loopback_mb_s']} MB/s,"
+            f" ratio {r['ratio_vs_loopback']}"
+        )
+    say(f"wall {time.perf_counter() - t_start:.1f} s")
     print(json.dumps(result), flush=True)
     return 0
 

@@ -94,7 +94,16 @@ class KafkaConfig(_Section):
     compression: Literal["none", "gzip", "lz4", "zstd", "snappy"] = "none"
     """Producer compression of data topics (token ids compress little; lz4 is cheap)."""
     linger_ms: NonNeg = 5
-    """How long a producer waits to fill a batch of data messages."""
+    """How long a producer waits to fill a batch of data messages. A sender that waits for
+    the acknowledgements of what it sent (an explorer's step, the feeder's chunk) sends its
+    last batches at once rather than after this wait."""
+    producer: Literal["aiokafka", "confluent"] = "aiokafka"
+    """Client library of the data producers (tasks and experience groups): ``aiokafka``
+    (pure Python), or ``confluent`` (librdkafka: produce requests built off the event loop
+    in C; ``pip install streamrft[kafka-fast]``). The same guarantees either way: acks=all,
+    no idempotence, one partition per task id (murmur2), a record counted as published only
+    once acknowledged, one request in flight per partition (order kept), the same security
+    options. Control events always go through aiokafka."""
     max_request_bytes: Annotated[int, msgspec.Meta(ge=1 << 20)] = 16 << 20
     """Largest produce request and message; an experience group must fit."""
     session_timeout_ms: Annotated[int, msgspec.Meta(ge=1000)] = 6_000

@@ -13,6 +13,10 @@ client. Choices that matter for correctness:
 - Control and status topics are read without a group from the beginning (Tansu's "latest"
   offset is unreliable) with a short long-poll wait, so version events arrive promptly.
 - Each control event is sent as its own batch (``linger_ms=0``, then awaited).
+- Data producers (:func:`data_producer`) are aiokafka's or, with ``kafka.producer:
+  confluent``, librdkafka's (:mod:`streamrft.infra.produce_confluent`, options in
+  :func:`confluent_options`), with the same guarantees; both send their lingering batches
+  at once when the sender is about to wait for the acks (``flush_lingering``).
 - Every client gets the same security options (:func:`security_options`): protocol, SASL
   credentials and a TLS context from ``kafka.*``.
 """
@@ -32,13 +36,18 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.group import JoinGroupRequest, LeaveGroupRequest
 
+from streamrft.infra import produce_confluent
 from streamrft.infra.config import KafkaConfig
+from streamrft.infra.produce_confluent import ConfluentProducer
 from streamrft.schemas.errors import ConfigError, ServiceError
 
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_MS = 30_000
 CONNECT_RETRY_S = 30.0
+CONNECT_TIMEOUT_S = REQUEST_TIMEOUT_MS / 1000
+"""librdkafka producer: longest wait for the first metadata answer, and for the queue to
+drain on stop."""
 
 
 def _servers(cfg: KafkaConfig) -> str:
@@ -70,9 +79,11 @@ def security_options(cfg: KafkaConfig) -> dict[str, Any]:
     return options
 
 
-def _producer(cfg: KafkaConfig, client_id: str, **batching) -> AIOKafkaProducer:
+def _producer(
+    cfg: KafkaConfig, client_id: str, cls: type[AIOKafkaProducer] = AIOKafkaProducer, **batching
+) -> Any:
     """acks=all, no idempotence (the embedded broker lacks InitProducerId), bounded retries."""
-    return AIOKafkaProducer(
+    return cls(
         bootstrap_servers=_servers(cfg),
         client_id=client_id,
         acks="all",
@@ -85,15 +96,88 @@ def _producer(cfg: KafkaConfig, client_id: str, **batching) -> AIOKafkaProducer:
     )
 
 
-def data_producer(cfg: KafkaConfig, client_id: str) -> AIOKafkaProducer:
-    """Producer of tasks and experience groups: batched, optionally compressed."""
+DATA_BATCH_BYTES = 1 << 20
+"""Largest batch of data records per partition (one produce request carries several)."""
+
+
+class DataProducer(AIOKafkaProducer):
+    """aiokafka's producer of data records, plus :meth:`flush_lingering`."""
+
+    def flush_lingering(self) -> None:
+        """Close the batches that wait for ``linger_ms`` and wake the sender, so they go
+        out now: the caller is about to wait for their acks, and a step that waits for its
+        own records gains nothing from lingering (what aiokafka's ``flush_for_commit``
+        does, without waiting). It reaches into aiokafka's accumulator (the pinned range,
+        ``pyproject.toml``); should those internals move, the batches just linger."""
+        try:
+            accumulator = self._message_accumulator
+            for batches in accumulator._batches.values():
+                for batch in batches:
+                    batch._builder.close()
+            if not accumulator._waiter_future.done():
+                accumulator._waiter_future.set_result(None)
+        except AttributeError as exc:  # pragma: no cover - another aiokafka's internals
+            log.debug("flush_lingering: %s; batches wait out linger_ms", exc)
+
+
+def data_producer(cfg: KafkaConfig, client_id: str) -> DataProducer | ConfluentProducer:
+    """Producer of tasks and experience groups: batched, optionally compressed; aiokafka's
+    or librdkafka's (``kafka.producer``)."""
+    if cfg.producer == "confluent":
+        if not produce_confluent.available():
+            raise ConfigError(
+                "kafka.producer: confluent needs the confluent-kafka package "
+                "(pip install 'streamrft[kafka-fast]')"
+            )
+        return ConfluentProducer(confluent_options(cfg, client_id), CONNECT_TIMEOUT_S)
     return _producer(
         cfg,
         client_id,
+        DataProducer,
         compression_type=None if cfg.compression == "none" else cfg.compression,
         linger_ms=cfg.linger_ms,
-        max_batch_size=1 << 20,
+        max_batch_size=DATA_BATCH_BYTES,
     )
+
+
+def confluent_options(cfg: KafkaConfig, client_id: str) -> dict[str, Any]:
+    """librdkafka's options for a data producer, chosen to match aiokafka's (above):
+    acks=all, no idempotence, at most one request in flight per partition's connection
+    (order kept across retries, as aiokafka's one batch in flight per partition does),
+    a record failed after the request timeout (aiokafka's batch expiry), murmur2 over the
+    key (the partition aiokafka would choose; random without a key), and
+    :func:`security_options`' protocol, SASL credentials and TLS files."""
+    security_options(cfg)  # the same checks and errors (a TLS file that does not load)
+    options: dict[str, Any] = {
+        "bootstrap.servers": _servers(cfg),
+        "client.id": client_id,
+        "acks": "all",
+        "enable.idempotence": False,
+        "max.in.flight.requests.per.connection": 1,
+        "message.max.bytes": cfg.max_request_bytes,
+        "batch.size": DATA_BATCH_BYTES,
+        "linger.ms": cfg.linger_ms,
+        "compression.type": cfg.compression,
+        "partitioner": "murmur2_random",
+        "request.timeout.ms": REQUEST_TIMEOUT_MS,
+        "message.timeout.ms": REQUEST_TIMEOUT_MS + cfg.linger_ms,  # counts the linger too
+        "retry.backoff.ms": 200,
+        "socket.nagle.disable": True,
+        "security.protocol": cfg.security_protocol,
+    }
+    if cfg.security_protocol.startswith("SASL_"):
+        options["sasl.mechanism"] = cfg.sasl_mechanism
+        options["sasl.username"] = cfg.sasl_username
+        options["sasl.password"] = cfg.sasl_password
+    if cfg.security_protocol.endswith("SSL"):
+        options["ssl.ca.location"] = cfg.ssl_cafile or "probe"  # None: the system CAs
+        if cfg.ssl_certfile:
+            options["ssl.certificate.location"] = cfg.ssl_certfile
+            options["ssl.key.location"] = cfg.ssl_keyfile or cfg.ssl_certfile
+        options["ssl.endpoint.identification.algorithm"] = (
+            "https" if cfg.ssl_check_hostname else "none"
+        )
+    return options
 
 
 def event_producer(cfg: KafkaConfig, client_id: str) -> AIOKafkaProducer:

@@ -155,6 +155,24 @@ def validate_task(task: Task) -> Task:
     return task
 
 
+_LOGPROB_SURELY_IN_RANGE = bytes(range(0x00, 0x38)) + bytes(range(0x80, 0xC2))
+"""High bytes (sign and top 7 exponent bits) of the little-endian float32 log-probs that
+are inside [MIN_LOGPROB, MAX_LOGPROB] whatever the other bytes: ``0x00-0x37`` is +0 to
+below 2**-16 (< 1e-4), ``0x80-0xC1`` is -0 to above -32 (> -80). Log-probs whose high
+bytes are all of these pass at C speed (``bytes.translate``); any other high byte (a value
+near a bound, out of range, inf or NaN) sends the experience to the exact per-value check,
+so the rule and its error are those of :func:`_check_logprobs` either way."""
+
+
+def _check_logprobs(logprobs: bytes, where: str) -> None:
+    """Every log-prob within [MIN_LOGPROB, MAX_LOGPROB]; the first that is not is named."""
+    for logp in unpack_f32(logprobs):  # NaN fails both comparisons
+        if not limits.MIN_LOGPROB <= logp <= limits.MAX_LOGPROB:
+            raise SchemaError(
+                f"{where}: log-prob {logp} outside [{limits.MIN_LOGPROB}, {limits.MAX_LOGPROB}]"
+            )
+
+
 def _check_experience(exp: Experience, version: int) -> None:
     check_id(exp.id, "experience id")
     where = _where(exp.id)
@@ -180,11 +198,8 @@ def _check_experience(exp: Experience, version: int) -> None:
     # the high byte of a little-endian int32 is >= 0x80 exactly when the id is negative
     if exp.tokens[3::4].translate(None, bytes(range(0x80))):
         raise SchemaError(f"{where}: negative token id")
-    for logp in unpack_f32(exp.logprobs):  # NaN fails both comparisons
-        if not limits.MIN_LOGPROB <= logp <= limits.MAX_LOGPROB:
-            raise SchemaError(
-                f"{where}: log-prob {logp} outside [{limits.MIN_LOGPROB}, {limits.MAX_LOGPROB}]"
-            )
+    if exp.logprobs[3::4].translate(None, _LOGPROB_SURELY_IN_RANGE):
+        _check_logprobs(exp.logprobs, where)  # some near or past a bound: one by one
     if not math.isfinite(exp.reward):
         raise SchemaError(f"{where}: reward {exp.reward} is not finite")
     if abs(exp.reward) > limits.MAX_ABS_REWARD:
