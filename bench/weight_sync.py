@@ -7,17 +7,25 @@ through the library code, then times a plain file-copy baseline on the same disk
 ``object_store``: starts the local JuiceFS S3 gateway (``LocalServices``, object store only,
 in a temporary folder removed afterwards; only when this method is selected) and times
 
-- ``publish_s``: ``ObjectStorePublisher.publish(tensors, version, step)``: safetensors
-  serialisation into shards, sha256 of each shard, multipart uploads, then the manifest;
+- ``publish_s``: ``ObjectStorePublisher.publish(tensors, version, step)``: shards built as
+  views of the tensors (a safetensors header of our own + each tensor's bytes, nothing
+  joined or copied), the sha256 of each shard in a thread while it uploads (a single PUT
+  up to ``part_size_mb``, else a multipart upload, ``parallel`` parts in flight, bodies
+  sent straight from the tensors' memory through presigned URLs, no payload signing),
+  then the manifest;
 - ``fetch_verify_s``: ``ObjectStoreLoader.fetch(event)``: download and check the manifest
-  against the event's digest, download each shard, check its sha256, decode it to tensors;
+  against the event's digest, then each shard as ``parallel`` ranged GETs of
+  ``part_size_mb`` into one preallocated buffer, hashed range by range while the later
+  ranges download, checked against the manifest, decoded as views of the buffer;
 - ``apply_s``: ``streamrft.sync.weights.apply_state_dict`` into an ``nn.ParameterDict`` of
   the same names and shapes (name/shape checks, then ``copy_`` of every tensor).
 
 ``filesystem``: the same three phases with ``FilesystemPublisher(folder, run_id,
-max_shard_bytes).publish`` (every shard and the manifest written to a temporary name,
-fsync'ed and renamed) and ``FilesystemLoader(folder).fetch`` (read and verify as above),
-the folder a fresh temporary one on the same disk as the baseline; then ``apply_s``.
+max_shard_bytes).publish`` (every shard written from the tensors' memory and the manifest
+written to a temporary name, fsync'ed and renamed; sha256 in a thread meanwhile) and
+``FilesystemLoader(folder).fetch`` (read in 8 MiB chunks into one buffer, each chunk
+hashed while the next is read; verify and decode as above), the folder a fresh temporary
+one on the same disk as the baseline; then ``apply_s``.
 
 ``nccl``: ``CollectiveSender`` / ``CollectiveReceiver`` with the gloo backend (CPU; NCCL
 shares the code path), ``bucket_mb`` 64, the trainer in this process and one explorer in a
@@ -37,8 +45,8 @@ started and its tensors allocated before any timing; it is always stopped afterw
   child zeroes its tensors between versions, so version 2 is checked on fresh bytes.
 - ``receive_s`` / ``first_receive_s``: the child's own ``receive`` call (informational).
 
-Baseline, same run and same disk: the publisher's safetensors bytes (produced by
-``shard_state_dict``, untimed) are written to a file (``write_s``: open, write, close; no
+Baseline, same run and same disk: the publisher's safetensors bytes (the same shards
+joined by ``shard_state_dict``, untimed) are written to a file (``write_s``: open, write, close; no
 fsync), the file is copied with ``shutil.copyfile`` (``copy_s``) and the copy is read back
 (``read_s``, reported but not in ``copy_mb_s``).
 
@@ -51,17 +59,21 @@ Figures (MB = MiB = 2**20 bytes of tensor data; the safetensors header adds ~1 K
 - ``copy_mb_s`` = MB / (``write_s`` + ``copy_s``): the same bytes written once and copied
   once on the local file system (page cache; a floor for any local file handoff);
 - ``ratio_vs_copy`` = that method's ``mb_s`` / ``copy_mb_s``;
-- informational: ``serialize_s`` and ``sha256_s`` (shard_state_dict and one sha256 pass
-  over the shard bytes, timed separately) show how much of ``publish_s`` is CPU work
-  outside the upload/write itself; ``shards`` and ``shard_bytes``: the safetensors shards
-  of one version (shard size: ``ObjectStoreConfig.shard_size_mb`` for both stores).
+- informational: ``serialize_s`` (joining the shards into one ``bytes`` each with
+  ``shard_state_dict``: what building the baseline's input costs; the stores no longer do
+  it) and ``sha256_s`` (one sha256 pass over the shard bytes, which the stores run
+  alongside their transfer, once on publish and once on fetch); ``shards`` and
+  ``shard_bytes``: the safetensors shards of one version (shard size:
+  ``ObjectStoreConfig.shard_size_mb`` for both stores); ``part_size_mb`` and ``parallel``:
+  the object store's transfer settings (``--part-mb``, ``--parallel``; default: the
+  ``ObjectStoreConfig`` defaults).
 
 Everything runs with one torch/OMP thread. A figure, not a test: the only checks are that
 the applied parameters equal the published tensors bit for bit (object_store, filesystem)
 and ``bytes_equal`` (nccl; reported, not raised).
 
 Usage: ``python bench/weight_sync.py [--mb 500] [--quick] [--methods object_store,filesystem,
-nccl]``. Human-readable lines first, then one JSON line on stdout: the top-level keys
+nccl] [--part-mb N] [--parallel N]``. Human-readable lines first, then one JSON line on stdout: the top-level keys
 (``bench``, ``method`` = "object_store", ``mb``, ``publish_s``, ``fetch_verify_s``,
 ``apply_s``, ``mb_s``, ``copy_mb_s``, ``ratio_vs_copy``, the baseline and informational
 figures) describe the object store (its figures ``null`` when it is not selected), and
@@ -407,6 +419,8 @@ def run(
         "sha256_s": round(sha256_s, 3),
         "shards": n_shards,
         "shard_bytes": int(osp["shard_bytes"]) if osp else shard_bytes,
+        "part_size_mb": store.part_size_mb if store else None,
+        "parallel": store.parallel if store else None,
         "methods": {},
     }
     fs = done.get("filesystem")
@@ -457,6 +471,19 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(METHODS),
         help=f"comma list of sync methods to time (default {','.join(METHODS)})",
     )
+    defaults = ObjectStoreConfig()
+    ap.add_argument(
+        "--part-mb",
+        type=int,
+        default=defaults.part_size_mb,
+        help=f"object store part / range size in MiB (default {defaults.part_size_mb})",
+    )
+    ap.add_argument(
+        "--parallel",
+        type=int,
+        default=defaults.parallel,
+        help=f"object store parts / ranges in flight (default {defaults.parallel})",
+    )
     args = ap.parse_args(argv)
     mb = args.mb if args.mb is not None else (8.0 if args.quick else 500.0)
     if mb <= 0:
@@ -481,8 +508,13 @@ def main(argv: list[str] | None = None) -> int:
                 endpoint=eps.s3_endpoint,
                 access_key=eps.access_key or "",
                 secret_key=eps.secret_key or "",
+                part_size_mb=args.part_mb,
+                parallel=args.parallel,
             )
-            say(f"object store at {eps.s3_endpoint} (JuiceFS gateway)")
+            say(
+                f"object store at {eps.s3_endpoint} (JuiceFS gateway), parts of"
+                f" {store.part_size_mb} MiB, {store.parallel} in flight"
+            )
         say(f"methods {', '.join(methods)}; {mb:g} MB, torch threads 1")
         result = run(store, methods, mb, args.seed, tmp)
     finally:

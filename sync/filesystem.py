@@ -7,13 +7,20 @@ sees half a file, and a version exists exactly when its manifest does.
 
 from __future__ import annotations
 
+import hashlib
 import os
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import torch
+
 from streamrft.infra.config import Config
-from streamrft.schemas.errors import SyncError
+from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.sync.versions import StoreLoader, StorePublisher
-from streamrft.sync.weights import sha256_hex
+
+#: Bytes read per call while the previous chunk is being hashed.
+READ_CHUNK = 8 << 20
 
 
 def fs_root(cfg: Config) -> Path:
@@ -28,12 +35,17 @@ class FolderStore:
         self.root = Path(root).absolute()
 
     def put(self, key: str, data: bytes, content_type: str) -> None:
+        self.write(key, [memoryview(data)], content_type)
+
+    def write(self, key: str, chunks: Sequence[memoryview], content_type: str) -> None:
+        """Write the chunks to a temporary name, fsync, rename into place."""
         path = self.root / key
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tmp.open("wb") as fh:
-                fh.write(data)
+                for chunk in chunks:
+                    fh.write(chunk)  # a large chunk goes straight to the file, no copy
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
@@ -46,17 +58,29 @@ class FolderStore:
         except OSError as exc:
             raise SyncError(f"reading {self.root / key}: {exc}") from exc
 
-    def get_hashed(self, key: str) -> tuple[bytearray, str]:
-        """Read into one buffer (decoded without another copy) and hash it."""
+    def get_hashed(self, key: str, size: int) -> tuple[torch.Tensor, str]:
+        """Read into one buffer (decoded without another copy), hashing each chunk while
+        the next one is read."""
         path = self.root / key
+        buf = torch.empty(size, dtype=torch.uint8)
+        view = memoryview(buf.numpy())
+        digest = hashlib.sha256()
+        hashed: Future | None = None
         try:
-            with path.open("rb") as fh:
-                buf = bytearray(path.stat().st_size)
-                if fh.readinto(buf) != len(buf):
-                    raise SyncError(f"reading {path}: file changed while being read")
+            with path.open("rb", buffering=0) as fh, ThreadPoolExecutor(1) as hasher:
+                if (actual := os.fstat(fh.fileno()).st_size) != size:
+                    raise IntegrityError(f"{path}: {actual} bytes, the manifest says {size}")
+                for start in range(0, size, READ_CHUNK):
+                    chunk = view[start : start + READ_CHUNK]
+                    read_fully(fh, chunk, path)
+                    if hashed is not None:
+                        hashed.result()
+                    hashed = hasher.submit(digest.update, chunk)
+                if hashed is not None:
+                    hashed.result()
         except OSError as exc:
             raise SyncError(f"reading {path}: {exc}") from exc
-        return buf, sha256_hex(buf)
+        return buf, digest.hexdigest()
 
     def uri(self, key: str) -> str:
         return (self.root / key).as_uri()
@@ -69,6 +93,16 @@ class FolderStore:
             return str(path.relative_to(self.root))
         except ValueError as exc:
             raise SyncError(f"{uri} is outside synchronizer.fs_dir {self.root}") from exc
+
+
+def read_fully(fh, into: memoryview, path: Path) -> None:
+    """Fill ``into`` from the file's current position."""
+    filled = 0
+    while filled < len(into):
+        n = fh.readinto(into[filled:])
+        if not n:
+            raise SyncError(f"reading {path}: file changed while being read")
+        filled += n
 
 
 class FilesystemPublisher(StorePublisher):

@@ -1,24 +1,41 @@
-"""Weight sync through an S3-compatible object store, via the ``minio`` SDK only.
+"""Weight sync through an S3-compatible object store, with the ``minio`` SDK.
 
 A version lives at ``s3://<bucket>/<run id>/v<version:08d>/`` (see :mod:`.versions` for
 the two-phase protocol). Works against MinIO, AWS S3, SeaweedFS and the embedded JuiceFS
-gateway alike: only put/get of whole objects, no listing, no notifications required.
+gateway alike: only put/get of objects (multipart uploads, ranged GETs), no listing, no
+notifications required.
+
+The SDK creates the bucket and signs every request; the bulk bytes travel through
+presigned URLs on the SDK's own connection pool (see :class:`S3Store`): bodies straight
+from the tensors' memory, downloads straight into one buffer, no payload hashing but the
+sha256 the manifest records.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import io
-from concurrent.futures import ThreadPoolExecutor
+import http.client
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 
+import torch
 import urllib3
 from minio import Minio
 from minio.error import S3Error, ServerError
 
 from streamrft.infra.config import ObjectStoreConfig
-from streamrft.schemas.errors import ServiceError, StoreUnavailable, SyncError
+from streamrft.schemas.errors import IntegrityError, ServiceError, StoreUnavailable, SyncError
 from streamrft.sync.versions import StoreLoader, StorePublisher
-from streamrft.sync.weights import sha256_hex
+
+#: How long a presigned URL stays valid (it is used at once; this only absorbs clock skew
+#: and a slow part).
+PRESIGN_TTL = timedelta(hours=1)
+#: S3's limit on the parts of one multipart upload (a larger shard gets larger parts).
+MAX_PARTS = 10_000
 
 
 def tls_options(cfg: ObjectStoreConfig) -> dict[str, str]:
@@ -32,22 +49,27 @@ def tls_options(cfg: ObjectStoreConfig) -> dict[str, str]:
     return {}  # urllib3's default: CERT_REQUIRED against the system CAs
 
 
-def make_client(cfg: ObjectStoreConfig) -> Minio:
-    if not cfg.endpoint:
-        raise ServiceError("object_store.endpoint: no object store configured or started")
-    http = urllib3.PoolManager(
+def make_http(cfg: ObjectStoreConfig) -> urllib3.PoolManager:
+    """The connection pool of one store client: enough connections for two shards'
+    ``parallel`` transfers at once, retries of 5xx answers and dropped connections."""
+    return urllib3.PoolManager(
         timeout=urllib3.Timeout(connect=5, read=120),
-        maxsize=16,
+        maxsize=max(16, 2 * cfg.parallel + 2),
         retries=urllib3.Retry(total=3, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
         **tls_options(cfg),
     )
+
+
+def make_client(cfg: ObjectStoreConfig, http: urllib3.PoolManager | None = None) -> Minio:
+    if not cfg.endpoint:
+        raise ServiceError("object_store.endpoint: no object store configured or started")
     return Minio(
         cfg.endpoint,
         access_key=cfg.access_key,
         secret_key=cfg.secret_key,
         secure=cfg.secure,
         region=cfg.region,
-        http_client=http,
+        http_client=http or make_http(cfg),
     )
 
 
@@ -62,6 +84,7 @@ def ensure_bucket(client: Minio, bucket: str) -> None:
         raise ServiceError(f"object store at {client._base_url.host}: {exc}") from exc
 
 
+_SIGNATURE = re.compile(r"(X-Amz-Signature=)[0-9a-fA-F]+")
 _TRANSIENT_CODES = frozenset(
     {"InternalError", "ServiceUnavailable", "SlowDown", "XMinioServerNotInitialized"}
 )
@@ -69,17 +92,51 @@ _TRANSIENT_CODES = frozenset(
 
 def store_error(action: str, exc: Exception) -> SyncError:
     """The error to raise for a failed request: :class:`StoreUnavailable` (retriable) when
-    the store did not answer or answered 5xx, a plain :class:`SyncError` otherwise."""
+    the store did not answer or answered 5xx, a plain :class:`SyncError` otherwise. The
+    signature of a presigned URL in the message is masked (it grants the request)."""
+    text = _SIGNATURE.sub(r"\1...", str(exc))
     reason = getattr(exc, "reason", None)  # MaxRetryError wraps the last failure
     if isinstance(exc, urllib3.exceptions.SSLError) or isinstance(
         reason, urllib3.exceptions.SSLError
     ):
-        return SyncError(f"{action}: TLS failed (check object_store.ca_file/cert_check): {exc}")
+        return SyncError(f"{action}: TLS failed (check object_store.ca_file/cert_check): {text}")
     transient = isinstance(exc, urllib3.exceptions.HTTPError | ServerError) or (
         isinstance(exc, S3Error) and exc.code in _TRANSIENT_CODES
     )
     kind = StoreUnavailable if transient else SyncError
-    return kind(f"{action}: {exc}")
+    return kind(f"{action}: {text}")
+
+
+def response_error(action: str, status: int, body: bytes) -> SyncError:
+    """The error for an S3 error answer (``<Error><Code>...``): :class:`StoreUnavailable`
+    for a 5xx or a transient code, a plain :class:`SyncError` otherwise."""
+    code = message = ""
+    with contextlib.suppress(ET.ParseError):
+        root = ET.fromstring(body)
+        code, message = root.findtext("Code") or "", root.findtext("Message") or ""
+    kind = StoreUnavailable if status >= 500 or code in _TRANSIENT_CODES else SyncError
+    return kind(f"{action}: HTTP {status} {code}: {message or body[:200]!r}")
+
+
+def xml_text(body: bytes, tag: str, action: str) -> str:
+    """The text of the first ``tag`` element (any namespace) of an S3 answer."""
+    try:
+        text = ET.fromstring(body).findtext(f".//{{*}}{tag}")
+    except ET.ParseError as exc:
+        raise SyncError(f"{action}: unreadable answer {body[:200]!r}") from exc
+    if not text:
+        raise SyncError(f"{action}: no {tag} in the answer {body[:200]!r}")
+    return text
+
+
+def complete_body(etags: list[str]) -> bytes:
+    """The CompleteMultipartUpload request: every part's number and ETag, in order."""
+    root = ET.Element("CompleteMultipartUpload")
+    for number, etag in enumerate(etags, start=1):
+        part = ET.SubElement(root, "Part")
+        ET.SubElement(part, "PartNumber").text = str(number)
+        ET.SubElement(part, "ETag").text = etag
+    return ET.tostring(root)
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
@@ -89,77 +146,195 @@ def parse_uri(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+def split_parts(chunks: Sequence[memoryview], part_size: int) -> list[list[memoryview]]:
+    """``chunks`` regrouped into parts of ``part_size`` bytes (the last one shorter), each a
+    list of slices of the chunks: nothing copied."""
+    parts: list[list[memoryview]] = [[]]
+    room = part_size
+    for chunk in chunks:
+        chunk = chunk.cast("B")
+        while len(chunk):
+            if not room:
+                parts.append([])
+                room = part_size
+            parts[-1].append(chunk[:room])
+            chunk, room = chunk[room:], room - min(room, len(chunk))
+    return parts
+
+
+def results_in_order(futures: list[Future], then: Callable[[int], None] | None = None) -> list:
+    """The futures' results in order, ``then(i)`` run as each one is in; on the first
+    failure the ones not started yet are cancelled and it is raised."""
+    results = []
+    try:
+        for i, future in enumerate(futures):
+            results.append(future.result())
+            if then is not None:
+                then(i)
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        raise
+    return results
+
+
+def raw_body(resp: urllib3.BaseHTTPResponse) -> http.client.HTTPResponse | None:
+    """The standard library response under urllib3's, whose ``readinto`` receives the body
+    straight into the caller's buffer (urllib3's reads into a new ``bytes`` and copies it
+    over); None where it is not at hand."""
+    raw = getattr(resp, "_fp", None)
+    return raw if isinstance(raw, http.client.HTTPResponse) else None
+
+
+def content_range_total(resp: urllib3.BaseHTTPResponse) -> int:
+    """The object's full size from a GET's ``Content-Range`` (``bytes a-b/total``) or, for
+    a whole-object answer, its ``Content-Length``."""
+    if resp.status == 206:
+        return int(resp.headers.get("Content-Range", "/-1").rsplit("/", 1)[1])
+    return int(resp.headers.get("Content-Length", -1))
+
+
 class S3Store:
-    """A :class:`~streamrft.sync.versions.BlobStore` over one bucket."""
+    """A :class:`~streamrft.sync.versions.BlobStore` over one bucket.
+
+    Bulk bytes (shard parts, ranges) go through presigned URLs on the client's own
+    connection pool (its TLS settings included): a presigned request signs the query with
+    ``UNSIGNED-PAYLOAD``, so no per-request sha256 of the payload is computed, and a body
+    is sent as the list of tensor views it already is. Integrity rests on the manifest,
+    whose sha256 travels in the event, and on each shard's sha256 in it, checked by every
+    reader before a tensor is returned (and by TLS in transit with ``secure``).
+    """
 
     def __init__(self, cfg: ObjectStoreConfig, create_bucket: bool) -> None:
         self.cfg = cfg
-        self.client = make_client(cfg)
+        self.http = make_http(cfg)
+        self.client = make_client(cfg, self.http)
+        self.part_size = cfg.part_size_mb << 20
         if create_bucket:
             ensure_bucket(self.client, cfg.bucket)
 
-    def put(self, key: str, data: bytes, content_type: str) -> None:
-        """Multipart upload: ``part_size_mb`` parts, ``parallel`` of them in flight."""
+    # -- requests ---------------------------------------------------------------------------
+    def _request(
+        self,
+        action: str,
+        method: str,
+        key: str,
+        *,
+        query: dict[str, str] | None = None,
+        body: Sequence[memoryview] | bytes | None = None,
+        headers: dict[str, str] | None = None,
+        stream: bool = False,
+    ) -> urllib3.BaseHTTPResponse:
+        """One presigned request; a failure raises the :func:`response_error` for it."""
+        url = self.client.get_presigned_url(
+            method, self.cfg.bucket, key, PRESIGN_TTL, extra_query_params=query
+        )
         try:
-            self.client.put_object(
-                self.cfg.bucket,
-                key,
-                io.BytesIO(data),
-                len(data),
-                content_type=content_type,
-                part_size=self.cfg.part_size_mb << 20,
-                num_parallel_uploads=self.cfg.parallel,
+            resp = self.http.urlopen(
+                method, url, body=body, headers=headers, preload_content=not stream
             )
-        except (S3Error, ServerError, urllib3.exceptions.HTTPError) as exc:
-            raise store_error(f"uploading s3://{self.cfg.bucket}/{key}", exc) from exc
+        except urllib3.exceptions.HTTPError as exc:
+            raise store_error(action, exc) from exc
+        if resp.status >= 300:
+            body = resp.data  # preloaded, or read now (a small error document)
+            resp.release_conn()
+            raise response_error(action, resp.status, body)
+        if not stream and method == "POST" and resp.data.lstrip().startswith(b"<Error"):
+            raise response_error(action, 500, resp.data)  # S3 may fail a POST inside a 200
+        return resp
 
-    def get(self, key: str) -> bytes:
-        return self.get_hashed(key)[0]
+    # -- writing ----------------------------------------------------------------------------
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        self.write(key, [memoryview(data)], content_type)
 
-    def get_hashed(self, key: str) -> tuple[bytes | bytearray, str]:
-        """The whole object and its sha256.
-
-        A large object comes as ``parallel`` ranged GETs into one buffer (no extra copy);
-        each range is hashed, in order, while the later ranges are still downloading.
-        """
-        bucket, part = self.cfg.bucket, self.cfg.part_size_mb << 20
+    def write(self, key: str, chunks: Sequence[memoryview], content_type: str) -> None:
+        """One PUT up to ``part_size_mb``; a multipart upload of ``part_size_mb`` parts,
+        ``parallel`` of them in flight, above it. Bodies are the chunks' own memory."""
+        size = sum(c.nbytes for c in chunks)
+        part_size = max(self.part_size, -(-size // MAX_PARTS))
+        action = f"uploading s3://{self.cfg.bucket}/{key}"
+        if size <= part_size:
+            headers = {"Content-Length": str(size), "Content-Type": content_type}
+            self._request(action, "PUT", key, body=list(chunks), headers=headers)
+            return
+        resp = self._request(
+            action, "POST", key, query={"uploads": ""}, headers={"Content-Type": content_type}
+        )
+        upload_id = xml_text(resp.data, "UploadId", action)
         try:
-            size = self.client.stat_object(bucket, key).size or 0
-            if size <= part or self.cfg.parallel == 1:
-                data = self._read_range(bucket, key, 0, 0, None)
-                return data, sha256_hex(data)
-            buf = bytearray(size)
-            view = memoryview(buf)
-            ranges = [(off, min(part, size - off)) for off in range(0, size, part)]
-            digest = hashlib.sha256()
-            with ThreadPoolExecutor(self.cfg.parallel, thread_name_prefix="s3-get") as pool:
+            parts = split_parts(chunks, part_size)
+            with ThreadPoolExecutor(min(self.cfg.parallel, len(parts)), "s3-put") as pool:
                 futures = [
-                    pool.submit(self._read_range, bucket, key, o, n, view[o : o + n])
-                    for o, n in ranges
+                    pool.submit(self._put_part, action, key, upload_id, n, part)
+                    for n, part in enumerate(parts, start=1)
                 ]
-                for (o, n), fut in zip(ranges, futures, strict=True):
-                    fut.result()
-                    digest.update(view[o : o + n])
-            return buf, digest.hexdigest()
-        except (S3Error, ServerError, urllib3.exceptions.HTTPError) as exc:
-            raise store_error(f"downloading s3://{bucket}/{key}", exc) from exc
+                etags = results_in_order(futures)
+            body = complete_body(etags)
+            self._request(action, "POST", key, query={"uploadId": upload_id}, body=body)
+        except BaseException:
+            with contextlib.suppress(SyncError):  # best effort: the parts would only linger
+                self._request(f"aborting {action}", "DELETE", key, query={"uploadId": upload_id})
+            raise
 
-    def _read_range(self, bucket: str, key: str, offset: int, length: int, into: memoryview | None):
-        resp = self.client.get_object(bucket, key, offset=offset, length=length)
+    def _put_part(
+        self, action: str, key: str, upload_id: str, number: int, body: list[memoryview]
+    ) -> str:
+        query = {"partNumber": str(number), "uploadId": upload_id}
+        headers = {"Content-Length": str(sum(len(c) for c in body))}
+        resp = self._request(
+            f"{action} (part {number})", "PUT", key, query=query, body=body, headers=headers
+        )
+        return resp.headers.get("ETag", "")
+
+    # -- reading ----------------------------------------------------------------------------
+    def get(self, key: str) -> bytes:
+        return self._request(f"downloading s3://{self.cfg.bucket}/{key}", "GET", key).data
+
+    def get_hashed(self, key: str, size: int) -> tuple[torch.Tensor, str]:
+        """The object as a uint8 tensor, from ``parallel`` ranged GETs of ``part_size_mb``
+        straight into it; each range is hashed, in order, while later ones download."""
+        buf = torch.empty(size, dtype=torch.uint8)
+        view = memoryview(buf.numpy())
+        ranges = [(off, min(self.part_size, size - off)) for off in range(0, size, self.part_size)]
+        digest = hashlib.sha256()
+        if not ranges:  # an empty object: still check that it exists and is empty
+            self._read_range(key, 0, view, size)
+        with ThreadPoolExecutor(max(1, min(self.cfg.parallel, len(ranges))), "s3-get") as pool:
+            spans = [(off, view[off : off + n]) for off, n in ranges]
+            futures = [pool.submit(self._read_range, key, off, span, size) for off, span in spans]
+            results_in_order(futures, lambda i: digest.update(spans[i][1]))  # releases the GIL
+        return buf, digest.hexdigest()
+
+    def _read_range(self, key: str, offset: int, into: memoryview, size: int) -> None:
+        """Fill ``into`` with the object's bytes from ``offset``; the object must be
+        ``size`` bytes long."""
+        where = f"s3://{self.cfg.bucket}/{key}"
+        headers = {"Range": f"bytes={offset}-{offset + len(into) - 1}"} if len(into) else None
+        resp = self._request(f"downloading {where}", "GET", key, headers=headers, stream=True)
         try:
-            if into is None:
-                return resp.read()
-            filled = 0
-            while filled < length:
-                n = resp.readinto(into[filled:])
+            if (total := content_range_total(resp)) != size:
+                raise IntegrityError(f"{where}: {total} bytes, the manifest says {size}")
+            raw, filled = raw_body(resp), 0
+            while filled < len(into):
+                n = (raw or resp).readinto(into[filled:])
                 if not n:
-                    raise SyncError(f"s3://{bucket}/{key}: short read at {offset + filled}")
+                    raise SyncError(f"{where}: short read at {offset + filled}")
                 filled += n
-            return None
-        finally:
+            if raw is None:  # the raw response ends itself at its Content-Length
+                resp.drain_conn()
+        except urllib3.exceptions.HTTPError as exc:
             resp.close()
+            raise store_error(f"downloading {where}", exc) from exc
+        except (http.client.HTTPException, OSError) as exc:  # the raw response's own
+            resp.close()
+            raise StoreUnavailable(f"downloading {where}: connection lost: {exc!r}") from exc
+        except SyncError:
+            resp.close()
+            raise
+        finally:
             resp.release_conn()
 
+    # -- naming -----------------------------------------------------------------------------
     def uri(self, key: str) -> str:
         return f"s3://{self.cfg.bucket}/{key}"
 

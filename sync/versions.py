@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -29,13 +29,7 @@ from streamrft.schemas.errors import IntegrityError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.schemas.weights import ShardInfo, WeightManifest
 from streamrft.sync.transport import Announce, MakePayload, Payload, WeightReceiver, WeightSender
-from streamrft.sync.weights import (
-    decode_shard,
-    sha256_hex,
-    shard_state_dict,
-    tensors_dtype,
-    verify,
-)
+from streamrft.sync.weights import decode_shard, sha256_hex, shards_of, tensors_dtype, verify
 
 MANIFEST = "manifest.json"
 
@@ -45,10 +39,16 @@ class BlobStore(Protocol):
 
     def put(self, key: str, data: bytes, content_type: str) -> None: ...
 
+    def write(self, key: str, chunks: Sequence[memoryview], content_type: str) -> None:
+        """One object made of ``chunks`` in order (written as they are, never joined)."""
+        ...
+
     def get(self, key: str) -> bytes: ...
 
-    def get_hashed(self, key: str) -> tuple[bytes | bytearray, str]:
-        """The object and its sha256 (a store may hash while it downloads)."""
+    def get_hashed(self, key: str, size: int) -> tuple[torch.Tensor, str]:
+        """The object of ``size`` bytes (the manifest's) as a uint8 tensor, and its sha256,
+        hashed while it downloads. A stored object of another size is an
+        :class:`IntegrityError`."""
         ...
 
     def uri(self, key: str) -> str: ...
@@ -73,15 +73,17 @@ def publish_version(
     extra_files: Mapping[str, bytes] | None = None,
 ) -> ModelVersionReady:
     prefix = version_prefix(run_id, version)
-    shards = list(shard_state_dict(tensors, max_shard_bytes))
+    shards = shards_of(tensors, max_shard_bytes)  # views of the tensors: nothing copied
     infos = []
     with ThreadPoolExecutor(1, thread_name_prefix="sha256") as hasher:
-        for i, (names, data) in enumerate(shards, start=1):
+        for i, shard in enumerate(shards, start=1):
             name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            digest = hasher.submit(sha256_hex, data)  # hashing overlaps the upload
-            store.put(f"{prefix}/{name}", data, "application/octet-stream")
+            digest = hasher.submit(shard.sha256)  # hashing overlaps the upload
+            store.write(f"{prefix}/{name}", shard.chunks, "application/octet-stream")
             infos.append(
-                ShardInfo(name=name, sha256=digest.result(), bytes=len(data), tensors=names)
+                ShardInfo(
+                    name=name, sha256=digest.result(), bytes=shard.nbytes, tensors=shard.names
+                )
             )
     files = []
     for name, data in (extra_files or {}).items():
@@ -126,14 +128,21 @@ def fetch_manifest(store: BlobStore, event: ModelVersionReady) -> tuple[str, Wei
 
 
 def fetch_version(store: BlobStore, event: ModelVersionReady) -> dict[str, torch.Tensor]:
-    """Every tensor of the version, each shard verified before it is decoded."""
+    """Every tensor of the version, each shard verified before it is decoded (into views
+    of the buffer it was downloaded into). Two shards at a time: one finishes (its last
+    ranges, its hash) while the next downloads."""
     prefix, manifest = fetch_manifest(store, event)
-    tensors: dict[str, torch.Tensor] = {}
-    for shard in manifest.shards:
+
+    def fetch_shard(shard: ShardInfo) -> dict[str, torch.Tensor]:
         what = f"shard {shard.name} of version {event.version}"
-        data, digest = store.get_hashed(f"{prefix}/{shard.name}")
+        data, digest = store.get_hashed(f"{prefix}/{shard.name}", shard.bytes)
         verify(data, shard.sha256, what, actual=digest)
-        tensors.update(decode_shard(data, what))
+        return decode_shard(data, what)
+
+    tensors: dict[str, torch.Tensor] = {}
+    with ThreadPoolExecutor(2, thread_name_prefix="fetch-shard") as pool:
+        for part in pool.map(fetch_shard, manifest.shards):
+            tensors.update(part)
     return tensors
 
 

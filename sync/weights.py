@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from streamrft.schemas.errors import IntegrityError, SyncError
 
 
-def sha256_hex(data: bytes | memoryview) -> str:
+def sha256_hex(data: bytes | bytearray | memoryview | torch.Tensor) -> str:
+    """sha256 of bytes, or of a tensor's raw bytes."""
+    if isinstance(data, torch.Tensor):
+        data = tensor_bytes(data)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -61,27 +65,120 @@ def tensors_dtype(tensors: Mapping[str, torch.Tensor]) -> str:
     return kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "")
 
 
-def shard_state_dict(
-    tensors: Mapping[str, torch.Tensor], max_shard_bytes: int
-) -> Iterator[tuple[list[str], bytes]]:
-    """Serialise tensors into safetensors shards of at most ~``max_shard_bytes`` each.
+_DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, attr)
+    for name, attr in (
+        ("F64", "float64"),
+        ("F32", "float32"),
+        ("F16", "float16"),
+        ("BF16", "bfloat16"),
+        ("I64", "int64"),
+        ("I32", "int32"),
+        ("I16", "int16"),
+        ("I8", "int8"),
+        ("U64", "uint64"),
+        ("U32", "uint32"),
+        ("U16", "uint16"),
+        ("U8", "uint8"),
+        ("BOOL", "bool"),
+        ("F8_E4M3", "float8_e4m3fn"),
+        ("F8_E5M2", "float8_e5m2"),
+        ("C64", "complex64"),
+    )
+    if hasattr(torch, attr)
+}
+"""safetensors dtype names -> torch dtypes (those this torch has)."""
+_ST_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
-    A tensor larger than the limit gets a shard of its own.
-    """
-    names: list[str] = []
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The raw (little-endian) bytes of a tensor: a view of its memory, no copy unless it
+    is not contiguous or not on the CPU. The view keeps the tensor alive."""
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def safetensors_header(tensors: list[tuple[str, torch.Tensor]]) -> bytes:
+    """The head of a safetensors file whose data is ``tensors``' bytes in this order: the
+    8-byte little-endian length, then the JSON header padded with spaces so that the data
+    starts 8-byte aligned (as the safetensors library writes it)."""
+    header, offset = {}, 0
+    for name, tensor in tensors:
+        if tensor.dtype not in _ST_NAMES:
+            raise SyncError(f"{name}: dtype {tensor.dtype} has no safetensors name")
+        end = offset + tensor.numel() * tensor.element_size()
+        header[name] = {
+            "dtype": _ST_NAMES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, end],
+        }
+        offset = end
+    body = json.dumps(header, separators=(",", ":")).encode()
+    body += b" " * (-len(body) % 8)
+    return len(body).to_bytes(8, "little") + body
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One safetensors file as its pieces, never joined: the header, then every tensor's
+    bytes (views of the tensors' memory). Writers send the pieces one after the other."""
+
+    names: list[str]
+    """Tensor names in the order they were given (the file orders them for alignment)."""
+    chunks: list[memoryview]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks)
+
+    def sha256(self) -> str:
+        digest = hashlib.sha256()
+        for chunk in self.chunks:
+            digest.update(chunk)  # releases the GIL on large buffers
+        return digest.hexdigest()
+
+    def to_bytes(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def make_shard(tensors: Mapping[str, torch.Tensor], names: list[str]) -> Shard:
+    """A shard of ``names``; in the file, wider dtypes first so that every tensor's data
+    is aligned to its element size (safetensors' own order)."""
+    ordered = sorted(((n, tensors[n]) for n in names), key=lambda nt: -nt[1].element_size())
+    chunks = [memoryview(safetensors_header(ordered))]
+    chunks += [tensor_bytes(t) for _, t in ordered if t.numel()]
+    return Shard(names=list(names), chunks=chunks)
+
+
+def shards_of(tensors: Mapping[str, torch.Tensor], max_shard_bytes: int) -> list[Shard]:
+    """``tensors`` split into safetensors shards of at most ~``max_shard_bytes`` each (a
+    tensor larger than the limit gets a shard of its own). No tensor byte is copied:
+    the shards hold views, so the tensors must not change until the shards are written
+    (if they do, the sha256 computed at publication no longer matches what was written,
+    and every reader rejects the version)."""
+    groups: list[list[str]] = []
     size = 0
     for name, tensor in tensors.items():
         nbytes = tensor.numel() * tensor.element_size()
-        if names and size + nbytes > max_shard_bytes:
-            yield names, st_save({n: tensors[n] for n in names})
-            names, size = [], 0
-        names.append(name)
+        if not groups or size + nbytes > max_shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
         size += nbytes
-    if names:
-        yield names, st_save({n: tensors[n] for n in names})
+    return [make_shard(tensors, names) for names in groups]
 
 
-def verify(data: bytes, expected_sha256: str, what: str, actual: str | None = None) -> None:
+def shard_state_dict(
+    tensors: Mapping[str, torch.Tensor], max_shard_bytes: int
+) -> Iterator[tuple[list[str], bytes]]:
+    """:func:`shards_of`, each shard joined into one ``bytes`` (a safetensors file)."""
+    for shard in shards_of(tensors, max_shard_bytes):
+        yield shard.names, shard.to_bytes()
+
+
+def verify(
+    data: bytes | bytearray | torch.Tensor, expected_sha256: str, what: str, actual: str = ""
+) -> None:
     """Raise :class:`IntegrityError` unless ``data`` (or its known digest) matches."""
     actual = actual or sha256_hex(data)
     if actual != expected_sha256:
@@ -91,54 +188,49 @@ def verify(data: bytes, expected_sha256: str, what: str, actual: str | None = No
         )
 
 
-_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-
-
-def decode_shard(data: bytes | bytearray, what: str) -> dict[str, torch.Tensor]:
+def decode_shard(data: bytes | bytearray | torch.Tensor, what: str) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file held in memory.
 
-    A ``bytearray`` (what the parallel downloader fills) is decoded without copying: every
-    tensor is a view of the buffer. ``bytes`` go through the safetensors library.
+    A ``bytearray`` or a uint8 tensor (what the stores download into) is decoded without
+    copying: every tensor is a view of the buffer (a copy only for data that is not
+    aligned to its element size). ``bytes`` go through the safetensors library.
     """
-    if not isinstance(data, bytearray):
+    if isinstance(data, bytes):
         try:
             return st_load(data)
         except Exception as exc:  # safetensors raises its own SafetensorError and others
             raise IntegrityError(f"{what}: not a valid safetensors file: {exc}") from exc
     try:
-        n = int.from_bytes(data[:8], "little")
-        if not 2 <= n <= len(data) - 8:
+        buf = data if isinstance(data, torch.Tensor) else torch.frombuffer(data, dtype=torch.uint8)
+        if buf.dtype != torch.uint8 or buf.dim() != 1 or len(buf) < 10:
+            raise ValueError(f"not a byte buffer of at least 10 bytes ({buf.dtype}, {buf.shape})")
+        n = int.from_bytes(buf[:8].numpy().tobytes(), "little")
+        if not 2 <= n <= len(buf) - 8:
             raise ValueError(f"header length {n} out of range")
-        header = json.loads(bytes(data[8 : 8 + n]))
-        view, base, out = memoryview(data), 8 + n, {}
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            start, end = info["data_offsets"]
-            dtype = _DTYPES[info["dtype"]]
-            if not 0 <= start <= end <= len(data) - base:
-                raise ValueError(f"{name}: data offsets {start}..{end} out of range")
-            shape = [int(d) for d in info["shape"]]
-            if end == start:
-                out[name] = torch.empty(shape, dtype=dtype)
-            else:
-                out[name] = torch.frombuffer(view[base + start : base + end], dtype=dtype).view(
-                    shape
-                )
-        return out
+        header = json.loads(buf[8 : 8 + n].numpy().tobytes())
+        base = 8 + n
+        return {
+            name: _tensor_at(buf[base:], name, info)
+            for name, info in header.items()
+            if name != "__metadata__"
+        }
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise IntegrityError(f"{what}: not a valid safetensors file: {exc}") from exc
+
+
+def _tensor_at(data: torch.Tensor, name: str, info: dict) -> torch.Tensor:
+    """The tensor ``info`` (one header entry) describes, a view of ``data`` (the bytes
+    after the header) when its offset is aligned to its element size."""
+    start, end = info["data_offsets"]
+    dtype = _DTYPES[info["dtype"]]
+    shape = [int(d) for d in info["shape"]]
+    itemsize = dtype.itemsize
+    if not 0 <= start <= end <= len(data) or end - start != math.prod(shape) * itemsize:
+        raise ValueError(f"{name}: data offsets {start}..{end} do not fit {shape} {dtype}")
+    raw = data[start:end]
+    if (raw.storage_offset() % itemsize) != 0:
+        raw = raw.clone()
+    return raw.view(dtype).view(shape)
 
 
 @torch.no_grad()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import pytest
 import torch
 
 from streamrft.infra.config import ModelConfig
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.schemas import IntegrityError, SyncError
-from streamrft.sync.filesystem import FilesystemLoader, FilesystemPublisher
+from streamrft.sync.filesystem import READ_CHUNK, FilesystemLoader, FilesystemPublisher, FolderStore
 from streamrft.sync.versions import fetch_file
 from streamrft.sync.weights import apply_state_dict, unique_state_dict
 
@@ -52,3 +55,16 @@ def test_tampered_shard_and_foreign_uri_are_rejected(tmp_path):
         FilesystemLoader(tmp_path / "w").fetch(event)
     with pytest.raises(SyncError, match="outside"):
         FilesystemLoader(tmp_path / "elsewhere").fetch(event)
+
+
+def test_folder_store_reads_in_chunks_hashed_as_it_reads(tmp_path):
+    store = FolderStore(tmp_path)
+    data = os.urandom(2 * READ_CHUNK + 12_345)  # three chunks, the last one short
+    store.write("v/shard", [memoryview(data[:100]), memoryview(data[100:])], "x")
+    buf, digest = store.get_hashed("v/shard", len(data))
+    assert digest == hashlib.sha256(data).hexdigest()
+    assert buf.dtype == torch.uint8 and bytes(buf.numpy()) == data
+    assert not [p for p in (tmp_path / "v").iterdir() if p.name.startswith(".")]
+    with pytest.raises(IntegrityError, match=f"{len(data) - 1} bytes, the manifest says"):
+        store.write("v/shard", [memoryview(data[:-1])], "x")
+        store.get_hashed("v/shard", len(data))

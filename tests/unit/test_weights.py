@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import pytest
 import torch
+from safetensors.torch import load as st_load
 from safetensors.torch import load_file
+from safetensors.torch import save as st_save
 
 from streamrft.consumers.checkpoint import (
     CheckpointError,
@@ -23,6 +26,7 @@ from streamrft.sync.weights import (
     decode_shard,
     sha256_hex,
     shard_state_dict,
+    shards_of,
     shared_aliases,
     unique_state_dict,
     verify,
@@ -100,6 +104,57 @@ def test_verify_and_flipped_byte():
 def test_decode_shard_rejects_garbage():
     with pytest.raises(IntegrityError, match="not a valid safetensors file"):
         decode_shard(b"\x00" * 3 + b"garbage", "shard 2")
+
+
+def _mixed() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(3)
+    return {
+        "h": torch.randn(5, 3, generator=gen).half(),  # 2-byte dtype before wider ones
+        "b": torch.randn(7, generator=gen).to(torch.bfloat16),
+        "i": torch.arange(5, dtype=torch.int64),
+        "f": torch.randn(2, 2, 3, generator=gen),
+        "m": torch.tensor([True, False, True]),
+        "s": torch.tensor(1.5, dtype=torch.float64),
+        "z": torch.zeros(0, 3),
+        "u": torch.arange(9, dtype=torch.uint8),
+    }
+
+
+def test_shards_are_views_of_the_tensors_and_plain_safetensors_files(tmp_path):
+    tensors = _mixed()
+    (shard,) = shards_of(tensors, 1 << 20)
+    assert shard.names == list(tensors)
+    data = shard.to_bytes()
+    assert len(data) == shard.nbytes and (8 + int.from_bytes(data[:8], "little")) % 8 == 0
+    assert shard.sha256() == hashlib.sha256(data).hexdigest()
+    # every tensor chunk is the tensor's own memory, not a copy
+    addresses = {np.frombuffer(c, np.uint8).ctypes.data for c in shard.chunks[1:]}
+    assert addresses == {t.data_ptr() for t in tensors.values() if t.numel()}
+    # the safetensors library reads it (in memory and from a file, as checkpoints are read)
+    (tmp_path / "x.safetensors").write_bytes(data)
+    for loaded in (st_load(data), load_file(str(tmp_path / "x.safetensors"))):
+        assert loaded.keys() == tensors.keys()
+        assert all(
+            torch.equal(loaded[k], v) and loaded[k].dtype == v.dtype for k, v in tensors.items()
+        )
+
+
+def test_decode_shard_of_a_byte_tensor_returns_views_of_it():
+    tensors = _mixed()
+    for data in (st_save(tensors), next(iter(shard_state_dict(tensors, 1 << 20)))[1]):
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        lo, hi = buf.data_ptr(), buf.data_ptr() + len(buf)
+        decoded = decode_shard(buf, "shard")
+        assert decoded.keys() == tensors.keys()
+        for name, tensor in tensors.items():
+            assert decoded[name].dtype == tensor.dtype and torch.equal(decoded[name], tensor), name
+            if tensor.numel():
+                assert lo <= decoded[name].data_ptr() < hi, name  # no copy
+    # a header that lies about a tensor's size is refused
+    bad = bytearray(st_save({"w": torch.ones(4)}))
+    bad = bad.replace(b'"shape":[4]', b'"shape":[5]')
+    with pytest.raises(IntegrityError, match="do not fit"):
+        decode_shard(torch.frombuffer(bad, dtype=torch.uint8), "shard 3")
 
 
 # -- applying weights ------------------------------------------------------------------------
