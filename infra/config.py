@@ -555,7 +555,9 @@ class SynchronizerConfig(_Section):
     nccl_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
     """Port of the rendezvous store (0: a free port, new for every group epoch)."""
     nccl_bucket_mb: Pos = 64
-    """Tensors are flattened into buckets of about this size per broadcast call."""
+    """Largest single broadcast call: tensors of 1 MiB or more go in place in pieces of at
+    most this size, smaller ones packed into buckets of about this size (two staging
+    buffers on each side)."""
     delta: Literal["never", "auto", "always"] = "never"
     """Delta versions (``object_store``, ``filesystem``; not LoRA, not ``nccl``): a version
     goes out as the elements that changed since the version before it (flat indices or a
