@@ -468,6 +468,12 @@ class _Staging:
         if self._bufs and self._bufs[0].device.type != "cpu":
             self._bufs = []
 
+    def drop(self) -> None:
+        """Forget the buffers whatever their device: after a failed transfer, whose
+        abandoned broadcasts may still write into (or read from) them."""
+        self._bufs = []
+        self._turn = 0
+
 
 def _plan_views(
     buckets: Sequence[Bucket],
@@ -500,16 +506,20 @@ def _send_buckets(
     views = _plan_views(buckets, src, device, staging)
     pending: deque[Any] = deque()
     pack_s = 0.0
-    for bucket, view in zip(buckets, views, strict=True):
-        while len(pending) >= IN_FLIGHT:  # frees the staging buffer this bucket may take
+    try:
+        for bucket, view in zip(buckets, views, strict=True):
+            while len(pending) >= IN_FLIGHT:  # frees the staging buffer this bucket may take
+                _wait_work(pending.popleft(), timeout_s)
+            if view is None:
+                t0 = time.perf_counter()
+                view = flatten_bucket(bucket, src, device, out=staging.take(bucket))
+                pack_s += time.perf_counter() - t0
+            pending.append(_post(pg, backend, view, timeout_s))
+        while pending:
             _wait_work(pending.popleft(), timeout_s)
-        if view is None:
-            t0 = time.perf_counter()
-            view = flatten_bucket(bucket, src, device, out=staging.take(bucket))
-            pack_s += time.perf_counter() - t0
-        pending.append(_post(pg, backend, view, timeout_s))
-    while pending:
-        _wait_work(pending.popleft(), timeout_s)
+    except BaseException:
+        staging.drop()  # broadcasts still in flight may use them: never again
+        raise
     staging.release()
     return pack_s, sum(v is None for v in views)
 
@@ -529,16 +539,20 @@ def _recv_buckets(
     pending: deque[tuple[Any, Bucket, torch.Tensor]] = deque()
     assembling: dict[str, torch.Tensor] = {}
     unpack_s = 0.0
-    for i, bucket in enumerate([*buckets, None]):
-        while pending and (bucket is None or len(pending) >= IN_FLIGHT):
-            work, done, buf = pending.popleft()
-            _wait_work(work, timeout_s)
-            t0 = time.perf_counter()
-            unflatten_bucket(done, buf, tensors, assembling)  # a no-op when in place
-            unpack_s += time.perf_counter() - t0
-        if bucket is not None:
-            view = views[i] if views[i] is not None else staging.take(bucket)
-            pending.append((_post(pg, backend, view, timeout_s), bucket, view))
+    try:
+        for i, bucket in enumerate([*buckets, None]):
+            while pending and (bucket is None or len(pending) >= IN_FLIGHT):
+                work, done, buf = pending.popleft()
+                _wait_work(work, timeout_s)
+                t0 = time.perf_counter()
+                unflatten_bucket(done, buf, tensors, assembling)  # a no-op when in place
+                unpack_s += time.perf_counter() - t0
+            if bucket is not None:
+                view = views[i] if views[i] is not None else staging.take(bucket)
+                pending.append((_post(pg, backend, view, timeout_s), bucket, view))
+    except BaseException:
+        staging.drop()  # broadcasts still in flight may write into them: never again
+        raise
     staging.release()
     return unpack_s, sum(v is None for v in views)
 

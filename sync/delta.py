@@ -8,7 +8,8 @@ and writes, per tensor, the cheapest of:
   of the changed elements and their new values (few changes);
 - ``<name>#mask`` (uint8, one bit per element, little-endian bit order) + ``<name>#val``
   (many changes: one bit per element beats 4 bytes per change above 1/32 of them);
-- ``<name>`` itself, whole (nearly all changed; a tensor new to the base, or reshaped).
+- ``<name>`` itself, whole (nearly all changed; a tensor new to the base, or reshaped, or
+  of a dtype wider than 8 bytes).
 
 Values are the new elements themselves (not differences), so :func:`decode` rebuilds the
 exact bits: the result is bit-identical to what was encoded whatever the dtype, as
@@ -25,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from streamrft.schemas.errors import IntegrityError
+from streamrft.schemas.errors import IntegrityError, SyncError
 
 IDX, MASK, VAL = "#idx", "#mask", "#val"
 
@@ -60,7 +61,12 @@ def unpack_mask(packed: torch.Tensor, numel: int) -> torch.Tensor:
 
 def _encode_one(name: str, new: torch.Tensor, base: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """The entries of one tensor (see module)."""
-    if base is None or base.shape != new.shape or base.dtype != new.dtype:
+    if (
+        base is None
+        or base.shape != new.shape
+        or base.dtype != new.dtype
+        or new.element_size() not in _BITS
+    ):
         return {name: new}
     changed = bits(new).ne(bits(base))
     count = int(torch.count_nonzero(changed))
@@ -83,13 +89,14 @@ def encode(
     new: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
     """``new`` as its changes against ``base`` (see module). Names of ``base`` missing from
-    ``new`` cannot be said by a delta: the caller sends ``new`` whole then (KeyError)."""
+    ``new`` cannot be said by a delta, nor names holding ``#``: :class:`SyncError` (the
+    caller sends ``new`` whole then)."""
     if set(base) - set(new):
-        raise KeyError(f"tensors gone since the base: {sorted(set(base) - set(new))[:5]}")
+        raise SyncError(f"tensors gone since the base: {sorted(set(base) - set(new))[:5]}")
     out: dict[str, torch.Tensor] = {}
     for name, tensor in new.items():
         if "#" in name:
-            raise KeyError(f"tensor name {name!r} holds '#', the delta's separator")
+            raise SyncError(f"tensor name {name!r} holds '#', the delta's separator")
         out.update(_encode_one(name, tensor, base.get(name)))
     return out
 
@@ -98,19 +105,28 @@ def _decode_one(
     name: str, base: torch.Tensor, delta: Mapping[str, torch.Tensor], what: str
 ) -> torch.Tensor:
     values = delta[name + VAL]
-    if values.dtype != base.dtype:
-        raise IntegrityError(f"{what}: {name}{VAL} is {values.dtype}, the base {base.dtype}")
+    if values.dtype != base.dtype or values.dim() != 1:
+        raise IntegrityError(
+            f"{what}: {name}{VAL} ({values.dtype}, {values.dim()}-d) does not fit {name} "
+            f"({base.dtype})"
+        )
     out = base.clone(memory_format=torch.contiguous_format)
     flat = out.view(-1)
     if name + IDX in delta:
-        index = delta[name + IDX].to(torch.int64)
+        index = delta[name + IDX]
+        if index.dtype not in (torch.int32, torch.int64) or index.dim() != 1:
+            raise IntegrityError(f"{what}: {name}{IDX} ({index.dtype}) does not fit {name}")
+        index = index.to(torch.int64)
         if index.numel() != values.numel() or (
             index.numel() and (int(index.min()) < 0 or int(index.max()) >= flat.numel())
         ):
             raise IntegrityError(f"{what}: {name}{IDX} does not fit {name}")
         flat[index] = values
         return out
-    changed = unpack_mask(delta[name + MASK], flat.numel())
+    mask = delta[name + MASK]
+    if mask.dtype != torch.uint8 or mask.shape != ((flat.numel() + 7) // 8,):
+        raise IntegrityError(f"{what}: {name}{MASK} does not fit {name}")
+    changed = unpack_mask(mask, flat.numel())
     if int(torch.count_nonzero(changed)) != values.numel():
         raise IntegrityError(f"{what}: {name}{MASK} does not fit {name}{VAL}")
     flat[changed] = values

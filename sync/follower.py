@@ -313,27 +313,36 @@ class WeightFollower:
         """Delta version ``event`` as whole tensors, checked against its ``state_sha256``:
         rebuilt on the state held when its deltas lead back to it, else from the newest full
         version they lead back to; that too when the check fails on the state held (it is
-        not what the trainer had: counter ``delta_refetches``)."""
+        not what the trainer had: counter ``delta_refetches``). A version of the chain that
+        fails its own verification (or was rejected here before) fails ``event`` at once:
+        a chain from the full version would hold it too."""
         held = self.weights.held_version if self.weights.held is not None else -1
         chain = delta_chain(self.view.versions, event.version, held)
-        if chain[0].delta_base < 0:
-            return self._walk(chain)
-        try:
-            return self._walk(chain)
-        except IntegrityError as exc:
-            self.counters.add("delta_refetches")
-            log.warning(
-                "%s: delta version %d does not rebuild on version %d (%s); from a full "
-                "version instead",
-                self.name,
-                event.version,
-                held,
-                exc,
-            )
-        return self._walk(delta_chain(self.view.versions, event.version, -1))
+        bad = [e.version for e in chain if (e.version, e.manifest_sha256) in self.rejected]
+        if bad:
+            raise IntegrityError(f"delta version {event.version} builds on rejected {bad}")
+        what = f"version {event.version}"
+        state = self._walk(chain)
+        if chain[0].delta_base >= 0:  # rebuilt on the state held: is that the trainer's?
+            try:
+                verify_state(state, event.state_sha256, what)
+                return state
+            except IntegrityError as exc:
+                self.counters.add("delta_refetches")
+                log.warning(
+                    "%s: delta version %d does not rebuild on version %d (%s); from a full "
+                    "version instead",
+                    self.name,
+                    event.version,
+                    held,
+                    exc,
+                )
+            state = self._walk(delta_chain(self.view.versions, event.version, -1))
+        verify_state(state, event.state_sha256, what)
+        return state
 
     def _walk(self, chain: list[ModelVersionReady]) -> dict:
-        """The state at the end of ``chain`` (see :func:`delta_chain`), verified."""
+        """The state at the end of ``chain`` (see :func:`delta_chain`), not yet checked."""
         state = None
         deltas = chain
         if chain[0].delta_base < 0:
@@ -345,8 +354,6 @@ class WeightFollower:
             state = self.weights.rebuild(event, changes, state)
             self.counters.add("delta_bytes", event.bytes)
         assert state is not None
-        last = chain[-1]
-        verify_state(state, last.state_sha256, f"version {last.version}")
         return state
 
     def _template(self, receiver: WeightReceiver, event: ModelVersionReady):

@@ -168,7 +168,7 @@ class ModelWeights:
         if self._last is not None and not must_be_full:
             try:
                 changes = delta.encode(tensors, self._last)
-            except KeyError:  # tensors gone since the base: say it whole
+            except SyncError:  # tensors gone since the base: say it whole
                 changes = None
         base = self.sent.version if self.sent is not None else -1
         send = changes is not None and self.delta.send_delta(
@@ -235,8 +235,23 @@ class ModelWeights:
         self.target.load_weights(event.version, tensors)
         self.base_version = event.version
         keep = bool(event.state_sha256)  # the trainer sends deltas: the next needs this state
-        self.held = dict(tensors) if keep else None
+        if not keep:
+            self.held = None
+        elif event.delta_base >= 0:  # rebuilt: its unchanged tensors may pin fetched shards
+            self.held = _compact(tensors)
+        else:
+            self.held = dict(tensors)
         self.held_version = event.version if keep else -1
+
+
+def _compact(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` with those that are views of a larger buffer (a fetched shard, the rest
+    of whose tensors a delta replaced) copied out, so that a kept state holds its own bytes
+    only; a tensor copied once is not copied again."""
+    return {
+        k: v.clone() if v.untyped_storage().nbytes() > v.numel() * v.element_size() else v
+        for k, v in tensors.items()
+    }
 
 
 def _owned(tensors: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ version already on the control topic and a number never names two sets of weight
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -20,7 +21,7 @@ from streamrft.infra.consume import read_history
 from streamrft.schemas.codec import CONTROL
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.payload import ModelWeights
-from streamrft.sync.transport import Announce, WeightSender
+from streamrft.sync.transport import Announce, MakePayload, WeightSender
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +78,7 @@ class VersionPublisher:
         t0 = time.perf_counter()
         version = max(step if clock is None else clock, self._floor + 1, self.version + 1)
         self._floor = version
-        event = await self.sender.send(
-            lambda must_be_full: self.weights.payload(version, step, must_be_full), self.announce
-        )
+        event = await self.sender.send(await self._make(version, step), self.announce)
         event = self.weights.stamp(event)
         self.version = event.version
         self._step, self._fresh = step, True
@@ -96,6 +95,19 @@ class VersionPublisher:
         if event.delta_base >= 0:
             self.counters.add("deltas_published")
         return event
+
+    async def _make(self, version: int, step: int) -> MakePayload:
+        """The transport's payload maker for ``version``. With delta versions the payload's
+        work (a bitwise compare with the last version, the state's sha256, the copy kept as
+        the next base) takes seconds on a large model: it is done here, off the event loop
+        (which keeps the heartbeats and the intake's consumer group alive); a transport that
+        asks for a full version after all gets one made then."""
+        if self.weights.delta is None:
+            return lambda must_be_full: self.weights.payload(version, step, must_be_full)
+        ready = await asyncio.to_thread(self.weights.payload, version, step)
+        return lambda must_be_full: (
+            self.weights.payload(version, step, True) if must_be_full else ready
+        )
 
     def stepped(self) -> None:
         """The model changed since the last version (a training step)."""

@@ -484,3 +484,46 @@ def test_broadcast_bench_reports_its_figures_and_equal_bytes(tensors, packed):
     assert result["raw_s"] == min(result["raw_flat_s"], result["raw_tensors_s"])
     for side in ("sender_phases", "receiver_phases"):
         assert (result[side]["packed"] > 0) == packed, result[side]
+
+
+def test_a_transfer_that_fails_mid_bucket_drops_its_staging_buffers(monkeypatch):
+    """A broadcast abandoned mid-transfer may still be writing into (or reading from) its
+    staging buffers: neither side keeps them for the next version, which then arrives
+    exactly through fresh ones."""
+    sender = CollectiveSender("127.0.0.1", 0, timeout_s=2.0, bucket_mb=0.25, backend="gloo")
+    receiver = CollectiveReceiver("explorer-0", timeout_s=6.0)
+    src = _mixed_model(1)  # many small tensors: several packed buckets
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    unflatten = collective.unflatten_bucket
+
+    def stalled(*args: Any, **kw: Any) -> None:  # the explorer hangs on its first bucket
+        monkeypatch.setattr(collective, "unflatten_bucket", unflatten)
+        time.sleep(5.0)
+        unflatten(*args, **kw)
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            receiver.receive(uri, dst, 1)
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        uri = sender.open_epoch(["explorer-0"])
+        monkeypatch.setattr(collective, "unflatten_bucket", stalled)
+        thread = threading.Thread(target=run)
+        thread.start()
+        with pytest.raises(SyncTimeout):
+            sender.broadcast(src, 1)
+        thread.join(timeout=30)
+        assert not thread.is_alive() and len(errors) == 1, errors
+        assert isinstance(errors[0], SyncError), errors
+        assert sender._staging._bufs == [] and receiver._staging._bufs == []
+        uri = sender.open_epoch(["explorer-0"])
+        src = _mixed_model(2)
+        _send_and_receive(sender, receiver, uri, src, dst, 2)
+        assert _digests(dst) == _digests(src)
+    finally:
+        receiver.close()
+        sender.close()

@@ -149,6 +149,7 @@ def test_explorers_rebuild_deltas_exactly_and_recover_from_bad_ones(make_config,
             # a delta corrupted in the store: rejected (and the next delta, built on it),
             # the explorer stays on version 5 until the next full version
             held = {k: v.clone() for k, v in first.engine.model.state_dict().items()}
+            bytes_before_6 = first.counters["delta_bytes"]
             for v in (6, 7, 8):
                 _train(model, tok)
                 events.append(await publisher.publish(v))
@@ -158,6 +159,11 @@ def test_explorers_rebuild_deltas_exactly_and_recover_from_bad_ones(make_config,
                     await _sync(first, v)
                     assert first.follower.version == 5
             assert first.counters["versions_rejected"] == 2
+            # ...each at once: a delta that fails its own check is in every chain from a
+            # full version too, so nothing more is fetched for it (no refetch from the full
+            # version; version 7, built on rejected 6, fetches nothing)
+            assert first.counters["delta_refetches"] == 1
+            assert first.counters["delta_bytes"] == bytes_before_6
             for name, tensor in first.engine.model.state_dict().items():
                 assert torch.equal(tensor, held[name]), name
             assert events[8].delta_base == -1

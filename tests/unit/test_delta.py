@@ -14,6 +14,7 @@ from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync import delta
 from streamrft.sync.follower import delta_chain
 from streamrft.sync.payload import DeltaPolicy, ModelWeights
+from tests.helpers.paths import ADDITION
 
 
 def _state(dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -225,3 +226,142 @@ def test_delta_chain_from_what_is_held_or_from_the_newest_full():
     del versions[1]
     with pytest.raises(SyncError, match="never announced"):
         chain(2, -1)
+
+
+def test_tensors_of_any_width_go_whole_and_a_lost_tensor_is_a_sync_error():
+    """A dtype wider than 8 bytes cannot be compared as integers: whole, not a crash; a
+    tensor gone since the base cannot be said by a delta (an error of the project's tree,
+    which the trainer answers with a full version)."""
+    base = {"c": torch.randn(4, dtype=torch.complex128), "w": torch.zeros(64).bfloat16()}
+    new = {"c": base["c"] * 2, "w": base["w"].clone()}
+    new["w"][3] = 1
+    changes = delta.encode(new, base)
+    assert torch.equal(changes["c"], new["c"]) and changes["w#idx"].tolist() == [3]
+    assert delta.state_sha256(delta.decode(changes, base)) == delta.state_sha256(new)
+    with pytest.raises(SyncError, match="gone since the base"):
+        delta.encode({"w": new["w"]}, base)
+    with pytest.raises(SyncError, match="separator"):
+        delta.encode({"a#b": new["w"]}, {})
+
+
+def test_a_malformed_delta_is_an_integrity_error_not_a_crash():
+    """Entries of the wrong size or shape raise IntegrityError (a version the explorer
+    rejects), never a bare torch error that would end the explorer's loop."""
+    base = {"w": torch.zeros(100, dtype=torch.bfloat16)}
+    new = {"w": base["w"].clone()}
+    new["w"][::2] = 1  # half changed: a bit mask
+    changes = delta.encode(new, base)
+    assert set(changes) == {"w#mask", "w#val"}
+    short = dict(changes, **{"w#mask": changes["w#mask"][:-2]})
+    wide = dict(changes, **{"w#mask": changes["w#mask"].to(torch.int32)})
+    tall = {"w#idx": torch.tensor([1, 2, 3], dtype=torch.int32), "w#val": new["w"][:3, None]}
+    floats = {"w#idx": torch.tensor([1.0, 2.0]), "w#val": new["w"][:2]}
+    for bad in (short, wide, tall, floats):
+        with pytest.raises(IntegrityError, match="does not fit"):
+            delta.decode(bad, base)
+
+
+def test_the_publisher_makes_a_delta_payload_off_the_event_loop(tmp_path):
+    """Comparing, hashing and copying a large model takes seconds: done on the event loop it
+    would stall the trainer's heartbeats and its consumer group's. Real filesystem store."""
+    import asyncio
+    import threading
+
+    from streamrft.infra.bus import Counters
+    from streamrft.infra.config import from_dict
+    from streamrft.sync.publisher import VersionPublisher
+    from streamrft.sync.transport import SenderContext, make_sender
+
+    cfg = from_dict(
+        {
+            "run": {"name": "t", "id": "t-delta", "dir": str(tmp_path / "runs")},
+            "synchronizer": {"method": "filesystem", "fs_dir": str(tmp_path / "v")},
+            "taskset": {"path": str(ADDITION)},
+        }
+    )
+    on_loop: list[bool] = []
+
+    class Weights(ModelWeights):
+        def payload(self, version, step, must_be_full=False):
+            on_loop.append(threading.current_thread() is threading.main_thread())
+            return super().payload(version, step, must_be_full)
+
+    model, tok = _tiny()
+    weights = Weights(model, False, torch.bfloat16, delta=DeltaPolicy(True, 10, 0.5))
+    announced: list[ModelVersionReady] = []
+
+    async def announce(event: ModelVersionReady) -> None:
+        announced.append(event)
+
+    async def scenario() -> None:
+        sender = make_sender(cfg, SenderContext(Counters(), lambda: []))
+        publisher = VersionPublisher(weights, sender, announce, Counters())
+        try:
+            await publisher.publish(0)
+            _adam_step(model, tok, 1e-5)
+            await publisher.publish(1)
+        finally:
+            publisher.close()
+
+    asyncio.run(scenario())
+    assert on_loop == [False, False]
+    assert [e.delta_base for e in announced] == [-1, 0]
+    truth = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
+    assert announced[1].state_sha256 == delta.state_sha256({k: truth[k] for k in weights._last})
+
+
+def test_the_state_an_explorer_holds_does_not_pin_fetched_shards(tmp_path):
+    """A fetched version's tensors are views of its shard buffers: once a delta replaced
+    most of them, the unchanged ones kept as the next base must not keep whole shards alive
+    (the explorer would hold up to twice the model). Real filesystem store."""
+    from streamrft.sync.filesystem import FilesystemLoader, FilesystemPublisher
+
+    state = {f"w{i}": torch.randn(256, 64).bfloat16() for i in range(4)}
+    state["norm"] = torch.ones(64).bfloat16()
+    publisher = FilesystemPublisher(tmp_path, "run", 1 << 20)  # one shard for everything
+    ev0 = msgspec.structs.replace(publisher.publish(state, 0, 0), state_sha256="x")
+    fetched = FilesystemLoader(tmp_path).fetch(ev0)
+    assert fetched["norm"].untyped_storage().nbytes() > fetched["norm"].nbytes  # a view
+    explorer = ModelWeights(_tiny()[0], False, target=_NoTarget())
+    explorer.apply(ev0, fetched)
+    new = {k: (v + 1 if k != "norm" else v) for k, v in state.items()}
+    ev1 = msgspec.structs.replace(ev0, version=1, delta_base=0, state_sha256="y")
+    explorer.apply(ev1, explorer.rebuild(ev1, delta.encode(new, state)))
+    assert delta.state_sha256(explorer.held) == delta.state_sha256(new)
+    kept = sum(t.untyped_storage().nbytes() for t in explorer.held.values())
+    assert kept == delta.nbytes(new), (kept, delta.nbytes(new))
+
+
+class _NoTarget:
+    """An engine that takes whatever it is given (the held state is what is checked)."""
+
+    def load_weights(self, version: int, tensors) -> None:
+        pass
+
+    def load_adapter(self, version: int, tensors) -> None:
+        pass
+
+
+def test_the_wire_takes_a_delta_event_and_refuses_a_base_that_is_not_earlier():
+    """The new fields decode from the control topic's bytes (and default when absent, as
+    from an older trainer); a delta base at or above the version could make a loop."""
+    from streamrft.schemas.codec import CONTROL
+    from streamrft.schemas.errors import SchemaError
+    from streamrft.schemas.events import validate_control
+
+    ev = msgspec.structs.replace(_ev(5, 4), state_sha256="ab" * 32)
+    back = CONTROL.decode(CONTROL.encode(ev))
+    assert (back.delta_base, back.state_sha256) == (4, "ab" * 32)
+    old = msgspec.json.encode(
+        {
+            k: v
+            for k, v in msgspec.to_builtins(ev).items()
+            if k not in ("delta_base", "state_sha256")
+        }
+    )
+    assert msgspec.json.decode(old, type=ModelVersionReady).delta_base == -1
+    for base in (5, 6, -2):
+        with pytest.raises(SchemaError, match="delta_base"):
+            validate_control(msgspec.structs.replace(ev, delta_base=base))
+    with pytest.raises(SchemaError, match="sha256"):
+        validate_control(msgspec.structs.replace(ev, state_sha256="a" * 129))
