@@ -182,6 +182,11 @@ def validate_control(event: ControlEvent) -> ControlEvent:
                 raise SchemaError(
                     f"{what}: delta_base {event.delta_base} (-1, or an earlier version)"
                 )
+            if event.delta_base >= 0 and (event.lora or not event.state_sha256):
+                raise SchemaError(
+                    f"{what}: a delta (delta_base {event.delta_base}) is of full weights "
+                    "and carries state_sha256"
+                )
         case Shutdown():
             what = "shutdown"
             if len(event.reason) > limits.MAX_URI_CHARS:

@@ -20,6 +20,7 @@ the transports know nothing of it: a delta is just other tensors.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,6 +34,8 @@ from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync import delta
 from streamrft.sync.transport import Payload
 from streamrft.sync.weights import apply_state_dict, unique_state_dict
+
+log = logging.getLogger(__name__)
 
 
 class WeightTarget(Protocol):
@@ -80,7 +83,14 @@ class DeltaPolicy:
     def from_config(cls, sync: SynchronizerConfig, lora: bool) -> DeltaPolicy | None:
         """The policy of ``sync`` (None: every version full: ``delta: never``, a LoRA run, or
         the ``nccl`` method, whose broadcast sends whole tensors)."""
-        if sync.delta == "never" or lora or sync.method == "nccl":
+        if sync.delta == "never":
+            return None
+        if lora or sync.method == "nccl":
+            log.warning(
+                "synchronizer.delta: %s is ignored: %s sends every version whole",
+                sync.delta,
+                "a LoRA run (adapters are small)" if lora else "the nccl broadcast",
+            )
             return None
         return cls(sync.delta == "always", sync.full_every, sync.delta_max_ratio)
 
@@ -165,7 +175,8 @@ class ModelWeights:
         :class:`DeltaPolicy`); the state is kept as the next base either way."""
         assert self.delta is not None
         changes = None
-        if self._last is not None and not must_be_full:
+        full_due = self._deltas_in_a_row >= self.delta.full_every
+        if self._last is not None and not must_be_full and not full_due:
             try:
                 changes = delta.encode(tensors, self._last)
             except SyncError:  # tensors gone since the base: say it whole

@@ -144,6 +144,17 @@ _SAMPLES: dict[str, Any] = {
             step=3,
             created_at=1.7e9,
         ),
+        ModelVersionReady(
+            version=4,
+            method="filesystem",
+            uri="file:///runs/fuzz/v000004/manifest.json",
+            manifest_sha256="ab" * 32,
+            bytes=4096,
+            step=4,
+            created_at=1.7e9,
+            delta_base=3,
+            state_sha256="cd" * 32,
+        ),
         SyncRequest(explorer="explorer-fuzz", min_version=2, created_at=1.7e9),
     ],
     "status": lambda: [

@@ -365,3 +365,18 @@ def test_the_wire_takes_a_delta_event_and_refuses_a_base_that_is_not_earlier():
             validate_control(msgspec.structs.replace(ev, delta_base=base))
     with pytest.raises(SchemaError, match="sha256"):
         validate_control(msgspec.structs.replace(ev, state_sha256="a" * 129))
+
+
+def test_a_delta_event_of_an_adapter_or_without_the_state_digest_is_refused_on_the_wire():
+    """An explorer could not check such a delta: refused when decoded, not after a fetch."""
+    from streamrft.schemas.errors import SchemaError
+    from streamrft.schemas.events import validate_control
+
+    ev = msgspec.structs.replace(_ev(5, 4), state_sha256="ab" * 32)
+    assert validate_control(ev) is ev
+    for bad in (
+        msgspec.structs.replace(ev, lora=True),
+        msgspec.structs.replace(ev, state_sha256=""),
+    ):
+        with pytest.raises(SchemaError, match="full weights and carries state_sha256"):
+            validate_control(bad)
