@@ -45,6 +45,7 @@ def sample(
         attention_mask=attention_mask,
         position_ids=position_ids,
         use_cache=True,
+        logits_to_keep=1,  # the last position's logits only: the others are never read
     )
     past = out.past_key_values
     logits = out.logits[:, -1, :]
@@ -55,7 +56,7 @@ def sample(
     tokens: list[torch.Tensor] = []
     logps: list[torch.Tensor] = []
     mask = attention_mask.long()
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         logp = torch.log_softmax(logits.float() / temperature, dim=-1)
         if greedy:
             tok = logp.argmax(dim=-1)
@@ -67,8 +68,8 @@ def sample(
         logps.append(torch.where(finished, torch.zeros_like(tok_logp), tok_logp))
         lengths += (~finished).long()
         finished = finished | (tok == eos_id)
-        if bool(finished.all()):
-            break
+        if step == max_new_tokens - 1 or bool(finished.all()):
+            break  # no forward pass for logits that would never be sampled
         mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype, device=device)], dim=1)
         out = model(
             input_ids=tok.unsqueeze(-1),

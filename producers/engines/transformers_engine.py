@@ -27,11 +27,11 @@ class TransformersEngine(ModuleTarget):
     def encode_prompts(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded ids and attention mask of the prompts' token ids (nothing added)."""
         width = max(map(len, prompts))
-        ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt) :] = 1
+        pad = [self.tokenizer.pad_token_id] * width
+        # one tensor built from padded rows, not one small tensor copied in per prompt
+        ids = torch.tensor([pad[len(p) :] + list(p) for p in prompts], dtype=torch.long)
+        starts = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
+        mask = (torch.arange(width) >= starts.unsqueeze(1)).long()
         return ids.to(self.device), mask.to(self.device)
 
     def _run(
@@ -63,31 +63,33 @@ class TransformersEngine(ModuleTarget):
     ) -> list[list[Rollout]]:
         """``n`` samples of each prompt (its token ids), grouped per prompt."""
         flat = [p for p in prompts for _ in range(n)]
-        ids, mask, out = self._run(flat, temperature, max_new_tokens, False, seed)
-        rollouts = []
-        for i in range(len(flat)):
-            length = int(out.lengths[i])
-            prompt_ids = ids[i][mask[i].bool()].tolist()
-            resp = out.tokens[i, :length].tolist()
-            rollouts.append(
-                Rollout(
-                    prompt_ids=prompt_ids,
-                    response_ids=resp,
-                    logprobs=out.logprobs[i, :length].tolist(),
-                    text=self.tokenizer.decode(resp, skip_special_tokens=True),
-                )
+        _, _, out = self._run(flat, temperature, max_new_tokens, False, seed)
+        responses = _responses(out.tokens, out.lengths)
+        # one conversion of the whole batch, not one small tensor per row
+        logprobs = out.logprobs.tolist()
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        rollouts = [
+            Rollout(
+                prompt_ids=list(flat[i]),  # exactly the ids given: the engine adds nothing
+                response_ids=resp,
+                logprobs=logprobs[i][: len(resp)],
+                text=texts[i],
             )
+            for i, resp in enumerate(responses)
+        ]
         return [rollouts[j * n : (j + 1) * n] for j in range(len(prompts))]
 
     @torch.no_grad()
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
         _, _, out = self._run(prompts, 1.0, max_new_tokens, True, 0)
-        return [
-            self.tokenizer.decode(
-                out.tokens[i, : int(out.lengths[i])].tolist(), skip_special_tokens=True
-            )
-            for i in range(len(prompts))
-        ]
+        return self.tokenizer.batch_decode(
+            _responses(out.tokens, out.lengths), skip_special_tokens=True
+        )
+
+
+def _responses(tokens: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
+    """Each row's response ids: its first ``lengths[row]`` tokens."""
+    return [row[:length] for row, length in zip(tokens.tolist(), lengths.tolist(), strict=True)]
 
 
 def make_transformers_engine(

@@ -212,21 +212,23 @@ class VLLMEngine:
             for i in range(len(ids))
         ]
         outputs = self._generate(ids, params)
+        sampled = [[self._sampled(sample) for sample in out.outputs] for out in outputs]
+        # one batched decode of every response, not one tokenizer call per sample
+        texts = iter(
+            self.tokenizer.batch_decode(
+                [tokens for group in sampled for tokens, _ in group], skip_special_tokens=True
+            )
+        )
         return [
-            [self._rollout(p, sample) for sample in out.outputs]
-            for p, out in zip(ids, outputs, strict=True)
+            [Rollout(p, tokens, logps, next(texts)) for tokens, logps in group]
+            for p, group in zip(ids, sampled, strict=True)
         ]
 
-    def _rollout(self, prompt_ids: list[int], sample: Any) -> Rollout:
+    def _sampled(self, sample: Any) -> tuple[list[int], list[float]]:
+        """A sample's token ids and their log-probs, cut after its first EOS."""
         tokens = list(sample.token_ids)
         logps = [step[tok].logprob for step, tok in zip(sample.logprobs, tokens, strict=True)]
-        tokens, logps = cut_at_eos(tokens, logps, self.eos_id)
-        return Rollout(
-            prompt_ids=prompt_ids,
-            response_ids=tokens,
-            logprobs=logps,
-            text=self.tokenizer.decode(tokens, skip_special_tokens=True),
-        )
+        return cut_at_eos(tokens, logps, self.eos_id)
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
         """The greedy response text of each prompt (its token ids)."""

@@ -1,0 +1,120 @@
+"""The transformers engine's sampling loop does no work it throws away, and its batched
+post-processing gives exactly the rollouts a row-by-row reading of the samples gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from streamrft.infra.config import ModelConfig
+from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
+from streamrft.producers.engines import TransformersEngine
+from streamrft.producers.sampling import sample
+
+pytestmark = pytest.mark.unit
+torch.set_num_threads(1)
+
+PROMPTS = ["3+5=", "12+30=", "7=", "100+200+3="]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def tiny_model(tokenizer, eos_bias: float) -> torch.nn.Module:
+    """A tiny Llama whose output layer is biased towards (or away from) EOS."""
+    cfg = ModelConfig(
+        hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, max_positions=48
+    )
+    model = build_tiny_model(cfg, tokenizer).eval()
+    head = torch.nn.Linear(cfg.hidden_size, len(tokenizer), bias=True)
+    head.weight = model.model.embed_tokens.weight
+    with torch.no_grad():
+        head.bias.zero_()
+        head.bias[tokenizer.eos_token_id] = eos_bias
+    model.lm_head = head
+    return model
+
+
+def prompt_ids(tokenizer) -> list[list[int]]:
+    return [tokenizer(p).input_ids for p in PROMPTS]
+
+
+def test_one_forward_pass_per_sampled_token_and_logits_of_the_last_position_only(tokenizer):
+    model = tiny_model(tokenizer, eos_bias=-1e4)  # never EOS: every row runs to the end
+    engine = TransformersEngine(model, tokenizer)
+    ids, mask = engine.encode_prompts(prompt_ids(tokenizer))
+    head_positions: list[int] = []
+    hook = model.lm_head.register_forward_hook(
+        lambda _m, inputs, _out: head_positions.append(inputs[0].shape[1])
+    )
+    try:
+        out = sample(
+            model,
+            ids,
+            mask,
+            max_new_tokens=6,
+            eos_id=tokenizer.eos_token_id,
+            pad_id=tokenizer.pad_token_id,
+            generator=torch.Generator().manual_seed(0),
+        )
+    finally:
+        hook.remove()
+    assert out.tokens.shape == (len(PROMPTS), 6)
+    assert out.lengths.tolist() == [6] * len(PROMPTS)
+    # the prompt pass and one pass per later token: none for logits never sampled
+    assert len(head_positions) == 6
+    # the prompt pass computes the output layer on its last position only
+    assert head_positions == [1] * 6
+
+
+def test_rollouts_are_the_samples_read_row_by_row(tokenizer):
+    model = tiny_model(tokenizer, eos_bias=1.5)  # some rows end early, some run to the end
+    engine = TransformersEngine(model, tokenizer)
+    prompts, n, max_new, seed = prompt_ids(tokenizer), 3, 8, 11
+    groups = engine.rollout(prompts, n, 0.9, max_new, seed)
+
+    flat = [p for p in prompts for _ in range(n)]
+    ids, mask = engine.encode_prompts(flat)
+    out = sample(
+        model,
+        ids,
+        mask,
+        max_new_tokens=max_new,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        temperature=0.9,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    got = [r for group in groups for r in group]
+    assert [len(g) for g in groups] == [n] * len(prompts)
+    lengths = out.lengths.tolist()
+    assert min(lengths) < max_new and max(lengths) == max_new  # rows that end early, and not
+    for i, r in enumerate(got):
+        length = int(out.lengths[i])
+        assert r.prompt_ids == ids[i][mask[i].bool()].tolist() == flat[i]
+        assert r.response_ids == out.tokens[i, :length].tolist()
+        assert r.logprobs == out.logprobs[i, :length].tolist()
+        assert r.text == tokenizer.decode(r.response_ids, skip_special_tokens=True)
+
+
+def test_greedy_texts_are_the_argmax_rows_decoded(tokenizer):
+    model = tiny_model(tokenizer, eos_bias=1.5)
+    engine = TransformersEngine(model, tokenizer)
+    prompts = prompt_ids(tokenizer)
+    ids, mask = engine.encode_prompts(prompts)
+    out = sample(
+        model,
+        ids,
+        mask,
+        max_new_tokens=8,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        greedy=True,
+    )
+    expected = [
+        tokenizer.decode(out.tokens[i, : int(out.lengths[i])].tolist(), skip_special_tokens=True)
+        for i in range(len(prompts))
+    ]
+    assert engine.greedy(prompts, 8) == expected
