@@ -97,7 +97,7 @@ def smollm2_case(folder: Path, lr: float) -> Case:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
     lines = WORDS.read_text().splitlines()[:TASKS]
     texts = [
         json.loads(line)["messages"][0]["content"] + " <answer>" + json.loads(line)["answer"]

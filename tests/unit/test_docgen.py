@@ -107,7 +107,7 @@ def test_config_reference_types_bounds_and_descriptions():
     assert kafka["compression"][1] == r"`none \| gzip \| lz4 \| zstd \| snappy`"
     assert kafka["bootstrap_servers"][1] == r"`str \| None`"
     assert kafka["max_request_bytes"][2] == f"`{16 << 20}`"
-    assert kafka["control_fetch_max_wait_ms"][3] == ">= 0, <= 1000"
+    assert kafka["control_fetch_max_wait_ms"][3] == ">= 1, <= 1000"
     assert kafka["partitions"][1:4] == ["`int`", "`4`", "> 0"]
     assert kafka["topic_prefix"][4].startswith("First part of every topic name")
     run = rows(sections["run"])
