@@ -75,6 +75,10 @@ docs: setup
 bench: setup
 	OMP_NUM_THREADS=1 $(BIN)/python bench/experience_path.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/weight_sync.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/broadcast.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/delta_sync.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/control_latency.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/rollout.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/reliability.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/scale_explorers.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/train_step.py
