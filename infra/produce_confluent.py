@@ -17,8 +17,10 @@ produce path (:mod:`streamrft.infra.produce`) does not know which one it has:
   the broker acknowledged it (acks=all), or fails with a ``ServiceError`` (``retriable``
   as librdkafka says, and for timeouts and transport errors) that
   :func:`~streamrft.infra.retry.retrying` treats as it treats aiokafka's errors;
+- :meth:`partitions_for` lists a topic's partitions (the feeder's placement);
 - :meth:`flush_lingering` sends what lingers now (the caller waits for these acks next);
-- :meth:`stop` delivers what is queued (up to the request timeout), then closes.
+- :meth:`stop` delivers what is queued (up to the request timeout), fails what is left
+  (purged), then closes.
 
 Every librdkafka option is chosen in :func:`streamrft.infra.kafka.confluent_options`.
 """
@@ -47,6 +49,8 @@ POLL_S = 0.05
 """How long the delivery thread blocks in librdkafka's poll between checks for stop."""
 QUEUE_FULL_WAIT_S = 0.01
 """Back-off of :meth:`ConfluentProducer.send` while librdkafka's local queue is full."""
+PURGE_WAIT_S = 1.0
+"""How long :meth:`ConfluentProducer.stop` waits for the reports of the records it purged."""
 
 _RETRIABLE_CODES = frozenset(
     {"_MSG_TIMED_OUT", "_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "REQUEST_TIMED_OUT"}
@@ -161,6 +165,25 @@ class ConfluentProducer:
             except confluent_kafka.KafkaException as exc:  # e.g. a record over the limit
                 raise delivery_error(exc.args[0], topic) from exc
 
+    async def partitions_for(self, topic: str) -> set[int]:
+        """The partition ids of ``topic``, from the broker's metadata (aiokafka's
+        ``partitions_for``, which the feeder places its tasks with); a retriable
+        ``ServiceError`` while the broker or the topic's metadata is not there."""
+        if self._producer is None:
+            raise ServiceError("Kafka producer used after stop()")
+        try:
+            metadata = await asyncio.to_thread(
+                self._producer.list_topics, topic, self._connect_timeout_s
+            )
+        except confluent_kafka.KafkaException as exc:
+            raise delivery_error(exc.args[0], topic) from exc
+        info = metadata.topics.get(topic)
+        if info is None or info.error is not None or not info.partitions:
+            error = ServiceError(f"Kafka topic {topic!r}: no partitions in the broker's metadata")
+            error.retriable = True
+            raise error
+        return set(info.partitions)
+
     def flush_lingering(self) -> None:
         """Send the records that wait for ``linger.ms`` now: the caller is about to wait
         for their acknowledgements. librdkafka skips the linger only while a ``flush`` call
@@ -180,13 +203,18 @@ class ConfluentProducer:
             await asyncio.to_thread(self._producer.flush, self._connect_timeout_s)
 
     async def stop(self) -> None:
-        """Deliver what is queued (up to the connect timeout), then close; safe to call twice."""
+        """Deliver what is queued (up to the connect timeout), then close; safe to call twice.
+        A record still undelivered then is purged: its future fails (a non-retriable
+        ``ServiceError``), as aiokafka fails the batches its stop cannot deliver, rather
+        than leaving its sender waiting for ever."""
         producer, self._producer = self._producer, None
         if producer is None:
             return
         try:
             await asyncio.to_thread(producer.flush, self._connect_timeout_s)
         finally:
+            producer.purge()  # what the broker did not take: its delivery reports fail it
+            await asyncio.to_thread(producer.flush, PURGE_WAIT_S)  # serves those reports
             self._stopping.set()
             if self._poller is not None:
                 await asyncio.to_thread(self._poller.join)

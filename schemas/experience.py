@@ -158,7 +158,7 @@ def validate_task(task: Task) -> Task:
 _LOGPROB_SURELY_IN_RANGE = bytes(range(0x00, 0x38)) + bytes(range(0x80, 0xC2))
 """High bytes (sign and top 7 exponent bits) of the little-endian float32 log-probs that
 are inside [MIN_LOGPROB, MAX_LOGPROB] whatever the other bytes: ``0x00-0x37`` is +0 to
-below 2**-16 (< 1e-4), ``0x80-0xC1`` is -0 to above -32 (> -80). Log-probs whose high
+below 2**-15 (< 1e-4), ``0x80-0xC1`` is -0 to above -32 (> -80). Log-probs whose high
 bytes are all of these pass at C speed (``bytes.translate``); any other high byte (a value
 near a bound, out of range, inf or NaN) sends the experience to the exact per-value check,
 so the rule and its error are those of :func:`_check_logprobs` either way."""

@@ -186,12 +186,33 @@ def raw_body(resp: urllib3.BaseHTTPResponse) -> http.client.HTTPResponse | None:
     return raw if isinstance(raw, http.client.HTTPResponse) else None
 
 
-def content_range_total(resp: urllib3.BaseHTTPResponse) -> int:
-    """The object's full size from a GET's ``Content-Range`` (``bytes a-b/total``) or, for
-    a whole-object answer, its ``Content-Length``."""
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+
+
+def check_range_answer(
+    resp: urllib3.BaseHTTPResponse, offset: int, length: int, size: int, where: str
+) -> None:
+    """Raise unless ``resp``, the answer to a GET of ``length`` bytes from ``offset`` of an
+    object the manifest says is ``size`` bytes, brings exactly those bytes: an
+    :class:`IntegrityError` when the object has another size (``Content-Range``'s total, or
+    a whole-object answer's ``Content-Length``), a :class:`SyncError` when the store sent
+    other bytes than asked (it ignored ``Range``, or answered another range)."""
     if resp.status == 206:
-        return int(resp.headers.get("Content-Range", "/-1").rsplit("/", 1)[1])
-    return int(resp.headers.get("Content-Length", -1))
+        header = resp.headers.get("Content-Range", "")
+        match = _CONTENT_RANGE.fullmatch(header.strip())
+        total = int(match[3]) if match else -1
+        if total != size:
+            raise IntegrityError(f"{where}: {total} bytes, the manifest says {size}")
+        if (int(match[1]), int(match[2])) != (offset, offset + length - 1):
+            raise SyncError(f"{where}: asked for bytes {offset}+{length}, got {header!r}")
+        return
+    if (total := int(resp.headers.get("Content-Length", -1))) != size:
+        raise IntegrityError(f"{where}: {total} bytes, the manifest says {size}")
+    if length != size:
+        raise SyncError(
+            f"{where}: the store ignored the Range header (it sent the whole object for bytes "
+            f"{offset}+{length}); it cannot serve ranged downloads"
+        )
 
 
 class S3Store:
@@ -312,8 +333,7 @@ class S3Store:
         headers = {"Range": f"bytes={offset}-{offset + len(into) - 1}"} if len(into) else None
         resp = self._request(f"downloading {where}", "GET", key, headers=headers, stream=True)
         try:
-            if (total := content_range_total(resp)) != size:
-                raise IntegrityError(f"{where}: {total} bytes, the manifest says {size}")
+            check_range_answer(resp, offset, len(into), size, where)
             raw, filled = raw_body(resp), 0
             while filled < len(into):
                 n = (raw or resp).readinto(into[filled:])

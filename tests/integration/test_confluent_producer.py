@@ -18,7 +18,9 @@ from aiokafka.errors import KafkaConnectionError
 from streamrft.infra import admin, kafka
 from streamrft.infra.config import from_dict
 from streamrft.infra.consume import read_topic
+from streamrft.infra.local.services import LocalServices
 from streamrft.infra.produce import OutRecord, send_all, send_groups
+from streamrft.infra.produce_confluent import ConfluentProducer
 from streamrft.schemas import EXPERIENCE_GROUP
 from streamrft.schemas.errors import ServiceError
 from tests.helpers.certs import make_certs
@@ -188,6 +190,85 @@ def test_a_record_over_the_limit_is_the_same_error(make_config):
 
     for error in asyncio.run(scenario()):
         assert not error.retriable
+
+
+def test_partitions_for_a_topic_are_aiokafkas(make_config):
+    """``partitions_for`` (the feeder places its tasks with it) answers the same with
+    either producer."""
+    cfg = make_config()
+    topics = cfg.topics()
+
+    async def partitions(producer: str) -> set[int]:
+        client = kafka.data_producer(_kafka(cfg, producer), "test")
+        await kafka.start_client(client, "producer")
+        try:
+            return set(await client.partitions_for(topics.tasks))
+        finally:
+            await client.stop()
+
+    async def scenario() -> dict[str, set[int]]:
+        await admin.ensure_topics(cfg.kafka, topics)
+        return {p: await partitions(p) for p in PRODUCERS}
+
+    got = asyncio.run(scenario())
+    assert got["confluent"] == got["aiokafka"] == set(range(cfg.kafka.partitions))
+
+
+def test_nothing_is_lost_when_the_broker_is_down_then_back(make_config, tmp_path):
+    """Both producers, a step's records sent while the broker is dead (SIGKILL) and
+    restarted 4 s later (storage that survives the restart): ``send_all`` rides out the
+    outage and every record is on the topic afterwards."""
+    with LocalServices(tmp_path / "services", broker_storage="s3") as svc:
+        for producer in PRODUCERS:
+            cfg = make_config(
+                kafka={"bootstrap_servers": svc.endpoints.bootstrap_servers, "producer": producer}
+            )
+            topics = cfg.topics()
+            records = [
+                OutRecord(topics.tasks, f"r{i}".encode(), key=f"k{i % 5}".encode())
+                for i in range(50)
+            ]
+
+            async def scenario(cfg=cfg, topics=topics, records=records) -> list:
+                await admin.ensure_topics(cfg.kafka, topics)
+                client = kafka.data_producer(cfg.kafka, "test")
+                await kafka.start_client(client, "producer")
+                try:
+                    svc.kill("broker")
+                    step = asyncio.create_task(send_all(client, records, "outage", 90))
+                    await asyncio.sleep(4)
+                    assert not step.done()
+                    await asyncio.to_thread(svc.restart, "broker")
+                    assert await step == len(records)
+                finally:
+                    await client.stop()
+                return await read_topic(cfg.kafka, topics.tasks, None, "test-reader")
+
+            got = asyncio.run(scenario())
+            assert {r.value for r in got} == {r.value for r in records}, producer
+
+
+def test_stop_fails_what_the_broker_did_not_take(make_config, tmp_path):
+    """A record still undelivered when ``stop`` gives up waiting (the broker is dead) fails
+    its future with a ServiceError instead of leaving its sender waiting for ever."""
+    with LocalServices(tmp_path / "services", object_store=False) as svc:
+        cfg = make_config(kafka={"bootstrap_servers": svc.endpoints.bootstrap_servers})
+        topics = cfg.topics()
+
+        async def scenario() -> BaseException | None:
+            await admin.ensure_topics(cfg.kafka, topics)
+            producer = ConfluentProducer(kafka.confluent_options(cfg.kafka, "test"), 1.0)
+            await producer.start()
+            svc.kill("broker")
+            future = await producer.send(topics.tasks, b"x", key=b"k")
+            await producer.stop()
+            await asyncio.wait([future], timeout=5)
+            assert future.done(), "the record's future was left pending after stop()"
+            return future.exception()
+
+        error = asyncio.run(scenario())
+    assert isinstance(error, ServiceError) and not error.retriable
+    assert "_PURGE" in str(error)
 
 
 # -- security: the same options, mapped to librdkafka's ----------------------------------------

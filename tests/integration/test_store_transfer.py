@@ -117,3 +117,48 @@ def msgspec_replace(obj, **kw):
     import msgspec
 
     return msgspec.structs.replace(obj, **kw)
+
+
+def test_a_store_that_ignores_range_requests_is_refused_not_misread(make_config, tmp_path):
+    """An HTTP server that answers every ranged GET with the whole object (the standard
+    library's, which ignores ``Range``): the download fails with an error that says so,
+    rather than filling later ranges with the object's first bytes."""
+    import functools
+    import hashlib
+    import http.server
+    import os
+    import threading
+
+    data = os.urandom(11 * MIB)  # three 5 MiB ranges
+    (tmp_path / "bkt").mkdir()
+    (tmp_path / "bkt" / "shard").write_bytes(data)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cfg = store_cfg(make_config, endpoint=f"127.0.0.1:{server.server_port}", bucket="bkt")
+        store = S3Store(cfg, create_bucket=False)
+        try:
+            buf, digest = store.get_hashed("shard", len(data))
+        except SyncError as exc:
+            assert "Range" in str(exc) and not isinstance(exc, StoreUnavailable)
+        else:  # a store that ignores Range may only be read right, never misread
+            assert digest == hashlib.sha256(data).hexdigest() and bytes(buf.numpy()) == data
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_failed_multipart_upload_is_aborted(make_config):
+    """An upload that fails after it was started (here a piece that cannot be sent: not
+    contiguous) leaves no multipart upload behind on the store, and the error is raised."""
+    import numpy as np
+
+    cfg = store_cfg(make_config)
+    store = S3Store(cfg, create_bucket=True)
+    good = memoryview(bytes(6 * MIB))
+    strided = memoryview(np.zeros(2 * MIB, np.uint8)[::2])  # not contiguous
+    with pytest.raises(TypeError):
+        store.write("v/shard", [good, strided], "application/octet-stream")
+    left = store.client._list_multipart_uploads(cfg.bucket, prefix="v/")
+    assert [u.upload_id for u in left.uploads] == []
