@@ -33,6 +33,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -461,7 +462,7 @@ class CorruptShard(Drill):
     reject those versions by their sha256, keep their weights, and take a later one.
     """
 
-    VERSIONS = 2
+    VERSIONS = 3  # an explorer may fetch a version before the overwrite lands: one must not
     fault_at_step = 0
 
     async def fault(self) -> None:
@@ -470,13 +471,16 @@ class CorruptShard(Drill):
         await self._wait(lambda: 0 in self.watch.versions, 240, "version 0")
         self.fault_started = time.time()
         self._events = None
-        listening = asyncio.create_task(asyncio.to_thread(self._corrupt_next_shards))
-        while not listening.done() and self.proc.poll() is None:
+        # a daemon thread: closing the notification stream may not wake a blocked read,
+        # and a thread of asyncio's pool would then hold the drill's exit for good
+        listening = threading.Thread(target=self._corrupt_next_shards, daemon=True)
+        listening.start()
+        while listening.is_alive() and self.proc.poll() is None:
             await asyncio.sleep(0.2)
-        if not listening.done() and self._events is not None:
-            self._events.close()  # the run ended first
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(listening, 10)
+        if listening.is_alive() and self._events is not None:
+            with contextlib.suppress(Exception):
+                self._events.close()  # the run ended first
+        await asyncio.to_thread(listening.join, 10)
         self.fault_ended = time.time()
 
     def _corrupt_next_shards(self) -> None:
