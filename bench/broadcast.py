@@ -50,7 +50,6 @@ import os
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import argparse
-import hashlib
 import json
 import multiprocessing as mp
 import queue
@@ -63,33 +62,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from weight_sync import (  # bench/, on the path as the script's folder
+    make_tensors,
+    say,
+    tensor_sha256,
+)
 
 from streamrft.sync.collective import CollectiveReceiver, CollectiveSender
 
 MIB = 1 << 20
-ROW = 4096
 TIMEOUT_S = 120.0
 MEMBER = "explorer-0"
 RAW_MODES = ("flat", "tensors")
-
-
-def say(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def make_tensors(mb: float, count: int, seed: int) -> dict[str, torch.Tensor]:
-    """``count`` random float32 tensors of ~``mb`` MiB in all (as bench/weight_sync.py)."""
-    numel = max(1, round(mb * MIB / 4 / count))
-    shape = (numel // ROW, ROW) if numel % ROW == 0 else (numel,)
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        f"layer{i:04d}_weight": torch.randn(shape, generator=gen, dtype=torch.float32)
-        for i in range(count)
-    }
-
-
-def tensor_sha256(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
 
 
 def flat_bytes(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -215,7 +199,7 @@ def time_all(sender, tensors, flat, commands, results, proc, repeats: int) -> di
 
 
 def run(mb: float, count: int, bucket_mb: float, repeats: int, seed: int) -> dict[str, Any]:
-    tensors = make_tensors(mb, count, seed)
+    tensors = make_tensors(mb, seed, count)
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     mb_real = nbytes / MIB
     flat = flat_bytes(tensors)

@@ -124,14 +124,15 @@ def say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def make_tensors(mb: float, seed: int) -> dict[str, torch.Tensor]:
-    """``N_TENSORS`` random float32 tensors of ~``mb`` MiB in all (2-D when sizes allow)."""
-    numel = max(1, round(mb * MIB / 4 / N_TENSORS))
+def make_tensors(mb: float, seed: int, count: int = N_TENSORS) -> dict[str, torch.Tensor]:
+    """``count`` random float32 tensors of ~``mb`` MiB in all (2-D when sizes allow); also
+    bench/broadcast.py's."""
+    numel = max(1, round(mb * MIB / 4 / count))
     shape = (numel // ROW, ROW) if numel % ROW == 0 else (numel,)
     gen = torch.Generator().manual_seed(seed)
     return {
-        f"layer{i:02d}_weight": torch.randn(shape, generator=gen, dtype=torch.float32)
-        for i in range(N_TENSORS)
+        f"layer{i:04d}_weight": torch.randn(shape, generator=gen, dtype=torch.float32)
+        for i in range(count)
     }
 
 
