@@ -65,10 +65,10 @@ import torch.distributed as dist
 from weight_sync import (  # bench/, on the path as the script's folder
     make_tensors,
     say,
-    tensor_sha256,
 )
 
 from streamrft.sync.collective import CollectiveReceiver, CollectiveSender
+from streamrft.sync.weights import sha256_hex
 
 MIB = 1 << 20
 TIMEOUT_S = 120.0
@@ -120,7 +120,7 @@ def _explorer(shapes: dict[str, tuple[int, ...]], port: int, commands: Any, resu
                     out["receive_s"] = time.perf_counter() - t0
                     out["stats"] = dict(getattr(receiver, "last_stats", {}))
                     if check:
-                        out["sha256"] = {n: tensor_sha256(t) for n, t in tensors.items()}
+                        out["sha256"] = {n: sha256_hex(t) for n, t in tensors.items()}
                 for t in tensors.values():  # the next transfer must really arrive
                     t.zero_()
             except Exception as exc:
@@ -184,7 +184,7 @@ def time_all(sender, tensors, flat, commands, results, proc, repeats: int) -> di
         for m in RAW_MODES:
             raw[m].append(time_raw(m, tensors, flat, *ipc))
         runs.append(time_version(sender, uri, tensors, r + 2, r == repeats - 1, *ipc))
-    want = {n: tensor_sha256(t) for n, t in tensors.items()}
+    want = {n: sha256_hex(t) for n, t in tensors.items()}
     best = min(runs, key=lambda x: x[0])
     return {
         "raw": raw,

@@ -109,7 +109,7 @@ from streamrft.infra.local.services import LocalServices
 from streamrft.sync.collective import CollectiveReceiver, CollectiveSender
 from streamrft.sync.filesystem import FilesystemLoader, FilesystemPublisher
 from streamrft.sync.object_store import ObjectStoreLoader, ObjectStorePublisher
-from streamrft.sync.weights import apply_state_dict, shard_state_dict
+from streamrft.sync.weights import apply_state_dict, sha256_hex, shard_state_dict
 
 MIB = 1 << 20
 N_TENSORS = 25
@@ -134,10 +134,6 @@ def make_tensors(mb: float, seed: int, count: int = N_TENSORS) -> dict[str, torc
         f"layer{i:04d}_weight": torch.randn(shape, generator=gen, dtype=torch.float32)
         for i in range(count)
     }
-
-
-def tensor_sha256(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
 
 
 # ------------------------------------------------------------------ store-based methods
@@ -210,7 +206,7 @@ def _nccl_receiver(
                 t0 = time.perf_counter()
                 receiver.receive(uri, tensors, version)
                 out["receive_s"] = time.perf_counter() - t0
-                out["sha256"] = {n: tensor_sha256(tensors[n]) for n in names}
+                out["sha256"] = {n: sha256_hex(tensors[n]) for n in names}
                 for t in tensors.values():  # the next version must really arrive
                     t.zero_()
             except Exception as exc:
@@ -253,7 +249,7 @@ def nccl_path(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
         spawn_s = time.perf_counter() - t_spawn
         order = sorted(tensors)
         names = list(dict.fromkeys([order[0], order[len(order) // 2], order[-1]]))
-        want = {n: tensor_sha256(tensors[n]) for n in names}
+        want = {n: sha256_hex(tensors[n]) for n in names}
         sender = CollectiveSender("127.0.0.1", 0, NCCL_TIMEOUT_S, BUCKET_MB, backend="gloo")
 
         t0 = time.perf_counter()

@@ -36,6 +36,7 @@ from streamrft.sync.transport import (
     WeightReceiver,
     WeightSender,
 )
+from streamrft.sync.weights import nbytes
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class BroadcastSender(WeightSender):
             method=self.method,
             uri=uri or "",
             manifest_sha256=spec_digest(tensor_specs(tensors)).hex(),
-            bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
+            bytes=nbytes(tensors),
             step=payload.step,
             lora=payload.lora,
             created_at=time.time(),

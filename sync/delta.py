@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from streamrft.schemas.errors import IntegrityError, SyncError
+from streamrft.sync.weights import sha256_hex
 
 IDX, MASK, VAL = "#idx", "#mask", "#val"
 
@@ -35,10 +36,6 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 HASH_THREADS = min(4, os.cpu_count() or 1)
 """Threads hashing the tensors of a state."""
 _BIT_WEIGHTS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
-
-
-def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -154,17 +151,12 @@ def decode(
     return out
 
 
-def _tensor_sha256(t: torch.Tensor) -> str:
-    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-    return hashlib.sha256(data).hexdigest()
-
-
 def state_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     """sha256 of a whole state: of one line per tensor in name order, its name, dtype,
     shape and the sha256 of its bytes (those hashed in parallel: hashlib releases the GIL)."""
     names = sorted(tensors)
     with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="state-sha256") as pool:
-        digests = pool.map(_tensor_sha256, [tensors[n] for n in names])
+        digests = pool.map(sha256_hex, [tensors[n] for n in names])
         lines = [
             f"{n}|{str(tensors[n].dtype).removeprefix('torch.')}|{list(tensors[n].shape)}|{d}\n"
             for n, d in zip(names, digests, strict=True)

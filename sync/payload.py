@@ -33,7 +33,7 @@ from streamrft.schemas.errors import SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync import delta
 from streamrft.sync.transport import Payload
-from streamrft.sync.weights import apply_state_dict, unique_state_dict
+from streamrft.sync.weights import apply_state_dict, nbytes, unique_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +147,11 @@ class ModelWeights:
 
     # -- trainer side ------------------------------------------------------------------------
     def payload(self, version: int, step: int, must_be_full: bool = False) -> Payload:
-        """Version ``version`` of the model (detached CPU copies of its tensors): the full
-        weights (floating tensors cast to ``dtype``), which become the base later adapters apply on (always without LoRA, once
-        per process with it, and whenever ``must_be_full``), or the adapter alone."""
+        """Version ``version`` of the model: the full weights (detached CPU tensors,
+        floating ones cast to ``dtype``; a tensor already on the CPU in that dtype is the
+        model's own storage, so the model must not change until the version is sent),
+        which become the base later adapters apply on (always without LoRA, once per
+        process with it, and whenever ``must_be_full``), or the adapter alone."""
         if not self.lora or self.base_version < 0 or must_be_full:
             self.base_version = version
             # the base in the explorers' dtype; a LoRA adapter as PEFT keeps it (float32)
@@ -183,7 +185,7 @@ class ModelWeights:
                 changes = None
         base = self.sent.version if self.sent is not None else -1
         send = changes is not None and self.delta.send_delta(
-            delta.nbytes(changes), delta.nbytes(tensors), self._deltas_in_a_row
+            nbytes(changes), nbytes(tensors), self._deltas_in_a_row
         )
         self._last = _owned(tensors, self.model)
         digest = delta.state_sha256(tensors)

@@ -17,6 +17,11 @@ from safetensors.torch import load as st_load
 from streamrft.schemas.errors import IntegrityError, SyncError
 
 
+def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    """Bytes of a state's tensor data."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def sha256_hex(data: bytes | bytearray | memoryview | torch.Tensor) -> str:
     """sha256 of bytes, or of a tensor's raw bytes."""
     if isinstance(data, torch.Tensor):

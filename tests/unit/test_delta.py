@@ -14,6 +14,7 @@ from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync import delta
 from streamrft.sync.follower import delta_chain
 from streamrft.sync.payload import DeltaPolicy, ModelWeights
+from streamrft.sync.weights import nbytes
 from tests.helpers.paths import ADDITION
 
 
@@ -55,7 +56,7 @@ def test_round_trip_is_bit_identical_for_half_precision(dtype):
     assert changes["few#idx"].tolist() == [0, 17, 999] and changes["few#val"].dtype == dtype
     assert "big#mask" in changes and changes["big#mask"].numel() == (64 * 129 + 7) // 8
     assert torch.equal(changes["all"], new["all"])
-    assert delta.nbytes(changes) < delta.nbytes(new)
+    assert nbytes(changes) < nbytes(new)
     rebuilt = delta.decode(changes, base)
     assert set(rebuilt) == set(new)
     for name in new:
@@ -137,7 +138,7 @@ def test_float32_auto_falls_back_to_full_and_bf16_sends_a_delta():
         truth = {k: v.detach().to(dtype) for k, v in model.state_dict().items() if k in full}
         assert ev.state_sha256 == delta.state_sha256(truth)
         if expect_delta:
-            assert delta.nbytes(second.tensors) <= 0.5 * delta.nbytes(full)
+            assert nbytes(second.tensors) <= 0.5 * nbytes(full)
             rebuilt = delta.decode(second.tensors, full)
             assert delta.state_sha256(rebuilt) == ev.state_sha256
         else:
@@ -166,7 +167,7 @@ def test_the_kept_base_does_not_follow_training():
     weights.payload(0, 0)
     _adam_step(model, tok, 1e-3)
     changes = weights.payload(1, 1).tensors
-    assert delta.nbytes(changes) > 0.9 * sum(p.numel() * 4 for p in model.parameters())
+    assert nbytes(changes) > 0.9 * sum(p.numel() * 4 for p in model.parameters())
 
 
 def test_explorer_rebuilds_on_what_it_holds_only():
@@ -329,7 +330,7 @@ def test_the_state_an_explorer_holds_does_not_pin_fetched_shards(tmp_path):
     explorer.apply(ev1, explorer.rebuild(ev1, delta.encode(new, state)))
     assert delta.state_sha256(explorer.held) == delta.state_sha256(new)
     kept = sum(t.untyped_storage().nbytes() for t in explorer.held.values())
-    assert kept == delta.nbytes(new), (kept, delta.nbytes(new))
+    assert kept == nbytes(new), (kept, nbytes(new))
 
 
 class _NoTarget:
