@@ -34,7 +34,7 @@ from streamrft.consumers.algorithms.kl import KL_ESTIMATORS, LOW_VAR_KL_BOUND
 from streamrft.consumers.algorithms.policy_losses import POLICY_LOSSES, LossInputs
 from streamrft.consumers.algorithms.spec import AlgorithmSpec
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 torch.set_num_threads(1)
 F64 = torch.float64
 

@@ -52,7 +52,7 @@ from streamrft.producers.workflows import RolloutSpec, get_workflow
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import ExperienceGroup, Task
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 torch.set_num_threads(1)
 
 TINY = ModelConfig(
@@ -317,9 +317,18 @@ SCENARIOS = {
 
 # -- the step --------------------------------------------------------------------------------
 
+SAME_STEP_REL = 1e-5
+"""How close the step's numbers (relative) and parameters (absolute, after one AdamW step
+at lr 1e-2) are to the frozen old step's. Both compute the same float32 math, bit for bit
+on AMD EPYC's default kernels, but their micro-batches are padded to other widths, and
+on MKL's portable code path (``MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default``, as on
+other CPUs) the matmuls of other shapes round differently: 2.0e-7 relative, 1.8e-7 on a
+parameter. Changing ``kl_loss_coef`` by 1% (0.1 to 0.099) moves them by 3.3e-4 and
+1.8e-4, 33 and 17 times this tolerance."""
+
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_policy_step_gives_exactly_the_old_grpo_step_numbers(tokenizer, groups, name):
+def test_policy_step_gives_the_old_grpo_step_numbers(tokenizer, groups, name):
     uneven, cfg, with_ref = SCENARIOS[name]
     batch = unequal(groups) if uneven else groups
     old_stats, old_model = run_step(old_step, tokenizer, batch, cfg, with_ref)
@@ -333,10 +342,10 @@ def test_policy_step_gives_exactly_the_old_grpo_step_numbers(tokenizer, groups, 
     old_adv = old_stats.pop("train/advantage_abs_mean")
     new_adv = new_stats.pop("train/advantage_abs_mean")
     assert new_adv == pytest.approx(token_weighted_abs_advantage(batch, cfg), rel=1e-6)
-    assert new_stats == old_stats  # exact, not approximate
+    assert new_stats == pytest.approx(old_stats, rel=SAME_STEP_REL, abs=1e-12)
     old_params = dict(old_model.named_parameters())
     for pname, p in new_model.named_parameters():
-        assert torch.equal(p, old_params[pname]), pname
+        torch.testing.assert_close(p, old_params[pname], rtol=0, atol=SAME_STEP_REL, msg=pname)
     # the scenario exercises what it is meant to: a signal, a KL term, clipping
     assert new_adv > 0 and old_adv > 0
     assert ("train/kl_ref" in new_stats) == with_ref

@@ -9,7 +9,7 @@ import torch
 from streamrft.infra.config import ModelConfig
 from streamrft.infra.modeling import load_policy
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 
 
 def test_bf16_parameters_keep_float32_rotary_frequencies():

@@ -26,7 +26,7 @@ from streamrft.schemas.arrays import unpack_u8
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import ExperienceGroup, Task
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 torch.set_num_threads(1)
 
 TINY = ModelConfig(

@@ -22,7 +22,7 @@ from streamrft.consumers.distributed import (
 from streamrft.consumers.fsdp_engine import IndexedOptimizerState
 from tests.helpers.groups import make_group
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 CPU = torch.device("cpu")
 
 

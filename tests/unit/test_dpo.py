@@ -32,7 +32,7 @@ from streamrft.schemas.codec import EXPERIENCE_GROUP
 from streamrft.schemas.errors import ConfigError, SchemaError
 from streamrft.schemas.experience import PREFERENCE, ExperienceGroup, Task, validate_group
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 torch.set_num_threads(1)
 
 ADDITION = Path(__file__).resolve().parents[2] / "examples" / "data" / "addition.jsonl"

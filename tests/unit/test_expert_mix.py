@@ -23,7 +23,7 @@ from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import Task, validate_group
 from tests.helpers.groups import make_group
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 
 ADDITION = Path(__file__).resolve().parents[2] / "examples" / "data" / "addition.jsonl"
 P0 = ("run.experiences", 0)

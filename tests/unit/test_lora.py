@@ -48,7 +48,7 @@ from streamrft.sync.lora import (
 from streamrft.sync.weights import unique_state_dict
 from tests.helpers.groups import make_group
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 torch.set_num_threads(1)
 
 TINY = ModelConfig(

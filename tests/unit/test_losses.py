@@ -14,7 +14,7 @@ from streamrft.consumers.algorithms.kl import kl_k3
 from streamrft.consumers.algorithms.policy_losses import clipped_surrogate
 from streamrft.consumers.losses import sft_loss
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 torch.set_num_threads(1)
 
 

@@ -29,7 +29,7 @@ from streamrft.producers.workflows.tools import (
 from streamrft.schemas import ChatMessage, SchemaError, Task, unpack_f32, unpack_i32
 from streamrft.schemas.experience import Experience, validate_group
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 torch.set_num_threads(1)
 
 CHARSET = DEFAULT_CHARSET + "<>|\n_{}\"'"

@@ -38,7 +38,7 @@ from streamrft.schemas.errors import ConfigError
 from tests.helpers.groups import make_group
 from tests.helpers.learning import learning_config
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 torch.set_num_threads(1)
 F64 = torch.float64
 

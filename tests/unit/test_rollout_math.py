@@ -14,7 +14,7 @@ from streamrft.producers.workflows import RolloutSpec, get_workflow
 from streamrft.schemas import ConfigError, Task, unpack_f32, unpack_i32, validate_group
 from streamrft.sync.styles import required_version
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 torch.set_num_threads(1)
 
 MAX_NEW = 10

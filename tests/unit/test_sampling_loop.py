@@ -11,7 +11,7 @@ from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.producers.engines import TransformersEngine
 from streamrft.producers.sampling import sample
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 torch.set_num_threads(1)
 
 PROMPTS = ["3+5=", "12+30=", "7=", "100+200+3="]

@@ -32,7 +32,7 @@ from streamrft.sync.weights import (
     verify,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 torch.set_num_threads(1)
 
 
