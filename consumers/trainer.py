@@ -3,8 +3,9 @@
 The step loop:
   collect ``batch_size`` fresh groups (:class:`~.intake.ExperienceIntake`: decode, dead
   letters, dedup, staleness) -> one step of the train engine (:mod:`.train_engine`)
-  -> after the step: publish a version when the sync style says so
-  (:class:`~streamrft.sync.publisher.VersionPublisher`), evaluate, checkpoint, metrics
+  -> after the step: a version when the sync style says so (copied out, then sent in the
+  background by
+  :class:`~streamrft.sync.publisher.VersionPublisher`), evaluate, checkpoint, metrics
   with the ledger of the groups trained.
 Offsets are committed only after a checkpoint, so a crash neither loses nor double-counts
 an experience: the restarted trainer reloads weights, optimizer, dedup state and offsets
@@ -137,11 +138,12 @@ class Trainer:
         sender = await asyncio.to_thread(make_sender, self.cfg, ctx)  # may reach the store
         stack.callback(sender.close)
         self.publisher = VersionPublisher(weights, sender, self.events.control, self.counters)
+        stack.push_async_callback(self.publisher.aclose)
         state = self.engine.load(ckpt) if ckpt is not None else None
         if state is not None:
             self._restore(state, ckpt)
         self.publisher.resume(state.version if state else -1, await announced_floor(self.cfg))
-        await self.publisher.publish(self.step)
+        await self.publisher.submit(self.step)  # sent while the first evaluation runs
         await self.evaluate()
         stack.push_async_callback(self.intake.stop)
         await self.intake.start(state.resume_offsets() if state else {})
@@ -202,10 +204,13 @@ class Trainer:
     async def _after_step(self, values: dict[str, float], trained: list[TrainedGroup]) -> None:
         """Metrics and ledger, then a version when due, evaluation and checkpoint on their
         intervals, and the status."""
+        t0 = time.perf_counter()
+        published = await self.maybe_publish()
+        # what publishing cost the loop: the snapshot (the version is sent in the background)
+        values["trainer/publish_blocked_seconds"] = time.perf_counter() - t0
         if self.step % 10 == 0 or self.step == 1:
             _log_step(self.step, values)
         await self.events.metrics(values, trained)
-        published = await self.maybe_publish()
         if self.tcfg.eval_interval and self.step % self.tcfg.eval_interval == 0:
             await self.evaluate()
         if self.tcfg.save_interval and self.step % self.tcfg.save_interval == 0:
@@ -217,6 +222,8 @@ class Trainer:
         """A last evaluation and checkpoint, the final counters, and a Shutdown for all."""
         if not self.tcfg.eval_interval or self.step % self.tcfg.eval_interval:
             await self.evaluate()
+        assert self.publisher is not None
+        await self.publisher.drain()  # the last version announced before the checkpoint
         await self.checkpoint()
         await self.events.metrics(
             {
@@ -258,18 +265,19 @@ class Trainer:
         ):
             return False
         assert self.publisher is not None
-        await self.publisher.publish(self.step, clock)
+        await self.publisher.submit(self.step, clock)
         if sync.style == "dynamic_by_trainer":
-            await self.events.status(RunState.REQUIRE_SYNC, f"version {self.version} ready")
+            await self.events.status(RunState.REQUIRE_SYNC, f"version {self.version} on its way")
         return True
 
     async def _answer_requests(self) -> None:
         """While waiting for data: an explorer that waits on a version waits on us (it
         asked for one, or cannot load the one out: it joined after its broadcast)."""
         self.view.check()
+        assert self.publisher is not None
+        self.publisher.check()
         if self.view.requests_above(self.version):
             await self.maybe_publish()
-        assert self.publisher is not None
         waiting = self.view.waiting_peers(3 * HEARTBEAT_S)
         if waiting:
             await self.publisher.reach(waiting)
@@ -285,8 +293,10 @@ class Trainer:
         )
 
     async def checkpoint(self) -> None:
+        # the last version announced: a checkpoint never names one still on its way
+        announced = self.publisher.announced if self.publisher is not None else -1
         state = self.buffer.state(
-            step=self.step, version=self.version, counters=self.counters.snapshot()
+            step=self.step, version=announced, counters=self.counters.snapshot()
         )
         path = await asyncio.to_thread(self.engine.save, state)
         await self.intake.commit()

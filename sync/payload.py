@@ -33,7 +33,13 @@ from streamrft.schemas.errors import SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync import delta
 from streamrft.sync.transport import Payload
-from streamrft.sync.weights import apply_state_dict, nbytes, unique_state_dict
+from streamrft.sync.weights import (
+    apply_state_dict,
+    live_tensors,
+    nbytes,
+    snapshot_tensors,
+    unique_state_dict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +108,18 @@ class DeltaPolicy:
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """The model's weights as one version needs them, copied out of the model so that
+    training may go on while the version is sent (:meth:`ModelWeights.snapshot`)."""
+
+    full: dict[str, torch.Tensor] | None
+    """The full weights in the explorers' dtype (None: a LoRA run's adapter is enough)."""
+    adapter: dict[str, torch.Tensor] | None = None
+    """A LoRA run's adapter (PEFT's names and float32)."""
+    adapter_config: bytes = b""
+
+
+@dataclass(frozen=True)
 class Sent:
     """What the trainer's last payload was, for its event (:meth:`ModelWeights.stamp`)."""
 
@@ -146,28 +164,51 @@ class ModelWeights:
         self.held_version = -1
 
     # -- trainer side ------------------------------------------------------------------------
-    def payload(self, version: int, step: int, must_be_full: bool = False) -> Payload:
-        """Version ``version`` of the model: the full weights (detached CPU tensors,
-        floating ones cast to ``dtype``; a tensor already on the CPU in that dtype is the
-        model's own storage, so the model must not change until the version is sent),
-        which become the base later adapters apply on (always without LoRA, once per
-        process with it, and whenever ``must_be_full``), or the adapter alone."""
+    def snapshot(self, into: Snapshot | None = None) -> Snapshot:
+        """The weights a version of the model now needs, copied out of it: the full
+        weights in ``dtype`` (into ``into``'s buffers when they fit: the copy and the cast
+        are one pass, and nothing is allocated; on a GPU they are pinned host memory), or,
+        in a LoRA run, the adapter (the base is frozen: a full version is read from the
+        model when it is sent)."""
+        if self.lora:
+            from streamrft.sync.lora import adapter_config_json, adapter_state_dict
+
+            adapter = {k: v.detach().clone() for k, v in adapter_state_dict(self.model).items()}
+            return Snapshot(None, adapter, adapter_config_json(self.model))
+        buffers = into.full if into is not None else None
+        return Snapshot(snapshot_tensors(live_tensors(self.model), buffers, self.dtype))
+
+    def payload(
+        self, version: int, step: int, must_be_full: bool = False, frozen: Snapshot | None = None
+    ) -> Payload:
+        """Version ``version`` of the model: the full weights (CPU tensors, floating ones in
+        ``dtype``), which become the base later adapters apply on (always without LoRA, once
+        per process with it, and whenever ``must_be_full``), or the adapter alone. From
+        ``frozen`` (a :meth:`snapshot`) when given, else from the model itself: then a tensor
+        already on the CPU in that dtype is the model's own storage, and the model must not
+        change until the version is sent."""
         if not self.lora or self.base_version < 0 or must_be_full:
             self.base_version = version
-            # the base in the explorers' dtype; a LoRA adapter as PEFT keeps it (float32)
-            tensors = unique_state_dict(self.model, self.dtype, lambda name: ".lora_" in name)
+            if frozen is not None and frozen.full is not None:
+                tensors = frozen.full
+            else:  # the base in the explorers' dtype; a LoRA adapter as PEFT keeps it
+                tensors = unique_state_dict(self.model, self.dtype, lambda name: ".lora_" in name)
             if self.delta is not None:
                 return self._full_or_delta(version, step, tensors, must_be_full)
             return Payload(version, step, tensors, base_version=version)
         from streamrft.sync.lora import adapter_config_json, adapter_state_dict
 
+        if frozen is not None and frozen.adapter is not None:
+            adapter, config = frozen.adapter, frozen.adapter_config
+        else:
+            adapter, config = adapter_state_dict(self.model), adapter_config_json(self.model)
         return Payload(
             version,
             step,
-            adapter_state_dict(self.model),
+            adapter,
             lora=True,
             base_version=self.base_version,
-            extra_files={"adapter_config.json": adapter_config_json(self.model)},
+            extra_files={"adapter_config.json": config},
         )
 
     def _full_or_delta(
@@ -187,7 +228,7 @@ class ModelWeights:
         send = changes is not None and self.delta.send_delta(
             nbytes(changes), nbytes(tensors), self._deltas_in_a_row
         )
-        self._last = _owned(tensors, self.model)
+        self._last = _owned(tensors)
         digest = delta.state_sha256(tensors)
         if not send or changes is None:
             self._deltas_in_a_row = 0
@@ -267,10 +308,8 @@ def _compact(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     }
 
 
-def _owned(tensors: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``tensors`` with those that are the model's own storage (no cast was needed) copied,
-    so that training does not change a kept base."""
-    live = {t.untyped_storage().data_ptr() for t in model.state_dict().values()}
-    return {
-        k: v.clone() if v.untyped_storage().data_ptr() in live else v for k, v in tensors.items()
-    }
+def _owned(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of ``tensors`` that nothing else writes: they may be the model's own storage
+    (no cast was needed) or a snapshot's buffers (reused for a later version), and a kept
+    base must not change."""
+    return {k: v.clone() for k, v in tensors.items()}

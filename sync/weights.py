@@ -64,6 +64,37 @@ def unique_state_dict(
     }
 
 
+def live_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors without tied aliases, detached, where they are: no copy."""
+    aliases = shared_aliases(model)
+    return {k: v.detach() for k, v in model.state_dict().items() if k not in aliases}
+
+
+def snapshot_tensors(
+    live: Mapping[str, torch.Tensor],
+    buffers: Mapping[str, torch.Tensor] | None = None,
+    dtype: torch.dtype | None = None,
+) -> dict[str, torch.Tensor]:
+    """Host copies of ``live``, floating ones in ``dtype`` when given (the cast is the
+    copy: one pass), written into ``buffers`` where a buffer of the same name, shape and
+    dtype is there (so a snapshot taken every version allocates nothing after the first),
+    else into a new one: pinned memory for a tensor on a GPU, whose copy is then
+    asynchronous until the one synchronisation at the end."""
+    out: dict[str, torch.Tensor] = {}
+    on_gpu = False
+    for name, tensor in live.items():
+        want = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+        buf = buffers.get(name) if buffers is not None else None
+        if buf is None or buf.shape != tensor.shape or buf.dtype != want:
+            buf = torch.empty(tensor.shape, dtype=want, pin_memory=tensor.is_cuda)
+        buf.copy_(tensor, non_blocking=tensor.is_cuda)
+        on_gpu = on_gpu or tensor.is_cuda
+        out[name] = buf
+    if on_gpu:
+        torch.cuda.synchronize()
+    return out
+
+
 def tensors_dtype(tensors: Mapping[str, torch.Tensor]) -> str:
     """The one floating dtype of ``tensors`` (``bfloat16``...), ``mixed``, or ``""`` (none)."""
     kinds = {str(t.dtype).removeprefix("torch.") for t in tensors.values() if t.is_floating_point()}

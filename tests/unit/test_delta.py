@@ -283,9 +283,9 @@ def test_the_publisher_makes_a_delta_payload_off_the_event_loop(tmp_path):
     on_loop: list[bool] = []
 
     class Weights(ModelWeights):
-        def payload(self, version, step, must_be_full=False):
+        def payload(self, version, step, must_be_full=False, frozen=None):
             on_loop.append(threading.current_thread() is threading.main_thread())
-            return super().payload(version, step, must_be_full)
+            return super().payload(version, step, must_be_full, frozen)
 
     model, tok = _tiny()
     weights = Weights(model, False, torch.bfloat16, delta=DeltaPolicy(True, 10, 0.5))
