@@ -87,6 +87,8 @@ class Trainer:
             cfg, self.buffer, self.events, self.counters, self.engine.vocab_size, replay
         )
         self.publisher: VersionPublisher | None = None  # made once the model is final
+        self._blocked_s = 0.0
+        """Seconds the last publication held the loop (its snapshot)."""
 
     @property
     def version(self) -> int:
@@ -204,13 +206,16 @@ class Trainer:
     async def _after_step(self, values: dict[str, float], trained: list[TrainedGroup]) -> None:
         """Metrics and ledger, then a version when due, evaluation and checkpoint on their
         intervals, and the status."""
-        t0 = time.perf_counter()
-        published = await self.maybe_publish()
-        # what publishing cost the loop: the snapshot (the version is sent in the background)
-        values["trainer/publish_blocked_seconds"] = time.perf_counter() - t0
+        # what the last publication held the loop for (its snapshot, after the step before:
+        # the version is sent in the background); this step's metrics carry the version it
+        # trained with, so they go out before this step's version
+        values["trainer/publish_blocked_seconds"] = self._blocked_s
         if self.step % 10 == 0 or self.step == 1:
             _log_step(self.step, values)
         await self.events.metrics(values, trained)
+        t0 = time.perf_counter()
+        published = await self.maybe_publish()
+        self._blocked_s = time.perf_counter() - t0
         if self.tcfg.eval_interval and self.step % self.tcfg.eval_interval == 0:
             await self.evaluate()
         if self.tcfg.save_interval and self.step % self.tcfg.save_interval == 0:
@@ -220,10 +225,10 @@ class Trainer:
 
     async def _finish(self) -> None:
         """A last evaluation and checkpoint, the final counters, and a Shutdown for all."""
+        assert self.publisher is not None
+        await self.publisher.drain()  # the last version out first, then the checkpoint
         if not self.tcfg.eval_interval or self.step % self.tcfg.eval_interval:
             await self.evaluate()
-        assert self.publisher is not None
-        await self.publisher.drain()  # the last version announced before the checkpoint
         await self.checkpoint()
         await self.events.metrics(
             {
