@@ -249,6 +249,7 @@ class ControlView:
         """Set once a Shutdown newer than this process arrives."""
         self._changed = asyncio.Event()
         self._versions: dict[int, ModelVersionReady] = {}
+        self._announcements: dict[int, list[ModelVersionReady]] = {}
         self._requests: list[SyncRequest] = []
         self._peers: dict[str, StatusEvent] = {}
         self._peer_seen: dict[str, float] = {}
@@ -312,8 +313,9 @@ class ControlView:
         match event:
             case ModelVersionReady():
                 # a later announcement of the same version (an nccl broadcast's object-store
-                # fallback) replaces the earlier one
+                # fallback, the auto method's store copy) is its latest; each is kept
                 self._versions[event.version] = event
+                self._announcements.setdefault(event.version, []).append(event)
             case Shutdown():
                 # The control topic is read from the beginning, so a resumed run also sees
                 # the Shutdown that ended its previous attempt: only a newer one counts.
@@ -337,6 +339,11 @@ class ControlView:
     def versions(self) -> Mapping[int, ModelVersionReady]:
         """Every version announced so far, by number (its latest announcement)."""
         return types.MappingProxyType(self._versions)
+
+    def announcements(self, version: int) -> list[ModelVersionReady]:
+        """Every announcement of ``version``, in the order they came (one per place it can
+        be read from: shared memory, the object store, a broadcast)."""
+        return list(self._announcements.get(version, ()))
 
     @property
     def latest_version(self) -> ModelVersionReady | None:

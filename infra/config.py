@@ -66,6 +66,10 @@ class RunSection(_Section):
     outage_timeout_s: PosF = 120.0
     """How long a process retries an unreachable broker or object store (with backoff,
     one log line per attempt) before it gives up with an error."""
+    host_id: str = ""
+    """This process's host, for the ``shared`` and ``auto`` sync methods (explorers with the
+    trainer's host id read its versions from shared memory). Empty: the host name and the
+    kernel's boot id. Give containers that share ``/dev/shm`` (and IPC) one id."""
     start_order: Literal["auto", "trainer_first", "explorers_first"] = "auto"
     """What ``streamrft run`` starts first. ``explorers_first``: the explorers and the
     feeder, then the trainer once every explorer has built its engine (on one GPU, vLLM
@@ -540,9 +544,12 @@ class AlgorithmConfig(_Section):
 
 
 class SynchronizerConfig(_Section):
-    method: Literal["object_store", "filesystem", "nccl"] = "object_store"
-    """How weights travel: S3 objects, a shared folder, or a torch.distributed broadcast
-    (NCCL on GPUs, gloo on CPU) with the object store as fallback."""
+    method: Literal["object_store", "filesystem", "nccl", "shared", "auto"] = "object_store"
+    """How weights travel: S3 objects, a shared folder, a torch.distributed broadcast
+    (NCCL on GPUs, gloo on CPU) with the object store as fallback, shared memory on the
+    trainer's host (``/dev/shm``; explorers on other hosts cannot load it), or ``auto``:
+    shared memory for the explorers on the trainer's host (``run.host_id``) and, written
+    in the background, the object store for every other one (and for late joiners)."""
     style: Literal["fixed", "dynamic_by_trainer", "dynamic_by_explorer"] = "fixed"
     """Who decides when to sync: a fixed schedule, the trainer, or the explorers."""
     sync_interval: Pos = 1

@@ -39,7 +39,7 @@ from streamrft.schemas.events import ModelVersionReady, RunState, SyncRequest
 from streamrft.sync.delta import verify_state
 from streamrft.sync.payload import ModelWeights
 from streamrft.sync.styles import ExplorerSync, Schedule, choose_version, explorer_sync
-from streamrft.sync.transport import Receivers, WeightReceiver
+from streamrft.sync.transport import COST, Receivers, WeightReceiver
 
 log = logging.getLogger(__name__)
 
@@ -128,12 +128,22 @@ class WeightFollower:
 
     # -- what can be loaded ------------------------------------------------------------------
     def usable(self) -> dict[int, ModelVersionReady]:
-        """Announced versions this explorer can load and has not rejected."""
-        return {
-            v: ev
-            for v, ev in self.view.versions.items()
-            if (v, ev.manifest_sha256) not in self.rejected and self.receivers.can_load(ev)
-        }
+        """Announced versions this explorer can load and has not rejected, each by its
+        cheapest announcement (:data:`~.transport.COST`: shared memory before a broadcast
+        before a store). A broadcast happens once: announced again since (its store
+        fallback), it is over."""
+        out = {}
+        for v, latest in self.view.versions.items():
+            options = [
+                ev
+                for ev in self.view.announcements(v) or [latest]
+                if (v, ev.manifest_sha256) not in self.rejected
+                and self.receivers.can_load(ev)
+                and (ev is latest or self.receivers.for_event(ev).refetchable)
+            ]
+            if options:
+                out[v] = min(options, key=lambda ev: COST.get(ev.method, len(COST)))
+        return out
 
     def newest(self) -> int:
         return max(self.usable(), default=-1)
@@ -278,6 +288,7 @@ class WeightFollower:
             return exc
         self.version = event.version
         self.counters.add("versions_applied")
+        self.counters.add(f"versions_applied_{event.method}")
         self.counters.add("sync_seconds", time.perf_counter() - t0)
         log.info("%s: applied version %d (%s)", self.name, event.version, event.method)
         return None

@@ -74,6 +74,11 @@ class ModuleTarget:
         apply_adapter(self.model, tensors)
 
 
+WHOLE_METHODS = ("nccl", "shared", "auto")
+"""Methods that send every version whole (a broadcast; a copy in shared memory, faster than
+encoding a delta, and ``auto``'s store lane, which skips versions)."""
+
+
 @dataclass(frozen=True)
 class DeltaPolicy:
     """When the trainer sends a version as a delta (``synchronizer.delta``)."""
@@ -91,11 +96,11 @@ class DeltaPolicy:
         the ``nccl`` method, whose broadcast sends whole tensors)."""
         if sync.delta == "never":
             return None
-        if lora or sync.method == "nccl":
+        if lora or sync.method in WHOLE_METHODS:
             log.warning(
                 "synchronizer.delta: %s is ignored: %s sends every version whole",
                 sync.delta,
-                "a LoRA run (adapters are small)" if lora else "the nccl broadcast",
+                "a LoRA run (adapters are small)" if lora else f"the {sync.method} method",
             )
             return None
         return cls(sync.delta == "always", sync.full_every, sync.delta_max_ratio)

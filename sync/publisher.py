@@ -136,10 +136,12 @@ class VersionPublisher:
         return self.last_event
 
     async def drain(self) -> None:
-        """Wait until every submitted version is announced (or raise why not)."""
+        """Wait until every submitted version is announced, and what the sender does in
+        the background is done (``auto``: the store copy), or raise why not."""
         if self.version > self.announced:
             await self.wait(self.version)
         self.check()
+        await self.sender.drain()
 
     def check(self) -> None:
         """Raise the error sending a version failed with (an outage past

@@ -84,6 +84,10 @@ class WeightSender(abc.ABC):
         every explorer can already."""
         return None
 
+    async def drain(self) -> None:  # noqa: B027 - optional hook, nothing queued by default
+        """Wait until what the sender does in the background after :meth:`send` (``auto``:
+        the store copy) is done; raise what it failed with."""
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release what the sender holds (a rendezvous store); safe to call twice."""
 
@@ -138,6 +142,21 @@ def _nccl_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
     return BroadcastSender(cfg, ctx, fallback=_object_store_sender(cfg, ctx))
 
 
+def _shared_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
+    from streamrft.sync.shared import SharedSender
+
+    return SharedSender(cfg)
+
+
+def _auto_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
+    from streamrft.sync.auto import AutoSender
+    from streamrft.sync.shared import SharedReceiver, SharedSender
+
+    return AutoSender(
+        SharedSender(cfg), SharedReceiver(cfg), _object_store_sender(cfg, ctx), ctx.counters
+    )
+
+
 def _object_store_receiver(cfg: Config, member: str) -> WeightReceiver:
     from streamrft.sync.object_store import ObjectStoreLoader
     from streamrft.sync.versions import StoreReceiver
@@ -158,10 +177,18 @@ def _nccl_receiver(cfg: Config, member: str) -> WeightReceiver:
     return BroadcastReceiver(member, cfg.synchronizer.sync_timeout)
 
 
+def _shared_receiver(cfg: Config, member: str) -> WeightReceiver:
+    from streamrft.sync.shared import SharedReceiver
+
+    return SharedReceiver(cfg)
+
+
 SENDERS: dict[str, Callable[[Config, SenderContext], WeightSender]] = {
     "object_store": _object_store_sender,
     "filesystem": _filesystem_sender,
     "nccl": _nccl_sender,
+    "shared": _shared_sender,
+    "auto": _auto_sender,
 }
 """``synchronizer.method`` -> the trainer's sender."""
 
@@ -169,8 +196,14 @@ RECEIVERS: dict[str, Callable[[Config, str], WeightReceiver]] = {
     "object_store": _object_store_receiver,
     "filesystem": _filesystem_receiver,
     "nccl": _nccl_receiver,
+    "shared": _shared_receiver,
 }
-"""``ModelVersionReady.method`` -> an explorer's receiver for it."""
+"""``ModelVersionReady.method`` -> an explorer's receiver for it (``auto`` announces its
+versions as ``shared`` and ``object_store``)."""
+
+COST = {"shared": 0, "nccl": 1, "filesystem": 2, "object_store": 3}
+"""Which announcement of a version an explorer loads when it can load several: the
+cheapest (an unknown method last)."""
 
 
 def make_sender(cfg: Config, ctx: SenderContext) -> WeightSender:

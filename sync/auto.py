@@ -1,0 +1,151 @@
+"""The ``auto`` method: the same-host transport for the explorers on the trainer's host, the
+object store for every other one, each version announced once per place it can be read.
+
+Every version goes to shared memory first (:mod:`.shared`: a copy, milliseconds) and is
+announced at once as a ``shared`` version. Then, in the background, the store lane writes
+the newest version there is to the object store and announces it again, as an
+``object_store`` version of the same number: the copy that explorers on other hosts, late
+joiners, restarted explorers and a reader that fell behind the two shared files load.
+The store lane is slower than the steps on a large model, so it skips versions: it always
+takes the newest (read back from its shared file, whose digest it checks), and an explorer
+that needs a version at least some number takes a newer one. An explorer picks, for each
+version, the cheapest announcement it can load (``sync/follower.py``).
+
+A LoRA run's store lane sends every version in order (adapters are small, and a remote
+explorer needs the base each adapter names). When shared memory cannot be written (a
+``/dev/shm`` too small for the model), the store carries every version from then on, with
+one warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+
+from streamrft.infra.bus import Counters
+from streamrft.schemas.errors import SyncError
+from streamrft.schemas.events import ModelVersionReady
+from streamrft.sync.shared import SharedReceiver, SharedSender
+from streamrft.sync.transport import Announce, MakePayload, Payload, WeightSender
+
+log = logging.getLogger(__name__)
+
+
+class AutoSender(WeightSender):
+    """Shared memory now, the object store in the background."""
+
+    method = "auto"
+
+    def __init__(
+        self,
+        shared: SharedSender,
+        reader: SharedReceiver,
+        store: WeightSender,
+        counters: Counters,
+    ) -> None:
+        self.shared: SharedSender | None = shared
+        self.reader = reader
+        self.store = store
+        self.counters = counters
+        self._newest: tuple[ModelVersionReady, Payload] | None = None
+        """The newest version in shared memory the store lane has not written."""
+        self._in_order: deque[Payload] = deque()
+        """A LoRA run's versions for the store lane, every one, in order."""
+        self._wake = asyncio.Event()
+        self._lane: asyncio.Task[None] | None = None
+        self._announce: Announce | None = None
+        self._writing = False
+        self._error: BaseException | None = None
+
+    async def send(self, make: MakePayload, announce: Announce) -> ModelVersionReady:
+        if self._error is not None:  # the store lane gave up (an outage past its timeout)
+            raise self._error
+        payload = make(False)
+        self._announce = announce
+        event = await self._to_shared(payload, announce)
+        if event is None:  # no shared memory: the store carries this version now
+            return await self.store.send(lambda _full: payload, announce)
+        if payload.lora:
+            self._in_order.append(payload)
+        else:
+            self._newest = (event, payload)
+        self._start_lane()
+        self._wake.set()
+        return event
+
+    async def _to_shared(self, payload: Payload, announce: Announce) -> ModelVersionReady | None:
+        if self.shared is None:
+            return None
+        try:
+            return await self.shared.send(lambda _full: payload, announce)
+        except SyncError as exc:
+            log.warning("shared memory unusable (%s): every version goes through the store", exc)
+            self.shared.close()
+            self.shared = None
+            return None
+
+    def _start_lane(self) -> None:
+        if self._lane is None or self._lane.done():
+            self._lane = asyncio.create_task(self._store_lane(), name="store-lane")
+
+    async def _store_lane(self) -> None:
+        """Write the newest shared version (or, in a LoRA run, every one) to the store."""
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                self._writing = True
+                while (payload := await self._next_for_store()) is not None:
+                    assert self._announce is not None
+                    await self.store.send(lambda _full, p=payload: p, self._announce)
+                    self.counters.add("store_copies")
+                self._writing = False
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # raised by the next send, in the publisher's worker
+            log.error("store lane failed: %r", exc)
+            self._error = exc
+            self._writing = False
+
+    async def _next_for_store(self) -> Payload | None:
+        """The next version the store lane writes: a LoRA run's next in order, else the
+        newest in shared memory, read back (digest checked) so that the trainer's snapshot
+        buffers are free again; a read the trainer overwrote is retried on the newer one."""
+        if self._in_order:
+            return self._in_order.popleft()
+        while self._newest is not None:
+            event, payload = self._newest
+            self._newest = None
+            try:
+                tensors = await asyncio.to_thread(self.reader.receive, event, payload.tensors)
+            except SyncError as exc:
+                log.info("store lane: version %d was rewritten (%s)", event.version, exc)
+                continue
+            return Payload(
+                payload.version,
+                payload.step,
+                tensors,
+                base_version=payload.base_version,
+                extra_files=payload.extra_files,
+            )
+        return None
+
+    async def resend(self, make: MakePayload, announce: Announce) -> ModelVersionReady | None:
+        """The store lane serves whoever cannot read shared memory: nothing to send again."""
+        return None
+
+    async def drain(self) -> None:
+        """Wait until the store lane has written the newest version (or failed)."""
+        while self._error is None and (self._newest or self._in_order or self._writing):
+            await asyncio.sleep(0.05)
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        if self._lane is not None:
+            self._lane.cancel()
+            self._lane = None
+        if self.shared is not None:
+            self.shared.close()
+        self.store.close()

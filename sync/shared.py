@@ -1,0 +1,269 @@
+"""The ``shared`` transport: versions through shared memory on the trainer's host.
+
+The trainer writes each version into one of two files in ``/dev/shm`` (tmpfs: host memory,
+no disk), alternating, so that the version being read is never the one being written; the
+event names the file and the host (``shm://<host id>/<file>``) and carries the file's
+xxh3-128 digest, computed once by the trainer as it writes. An explorer on the same host
+(``run.host_id`` equal, and the file visible: a container with its own ``/dev/shm`` is not
+the same host) reads the file into a buffer of its own, hashing each piece as it arrives,
+and decodes it only when the digest matches. A reader that took longer than one version
+period finds the file rewritten under it: the digest fails, the version is rejected like
+a corrupted shard, and the explorer takes the version's store copy (``synchronizer.method:
+auto``) or the next one.
+
+A file is a safetensors file (the same bytes the stores keep), so the format has one
+decoder. Files are named ``streamrft-<run id>-<trainer pid>-<slot>``; a trainer removes its
+own at exit and, at start, any its run left behind (a trainer killed with SIGKILL).
+
+Costs: two copies of the weights (in the explorers' dtype) in the trainer host's memory
+for the files, and on each same-host explorer one receive buffer of a version's size
+(two for a LoRA run, whose adapter comes with its base). The digest catches any change of
+the bytes between write and read (a torn read of a rewritten file, a flipped bit); it is
+not a defence against a hostile process on the host, which could also write the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+import xxhash
+
+from streamrft.infra.config import Config
+from streamrft.schemas.errors import IntegrityError, SyncError
+from streamrft.schemas.events import ModelVersionReady
+from streamrft.sync.transport import Announce, MakePayload, WeightReceiver, WeightSender
+from streamrft.sync.weights import Shard, decode_shard, make_shard, nbytes
+
+log = logging.getLogger(__name__)
+
+SHM_DIR = "/dev/shm"
+SCHEME = "shm://"
+PIECE = 1 << 20
+"""Bytes written or read, then hashed, at a time: small enough to hash from the cache."""
+HEADER_SLACK = 1 << 20
+"""Room for a version's safetensors header beyond its tensors' bytes (a file larger than
+the model's tensors plus this is refused before anything is allocated)."""
+
+
+def host_id(cfg: Config) -> str:
+    """This machine's identity: ``run.host_id``, else the host name and the kernel's boot
+    id (two containers with one host name but separate kernels differ)."""
+    if cfg.run.host_id:
+        return cfg.run.host_id
+    boot = ""
+    with contextlib.suppress(OSError):
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    return f"{socket.gethostname()}-{boot}" if boot else socket.gethostname()
+
+
+def file_prefix(run_id: str) -> str:
+    return f"streamrft-{run_id}-"
+
+
+def remove_leftovers(run_id: str, folder: str = SHM_DIR) -> list[str]:
+    """Remove the files of this run that a trainer left (killed before it could); their
+    names. A trainer calls this at start, before it writes its own."""
+    removed = []
+    for path in glob.glob(os.path.join(folder, glob.escape(file_prefix(run_id)) + "*")):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(os.path.basename(path))
+    if removed:
+        log.info("shared memory: removed %d file(s) left by an earlier trainer", len(removed))
+    return removed
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    """``(host id, file name)`` of a ``shm://`` uri; SyncError when it is not one."""
+    if not uri.startswith(SCHEME):
+        raise SyncError(f"not a shared-memory uri: {uri!r}")
+    host, _, name = uri[len(SCHEME) :].partition("/")
+    if not host or not name or "/" in name or name.startswith("."):
+        raise SyncError(f"malformed shared-memory uri: {uri!r}")
+    return host, name
+
+
+def _write_hashed(fd: int, shard: Shard) -> str:
+    """Write ``shard``'s pieces to ``fd`` from its start, hashing each piece right after
+    writing it (while it is in the cache); the xxh3-128 hex digest."""
+    digest = xxhash.xxh3_128()
+    offset = 0
+    for chunk in shard.chunks:
+        raw = chunk.cast("B")
+        for lo in range(0, raw.nbytes, PIECE):
+            piece = raw[lo : lo + PIECE]
+            written = 0
+            while written < piece.nbytes:
+                written += os.pwrite(fd, piece[written:], offset + written)
+            digest.update(piece)
+            offset += piece.nbytes
+    return digest.hexdigest()
+
+
+class SharedSender(WeightSender):
+    """Trainer side: each version into the next of two files in ``/dev/shm``, then its event."""
+
+    method = "shared"
+
+    def __init__(self, cfg: Config, folder: str = SHM_DIR) -> None:
+        self.folder = folder
+        self.host = host_id(cfg)
+        self.run_id = cfg.topics().run
+        remove_leftovers(self.run_id, folder)
+        stem = f"{file_prefix(self.run_id)}{os.getpid()}-"
+        self.paths = [os.path.join(folder, f"{stem}{slot}") for slot in (0, 1)]
+        self._next = 0
+
+    async def send(self, make: MakePayload, announce: Announce) -> ModelVersionReady:
+        payload = make(False)
+        path = self.paths[self._next]
+        self._next ^= 1
+        # tensors only: the files a store version keeps beside them (a LoRA adapter's
+        # config) are for export, not needed to apply it
+        shard = make_shard(payload.tensors, list(payload.tensors))
+        digest = await asyncio.to_thread(self._write, path, shard)
+        event = ModelVersionReady(
+            version=payload.version,
+            method=self.method,
+            uri=f"{SCHEME}{self.host}/{os.path.basename(path)}",
+            manifest_sha256=digest,
+            bytes=shard.nbytes,
+            step=payload.step,
+            lora=payload.lora,
+            created_at=time.time(),
+            base_version=payload.base_version,
+        )
+        await announce(event)
+        return event
+
+    def _write(self, path: str, shard: Shard) -> str:
+        """The file of one version (its size set first: a full /dev/shm fails here, with
+        an error, rather than later on a page fault); its digest."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                os.ftruncate(fd, shard.nbytes)
+                return _write_hashed(fd, shard)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise SyncError(
+                f"cannot write a {shard.nbytes >> 20} MiB version to {path}: {exc} (is "
+                f"{self.folder} large enough? containers: --shm-size)"
+            ) from exc
+
+    def close(self) -> None:
+        for path in self.paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+class SharedReceiver(WeightReceiver):
+    """Explorer side: read a version's file on this host into a buffer of its own, check
+    its digest, decode views of it. The buffers (two, taken in turn: an adapter's base and
+    the adapter are both held until applied) are reused version after version, so the
+    tensors returned are valid until the receive after next."""
+
+    needs_template = True
+
+    def __init__(self, cfg: Config, folder: str = SHM_DIR) -> None:
+        self.folder = folder
+        self.host = host_id(cfg)
+        self._buffers: list[torch.Tensor | None] = [None, None]
+        self._turn = 0
+
+    def _path(self, event: ModelVersionReady) -> str | None:
+        """The file ``event`` names if it is on this host (None: another host's)."""
+        try:
+            host, name = parse_uri(event.uri)
+        except SyncError:
+            return None
+        return os.path.join(self.folder, name) if host == self.host else None
+
+    def can_load(self, event: ModelVersionReady) -> bool:
+        path = self._path(event)
+        return path is not None and os.path.exists(path)
+
+    def receive(
+        self, event: ModelVersionReady, like: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        what = f"version {event.version} in shared memory"
+        path = self._path(event)
+        if path is None:
+            raise SyncError(f"{what}: {event.uri} is not on this host ({self.host})")
+        limit = nbytes(like) + HEADER_SLACK
+        if not 0 < event.bytes <= limit:
+            raise IntegrityError(
+                f"{what}: {event.bytes} bytes announced; this model's tensors are {limit} "
+                "at most: refusing to allocate"
+            )
+        buf = self._buffer(event.bytes)
+        digest = self._read_hashed(path, buf, what)
+        if digest != event.manifest_sha256:
+            raise IntegrityError(
+                f"{what}: xxh3 {digest[:16]}... does not match the event's "
+                f"{event.manifest_sha256[:16]}... (rewritten while read, or corrupted); "
+                "refusing to apply it"
+            )
+        tensors = decode_shard(buf, what)
+        _check_like(tensors, like, what)
+        return tensors
+
+    def _buffer(self, size: int) -> torch.Tensor:
+        turn, self._turn = self._turn, self._turn ^ 1
+        buf = self._buffers[turn]
+        if buf is None or buf.numel() != size:
+            buf = self._buffers[turn] = torch.empty(size, dtype=torch.uint8)
+        return buf
+
+    @staticmethod
+    def _read_hashed(path: str, buf: torch.Tensor, what: str) -> str:
+        """Read the file into ``buf`` (its exact size), hashing each piece as it arrives."""
+        view = memoryview(buf.numpy()).cast("B")
+        digest = xxhash.xxh3_128()
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:  # gone: the trainer restarted, or another version replaced it
+            raise IntegrityError(f"{what}: cannot open {path}: {exc}") from exc
+        try:
+            if os.fstat(fd).st_size != view.nbytes:
+                raise IntegrityError(
+                    f"{what}: the file holds {os.fstat(fd).st_size} bytes, the event says "
+                    f"{view.nbytes} (rewritten by a newer version)"
+                )
+            offset = 0
+            while offset < view.nbytes:
+                got = os.preadv(fd, [view[offset : offset + PIECE]], offset)
+                if got <= 0:
+                    raise IntegrityError(f"{what}: the file ended at byte {offset}")
+                digest.update(view[offset : offset + got])
+                offset += got
+        finally:
+            os.close(fd)
+        return digest.hexdigest()
+
+
+def _check_like(
+    tensors: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor], what: str
+) -> None:
+    """The decoded tensors are the model's: names, shapes and dtypes (before any copy)."""
+    if like and set(tensors) != set(like):
+        missing, extra = sorted(set(like) - set(tensors)), sorted(set(tensors) - set(like))
+        raise IntegrityError(
+            f"{what}: tensors do not fit: missing {missing[:5]}, extra {extra[:5]}"
+        )
+    for name, tensor in tensors.items():
+        ref = like.get(name)
+        if ref is not None and tuple(ref.shape) != tuple(tensor.shape):
+            raise IntegrityError(
+                f"{what}: {name} is {tuple(tensor.shape)}, the model's is {tuple(ref.shape)}"
+            )
