@@ -544,7 +544,7 @@ class AlgorithmConfig(_Section):
 
 
 class SynchronizerConfig(_Section):
-    method: Literal["object_store", "filesystem", "nccl", "shared", "auto"] = "object_store"
+    method: Literal["object_store", "filesystem", "nccl", "shared", "auto"] = "auto"
     """How weights travel: S3 objects, a shared folder, a torch.distributed broadcast
     (NCCL on GPUs, gloo on CPU) with the object store as fallback, shared memory on the
     trainer's host (``/dev/shm``; explorers on other hosts cannot load it), or ``auto``:

@@ -79,6 +79,8 @@ DRILL_OVERRIDES = [
     "trainer.max_staleness=1000",
     "synchronizer.sync_offset=4",
     "synchronizer.sync_timeout=120",
+    # the drills test the store path (a store down, a corrupted shard): no shared memory
+    "synchronizer.method=object_store",
     "monitor.progress=false",
     "monitor.log_level=DEBUG",
 ]
