@@ -24,6 +24,7 @@ from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.collective import (
     CollectiveReceiver,
     CollectiveSender,
+    SameDeviceError,
     parse_rendezvous,
     spec_digest,
     tensor_specs,
@@ -55,10 +56,13 @@ class BroadcastSender(WeightSender):
         self.fallback = fallback
         self._members: list[str] = []
         """Members of the current group epoch (empty: the next broadcast forms a new one)."""
+        self.apart: set[str] = set()
+        """Explorers on the trainer's GPU, or sharing one (found when a group formed):
+        never in a group again, served through the fallback."""
 
     def _group(self) -> tuple[list[str], bool]:
         """Who the next version goes to, and whether that needs a new group epoch."""
-        members = self.ctx.members()
+        members = [m for m in self.ctx.members() if m not in self.apart]
         new = bool(members) and (members != self._members or not self.collective.usable)
         return members, new
 
@@ -67,7 +71,9 @@ class BroadcastSender(WeightSender):
         payload = make(new)  # a new group starts with the full weights
         event = await self._broadcast(payload, members, new, announce) if members else None
         if event is None:  # nobody to broadcast to yet, or the broadcast failed
-            event = await self.fallback.send(lambda _full: payload, announce)
+            return await self.fallback.send(lambda _full: payload, announce)
+        if self.apart & set(self.ctx.members()):  # and the ones a broadcast cannot reach
+            await self.fallback.send(lambda _full: payload, announce)
         return event
 
     async def _broadcast(
@@ -91,6 +97,11 @@ class BroadcastSender(WeightSender):
         await announce(event)
         try:
             await asyncio.to_thread(self.collective.broadcast, tensors, payload.version)
+        except SameDeviceError as exc:
+            self.apart.update(exc.members)
+            log.warning("%s; they get every version through the object store from now on", exc)
+            self._members = []
+            return None
         except SyncError as exc:
             self.ctx.counters.add("broadcast_failures")
             log.warning(
@@ -102,7 +113,7 @@ class BroadcastSender(WeightSender):
         return event
 
     def reaches(self, explorer: str) -> bool:
-        return not self._members or explorer in self._members
+        return not self._members or explorer in self._members or explorer in self.apart
 
     async def resend(self, make: MakePayload, announce: Announce) -> ModelVersionReady | None:
         """The last version through the object store (an explorer that joined after its

@@ -92,6 +92,41 @@ _ABORT_TIMEOUT = "abort:timeout:"
 _ABORT_MISMATCH = "abort:mismatch:"
 
 
+# ------------------------------------------------------------------------ device identity
+
+
+class SameDeviceError(SyncError):
+    """Members of a group sit on the trainer's GPU or share one (NCCL refuses a group with
+    two ranks on one device: "Duplicate GPU detected"). ``members``: the ones to serve
+    another way."""
+
+    def __init__(self, message: str, members: Sequence[str]) -> None:
+        super().__init__(message)
+        self.members = tuple(members)
+
+
+def device_identity(backend: str) -> str:
+    """What a process broadcasts on: the UUID of its current CUDA device for ``nccl``,
+    ``""`` for ``gloo`` (host memory: any number of ranks per host)."""
+    if backend != "nccl" or not torch.cuda.is_available():
+        return ""
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+
+
+def sharing_a_device(own: str, joined: Mapping[str, str]) -> list[str]:
+    """The members (``joined``: member -> device identity) on the device ``own`` (the
+    trainer's) or on one another member also uses; none when identities are empty."""
+    if not own and not any(joined.values()):
+        return []
+    seen: dict[str, int] = {}
+    for device in joined.values():
+        if device:
+            seen[device] = seen.get(device, 0) + 1
+    return sorted(
+        m for m, device in joined.items() if device and (device == own or seen[device] > 1)
+    )
+
+
 # --------------------------------------------------------------------------- rendezvous
 
 
@@ -607,9 +642,12 @@ class CollectiveSender:
         timeout_s: float,
         bucket_mb: float,
         backend: str | None = None,
+        device_id: str | None = None,
     ) -> None:
         if backend is None:
             backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+        self.device_id = device_identity(backend) if device_id is None else device_id
+        """The trainer's device (:func:`device_identity`; tests give their own)."""
         if backend not in BACKENDS:
             raise SyncError(f"unknown collective backend {backend!r}")
         if timeout_s <= 0 or bucket_mb <= 0:
@@ -694,6 +732,19 @@ class CollectiveSender:
             reason = f"{', '.join(who)} did not join within {self.timeout_s:.1f}s"
             ep.store.set("formed", _ABORT_TIMEOUT + reason)
             raise self._fail(ep, reason, timeout=True)
+        joined = {
+            rdv.members[r - 1]: ep.store.get(f"join/{r}").decode().removeprefix("1")
+            for r in range(1, rdv.world_size)
+        }
+        apart = sharing_a_device(self.device_id, joined)
+        if apart:
+            reason = (
+                f"{', '.join(apart)} share a GPU with the trainer or with another member "
+                "(NCCL broadcasts between devices only)"
+            )
+            ep.store.set("formed", _ABORT_MISMATCH + reason)
+            ep.broken = reason
+            raise SameDeviceError(f"weight-sync epoch {rdv.epoch}: {reason}", apart)
         ep.store.set("formed", _GO)
         t0 = time.monotonic()
         try:
@@ -829,13 +880,15 @@ class CollectiveSender:
 class CollectiveReceiver:
     """Explorer side: joins the epoch a uri names and fills tensors in place."""
 
-    def __init__(self, member_id: str, timeout_s: float) -> None:
+    def __init__(self, member_id: str, timeout_s: float, device_id: str | None = None) -> None:
         if not member_id:
             raise SyncError("member_id is empty")
         if timeout_s <= 0:
             raise SyncError("timeout_s must be positive")
         self.member_id = member_id
         self.timeout_s = float(timeout_s)
+        self._device_id = device_id
+        """This member's device (None: :func:`device_identity` of the epoch's backend)."""
         self._rdv: Rendezvous | None = None
         self._rank = 0
         self._client: Any = None
@@ -868,13 +921,16 @@ class CollectiveReceiver:
                 f"{rdv.host}:{rdv.port}: {exc}"
             ) from exc
         store = dist.PrefixStore(f"{_NAMESPACE}/{rdv.epoch}", client)
-        store.set(f"join/{rank}", "1")
+        device = device_identity(rdv.backend) if self._device_id is None else self._device_id
+        store.set(f"join/{rank}", "1" + device)  # the trainer checks nobody shares a GPU
         formed = _wait_get(store, "formed", self.timeout_s)
         if formed is None:
             raise SyncTimeout(
                 f"weight-sync epoch {rdv.epoch}: the trainer did not form the group "
                 f"within {self.timeout_s:.1f}s"
             )
+        if formed.startswith(_ABORT_MISMATCH):
+            raise SyncError(f"weight-sync epoch {rdv.epoch}: {formed.split(':', 2)[-1]}")
         if formed != _GO:
             raise SyncTimeout(f"weight-sync epoch {rdv.epoch}: {formed.split(':', 2)[-1]}")
         try:

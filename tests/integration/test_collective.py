@@ -29,6 +29,7 @@ from streamrft.sync import collective
 from streamrft.sync.collective import (
     CollectiveReceiver,
     CollectiveSender,
+    SameDeviceError,
     parse_rendezvous,
 )
 
@@ -527,3 +528,45 @@ def test_a_transfer_that_fails_mid_bucket_drops_its_staging_buffers(monkeypatch)
     finally:
         receiver.close()
         sender.close()
+
+
+def test_members_on_the_trainers_gpu_are_found_when_the_group_forms_and_left_out():
+    """Device identities as NCCL ranks report them (fake UUIDs: gloo carries the same
+    protocol): explorer-0 sits on the trainer's GPU, explorer-1 on its own. The first
+    group does not form and says who shares a device; the next one, without them, works."""
+    sender = CollectiveSender(
+        "127.0.0.1", 0, timeout_s=10.0, bucket_mb=1, backend="gloo", device_id="GPU-aaaa"
+    )
+    same = CollectiveReceiver("explorer-0", timeout_s=10.0, device_id="GPU-aaaa")
+    other = CollectiveReceiver("explorer-1", timeout_s=10.0, device_id="GPU-bbbb")
+    src = {"w": torch.randn(64)}
+    dst = {"w": torch.zeros(64)}
+    errors: dict[str, BaseException] = {}
+
+    def receive(receiver, uri) -> None:
+        try:
+            receiver.receive(uri, {"w": torch.zeros(64)}, 1)
+        except BaseException as exc:
+            errors[receiver.member_id] = exc
+
+    try:
+        uri = sender.open_epoch(["explorer-0", "explorer-1"])
+        threads = [threading.Thread(target=receive, args=(r, uri)) for r in (same, other)]
+        for t in threads:
+            t.start()
+        with pytest.raises(SameDeviceError) as caught:
+            sender.broadcast(src, 1)
+        for t in threads:
+            t.join(timeout=30)
+        assert caught.value.members == ("explorer-0",)
+        assert "share a GPU" in str(caught.value)
+        # every member was told at once, by the trainer, not by a timeout
+        assert set(errors) == {"explorer-0", "explorer-1"}
+        assert all(type(e) is SyncError and "share a GPU" in str(e) for e in errors.values())
+        assert not sender.usable
+        uri = sender.open_epoch(["explorer-1"])
+        _send_and_receive(sender, other, uri, src, dst, 2)
+        assert torch.equal(dst["w"], src["w"])
+    finally:
+        for endpoint in (same, other, sender):
+            endpoint.close()

@@ -16,6 +16,7 @@ from streamrft.sync.collective import (
     parse_rendezvous,
     plan_buckets,
     rendezvous_uri,
+    sharing_a_device,
     spec_digest,
     tensor_specs,
     unflatten_bucket,
@@ -247,3 +248,18 @@ def test_flatten_into_a_given_buffer_and_unflatten_from_the_tensor_itself():
     (only,) = plan_buckets(tensor_specs({"w": w}), 1 << 20)
     unflatten_bucket(only, direct_view(only, {"w": w}, torch.device("cpu")), {"w": w})
     assert torch.equal(w, before)
+
+
+@pytest.mark.parametrize(
+    ("own", "joined", "apart"),
+    [
+        ("", {"e0": "", "e1": ""}, []),  # gloo: host memory, any number per host
+        ("GPU-a", {"e0": "GPU-b", "e1": "GPU-c"}, []),  # one GPU each
+        ("GPU-a", {"e0": "GPU-a", "e1": "GPU-b"}, ["e0"]),  # e0 on the trainer's GPU
+        ("GPU-a", {"e0": "GPU-b", "e1": "GPU-b", "e2": "GPU-c"}, ["e0", "e1"]),  # e0, e1 share
+        ("GPU-a", {"e0": "GPU-a", "e1": "GPU-a"}, ["e0", "e1"]),  # one-GPU box
+        ("", {"e0": "GPU-b", "e1": "GPU-b"}, ["e0", "e1"]),
+    ],
+)
+def test_members_sharing_a_device_are_found(own, joined, apart):
+    assert sharing_a_device(own, joined) == apart
