@@ -65,7 +65,7 @@ from streamrft.consumers.train_engine import Evaluator, TorchTrainEngine
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import ExperienceGroup
-from streamrft.sync.payload import ModelWeights
+from streamrft.sync.payload import ModelWeights, Snapshot
 from streamrft.sync.weights import apply_state_dict, shared_aliases
 
 log = logging.getLogger(__name__)
@@ -135,9 +135,17 @@ class GatheredWeights(ModelWeights):
         self.model = replica
         self._gather = gather
 
-    def payload(self, version: int, step: int, must_be_full: bool = False):
+    def snapshot(self, into: Snapshot | None = None) -> Snapshot:
+        """Gathered first, on the trainer's turn (the ranks take commands one at a time)."""
         self._gather()
-        return super().payload(version, step, must_be_full)
+        return super().snapshot(into)
+
+    def payload(
+        self, version: int, step: int, must_be_full: bool = False, frozen: Snapshot | None = None
+    ):
+        if frozen is None:  # from the replica itself: gather it now
+            self._gather()
+        return super().payload(version, step, must_be_full, frozen)
 
 
 class FsdpTrainEngine(TorchTrainEngine):

@@ -226,10 +226,12 @@ class Trainer:
     async def _finish(self) -> None:
         """A last evaluation and checkpoint, the final counters, and a Shutdown for all."""
         assert self.publisher is not None
-        await self.publisher.drain()  # the last version out first, then the checkpoint
+        await self.publisher.drain(background=False)  # the last version announced first
         if not self.tcfg.eval_interval or self.step % self.tcfg.eval_interval:
             await self.evaluate()
         await self.checkpoint()
+        if not self.stop.is_set():  # its copies for other hosts (auto's store lane) too,
+            await self.publisher.drain()  # unless a signal leaves no time for them
         await self.events.metrics(
             {
                 "trainer/final_step": float(self.step),

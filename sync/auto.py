@@ -53,10 +53,13 @@ class AutoSender(WeightSender):
         self._in_order: deque[Payload] = deque()
         """A LoRA run's versions for the store lane, every one, in order."""
         self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._lane: asyncio.Task[None] | None = None
         self._announce: Announce | None = None
         self._writing = False
         self._error: BaseException | None = None
+        self._shared_version = -1
+        """The newest version written (or being written) to shared memory."""
 
     async def send(self, make: MakePayload, announce: Announce) -> ModelVersionReady:
         if self._error is not None:  # the store lane gave up (an outage past its timeout)
@@ -77,6 +80,7 @@ class AutoSender(WeightSender):
     async def _to_shared(self, payload: Payload, announce: Announce) -> ModelVersionReady | None:
         if self.shared is None:
             return None
+        self._shared_version = payload.version  # from now on its slot's older one may go
         try:
             return await self.shared.send(lambda _full: payload, announce)
         except SyncError as exc:
@@ -86,8 +90,11 @@ class AutoSender(WeightSender):
             return None
 
     def _start_lane(self) -> None:
-        if self._lane is None or self._lane.done():
-            self._lane = asyncio.create_task(self._store_lane(), name="store-lane")
+        """The lane on the running loop (again on a new loop, or after it ended)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._lane is None or self._lane.done():
+            self._loop, self._wake = loop, asyncio.Event()
+            self._lane = loop.create_task(self._store_lane(), name="store-lane")
 
     async def _store_lane(self) -> None:
         """Write the newest shared version (or, in a LoRA run, every one) to the store."""
@@ -119,8 +126,11 @@ class AutoSender(WeightSender):
             self._newest = None
             try:
                 tensors = await asyncio.to_thread(self.reader.receive, event, payload.tensors)
-            except SyncError as exc:
-                log.info("store lane: version %d was rewritten (%s)", event.version, exc)
+            except SyncError:
+                if self._shared_version <= event.version:  # no newer one took its file
+                    raise
+                log.info("store lane: version %d was rewritten by a newer one", event.version)
+                await self._newer()
                 continue
             return Payload(
                 payload.version,
@@ -130,6 +140,11 @@ class AutoSender(WeightSender):
                 extra_files=payload.extra_files,
             )
         return None
+
+    async def _newer(self) -> None:
+        """Wait until the newer version that rewrote a file is in shared memory."""
+        while self._newest is None and self._error is None and self.shared is not None:
+            await asyncio.sleep(0.01)
 
     async def resend(self, make: MakePayload, announce: Announce) -> ModelVersionReady | None:
         """The store lane serves whoever cannot read shared memory: nothing to send again."""

@@ -272,6 +272,8 @@ class WeightFollower:
                     return False
             else:
                 self._reject(event, exc)
+                if event.version in self.usable():  # another announcement of it (the store)
+                    continue
                 need = plan.wait_for
                 if self.version >= 0 and (need is None or self.version >= need):
                     return True  # the weights held serve this step
@@ -301,7 +303,7 @@ class WeightFollower:
             return
         base_event, base = None, None
         if self.weights.needs_base(event):
-            base_event = self.view.versions.get(event.base_version)
+            base_event = self.usable().get(event.base_version)
             if base_event is None:
                 raise SyncError(
                     f"adapter version {event.version} needs full version "

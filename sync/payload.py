@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
@@ -118,10 +118,13 @@ class Snapshot:
     training may go on while the version is sent (:meth:`ModelWeights.snapshot`)."""
 
     full: dict[str, torch.Tensor] | None
-    """The full weights in the explorers' dtype (None: a LoRA run's adapter is enough)."""
+    """The full weights in the explorers' dtype (None: a LoRA run, whose base is frozen)."""
     adapter: dict[str, torch.Tensor] | None = None
     """A LoRA run's adapter (PEFT's names and float32)."""
     adapter_config: bytes = b""
+    lora_full: dict[str, torch.Tensor] = field(default_factory=dict)
+    """A LoRA run's adapter under the model's own names: what a full version holds beside
+    the frozen base."""
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,10 @@ class ModelWeights:
             from streamrft.sync.lora import adapter_config_json, adapter_state_dict
 
             adapter = {k: v.detach().clone() for k, v in adapter_state_dict(self.model).items()}
-            return Snapshot(None, adapter, adapter_config_json(self.model))
+            # a full version of a LoRA run holds the adapter too, under the model's names
+            in_full = {k: v for k, v in live_tensors(self.model).items() if _is_lora(k)}
+            lora_full = snapshot_tensors(in_full)
+            return Snapshot(None, adapter, adapter_config_json(self.model), lora_full)
         buffers = into.full if into is not None else None
         return Snapshot(snapshot_tensors(live_tensors(self.model), buffers, self.dtype))
 
@@ -197,7 +203,9 @@ class ModelWeights:
             if frozen is not None and frozen.full is not None:
                 tensors = frozen.full
             else:  # the base in the explorers' dtype; a LoRA adapter as PEFT keeps it
-                tensors = unique_state_dict(self.model, self.dtype, lambda name: ".lora_" in name)
+                tensors = unique_state_dict(self.model, self.dtype, _is_lora)
+                if frozen is not None:  # a LoRA run: the frozen base read now, the
+                    tensors.update(frozen.lora_full)  # adapter as it was at the snapshot
             if self.delta is not None:
                 return self._full_or_delta(version, step, tensors, must_be_full)
             return Payload(version, step, tensors, base_version=version)
@@ -301,6 +309,11 @@ class ModelWeights:
         else:
             self.held = dict(tensors)
         self.held_version = event.version if keep else -1
+
+
+def _is_lora(name: str) -> bool:
+    """A LoRA adapter's tensor, under the model's names (PEFT keeps them float32)."""
+    return ".lora_" in name
 
 
 def _compact(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ from streamrft.infra.bus import Counters
 from streamrft.infra.config import Config
 from streamrft.infra.consume import read_history
 from streamrft.schemas.codec import CONTROL
+from streamrft.schemas.errors import SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.payload import ModelWeights, Snapshot
 from streamrft.sync.transport import Announce, MakePayload, WeightSender
@@ -105,7 +106,10 @@ class VersionPublisher:
         t0 = time.perf_counter()
         version = max(step if clock is None else clock, self._floor + 1, self.version + 1)
         self._floor = version
-        replaced = self._queued
+        # the queued version leaves the queue before the copy, so the worker cannot take
+        # it (and send its buffers) while they are overwritten; a version being sent is
+        # never written into: its buffers are neither queued nor spare
+        replaced, self._queued = self._queued, None
         into = replaced.frozen if replaced is not None else self._spare
         self._spare = None
         frozen = await asyncio.to_thread(self.weights.snapshot, into)
@@ -118,6 +122,7 @@ class VersionPublisher:
         self.counters.add("publish_blocked_seconds", time.perf_counter() - t0)
         self._start_worker()
         self._wake.set()
+        await asyncio.sleep(0)  # the worker, when idle, takes it now: queued is what waits
         return version
 
     async def publish(self, step: int, clock: int | None = None) -> ModelVersionReady:
@@ -130,18 +135,23 @@ class VersionPublisher:
         replaced by a newer one); raises what sending failed with."""
         if self.announced < version and self._error is None:
             async with self._done:
-                await self._done.wait_for(lambda: self.announced >= version or self._error)
+                await self._done.wait_for(
+                    lambda: self.announced >= version or self._error or self._stopped()
+                )
         self.check()
+        if self.announced < version:
+            raise SyncError(f"version {version} was not sent: the publisher stopped")
         assert self.last_event is not None
         return self.last_event
 
-    async def drain(self) -> None:
-        """Wait until every submitted version is announced, and what the sender does in
-        the background is done (``auto``: the store copy), or raise why not."""
+    async def drain(self, background: bool = True) -> None:
+        """Wait until every submitted version is announced and, with ``background``, what
+        the sender does after that is done (``auto``: the store copy); raise why not."""
         if self.version > self.announced:
             await self.wait(self.version)
         self.check()
-        await self.sender.drain()
+        if background:
+            await self.sender.drain()
 
     def check(self) -> None:
         """Raise the error sending a version failed with (an outage past
@@ -149,11 +159,14 @@ class VersionPublisher:
         if self._error is not None:
             raise self._error
 
+    def _stopped(self) -> bool:
+        return self._worker is None or self._worker.done()
+
     def _start_worker(self) -> None:
         """The worker on the running loop (made again on a new loop: asyncio.run cancels
         what a finished loop left)."""
         loop = asyncio.get_running_loop()
-        if self._loop is not loop:
+        if self._loop is not loop or self._worker is None or self._worker.done():
             self._loop = loop
             self._wake, self._done = asyncio.Event(), asyncio.Condition()
             self._worker = loop.create_task(self._send_queued(), name="version-publisher")
@@ -173,11 +186,21 @@ class VersionPublisher:
                     async with self._done:
                         self._done.notify_all()
         except asyncio.CancelledError:
+            self._done_now()  # whoever waits must not wait forever (see wait)
             raise
         except BaseException as exc:  # handed to the trainer's loop by check()
             self._error = exc
+            self._done_now()
+
+    def _done_now(self) -> None:
+        """Wake the waiters of :meth:`wait` (from the worker, without awaiting)."""
+
+        async def notify() -> None:
             async with self._done:
                 self._done.notify_all()
+
+        with contextlib.suppress(RuntimeError):  # the loop is closing: nobody waits
+            asyncio.get_running_loop().create_task(notify())
 
     async def _send(self, item: _Queued) -> None:
         t0 = time.perf_counter()

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Mapping
@@ -49,9 +49,10 @@ SHM_DIR = "/dev/shm"
 SCHEME = "shm://"
 PIECE = 1 << 20
 """Bytes written or read, then hashed, at a time: small enough to hash from the cache."""
-HEADER_SLACK = 1 << 20
-"""Room for a version's safetensors header beyond its tensors' bytes (a file larger than
-the model's tensors plus this is refused before anything is allocated)."""
+HEADER_PER_TENSOR = 512
+"""Room per tensor for a version's safetensors header (its name, dtype, shape and offsets
+in JSON) beyond the tensors' bytes: a file larger than the model's tensors plus this is
+refused before anything is allocated."""
 
 
 def host_id(cfg: Config) -> str:
@@ -69,14 +70,23 @@ def file_prefix(run_id: str) -> str:
     return f"streamrft-{run_id}-"
 
 
+SLOTS = ("0", "1", "base")
+"""Two files versions alternate in, and a LoRA run's full version (the base its adapters
+apply on, sent once per trainer: it must outlive the adapters after it)."""
+
+
 def remove_leftovers(run_id: str, folder: str = SHM_DIR) -> list[str]:
     """Remove the files of this run that a trainer left (killed before it could); their
-    names. A trainer calls this at start, before it writes its own."""
+    names (exactly this run's: not those of a run whose id starts with this one). A
+    trainer calls this at start, before it writes its own."""
+    pattern = re.compile(re.escape(file_prefix(run_id)) + r"\d+-(" + "|".join(SLOTS) + ")")
     removed = []
-    for path in glob.glob(os.path.join(folder, glob.escape(file_prefix(run_id)) + "*")):
+    for name in sorted(os.listdir(folder)):
+        if not pattern.fullmatch(name):
+            continue
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-            removed.append(os.path.basename(path))
+            os.unlink(os.path.join(folder, name))
+            removed.append(name)
     if removed:
         log.info("shared memory: removed %d file(s) left by an earlier trainer", len(removed))
     return removed
@@ -118,15 +128,20 @@ class SharedSender(WeightSender):
         self.folder = folder
         self.host = host_id(cfg)
         self.run_id = cfg.topics().run
+        self.lora = cfg.model.lora.enabled
         remove_leftovers(self.run_id, folder)
         stem = f"{file_prefix(self.run_id)}{os.getpid()}-"
-        self.paths = [os.path.join(folder, f"{stem}{slot}") for slot in (0, 1)]
+        self.paths = {slot: os.path.join(folder, f"{stem}{slot}") for slot in SLOTS}
         self._next = 0
+        self._closed = False
 
     async def send(self, make: MakePayload, announce: Announce) -> ModelVersionReady:
         payload = make(False)
-        path = self.paths[self._next]
-        self._next ^= 1
+        if self.lora and not payload.lora:  # a base: later adapters name it
+            path = self.paths["base"]
+        else:
+            path = self.paths[SLOTS[self._next]]
+            self._next ^= 1
         # tensors only: the files a store version keeps beside them (a LoRA adapter's
         # config) are for export, not needed to apply it
         shard = make_shard(payload.tensors, list(payload.tensors))
@@ -146,15 +161,21 @@ class SharedSender(WeightSender):
         return event
 
     def _write(self, path: str, shard: Shard) -> str:
-        """The file of one version (its size set first: a full /dev/shm fails here, with
-        an error, rather than later on a page fault); its digest."""
+        """The file of one version (its pages reserved first: a /dev/shm too small fails
+        here, with an error, not later in the middle of the copy); its digest."""
+        if self._closed:
+            raise SyncError("the shared sender is closed")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 os.ftruncate(fd, shard.nbytes)
-                return _write_hashed(fd, shard)
+                os.posix_fallocate(fd, 0, shard.nbytes)
+                digest = _write_hashed(fd, shard)
             finally:
                 os.close(fd)
+            if self._closed:  # closed while writing: leave nothing behind
+                self.close()
+            return digest
         except OSError as exc:
             raise SyncError(
                 f"cannot write a {shard.nbytes >> 20} MiB version to {path}: {exc} (is "
@@ -162,7 +183,8 @@ class SharedSender(WeightSender):
             ) from exc
 
     def close(self) -> None:
-        for path in self.paths:
+        self._closed = True
+        for path in self.paths.values():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
@@ -200,7 +222,7 @@ class SharedReceiver(WeightReceiver):
         path = self._path(event)
         if path is None:
             raise SyncError(f"{what}: {event.uri} is not on this host ({self.host})")
-        limit = nbytes(like) + HEADER_SLACK
+        limit = nbytes(like) + 4096 + HEADER_PER_TENSOR * len(like)
         if not 0 < event.bytes <= limit:
             raise IntegrityError(
                 f"{what}: {event.bytes} bytes announced; this model's tensors are {limit} "

@@ -74,24 +74,28 @@ def snapshot_tensors(
     live: Mapping[str, torch.Tensor],
     buffers: Mapping[str, torch.Tensor] | None = None,
     dtype: torch.dtype | None = None,
+    keep_dtype: Callable[[str], bool] = lambda name: False,
 ) -> dict[str, torch.Tensor]:
-    """Host copies of ``live``, floating ones in ``dtype`` when given (the cast is the
+    """Host copies of ``live``, floating ones in ``dtype`` when given, except those
+    ``keep_dtype`` names (the cast is the
     copy: one pass), written into ``buffers`` where a buffer of the same name, shape and
     dtype is there (so a snapshot taken every version allocates nothing after the first),
     else into a new one: pinned memory for a tensor on a GPU, whose copy is then
     asynchronous until the one synchronisation at the end."""
     out: dict[str, torch.Tensor] = {}
-    on_gpu = False
+    devices = set()
     for name, tensor in live.items():
-        want = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+        cast = dtype is not None and tensor.is_floating_point() and not keep_dtype(name)
+        want = dtype if cast else tensor.dtype
         buf = buffers.get(name) if buffers is not None else None
         if buf is None or buf.shape != tensor.shape or buf.dtype != want:
             buf = torch.empty(tensor.shape, dtype=want, pin_memory=tensor.is_cuda)
         buf.copy_(tensor, non_blocking=tensor.is_cuda)
-        on_gpu = on_gpu or tensor.is_cuda
+        if tensor.is_cuda:
+            devices.add(tensor.device)
         out[name] = buf
-    if on_gpu:
-        torch.cuda.synchronize()
+    for device in devices:  # every GPU the copies came from, not only the current one
+        torch.cuda.synchronize(device)
     return out
 
 

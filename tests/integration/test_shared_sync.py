@@ -149,16 +149,21 @@ def test_a_restarted_trainer_removes_what_a_killed_one_left(make_config):
     for path in left:  # as a trainer killed with SIGKILL leaves them
         with open(path, "wb") as f:
             f.write(b"x" * 4096)
-    other = os.path.join(SHM_DIR, f"{file_prefix('another-run')}1-0")
-    with open(other, "wb") as f:
-        f.write(b"y")
+    others = [  # another run's files, also one whose id starts with this run's
+        os.path.join(SHM_DIR, f"{file_prefix('another-run')}1-0"),
+        os.path.join(SHM_DIR, f"{file_prefix(cfg.topics().run + '-v2')}1-0"),
+    ]
+    for path in others:
+        with open(path, "wb") as f:
+            f.write(b"y")
     try:
         sender = SharedSender(cfg)
         assert not any(os.path.exists(p) for p in left)
-        assert os.path.exists(other)  # another run's files are not ours to remove
+        assert all(os.path.exists(p) for p in others)  # not ours to remove
         sender.close()
     finally:
-        os.unlink(other)
+        for path in others:
+            os.unlink(path)
 
 
 def test_sizes_are_checked_before_anything_is_allocated(make_config):
@@ -193,3 +198,59 @@ def test_sizes_are_checked_before_anything_is_allocated(make_config):
             reader.receive(good, smaller | {"extra": torch.zeros(1 << 18)})
     finally:
         sender.close()
+
+
+def test_a_model_of_many_small_tensors_fits_its_own_size_check(make_config):
+    """The size allowed before allocation grows with the number of tensors (a header
+    names each): 5,000 tensors with long names go through."""
+    cfg = make_config(synchronizer={"method": "shared"})
+    tensors = {
+        f"model.layers.{i}.mlp.experts.{i % 128}.down_proj.weight": torch.randn(3)
+        for i in range(5000)
+    }
+    sender = SharedSender(cfg)
+    try:
+        events: list[ModelVersionReady] = []
+
+        async def announce(event):
+            events.append(event)
+
+        payload = Payload(0, 0, tensors, base_version=0)
+        asyncio.run(sender.send(lambda _full: payload, announce))
+        got = SharedReceiver(cfg).receive(events[0], tensors)
+        assert all(torch.equal(got[n], t) for n, t in tensors.items())
+    finally:
+        sender.close()
+
+
+def test_a_lora_run_keeps_its_base_in_shared_memory_for_late_joiners(make_config):
+    """Adapters rotate through the two files; the base they apply on stays in a third, so
+    an explorer that joins after several adapters builds base + adapter from shared memory."""
+    cfg = make_config(
+        synchronizer={"method": "shared", "style": "dynamic_by_trainer"},
+        model={"lora": {"enabled": True, "rank": 2}},
+    )
+
+    async def scenario():
+        from streamrft.sync.lora import attach_lora
+
+        async with _trainer(cfg) as (model, publisher, _):
+            model = attach_lora(model, cfg.model.lora)
+            publisher.weights = ModelWeights(model, True)
+            await publisher.publish(0)  # the base
+            for v in (1, 2, 3):  # adapters, more than two: the base's file would be reused
+                with torch.no_grad():
+                    for name, p in model.named_parameters():
+                        if ".lora_" in name:
+                            p.add_(0.1)
+                event = await publisher.publish(v)
+                assert event.lora and event.base_version == 0
+            async with _explorer(cfg, 0) as late:
+                await _sync(late, 3)
+                assert late.counters["versions_applied_shared"] == 1
+                assert late.counters.get("versions_rejected") == 0
+                own = late.engine.model.state_dict()
+                for name, tensor in model.state_dict().items():
+                    assert torch.equal(own[name], tensor), name
+
+    asyncio.run(scenario())

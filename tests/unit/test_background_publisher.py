@@ -170,3 +170,69 @@ def test_a_lora_snapshot_holds_the_adapter_as_it_was():
 
 async def _quiet(event) -> None:
     pass
+
+
+def test_a_version_waiting_behind_a_send_is_never_sent_while_a_newer_one_overwrites_it():
+    """Version 1 waits behind version 0; version 2's snapshot (slow) reuses version 1's
+    buffers, and version 0's send ends while it copies: the worker must not take version 1
+    then (its buffers are being overwritten), and every version sent holds its own
+    weights."""
+
+    class SlowSnapshot(ModelWeights):
+        def snapshot(self, into=None):
+            frozen = super().snapshot(into)
+            if into is not None:  # a copy into reused buffers that takes a while
+                time.sleep(0.5)
+            return frozen
+
+    model = _model(False)
+    sender = SlowSender(0.3)
+    publisher = VersionPublisher(SlowSnapshot(model, False), sender, _quiet, Counters())
+
+    def fill(value: float) -> None:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(value)
+
+    async def trainer():
+        for v in range(3):
+            fill(float(v))
+            await publisher.submit(v)
+        await publisher.drain()
+        await publisher.aclose()
+
+    asyncio.run(trainer())
+    sent = [p.version for p in sender.sent]
+    assert sent[0] == 0 and sent[-1] == 2
+    for version, copy in zip(sent, sender.copies, strict=True):
+        floats = [t for t in copy.values() if t.is_floating_point()]
+        assert all(torch.all(t == float(version)) for t in floats), version
+
+
+def test_a_lora_runs_full_version_holds_the_adapter_as_it_was_at_the_snapshot():
+    """A LoRA run's full version (its base, with the adapter in it) is made in the
+    background; the adapter part comes from the snapshot, not from the live model the next
+    step is already training."""
+
+    class LateMaker(SlowSender):
+        async def send(self, make, announce):
+            await asyncio.sleep(0.2)  # the trainer trains meanwhile
+            return await super().send(make, announce)
+
+    model = _model(True)
+    sender = LateMaker(0.0)
+    publisher = VersionPublisher(ModelWeights(model, True), sender, _quiet, Counters())
+
+    async def trainer():
+        await publisher.submit(0)
+        before = {k: v.detach().clone() for k, v in model.state_dict().items() if ".lora_" in k}
+        _train(model, 1.0)
+        await publisher.drain()
+        await publisher.aclose()
+        return before
+
+    before = asyncio.run(trainer())
+    full = sender.copies[0]
+    assert not sender.sent[0].lora and before
+    for name, tensor in before.items():
+        assert torch.equal(full[name], tensor), name
