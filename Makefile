@@ -90,6 +90,7 @@ bench: setup
 	OMP_NUM_THREADS=1 $(BIN)/python bench/scale_explorers.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/train_step.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/presets_learn.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/sync_in_loop.py
 
 infra-up: setup
 	$(BIN)/streamrft infra up

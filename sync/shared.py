@@ -168,8 +168,9 @@ class SharedSender(WeightSender):
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
-                os.ftruncate(fd, shard.nbytes)
-                os.posix_fallocate(fd, 0, shard.nbytes)
+                if os.fstat(fd).st_size != shard.nbytes:  # new, or another size: reserve
+                    os.ftruncate(fd, shard.nbytes)
+                    os.posix_fallocate(fd, 0, shard.nbytes)
                 digest = _write_hashed(fd, shard)
             finally:
                 os.close(fd)
