@@ -70,6 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # the run's command line comes from the test helpers (tests/), not part of the package
@@ -291,17 +292,17 @@ def _trainer_version(log: Path) -> int:
     return int(found[-1]) if found else -1
 
 
-def wait_for_run(proc: subprocess.Popen, n: int, trainer_log: Path) -> bool:
-    """Until the run ends (True) or times out (False), with progress on stderr."""
+def wait_for_run(proc: subprocess.Popen, timeout: float, progress: Callable[[float], str]) -> bool:
+    """Until the run ends (True) or ``timeout`` passes (False), with ``progress(seconds)``
+    on stderr every ``PROGRESS_EVERY_S``; also bench/sync_in_loop.py's."""
     started = time.monotonic()
     next_report = started + PROGRESS_EVERY_S
     while proc.poll() is None:
         now = time.monotonic()
-        if now - started > RUN_TIMEOUT_S:
+        if now - started > timeout:
             return False
         if now >= next_report:
-            version = _trainer_version(trainer_log)
-            print(f"#   N={n}: {now - started:.0f} s, trainer version {version}", file=sys.stderr)
+            print(f"#   {progress(now - started)}", file=sys.stderr, flush=True)
             next_report = now + PROGRESS_EVERY_S
         time.sleep(0.5)
     return True
@@ -336,7 +337,14 @@ def run_point(n: int, steps: int, cost: float, workdir: Path) -> dict:
             start_new_session=True,  # Ctrl-C reaches the bench, which stops the run itself
         )
         try:
-            finished = wait_for_run(proc, n, runs / run_id / "logs" / "trainer.log")
+            log = runs / run_id / "logs" / "trainer.log"
+            finished = wait_for_run(
+                proc,
+                RUN_TIMEOUT_S,
+                lambda s, n=n, log=log: (
+                    f"N={n}: {s:.0f} s, trainer version {_trainer_version(log)}"
+                ),
+            )
         finally:
             with _no_interrupts():
                 stop_run(proc, runs)

@@ -103,7 +103,12 @@ import torch
 # the run's command line comes from the test helpers (tests/), not part of the package
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scale_explorers import _endpoint_settings, _no_interrupts, stop_run  # bench/, beside us
+from scale_explorers import (  # bench/, beside us
+    _endpoint_settings,
+    _no_interrupts,
+    stop_run,
+    wait_for_run,
+)
 
 from streamrft.infra.app.metrics_log import read_metrics
 from streamrft.infra.config import ModelConfig, load_config, with_run_id
@@ -126,7 +131,6 @@ CPU_BATCH = 4
 WARMUP_STEPS = 2
 """Trainer steps before the first one whose period counts (start-up, version 0)."""
 RUN_TIMEOUT_S, QUICK_TIMEOUT_S = 900.0, 240.0
-PROGRESS_EVERY_S = 15.0
 FIRST_KEYS = (
     "method",
     "step_over_ideal",
@@ -269,22 +273,6 @@ def _trainer_steps(metrics_file: Path) -> int:
         return 0
 
 
-def wait_for_run(proc: subprocess.Popen, point: str, metrics_file: Path, timeout: float) -> bool:
-    """Until the run ends (True) or ``timeout`` passes (False), with progress on stderr."""
-    started = time.monotonic()
-    next_report = started + PROGRESS_EVERY_S
-    while proc.poll() is None:
-        now = time.monotonic()
-        if now - started > timeout:
-            return False
-        if now >= next_report:
-            steps = _trainer_steps(metrics_file)
-            say(f"  {point}: {now - started:.0f} s, trainer step {steps}")
-            next_report = now + PROGRESS_EVERY_S
-        time.sleep(0.5)
-    return True
-
-
 def kill_run(proc: subprocess.Popen, runs: Path) -> None:
     """Stop the run (``stop_run``: SIGINT, then SIGKILL to whatever names its folder), and
     SIGKILL whatever is left of the supervisor's process group."""
@@ -323,7 +311,11 @@ def run_point(
             start_new_session=True,  # its own process group; Ctrl-C reaches the bench only
         )
         try:
-            finished = wait_for_run(proc, point, metrics_file, timeout)
+            finished = wait_for_run(
+                proc,
+                timeout,
+                lambda s: f"{point}: {s:.0f} s, trainer step {_trainer_steps(metrics_file)}",
+            )
         finally:
             kill_run(proc, runs)
     if proc.returncode != 0 or not finished:
