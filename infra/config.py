@@ -66,7 +66,7 @@ class RunSection(_Section):
     outage_timeout_s: PosF = 120.0
     """How long a process retries an unreachable broker or object store (with backoff,
     one log line per attempt) before it gives up with an error."""
-    host_id: str = ""
+    host_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]*$", max_length=128)] = ""
     """This process's host, for the ``shared`` and ``auto`` sync methods (explorers with the
     trainer's host id read its versions from shared memory). Empty: the host name and the
     kernel's boot id. Give containers that share ``/dev/shm`` (and IPC) one id."""
