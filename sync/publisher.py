@@ -72,7 +72,6 @@ class VersionPublisher:
         """The model still holds exactly :attr:`version` (no step since it was published)."""
         self._resent = -1
         self._queued: _Queued | None = None
-        self._sending: _Queued | None = None
         self._spare: Snapshot | None = None
         """Buffers of a snapshot no longer needed, for the next one."""
         self._error: BaseException | None = None
@@ -179,9 +178,7 @@ class VersionPublisher:
                 self._wake.clear()
                 while self._queued is not None:
                     item, self._queued = self._queued, None
-                    self._sending = item
                     await self._send(item)
-                    self._sending = None
                     self._spare = item.frozen  # the queued one, if any, has its own
                     async with self._done:
                         self._done.notify_all()
