@@ -41,7 +41,7 @@ from streamrft.infra.config import Config
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.transport import Announce, MakePayload, WeightReceiver, WeightSender
-from streamrft.sync.weights import Shard, decode_shard, make_shard, nbytes
+from streamrft.sync.weights import Shard, check_fits, decode_shard, make_shard, nbytes
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,8 @@ class SharedReceiver(WeightReceiver):
                 "refusing to apply it"
             )
         tensors = decode_shard(buf, what)
-        _check_like(tensors, like, what)
+        if like:  # the model's names and shapes, before any copy
+            check_fits(like, tensors, what, error=IntegrityError)
         return tensors
 
     def _buffer(self, size: int) -> torch.Tensor:
@@ -273,20 +274,3 @@ class SharedReceiver(WeightReceiver):
         finally:
             os.close(fd)
         return digest.hexdigest()
-
-
-def _check_like(
-    tensors: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor], what: str
-) -> None:
-    """The decoded tensors are the model's: names, shapes and dtypes (before any copy)."""
-    if like and set(tensors) != set(like):
-        missing, extra = sorted(set(like) - set(tensors)), sorted(set(tensors) - set(like))
-        raise IntegrityError(
-            f"{what}: tensors do not fit: missing {missing[:5]}, extra {extra[:5]}"
-        )
-    for name, tensor in tensors.items():
-        ref = like.get(name)
-        if ref is not None and tuple(ref.shape) != tuple(tensor.shape):
-            raise IntegrityError(
-                f"{what}: {name} is {tuple(tensor.shape)}, the model's is {tuple(ref.shape)}"
-            )

@@ -273,6 +273,31 @@ def _tensor_at(data: torch.Tensor, name: str, info: dict) -> torch.Tensor:
     return raw.view(dtype).view(shape)
 
 
+def check_fits(
+    own: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor],
+    what: str,
+    optional: set[str] = frozenset(),
+    hint: str = "",
+    error: type[SyncError] = SyncError,
+) -> None:
+    """Raise ``error`` unless ``tensors`` have every name of ``own`` (but the ``optional``
+    ones), no other, and ``own``'s shapes."""
+    missing = set(own) - set(optional) - set(tensors)
+    unexpected = set(tensors) - set(own)
+    if missing or unexpected:
+        raise error(
+            f"{what} do not fit the model: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}{hint}"
+        )
+    for name, tensor in tensors.items():
+        if own[name].shape != tensor.shape:
+            raise error(
+                f"{what} do not fit the model: {name} is {tuple(tensor.shape)}, "
+                f"model has {tuple(own[name].shape)}{hint}"
+            )
+
+
 @torch.no_grad()
 def copy_into(
     own: Mapping[str, torch.Tensor],
@@ -284,22 +309,10 @@ def copy_into(
     """Copy ``tensors`` into the live tensors ``own`` (views of a model) in place.
 
     Every name of ``own`` but the ``optional`` ones must come, none may be extra, and
-    shapes must agree; all of it is checked before the first copy, so a mismatch raises
-    :class:`SyncError` and leaves the model exactly as it was.
+    shapes must agree; all of it is checked before the first copy (:func:`check_fits`),
+    so a mismatch raises :class:`SyncError` and leaves the model exactly as it was.
     """
-    missing = set(own) - set(optional) - set(tensors)
-    unexpected = set(tensors) - set(own)
-    if missing or unexpected:
-        raise SyncError(
-            f"{what} do not fit the model: missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}{hint}"
-        )
-    for name, tensor in tensors.items():
-        if own[name].shape != tensor.shape:
-            raise SyncError(
-                f"{what} do not fit the model: {name} is {tuple(tensor.shape)}, "
-                f"model has {tuple(own[name].shape)}{hint}"
-            )
+    check_fits(own, tensors, what, optional, hint)
     for name, tensor in tensors.items():
         own[name].copy_(tensor)
 
