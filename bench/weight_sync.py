@@ -382,6 +382,29 @@ def _phases(mb: float, res: Mapping[str, float]) -> tuple[float, float]:
     return total_s, mb / total_s
 
 
+def _say_phases(
+    name: str, mb: float, res: Mapping[str, float], digits: int, extra: str = ""
+) -> None:
+    total_s, rate = _phases(mb, res)
+    say(
+        f"{name}: publish {res['publish_s']:.{digits}f} s, fetch+verify"
+        f" {res['fetch_verify_s']:.{digits}f} s, apply {res['apply_s']:.{digits}f} s"
+        f" -> {rate:.0f} MB/s over {total_s:.{digits}f} s{extra}"
+    )
+
+
+def _phase_figures(
+    mb: float, res: Mapping[str, float], copy_mb_s: float, digits: int
+) -> dict[str, float]:
+    """A store-like method's figures in the JSON line: its three phases, MB/s, the ratio."""
+    rate = _phases(mb, res)[1]
+    return {
+        **{k: round(res[k], digits) for k in ("publish_s", "fetch_verify_s", "apply_s")},
+        "mb_s": round(rate, 1),
+        "ratio_vs_copy": round(rate / copy_mb_s, 4),
+    }
+
+
 def run(
     store: ObjectStoreConfig | None,
     methods: list[str],
@@ -406,28 +429,13 @@ def run(
         if method == "object_store":
             assert store is not None
             res = object_store_path(store, tensors, run_id)
-            total_s, rate = _phases(mb_real, res)
-            say(
-                f"object store: publish {res['publish_s']:.2f} s, fetch+verify"
-                f" {res['fetch_verify_s']:.2f} s, apply {res['apply_s']:.2f} s"
-                f" -> {rate:.0f} MB/s over {total_s:.2f} s"
-            )
+            _say_phases("object store", mb_real, res, 2)
         elif method == "filesystem":
             res = filesystem_path(scratch / "fs-weights", tensors, run_id, shard_size)
-            total_s, rate = _phases(mb_real, res)
-            say(
-                f"filesystem: publish {res['publish_s']:.2f} s, fetch+verify"
-                f" {res['fetch_verify_s']:.2f} s, apply {res['apply_s']:.2f} s"
-                f" -> {rate:.0f} MB/s over {total_s:.2f} s"
-            )
+            _say_phases("filesystem", mb_real, res, 2)
         elif method == "shared":
             res = shared_path(tensors, run_id)
-            total_s, rate = _phases(mb_real, res)
-            say(
-                f"shared: publish {res['publish_s']:.3f} s, fetch+verify"
-                f" {res['fetch_verify_s']:.3f} s, apply {res['apply_s']:.3f} s"
-                f" -> {rate:.0f} MB/s over {total_s:.3f} s; memcpy {res['memcpy_s']:.3f} s"
-            )
+            _say_phases("shared", mb_real, res, 3, f"; memcpy {res['memcpy_s']:.3f} s")
         else:
             res = nccl_path(tensors)
             say(
@@ -485,24 +493,14 @@ def run(
     }
     fs = done.get("filesystem")
     if fs:
-        rate = _phases(mb_real, fs)[1]
         result["methods"]["filesystem"] = {
-            "publish_s": round(fs["publish_s"], 3),
-            "fetch_verify_s": round(fs["fetch_verify_s"], 3),
-            "apply_s": round(fs["apply_s"], 3),
-            "mb_s": round(rate, 1),
-            "ratio_vs_copy": round(rate / copy_mb_s, 4),
+            **_phase_figures(mb_real, fs, copy_mb_s, 3),
             "shard_bytes": int(fs["shard_bytes"]),
         }
     sh = done.get("shared")
     if sh:
-        rate = _phases(mb_real, sh)[1]
         result["methods"]["shared"] = {
-            "publish_s": round(sh["publish_s"], 4),
-            "fetch_verify_s": round(sh["fetch_verify_s"], 4),
-            "apply_s": round(sh["apply_s"], 4),
-            "mb_s": round(rate, 1),
-            "ratio_vs_copy": round(rate / copy_mb_s, 4),
+            **_phase_figures(mb_real, sh, copy_mb_s, 4),
             "memcpy_s": round(sh["memcpy_s"], 4),
             "memcpy_mb_s": round(mb_real / sh["memcpy_s"], 1),
             # the two copies of a handoff (write + hash, read + verify) against two memcpys
