@@ -273,6 +273,35 @@ def stop_run(proc: subprocess.Popen, runs: Path) -> None:
         time.sleep(0.1)
 
 
+def run_to_end(
+    argv: list[str], folder: Path, runs: Path, timeout: float, progress: Callable[[float], str]
+) -> tuple[subprocess.Popen, bool]:
+    """``streamrft run`` (``argv``) in ``folder``, its output in ``folder/run.log``, in a
+    process group of its own (Ctrl-C reaches the bench, which stops the run itself), until
+    it ends or ``timeout`` passes (:func:`wait_for_run`); then stopped (:func:`stop_run`)
+    and whatever is left of its process group killed. The process, and whether it ended
+    by itself; also bench/sync_in_loop.py's."""
+    with (folder / "run.log").open("wb") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env(),
+            cwd=folder,
+            start_new_session=True,
+        )
+        try:
+            finished = wait_for_run(proc, timeout, progress)
+        finally:
+            with _no_interrupts():
+                try:
+                    stop_run(proc, runs)
+                finally:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+    return proc, finished
+
+
 @contextlib.contextmanager
 def _no_interrupts():
     """Ctrl-C ignored while a run is being stopped (the stop has its own time limits)."""
@@ -326,29 +355,15 @@ def run_point(n: int, steps: int, cost: float, workdir: Path) -> dict:
         argv = run_argv(
             EXAMPLE, run_id, steps, runs, eps, *settings(n, cost), explorers=n, summary=summary_path
         )
-        out = (folder / "run.log").open("wb")
         started = time.time()
-        proc = subprocess.Popen(
+        log = runs / run_id / "logs" / "trainer.log"
+        proc, finished = run_to_end(
             argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env(),
-            cwd=folder,
-            start_new_session=True,  # Ctrl-C reaches the bench, which stops the run itself
+            folder,
+            runs,
+            RUN_TIMEOUT_S,
+            lambda s: f"N={n}: {s:.0f} s, trainer version {_trainer_version(log)}",
         )
-        try:
-            log = runs / run_id / "logs" / "trainer.log"
-            finished = wait_for_run(
-                proc,
-                RUN_TIMEOUT_S,
-                lambda s, n=n, log=log: (
-                    f"N={n}: {s:.0f} s, trainer version {_trainer_version(log)}"
-                ),
-            )
-        finally:
-            with _no_interrupts():
-                stop_run(proc, runs)
-            out.close()
         cfg = load_config(EXAMPLE, [*settings(n, cost), *_endpoint_settings(eps)])
         metrics, statuses = asyncio.run(read_back(with_run_id(cfg, run_id)))
     if proc.returncode != 0:

@@ -85,14 +85,12 @@ os.environ["OMP_NUM_THREADS"] = "1"
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import json
 import math
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -103,12 +101,7 @@ import torch
 # the run's command line comes from the test helpers (tests/), not part of the package
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scale_explorers import (  # bench/, beside us
-    _endpoint_settings,
-    _no_interrupts,
-    stop_run,
-    wait_for_run,
-)
+from scale_explorers import _endpoint_settings, run_to_end  # bench/, beside us
 
 from streamrft.infra.app.metrics_log import read_metrics
 from streamrft.infra.config import ModelConfig, load_config, with_run_id
@@ -117,7 +110,7 @@ from streamrft.infra.local.services import Endpoints, LocalServices
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.schemas.codec import STATUS
 from streamrft.schemas.events import MetricsEvent, StatusEvent
-from tests.helpers.cli import env, run_argv
+from tests.helpers.cli import run_argv
 from tests.helpers.paths import EXAMPLE
 
 SYNC_METHODS = ("object_store", "filesystem", "nccl", "shared", "auto")
@@ -273,17 +266,6 @@ def _trainer_steps(metrics_file: Path) -> int:
         return 0
 
 
-def kill_run(proc: subprocess.Popen, runs: Path) -> None:
-    """Stop the run (``stop_run``: SIGINT, then SIGKILL to whatever names its folder), and
-    SIGKILL whatever is left of the supervisor's process group."""
-    with _no_interrupts():
-        try:
-            stop_run(proc, runs)
-        finally:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
 async def read_statuses(settings: list[str], run_id: str) -> list[StatusEvent]:
     cfg = with_run_id(load_config(EXAMPLE, settings), run_id)
     return await read_history(cfg.kafka, cfg.topics().status, STATUS, "sync-in-loop-bench")
@@ -301,23 +283,13 @@ def run_point(
     argv = run_argv(EXAMPLE, run_id, steps, runs, eps, *settings, explorers=1)
     metrics_file = runs / run_id / "metrics.jsonl"
     wall = time.monotonic()
-    with (folder / "run.log").open("wb") as out:
-        proc = subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env(),
-            cwd=folder,
-            start_new_session=True,  # its own process group; Ctrl-C reaches the bench only
-        )
-        try:
-            finished = wait_for_run(
-                proc,
-                timeout,
-                lambda s: f"{point}: {s:.0f} s, trainer step {_trainer_steps(metrics_file)}",
-            )
-        finally:
-            kill_run(proc, runs)
+    proc, finished = run_to_end(
+        argv,
+        folder,
+        runs,
+        timeout,
+        lambda s: f"{point}: {s:.0f} s, trainer step {_trainer_steps(metrics_file)}",
+    )
     if proc.returncode != 0 or not finished:
         tail = (folder / "run.log").read_text(errors="replace").splitlines()[-15:]
         what = "timed out" if not finished else f"exited {proc.returncode}"
