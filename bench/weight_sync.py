@@ -61,19 +61,28 @@ Figures (MB = MiB = 2**20 bytes of tensor data; the safetensors header adds ~1 K
 - ``ratio_vs_copy`` = that method's ``mb_s`` / ``copy_mb_s``;
 - informational: ``serialize_s`` (joining the shards into one ``bytes`` each with
   ``shard_state_dict``: what building the baseline's input costs; the stores no longer do
-  it) and ``sha256_s`` (one sha256 pass over the shard bytes, which the stores run
-  alongside their transfer, once on publish and once on fetch); ``shards`` and
-  ``shard_bytes``: the safetensors shards of one version (shard size:
-  ``ObjectStoreConfig.shard_size_mb`` for both stores); ``part_size_mb`` and ``parallel``:
-  the object store's transfer settings (``--part-mb``, ``--parallel``; default: the
-  ``ObjectStoreConfig`` defaults).
+  it) and ``sha256_s`` (one sha256 pass over the shard bytes on one thread) and
+  ``sha256_threads_s`` (the shards hashed on up to ``hash_threads`` threads at once, as
+  the stores hash them, once on publish and once on fetch); ``fsync_s`` (the baseline's
+  fsync after each shard's write: the folder store fsyncs every file); ``shards`` and
+  ``shard_bytes``: the safetensors shards of one version (shard size: ``--shard-mb``,
+  default ``ObjectStoreConfig.shard_size_mb``, for both stores); ``part_size_mb`` and
+  ``parallel``: the object store's transfer settings (``--part-mb``, ``--parallel``;
+  default: the ``ObjectStoreConfig`` defaults).
+- the raw bounds of the store-like methods, measured in the same process:
+  ``publish_bound_s`` = max(``sha256_threads_s``, ``write_s`` + ``fsync_s``) (a version
+  can be published no faster than its shards are hashed or durably written) and
+  ``fetch_bound_s`` = max(``sha256_threads_s``, ``read_s``); per method
+  ``publish_vs_bound`` and ``fetch_vs_bound`` = the bound / that phase's seconds (1.0: at
+  the bound).
 
 Everything runs with one torch/OMP thread. A figure, not a test: the only checks are that
 the applied parameters equal the published tensors bit for bit (object_store, filesystem)
 and ``bytes_equal`` (nccl; reported, not raised).
 
 Usage: ``python bench/weight_sync.py [--mb 500] [--quick] [--methods object_store,filesystem,
-nccl] [--part-mb N] [--parallel N]``. Human-readable lines first, then one JSON line on stdout: the top-level keys
+nccl,shared] [--part-mb N] [--parallel N] [--shard-mb N]``. Human-readable lines first,
+then one JSON line on stdout: the top-level keys
 (``bench``, ``method`` = "object_store", ``mb``, ``publish_s``, ``fetch_verify_s``,
 ``apply_s``, ``mb_s``, ``copy_mb_s``, ``ratio_vs_copy``, the baseline and informational
 figures) describe the object store (its figures ``null`` when it is not selected), and
@@ -98,6 +107,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +119,7 @@ from streamrft.infra.local.services import LocalServices
 from streamrft.sync.collective import CollectiveReceiver, CollectiveSender
 from streamrft.sync.filesystem import FilesystemLoader, FilesystemPublisher
 from streamrft.sync.object_store import ObjectStoreLoader, ObjectStorePublisher
+from streamrft.sync.versions import HASH_THREADS
 from streamrft.sync.weights import apply_state_dict, sha256_hex, shard_state_dict
 
 MIB = 1 << 20
@@ -348,30 +359,38 @@ def nccl_path(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
 
 
 def copy_baseline(shards: list[bytes], folder: Path) -> dict[str, float]:
+    """The shards written as a version is (each durably, all kept until the end), then
+    copied, then read back: the bytes a store-like method moves, with nothing else."""
     folder.mkdir(parents=True, exist_ok=True)
-    write_s = copy_s = read_s = 0.0
+    write_s = fsync_s = copy_s = read_s = 0.0
     try:
+        paths = []
         for i, data in enumerate(shards):
-            src, dst = folder / f"src-{i:05d}.safetensors", folder / f"dst-{i:05d}.safetensors"
+            src = folder / f"src-{i:05d}.safetensors"
             t0 = time.perf_counter()
             with open(src, "wb") as f:
                 f.write(data)
-            t1 = time.perf_counter()
-            shutil.copyfile(src, dst)
-            t2 = time.perf_counter()
+                f.flush()
+                t1 = time.perf_counter()
+                os.fsync(f.fileno())
+            write_s += t1 - t0
+            fsync_s += time.perf_counter() - t1
+            paths.append(src)
+        for src in paths:
+            t0 = time.perf_counter()
+            shutil.copyfile(src, src.with_name(f"dst-{src.name}"))
+            copy_s += time.perf_counter() - t0
+        for src, data in zip(paths, shards, strict=True):
+            dst = src.with_name(f"dst-{src.name}")
+            t0 = time.perf_counter()
             back = dst.read_bytes()
-            t3 = time.perf_counter()
+            read_s += time.perf_counter() - t0
             if back != data:
                 raise RuntimeError(f"{dst}: read back differs from what was written")
             del back
-            write_s += t1 - t0
-            copy_s += t2 - t1
-            read_s += t3 - t2
-            src.unlink()
-            dst.unlink()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {"write_s": write_s, "copy_s": copy_s, "read_s": read_s}
+    return {"write_s": write_s, "fsync_s": fsync_s, "copy_s": copy_s, "read_s": read_s}
 
 
 # ----------------------------------------------------------------------------- run
@@ -405,12 +424,22 @@ def _phase_figures(
     }
 
 
+def _vs_bounds(res: Mapping[str, float], bounds: Mapping[str, float]) -> dict[str, float]:
+    """How near a store-like method's publish and fetch come to their raw bounds (1.0: at
+    the bound; the bound / the phase's seconds)."""
+    return {
+        "publish_vs_bound": round(bounds["publish_s"] / res["publish_s"], 4),
+        "fetch_vs_bound": round(bounds["fetch_verify_s"] / res["fetch_verify_s"], 4),
+    }
+
+
 def run(
     store: ObjectStoreConfig | None,
     methods: list[str],
     mb: float,
     seed: int,
     scratch: Path,
+    shard_mb: int,
 ) -> dict:
     t = time.perf_counter()
     tensors = make_tensors(mb, seed)
@@ -421,7 +450,7 @@ def run(
         f"state dict: {len(tensors)} float32 tensors of shape {shape},"
         f" {mb_real:.1f} MB, made in {time.perf_counter() - t:.1f} s"
     )
-    shard_size = (store or ObjectStoreConfig()).shard_size_mb * MIB
+    shard_size = shard_mb * MIB
 
     run_id = f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
     done: dict[str, dict[str, Any]] = {}
@@ -453,7 +482,10 @@ def run(
     for data in shards:
         hashlib.sha256(data).hexdigest()
     t2 = time.perf_counter()
-    serialize_s, sha256_s = t1 - t0, t2 - t1
+    with ThreadPoolExecutor(max(1, min(HASH_THREADS, len(shards)))) as pool:
+        list(pool.map(lambda data: hashlib.sha256(data).hexdigest(), shards))
+    t3 = time.perf_counter()
+    serialize_s, sha256_s, sha256_threads_s = t1 - t0, t2 - t1, t3 - t2
     del tensors
     base = copy_baseline(shards, scratch / "copy-baseline")
     shard_bytes = sum(len(s) for s in shards)
@@ -466,7 +498,20 @@ def run(
         f" copyfile {base['copy_s']:.2f} s -> {copy_mb_s:.0f} MB/s;"
         f" read back {base['read_s']:.2f} s"
     )
-    say(f"for reference: serialize {serialize_s:.2f} s, one sha256 pass {sha256_s:.2f} s")
+    say(
+        f"for reference: serialize {serialize_s:.2f} s, one sha256 pass {sha256_s:.2f} s"
+        f" ({sha256_threads_s:.2f} s on up to {HASH_THREADS} threads, as the stores hash)"
+    )
+    # the raw bounds of the store-like methods: a publication can be no faster than hashing
+    # its shards or writing them durably; a fetch than hashing them or reading them back
+    bounds = {
+        "publish_s": max(sha256_threads_s, base["write_s"] + base["fsync_s"]),
+        "fetch_verify_s": max(sha256_threads_s, base["read_s"]),
+    }
+    say(
+        f"raw bounds: publish max(hash, write + fsync) {bounds['publish_s']:.2f} s,"
+        f" fetch max(hash, read) {bounds['fetch_verify_s']:.2f} s"
+    )
 
     osp = done.get("object_store")
     mb_s = _phases(mb_real, osp)[1] if osp else None
@@ -484,7 +529,13 @@ def run(
         "copy_s": round(base["copy_s"], 3),
         "read_s": round(base["read_s"], 3),
         "serialize_s": round(serialize_s, 3),
+        "fsync_s": round(base["fsync_s"], 3),
         "sha256_s": round(sha256_s, 3),
+        "sha256_threads_s": round(sha256_threads_s, 3),
+        "hash_threads": HASH_THREADS,
+        "publish_bound_s": round(bounds["publish_s"], 3),
+        "fetch_bound_s": round(bounds["fetch_verify_s"], 3),
+        **(_vs_bounds(osp, bounds) if osp else {}),
         "shards": n_shards,
         "shard_bytes": int(osp["shard_bytes"]) if osp else shard_bytes,
         "part_size_mb": store.part_size_mb if store else None,
@@ -495,6 +546,7 @@ def run(
     if fs:
         result["methods"]["filesystem"] = {
             **_phase_figures(mb_real, fs, copy_mb_s, 3),
+            **_vs_bounds(fs, bounds),
             "shard_bytes": int(fs["shard_bytes"]),
         }
     sh = done.get("shared")
@@ -557,6 +609,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"object store part / range size in MiB (default {defaults.part_size_mb})",
     )
     ap.add_argument(
+        "--shard-mb",
+        type=int,
+        default=defaults.shard_size_mb,
+        help=f"largest shard in MiB, both stores (default {defaults.shard_size_mb})",
+    )
+    ap.add_argument(
         "--parallel",
         type=int,
         default=defaults.parallel,
@@ -588,13 +646,14 @@ def main(argv: list[str] | None = None) -> int:
                 secret_key=eps.secret_key or "",
                 part_size_mb=args.part_mb,
                 parallel=args.parallel,
+                shard_size_mb=args.shard_mb,
             )
             say(
                 f"object store at {eps.s3_endpoint} (JuiceFS gateway), parts of"
                 f" {store.part_size_mb} MiB, {store.parallel} in flight"
             )
         say(f"methods {', '.join(methods)}; {mb:g} MB, torch threads 1")
-        result = run(store, methods, mb, args.seed, tmp)
+        result = run(store, methods, mb, args.seed, tmp, args.shard_mb)
     finally:
         if services is not None:
             services.stop()

@@ -162,7 +162,7 @@ class TorchTrainEngine(TrainEngine):
             weight_decay=self.tcfg.weight_decay,
             betas=self.tcfg.betas,
         )
-        delta = DeltaPolicy.from_config(self.cfg.synchronizer, lora)
+        delta = DeltaPolicy.from_config(self.cfg.synchronizer, lora, self.cfg.model.dtype)
         return ModelWeights(self.model, lora, DTYPES[self.cfg.model.dtype], delta=delta)
 
     def train_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:

@@ -165,8 +165,10 @@ class ObjectStoreConfig(_Section):
     parallel: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
     """Parts uploaded / ranges downloaded at once, per shard (two shards download at once:
     one is hashed and decoded while the next arrives)."""
-    shard_size_mb: Annotated[int, msgspec.Meta(ge=1)] = 512
-    """Largest safetensors shard of a published version."""
+    shard_size_mb: Annotated[int, msgspec.Meta(ge=1)] = 128
+    """Largest safetensors shard of a published version (also the ``filesystem``
+    method's). Shards are hashed on several cores at once and two download at once, so
+    smaller shards spread the sha256 work; each costs one more file and request."""
     ca_file: str | None = None
     """PEM file of the CA that signed the server's https certificate (None: the system CAs);
     relative to the config file."""
@@ -568,8 +570,9 @@ class SynchronizerConfig(_Section):
     """Largest single broadcast call: tensors of 1 MiB or more go in place in pieces of at
     most this size, smaller ones packed into buckets of about this size (two staging
     buffers on each side)."""
-    delta: Literal["never", "auto", "always"] = "never"
-    """Delta versions (``object_store``, ``filesystem``; not LoRA, not ``nccl``): a version
+    delta: Literal["never", "auto", "always"] | None = None
+    """Delta versions (``object_store``, ``filesystem``; not LoRA, not ``nccl``, ``shared``
+    or ``auto``, which send whole tensors): a version
     goes out as the elements that changed since the version before it (flat indices or a
     bit mask, plus the new values), each explorer rebuilding it on the weights it holds and
     checking the result's sha256 (``ModelVersionReady.state_sha256``). ``auto``: only when
@@ -577,7 +580,8 @@ class SynchronizerConfig(_Section):
     a few % of the elements per step; float32 changes nearly all, so it stays full);
     ``always``: a delta whatever its size (within ``full_every``); ``never``: every version
     full. Costs one more copy of the weights (in ``model.dtype``) on the trainer and on
-    each explorer."""
+    each explorer. Unset: ``auto`` when ``model.dtype`` is ``bfloat16`` or ``float16``,
+    ``never`` for ``float32``."""
     full_every: Pos = 10
     """With ``delta``: a full version after this many deltas in a row, so an explorer that
     lacks the base (it joined late, missed versions, or its rebuilt state failed the check)

@@ -91,19 +91,25 @@ class DeltaPolicy:
     """``auto``: a delta's bytes at most this share of the full version's."""
 
     @classmethod
-    def from_config(cls, sync: SynchronizerConfig, lora: bool) -> DeltaPolicy | None:
-        """The policy of ``sync`` (None: every version full: ``delta: never``, a LoRA run, or
-        the ``nccl`` method, whose broadcast sends whole tensors)."""
-        if sync.delta == "never":
+    def from_config(
+        cls, sync: SynchronizerConfig, lora: bool, dtype: str = "float32"
+    ) -> DeltaPolicy | None:
+        """The policy of ``sync`` for weights of ``dtype`` (``model.dtype``). None: every
+        version full: ``delta: never``, an unset ``delta`` with float32 weights (nearly
+        every element changes each step), a LoRA run, or a method that sends whole tensors
+        (``WHOLE_METHODS``)."""
+        mode = sync.delta or ("never" if dtype == "float32" else "auto")
+        if mode == "never":
             return None
         if lora or sync.method in WHOLE_METHODS:
-            log.warning(
-                "synchronizer.delta: %s is ignored: %s sends every version whole",
-                sync.delta,
-                "a LoRA run (adapters are small)" if lora else f"the {sync.method} method",
-            )
+            if sync.delta is not None:  # said on purpose: say why it does nothing
+                log.warning(
+                    "synchronizer.delta: %s is ignored: %s sends every version whole",
+                    sync.delta,
+                    "a LoRA run (adapters are small)" if lora else f"the {sync.method} method",
+                )
             return None
-        return cls(sync.delta == "always", sync.full_every, sync.delta_max_ratio)
+        return cls(mode == "always", sync.full_every, sync.delta_max_ratio)
 
     def send_delta(self, delta_bytes: int, full_bytes: int, deltas_in_a_row: int) -> bool:
         """Whether a delta of ``delta_bytes`` goes out instead of the full version."""

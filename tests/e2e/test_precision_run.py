@@ -34,6 +34,7 @@ def test_a_bf16_run_sends_bf16_versions_and_measures_its_mismatch(services, make
             "trainer.gradient_checkpointing=true",
             "synchronizer.method=filesystem",
             f"synchronizer.fs_dir={fs_dir}",
+            "synchronizer.delta=never",  # whole bf16 versions (deltas: test_delta_run.py)
             "synchronizer.sync_offset=0",  # on-policy: every token sampled with the held version
             "trainer.max_staleness=0",
             "trainer.batch_size=8",

@@ -7,7 +7,7 @@ import msgspec
 import pytest
 import torch
 
-from streamrft.infra.config import Config
+from streamrft.infra.config import Config, from_dict
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
@@ -15,6 +15,7 @@ from streamrft.sync import delta
 from streamrft.sync.follower import delta_chain
 from streamrft.sync.payload import DeltaPolicy, ModelWeights
 from streamrft.sync.weights import nbytes
+from tests.helpers.configs import cfg_of
 from tests.helpers.paths import ADDITION
 
 
@@ -143,6 +144,28 @@ def test_float32_auto_falls_back_to_full_and_bf16_sends_a_delta():
             assert delta.state_sha256(rebuilt) == ev.state_sha256
         else:
             assert set(second.tensors) == set(full)  # whole tensors
+
+
+def test_an_unset_delta_is_auto_for_half_precision_and_never_for_float32(caplog):
+    def policy(dtype: str, **sync):
+        cfg = from_dict(cfg_of(synchronizer={"method": "object_store", **sync}))
+        return DeltaPolicy.from_config(cfg.synchronizer, lora=False, dtype=dtype)
+
+    for dtype in ("bfloat16", "float16"):
+        auto = policy(dtype)
+        assert auto is not None and not auto.always and auto.max_ratio == 0.5
+        assert policy(dtype, delta="never") is None  # said on purpose: kept
+    assert policy("float32") is None
+    assert policy("float32", delta="always") == DeltaPolicy(True, 10, 0.5)
+    # a method that sends whole tensors: none, and a warning only when delta was set
+    whole = from_dict(cfg_of(synchronizer={"method": "shared"})).synchronizer
+    with caplog.at_level("WARNING"):
+        assert DeltaPolicy.from_config(whole, lora=False, dtype="bfloat16") is None
+    assert "is ignored" not in caplog.text
+    said = from_dict(cfg_of(synchronizer={"method": "auto", "delta": "auto"}))
+    with caplog.at_level("WARNING"):
+        assert DeltaPolicy.from_config(said.synchronizer, lora=False, dtype="bfloat16") is None
+    assert "synchronizer.delta: auto is ignored: the auto method" in caplog.text
 
 
 def test_on_sends_deltas_and_a_full_version_every_k():

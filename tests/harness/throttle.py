@@ -1,0 +1,95 @@
+"""A TCP relay that slows what clients send: a slow uplink to a real server.
+
+Put in front of the object store, it makes every upload (the trainer publishing a version)
+take ``bytes / rate`` seconds while downloads (explorers fetching) pass at full speed: a
+publisher slower than the training steps, with nothing in the code under test changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+CHUNK = 16 << 10
+
+
+class ThrottledRelay:
+    """Listens on a free loopback port and relays every connection to ``target``; bytes
+    from the client to ``target`` pass at most ``bytes_per_s``, the answers unthrottled."""
+
+    def __init__(self, target: tuple[str, int], bytes_per_s: float) -> None:
+        self.target = target
+        self.rate = bytes_per_s
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._stop = threading.Event()
+        self.sent = 0
+        """Bytes relayed towards ``target`` (all connections)."""
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+        """When the uplink is free again (monotonic seconds)."""
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> ThrottledRelay:
+        threading.Thread(target=self._accept, name="relay-accept", daemon=True).start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()
+
+    def _slot(self, n: int) -> float:
+        """Seconds to wait before ``n`` more bytes go up: one uplink shared by every
+        connection, with no credit saved while idle."""
+        with self._lock:
+            now = time.monotonic()
+            start = max(self._free_at, now)
+            self._free_at = start + n / self.rate
+            self.sent += n
+            return start - now
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, throttled: bool) -> None:
+        try:
+            while data := src.recv(CHUNK):
+                if throttled:
+                    time.sleep(self._slot(len(data)))
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+
+@contextlib.contextmanager
+def throttled(endpoint: str, bytes_per_s: float) -> Iterator[ThrottledRelay]:
+    """A :class:`ThrottledRelay` in front of ``host:port``, closed on exit."""
+    host, port = endpoint.rsplit(":", 1)
+    relay = ThrottledRelay((host, int(port)), bytes_per_s).start()
+    try:
+        yield relay
+    finally:
+        relay.close()
