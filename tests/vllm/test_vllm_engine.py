@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import time
 
 import pytest
@@ -244,3 +245,7 @@ def test_a_run_with_the_vllm_engine_learns(tmp_path):
     assert s["versions_applied"]["explorer-0"] >= steps // 2
     assert s["versions_rejected"] == {"explorer-0": 0}
     assert s["exit_codes"] == {"trainer": 0, "explorer-0": 0, "feeder": 0}
+    # the default method (auto) hands the vLLM engine its versions through shared memory
+    (log,) = (tmp_path / "runs").glob("*/logs/explorer-0.log")
+    applied = re.findall(r"explorer-0: applied version \d+ \((\w+)\)", log.read_text())
+    assert applied and set(applied) == {"shared"}, applied
