@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import torch
 
@@ -53,23 +55,27 @@ class FolderStore:
             raise SyncError(f"writing {path}: {exc}") from exc
 
     def get(self, key: str) -> bytes:
+        path = self._inside(key)
         try:
-            return (self.root / key).read_bytes()
+            with _open_regular(path) as fh:
+                if (size := os.fstat(fh.fileno()).st_size) > MAX_SMALL_FILE:
+                    raise IntegrityError(f"{path}: {size} bytes, more than a manifest holds")
+                return fh.read()
         except OSError as exc:
-            raise SyncError(f"reading {self.root / key}: {exc}") from exc
+            raise SyncError(f"reading {path}: {exc}") from exc
 
     def get_hashed(self, key: str, size: int) -> tuple[torch.Tensor, str]:
         """Read into one buffer (decoded without another copy), hashing each chunk while
-        the next one is read."""
-        path = self.root / key
-        buf = torch.empty(size, dtype=torch.uint8)
-        view = memoryview(buf.numpy())
+        the next one is read. The file's size is checked before the buffer is allocated."""
+        path = self._inside(key)
         digest = hashlib.sha256()
         hashed: Future | None = None
         try:
-            with path.open("rb", buffering=0) as fh, ThreadPoolExecutor(1) as hasher:
+            with _open_regular(path) as fh, ThreadPoolExecutor(1) as hasher:
                 if (actual := os.fstat(fh.fileno()).st_size) != size:
                     raise IntegrityError(f"{path}: {actual} bytes, the manifest says {size}")
+                buf = torch.empty(size, dtype=torch.uint8)
+                view = memoryview(buf.numpy())
                 for start in range(0, size, READ_CHUNK):
                     chunk = view[start : start + READ_CHUNK]
                     read_fully(fh, chunk, path)
@@ -86,13 +92,46 @@ class FolderStore:
         return (self.root / key).as_uri()
 
     def key(self, uri: str) -> str:
+        """The key of a ``file://`` uri (percent-decoded, as :meth:`uri` encodes it); a uri
+        whose resolved path (``..`` and symbolic links followed) leaves the root is
+        refused."""
         if not uri.startswith("file://"):
             raise SyncError(f"not a file:// uri: {uri!r}")
-        path = Path(uri[len("file://") :])
-        try:
-            return str(path.relative_to(self.root))
-        except ValueError as exc:
-            raise SyncError(f"{uri} is outside synchronizer.fs_dir {self.root}") from exc
+        path = Path(unquote(urlsplit(uri).path))
+        if not path.is_absolute():
+            raise SyncError(f"not an absolute file:// uri: {uri!r}")
+        return self._relative(path, uri)
+
+    def _relative(self, path: Path, what: str) -> str:
+        root = self.root.resolve()
+        resolved = path.resolve()
+        if not resolved.is_relative_to(root) or resolved == root:
+            raise SyncError(f"{what} is outside synchronizer.fs_dir {self.root}")
+        return resolved.relative_to(root).as_posix()
+
+    def _inside(self, key: str) -> Path:
+        """The path of ``key``, which must stay inside the root once resolved."""
+        path = self.root / key
+        self._relative(path, repr(key))
+        return path
+
+
+MAX_SMALL_FILE = 64 << 20
+"""Largest manifest or extra file read whole (a manifest of 10^5 shards is ~20 MB)."""
+
+
+def _open_regular(path: Path):
+    """``path`` opened for reading, if it is a regular file: a FIFO, a device or a socket
+    (which could block a read for ever) is refused without being read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise SyncError(f"reading {path}: {exc}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IntegrityError(f"{path} is not a regular file: refusing to read it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb", buffering=0)
 
 
 def read_fully(fh, into: memoryview, path: Path) -> None:
@@ -111,5 +150,5 @@ class FilesystemPublisher(StorePublisher):
 
 
 class FilesystemLoader(StoreLoader):
-    def __init__(self, root: str | Path) -> None:
-        super().__init__(FolderStore(root))
+    def __init__(self, root: str | Path, run_id: str | None = None) -> None:
+        super().__init__(FolderStore(root), run_id)

@@ -32,14 +32,17 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+import torch
+
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender
 from streamrft.infra.config import Config
-from streamrft.schemas.errors import IntegrityError, ServiceError, SyncError
+from streamrft.schemas.errors import IntegrityError, ServiceError, StreamRFTError, SyncError
 from streamrft.schemas.events import ModelVersionReady, RunState, SyncRequest
 from streamrft.sync.delta import verify_state
 from streamrft.sync.payload import ModelWeights
 from streamrft.sync.styles import ExplorerSync, Schedule, choose_version, explorer_sync
-from streamrft.sync.transport import COST, Receivers, WeightReceiver
+from streamrft.sync.transport import COST, Receivers
+from streamrft.sync.weights import largest_version
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +291,14 @@ class WeightFollower:
             await asyncio.to_thread(self._receive_and_apply, event)
         except SyncError as exc:
             return exc
+        except ServiceError:
+            raise
+        except (StreamRFTError, ValueError, RuntimeError, OSError, MemoryError) as exc:
+            # what a version can make a decoder or an allocation raise (a manifest of
+            # another schema, a header that lies, a size past memory): that version is
+            # refused, the process lives on (the model is touched only after every check)
+            log.warning("%s: version %d failed unexpectedly: %r", self.name, event.version, exc)
+            return IntegrityError(f"version {event.version} ({event.method}): {exc!r}")
         self.version = event.version
         self.counters.add("versions_applied")
         self.counters.add(f"versions_applied_{event.method}")
@@ -309,15 +320,13 @@ class WeightFollower:
                     f"adapter version {event.version} needs full version "
                     f"{event.base_version}, which was never announced"
                 )
-            receiver = self.receivers.for_event(base_event)
-            if not receiver.refetchable:
+            if not self.receivers.for_event(base_event).refetchable:
                 raise SyncError(
                     f"adapter version {event.version} is on base {event.base_version}, sent "
                     f"by broadcast only; this explorer holds base {self.weights.base_version}"
                 )
-            base = receiver.receive(base_event, self._template(receiver, base_event))
-        receiver = self.receivers.for_event(event)
-        tensors = receiver.receive(event, self._template(receiver, event))
+            base = self._fetch(base_event)
+        tensors = self._fetch(event)
         if base_event is not None and base is not None:
             self.weights.apply(base_event, base)
         self.weights.apply(event, tensors)
@@ -359,18 +368,27 @@ class WeightFollower:
         state = None
         deltas = chain
         if chain[0].delta_base < 0:
-            receiver = self.receivers.for_event(chain[0])
-            state = receiver.receive(chain[0], self._template(receiver, chain[0]))
+            state = self._fetch(chain[0])
             deltas = chain[1:]
         for event in deltas:
-            changes = self.receivers.for_event(event).receive(event, {})
+            changes = self._fetch(event)
             state = self.weights.rebuild(event, changes, state)
             self.counters.add("delta_bytes", event.bytes)
         assert state is not None
         return state
 
-    def _template(self, receiver: WeightReceiver, event: ModelVersionReady):
-        return self.weights.template(event) if receiver.needs_template else {}
+    def _fetch(self, event: ModelVersionReady) -> dict[str, torch.Tensor]:
+        """The tensors of ``event`` from its receiver, once its size is one this model's
+        versions can have (nothing allocated for a larger claim)."""
+        receiver = self.receivers.for_event(event)
+        own = self.weights.template(event)
+        if not 0 <= event.bytes <= largest_version(own):
+            raise IntegrityError(
+                f"version {event.version} announces {event.bytes} bytes; this model's "
+                f"versions hold {largest_version(own)} at most: refused"
+            )
+        whole = receiver.needs_template and event.delta_base < 0
+        return receiver.receive(event, own if whole else {})
 
     async def _retry_soon(self, started: float, exc: SyncError) -> bool:
         """The store is down and there are no weights yet: wait, within the outage budget."""

@@ -378,5 +378,5 @@ class ObjectStorePublisher(StorePublisher):
 class ObjectStoreLoader(StoreLoader):
     """Explorer side: fetch a version from the bucket and verify every byte."""
 
-    def __init__(self, cfg: ObjectStoreConfig) -> None:
-        super().__init__(S3Store(cfg, create_bucket=False))
+    def __init__(self, cfg: ObjectStoreConfig, run_id: str | None = None) -> None:
+        super().__init__(S3Store(cfg, create_bucket=False), run_id)

@@ -41,7 +41,7 @@ from streamrft.infra.config import Config
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.transport import Announce, MakePayload, WeightReceiver, WeightSender
-from streamrft.sync.weights import Shard, check_fits, decode_shard, make_shard, nbytes
+from streamrft.sync.weights import Shard, check_fits, decode_shard, largest_version, make_shard
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,6 @@ SHM_DIR = "/dev/shm"
 SCHEME = "shm://"
 PIECE = 1 << 20
 """Bytes written or read, then hashed, at a time: small enough to hash from the cache."""
-HEADER_PER_TENSOR = 512
-"""Room per tensor for a version's safetensors header (its name, dtype, shape and offsets
-in JSON) beyond the tensors' bytes: a file larger than the model's tensors plus this is
-refused before anything is allocated."""
 
 
 def host_id(cfg: Config) -> str:
@@ -223,7 +219,7 @@ class SharedReceiver(WeightReceiver):
         path = self._path(event)
         if path is None:
             raise SyncError(f"{what}: {event.uri} is not on this host ({self.host})")
-        limit = nbytes(like) + 4096 + HEADER_PER_TENSOR * len(like)
+        limit = largest_version(like)
         if not 0 < event.bytes <= limit:
             raise IntegrityError(
                 f"{what}: {event.bytes} bytes announced; this model's tensors are {limit} "

@@ -161,14 +161,14 @@ def _object_store_receiver(cfg: Config, member: str) -> WeightReceiver:
     from streamrft.sync.object_store import ObjectStoreLoader
     from streamrft.sync.versions import StoreReceiver
 
-    return StoreReceiver(ObjectStoreLoader(cfg.object_store))
+    return StoreReceiver(ObjectStoreLoader(cfg.object_store, cfg.topics().run))
 
 
 def _filesystem_receiver(cfg: Config, member: str) -> WeightReceiver:
     from streamrft.sync.filesystem import FilesystemLoader, fs_root
     from streamrft.sync.versions import StoreReceiver
 
-    return StoreReceiver(FilesystemLoader(fs_root(cfg)))
+    return StoreReceiver(FilesystemLoader(fs_root(cfg), cfg.topics().run))
 
 
 def _nccl_receiver(cfg: Config, member: str) -> WeightReceiver:

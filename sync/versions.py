@@ -26,7 +26,7 @@ import torch
 from streamrft.infra.bus import Counters
 from streamrft.infra.retry import retrying
 from streamrft.schemas.codec import decode_manifest, encode_manifest
-from streamrft.schemas.errors import IntegrityError
+from streamrft.schemas.errors import IntegrityError, SchemaError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.schemas.weights import ShardInfo, WeightManifest
 from streamrft.sync.transport import Announce, MakePayload, Payload, WeightReceiver, WeightSender
@@ -121,24 +121,55 @@ def publish_version(
     )
 
 
-def fetch_manifest(store: BlobStore, event: ModelVersionReady) -> tuple[str, WeightManifest]:
-    """The verified manifest of ``event`` and the key prefix of its files."""
+def fetch_manifest(
+    store: BlobStore, event: ModelVersionReady, run_id: str | None = None
+) -> tuple[str, WeightManifest]:
+    """The verified manifest of ``event`` and the key prefix of its files. ``run_id``: the
+    manifest must be that run's (``<run id>/v<version>/manifest.json``), not another's."""
+    what = f"manifest of version {event.version}"
     key = store.key(event.uri)
+    if run_id is not None and key != f"{version_prefix(run_id, event.version)}/{MANIFEST}":
+        raise IntegrityError(
+            f"{what}: {event.uri} is not where run {run_id!r} keeps version {event.version}"
+        )
     blob = store.get(key)
-    verify(blob, event.manifest_sha256, f"manifest of version {event.version}")
-    manifest = decode_manifest(blob)
+    verify(blob, event.manifest_sha256, what)
+    try:
+        manifest = decode_manifest(blob)
+    except SchemaError as exc:  # digest-consistent, yet not a manifest this code reads
+        raise IntegrityError(f"{what}: {exc}") from exc
     if manifest.version != event.version:
         raise IntegrityError(
             f"manifest at {event.uri} is version {manifest.version}, event says {event.version}"
         )
+    check_manifest(manifest, event, what)
     return key.rsplit("/", 1)[0], manifest
 
 
-def fetch_version(store: BlobStore, event: ModelVersionReady) -> dict[str, torch.Tensor]:
+def check_manifest(manifest: WeightManifest, event: ModelVersionReady, what: str) -> None:
+    """File names that stay in the version's folder, and sizes that agree with the event,
+    before anything is fetched or allocated."""
+    for info in [*manifest.shards, *manifest.files]:
+        name = info.name
+        if not name or "/" in name or "\\" in name or name.startswith(".") or name == MANIFEST:
+            raise IntegrityError(f"{what}: file name {name!r} refused")
+        if info.bytes < 0:
+            raise IntegrityError(f"{what}: {name} has {info.bytes} bytes")
+    shard_bytes = sum(s.bytes for s in manifest.shards)
+    if shard_bytes != manifest.total_bytes or shard_bytes != event.bytes:
+        raise IntegrityError(
+            f"{what}: its shards hold {shard_bytes} bytes, its total says "
+            f"{manifest.total_bytes}, the event {event.bytes}"
+        )
+
+
+def fetch_version(
+    store: BlobStore, event: ModelVersionReady, run_id: str | None = None
+) -> dict[str, torch.Tensor]:
     """Every tensor of the version, each shard verified before it is decoded (into views
     of the buffer it was downloaded into). Two shards at a time: one finishes (its last
     ranges, its hash) while the next downloads."""
-    prefix, manifest = fetch_manifest(store, event)
+    prefix, manifest = fetch_manifest(store, event, run_id)
 
     def fetch_shard(shard: ShardInfo) -> dict[str, torch.Tensor]:
         what = f"shard {shard.name} of version {event.version}"
@@ -198,11 +229,13 @@ class StorePublisher:
 class StoreLoader:
     """Explorer side: fetch a version, every byte verified before tensors are returned."""
 
-    def __init__(self, store: BlobStore) -> None:
+    def __init__(self, store: BlobStore, run_id: str | None = None) -> None:
         self.store = store
+        self.run_id = run_id
+        """The run whose versions it loads (None: any run's, e.g. a test's or a tool's)."""
 
     def fetch(self, event: ModelVersionReady) -> dict[str, torch.Tensor]:
-        return fetch_version(self.store, event)
+        return fetch_version(self.store, event, self.run_id)
 
 
 class StoreSender(WeightSender):

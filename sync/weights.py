@@ -273,6 +273,20 @@ def _tensor_at(data: torch.Tensor, name: str, info: dict) -> torch.Tensor:
     return raw.view(dtype).view(shape)
 
 
+FILE_SLACK = 64 << 10
+"""Bytes a version's files may hold beyond its tensors, at most: safetensors headers."""
+TENSOR_SLACK = 2048
+"""And per tensor of the model: its names and offsets in a header (three for a delta's
+indices, mask and values)."""
+
+
+def largest_version(own: Mapping[str, torch.Tensor]) -> int:
+    """The most bytes a version of a model whose tensors are ``own`` can announce: its
+    tensors (a delta is never larger: each tensor goes whole when that is smaller) plus the
+    headers. An event announcing more is refused before anything is allocated."""
+    return nbytes(own) + FILE_SLACK + TENSOR_SLACK * len(own)
+
+
 def check_fits(
     own: Mapping[str, torch.Tensor],
     tensors: Mapping[str, torch.Tensor],

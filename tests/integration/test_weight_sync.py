@@ -123,6 +123,48 @@ def test_explorer_applies_good_version_and_stays_on_it_when_next_is_tampered(mak
         assert torch.equal(tensor, applied[name]), name
 
 
+def test_crafted_versions_are_rejected_and_the_explorer_lives_on(make_config):
+    """Events that point at a manifest of another schema (its digest right), claim 10^15
+    bytes, or name another run's version: each is a rejected version with its reason, the
+    explorer keeps version 0 (at 41ac149 the first two crashed it, every restart again)."""
+    import hashlib
+    import json
+
+    cfg = make_config(synchronizer={"style": "dynamic_by_trainer"}, trainer={"max_staleness": 100})
+    src, _ = _models(cfg)
+    publisher = ObjectStorePublisher(cfg.object_store, cfg.run.id)
+    other = ObjectStorePublisher(cfg.object_store, f"{cfg.run.id}-other")
+
+    async def scenario():
+        async with explorer_and_trainer_sender(cfg) as (explorer, trainer):
+            good = publisher.publish(unique_state_dict(src), 0, 0)
+            await trainer.control(good)
+            assert await explorer.follower.sync_point(0, 0) is Synced.READY
+            blob = json.dumps({"version": "one", "shards": []}).encode()
+            key = f"{cfg.run.id}/v00000001/manifest.json"
+            publisher.store.put(key, blob, "application/json")
+            crafted = [
+                msgspec_replace(
+                    good,
+                    version=1,
+                    uri=publisher.store.uri(key),
+                    manifest_sha256=hashlib.sha256(blob).hexdigest(),
+                ),
+                msgspec_replace(good, version=2, bytes=10**15),
+                msgspec_replace(other.publish(unique_state_dict(src), 3, 3), version=3),
+            ]
+            for event in crafted:
+                await trainer.control(event)
+                await _announced(explorer, event.version)
+                assert await explorer.follower.sync_point(event.version, 0) is Synced.READY
+            return explorer
+
+    explorer = asyncio.run(scenario())
+    assert explorer.follower.version == 0
+    assert explorer.counters["versions_rejected"] == 3
+    assert explorer.counters["versions_applied"] == 1
+
+
 def test_lora_explorer_builds_base_then_applies_adapter_and_rejects_a_tampered_one(make_config):
     import msgspec
 

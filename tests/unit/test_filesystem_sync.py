@@ -68,3 +68,50 @@ def test_folder_store_reads_in_chunks_hashed_as_it_reads(tmp_path):
     with pytest.raises(IntegrityError, match=f"{len(data) - 1} bytes, the manifest says"):
         store.write("v/shard", [memoryview(data[:-1])], "x")
         store.get_hashed("v/shard", len(data))
+
+
+@pytest.mark.parametrize("folder", ["with space", "per%25cent", "ünï"])
+def test_a_folder_with_a_space_percent_or_unicode_name_works(tmp_path, folder):
+    src, dst = _pair()
+    root = tmp_path / folder / "weights"
+    event = FilesystemPublisher(root, "run-c", 1 << 20).publish(unique_state_dict(src), 2, 2)
+    apply_state_dict(dst, FilesystemLoader(root, "run-c").fetch(event))
+    for (name, a), b in zip(src.state_dict().items(), dst.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_uris_leaving_the_folder_are_refused(tmp_path):
+    root = tmp_path / "weights"
+    (root / "run").mkdir(parents=True)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not weights")
+    (root / "run" / "link").symlink_to(secret)
+    store = FolderStore(root)
+    for uri in (
+        f"file://{root}/../secret.txt",
+        f"file://{root}/run/%2E%2E/%2E%2E/secret.txt",
+        f"file://{root}/run/link",  # a symbolic link out of the folder
+        "file:///etc/passwd",
+        f"file://{root}",
+    ):
+        with pytest.raises(SyncError, match=r"outside synchronizer\.fs_dir"):
+            store.key(uri)
+    with pytest.raises(SyncError, match="outside"):
+        store.get("../secret.txt")
+    assert store.key(store.uri("run/v00000001/manifest.json")) == "run/v00000001/manifest.json"
+
+
+def test_a_fifo_or_a_device_is_refused_without_blocking(tmp_path):
+    store = FolderStore(tmp_path)
+    os.mkfifo(tmp_path / "pipe")  # reading it would wait for a writer for ever
+    with pytest.raises(IntegrityError, match="not a regular file"):
+        store.get("pipe")
+    with pytest.raises(IntegrityError, match="not a regular file"):
+        store.get_hashed("pipe", 10)
+
+
+def test_a_shard_claiming_more_than_its_file_allocates_nothing(tmp_path):
+    store = FolderStore(tmp_path)
+    store.write("v/shard", [memoryview(b"x" * 100)], "x")
+    with pytest.raises(IntegrityError, match="100 bytes, the manifest says 1000000000000000"):
+        store.get_hashed("v/shard", 10**15)  # checked before torch.empty(10**15)
