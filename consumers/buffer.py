@@ -112,6 +112,8 @@ class ExperienceBuffer:
     """Groups dropped by ``dynamic_sampling``."""
     last_replayed: int = 0
     """Groups of the last batch taken that were trained before (``priority_replay``)."""
+    last_positions: list[tuple[PartitionKey, int]] = field(default_factory=list)
+    """Where each stream group of the last batch taken was read (partition, offset)."""
     last_extra: int = 0
     """Groups of the last batch taken that were not read from the stream for it: replays
     and the ``mix`` strategy's expert groups (the last ones of the batch)."""
@@ -168,6 +170,7 @@ class ExperienceBuffer:
         taken = {id(item) for item in choice.fresh}
         self.queue = deque(item for item in self.queue if id(item) not in taken)
         self.trained_through = max([self.trained_through] + [i.group.batch for i in choice.fresh])
+        self.last_positions = [(item.partition, item.offset) for item in choice.fresh]
         # extra groups are replays, or the mix strategy's expert groups (counted by the step)
         self.last_replayed = sum(g.workflow != EXPERT_WORKFLOW for g in choice.extra)
         self.last_extra = len(choice.extra)

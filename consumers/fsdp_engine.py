@@ -186,6 +186,8 @@ class FsdpTrainEngine(TorchTrainEngine):
             group["params"] = [sharded[id(p)] for p in group["params"]]
         return GatheredWeights(weights, self.replica or self.model, self.gather)
 
+    retries_steps = False  # every rank takes part in a step: a failure ends the group
+
     def train_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
         self._command(TrainStep(version, groups))
         self._fresh = False

@@ -30,6 +30,7 @@ from aiokafka.structs import OffsetAndMetadata
 from streamrft.consumers.algorithms import resolve_algorithm
 from streamrft.consumers.algorithms.dpo import check_group_kind
 from streamrft.consumers.buffer import ExperienceBuffer
+from streamrft.consumers.poison import GroupLimits
 from streamrft.consumers.replay import ReplayCursor
 from streamrft.infra import kafka
 from streamrft.infra.bus import HEARTBEAT_S, Counters, EventSender
@@ -113,8 +114,13 @@ class ExperienceIntake:
         counters: Counters,
         vocab_size: int,
         replay: ReplayCursor | None = None,
+        limits: GroupLimits | None = None,
     ) -> None:
         self.cfg = cfg
+        self.limits = limits or GroupLimits(cfg.trainer.max_group_rows)
+        """The largest group the trainer takes (larger ones are dead-lettered)."""
+        self.poisoned: set[str] = set()
+        """Ids of groups the trainers died on (:class:`~.poison.InFlight`): dead-lettered."""
         self.replay = replay
         """Set: a replay of a recorded stream (no group, stops at its end)."""
         self.buffer = buffer
@@ -267,8 +273,15 @@ class ExperienceIntake:
             try:
                 _check_token_ids(rec.obj, self.vocab_size)
                 check_group_kind(rec.obj, self.pairs)
+                self.limits.check(rec.obj)
             except SchemaError as exc:
                 error = exc
+            if rec.obj.id in self.poisoned:
+                error = SchemaError(
+                    f"group {rec.obj.id}: trainers died {self.cfg.trainer.max_step_crashes} "
+                    "times training its batch (trainer.max_step_crashes)"
+                )
+                self.counters.add("groups_set_aside")
         if error is not None:
             await self.events.dead_letter(dataclasses.replace(rec, obj=None, error=error))
             self.buffer.skip((rec.topic, rec.partition), rec.offset)

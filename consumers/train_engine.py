@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from streamrft.consumers.algorithms import policy_step, resolve_algorithm
@@ -67,6 +68,21 @@ class TrainEngine(abc.ABC):
     def train_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
         """One optimisation step on a batch of groups with the model at ``version``; its
         metrics (``train/...``)."""
+
+    @property
+    def context_length(self) -> int:
+        """The model's positions (``max_position_embeddings``; 0: unknown): an experience
+        longer than this cannot be trained."""
+        return 0
+
+    retries_steps = False
+    """Whether :meth:`retry_row_by_row` may follow a failed :meth:`train_step` in this
+    process (not when other ranks take part in every step)."""
+
+    def retry_row_by_row(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
+        """After a step that raised (out of memory): the gradients dropped, the same step
+        again one row per micro-batch."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def evaluate(self, evaluate: Evaluator) -> dict[str, float]:
@@ -193,6 +209,24 @@ class TorchTrainEngine(TrainEngine):
             self.teacher,
             self.critic,
         )
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+
+    retries_steps = True
+
+    def retry_row_by_row(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
+        assert self.optimizer is not None, "prepare() first"
+        self.optimizer.zero_grad(set_to_none=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        whole = self.tcfg
+        self.tcfg = msgspec.structs.replace(whole, micro_batch_size=1, max_tokens_per_micro_batch=0)
+        try:
+            return self.train_step(groups, version)
+        finally:
+            self.tcfg = whole
 
     def evaluate(self, evaluate: Evaluator) -> dict[str, float]:
         return evaluate(self.model, self.tokenizer)

@@ -29,15 +29,18 @@ from streamrft.consumers.algorithms import resolve_algorithm
 from streamrft.consumers.buffer import ExperienceBuffer
 from streamrft.consumers.expert_data import ExpertSource
 from streamrft.consumers.intake import ExperienceIntake
+from streamrft.consumers.poison import GroupLimits, InFlight, step_failure
 from streamrft.consumers.replay import ReplayCursor
 from streamrft.consumers.sampling import check_strategy, make_strategy
 from streamrft.consumers.state import TrainerState
 from streamrft.consumers.train_engine import Evaluator, make_train_engine
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
+from streamrft.infra.consume import Record
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.infra.taskset import read_taskset
-from streamrft.schemas.errors import StreamRFTError
+from streamrft.schemas.codec import EXPERIENCE_GROUP
+from streamrft.schemas.errors import SchemaError, StreamRFTError
 from streamrft.schemas.events import RunState, Shutdown, TrainedGroup
 from streamrft.schemas.experience import ExperienceGroup
 from streamrft.sync.publisher import VersionPublisher, announced_floor
@@ -45,6 +48,9 @@ from streamrft.sync.styles import trainer_publishes
 from streamrft.sync.transport import SenderContext, make_sender
 
 log = logging.getLogger(__name__)
+
+MAX_FAILED_STEPS = 3
+"""Batches set aside in a row after which a failing step is the trainer's fault: it raises."""
 
 
 class Trainer:
@@ -83,9 +89,18 @@ class Trainer:
             dynamic_sampling=spec.dynamic_sampling,
         )
         self._evaluate = evaluate
-        self.intake = ExperienceIntake(
-            cfg, self.buffer, self.events, self.counters, self.engine.vocab_size, replay
+        limits = GroupLimits(
+            self.tcfg.max_group_rows,
+            self.engine.context_length,
+            self.tcfg.max_tokens_per_micro_batch,
         )
+        self.intake = ExperienceIntake(
+            cfg, self.buffer, self.events, self.counters, self.engine.vocab_size, replay, limits
+        )
+        self.inflight = InFlight(
+            cfg.run_dir / "trainer" / "inflight.json", self.tcfg.max_step_crashes
+        )
+        self._failed_in_a_row = 0
         self.publisher: VersionPublisher | None = None  # made once the model is final
         self._blocked_s = 0.0
         """Seconds the last publication held the loop (its snapshot)."""
@@ -118,8 +133,9 @@ class Trainer:
                 collected = await self._collect()
                 if collected is None:
                     break
-                values, trained = await self._train(*collected)
-                await self._after_step(values, trained)
+                stepped = await self._train(*collected)
+                if stepped is not None:
+                    await self._after_step(*stepped)
             await self._finish()
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> None:
@@ -148,6 +164,7 @@ class Trainer:
         await self.publisher.submit(self.step)  # sent while the first evaluation runs
         await self.evaluate()
         stack.push_async_callback(self.intake.stop)
+        self.intake.poisoned = self.inflight.recover()
         await self.intake.start(state.resume_offsets() if state else {})
         await self.events.status(RunState.RUNNING, "training")
 
@@ -170,10 +187,15 @@ class Trainer:
 
     async def _train(
         self, groups: list[ExperienceGroup], wait_s: float
-    ) -> tuple[dict[str, float], list]:
-        """One engine step; its metrics with staleness and the ledger of groups trained."""
+    ) -> tuple[dict[str, float], list] | None:
+        """One engine step; its metrics with staleness and the ledger of groups trained
+        (None: the step failed and its groups were set aside)."""
         t0 = time.perf_counter()
-        values = await asyncio.to_thread(self.engine.train_step, groups, self.version)
+        self.inflight.begin([g.id for g in groups])
+        values = await self._step(groups)
+        self.inflight.done()
+        if values is None:
+            return None
         assert self.publisher is not None
         self.publisher.stepped()
         # the books and the staleness count the groups read from the stream for this step:
@@ -202,6 +224,53 @@ class Trainer:
             }
         )
         return values, [TrainedGroup(g.id, g.model_version) for g in fresh]
+
+    async def _step(self, groups: list[ExperienceGroup]) -> dict[str, float] | None:
+        """The engine's step; a failure the batch may cause (out of memory) is retried once
+        a row at a time, then the batch's groups are dead-lettered (None). Three batches
+        failing in a row is the trainer's fault, not theirs: it raises."""
+        try:
+            values = await asyncio.to_thread(self.engine.train_step, groups, self.version)
+        except Exception as exc:
+            if not (step_failure(exc) and self.engine.retries_steps):
+                raise
+            log.warning("trainer: step failed (%r); retrying it a row at a time", exc)
+            self.counters.add("steps_retried")
+            try:
+                values = await asyncio.to_thread(self.engine.retry_row_by_row, groups, self.version)
+            except Exception as again:
+                if not step_failure(again):
+                    raise
+                self._failed_in_a_row += 1
+                if self._failed_in_a_row >= MAX_FAILED_STEPS:
+                    raise
+                await self._set_aside(groups, again)
+                return None
+        self._failed_in_a_row = 0
+        return values
+
+    async def _set_aside(self, groups: list[ExperienceGroup], exc: BaseException) -> None:
+        """Dead-letter every group of a batch that could not be trained, with the reason."""
+        fresh = groups[: len(groups) - self.buffer.last_extra]
+        log.error(
+            "trainer: a batch of %d groups cannot be trained (%r): set aside", len(fresh), exc
+        )
+        for group, (partition, offset) in zip(fresh, self.buffer.last_positions, strict=True):
+            reason = SchemaError(
+                f"group {group.id}: the training step failed on its batch: {exc!r}"
+            )
+            await self.events.dead_letter(
+                Record(
+                    partition[0],
+                    partition[1],
+                    offset,
+                    group.id.encode(),
+                    EXPERIENCE_GROUP.encode(group),
+                    EXPERIENCE_GROUP.headers(),
+                    error=reason,
+                )
+            )
+        self.counters.add("groups_set_aside", len(fresh))
 
     async def _after_step(self, values: dict[str, float], trained: list[TrainedGroup]) -> None:
         """Metrics and ledger, then a version when due, evaluation and checkpoint on their

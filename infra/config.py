@@ -344,11 +344,22 @@ class TrainerConfig(_Section):
     """Optimizer passes over each batch."""
     micro_batch_size: NonNeg = 0
     """Sequences per forward/backward (0: the whole batch at once)."""
-    max_tokens_per_micro_batch: NonNeg = 0
+    max_tokens_per_micro_batch: NonNeg = 32768
     """Token budget of one forward/backward: consecutive sequences are packed while
     rows x (longest prompt + longest response among them) stays within it, each micro-batch
-    padded only to its own widths (a sequence longer than the budget goes alone). 0: no
-    budget. With ``micro_batch_size`` too, both limits hold."""
+    padded only to its own widths. A group holding an experience longer than the budget is
+    dead-lettered at intake (it cannot be trained within it). 0: no budget (the whole
+    batch in one pass). With ``micro_batch_size`` too, both limits hold. The default keeps
+    a CPU step's activations to a few GB on long batches; a GPU recipe sets its own."""
+    max_group_rows: NonNeg = 256
+    """A group of more experiences is dead-lettered at intake (0: no bound; the wire
+    format's own bound is 1024). A sanity bound: explorer groups hold
+    ``explorer.repeat_times`` rows, serve and client groups often 16 or more."""
+    max_step_crashes: NonNeg = 2
+    """A batch that this many trainers in a row died while training (the kernel's OOM
+    kill, a device assert: what the process cannot catch) is dead-lettered by the next
+    trainer as it reads it again (0: never). A step that raises a catchable error (out
+    of memory) is retried once a row at a time, then its groups are dead-lettered."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping
     them: less memory for long sequences, about a third more compute."""

@@ -15,7 +15,7 @@ def test_drill_recovers_and_the_books_balance(name, tmp_path):
     r = run_drill(name, tmp_path)
     detail = r.detail
     assert r.exit_code == 0, (r, (tmp_path / name / f"{name}.log").read_text()[-4000:])
-    assert detail["final_step"] == STEPS
+    assert detail["final_step"] == DRILLS[name].steps
     assert r.tasks_fed == TASKS
     assert r.tasks_trained == TASKS - r.tasks_dropped
     assert r.tasks_lost == 0
@@ -30,6 +30,10 @@ def test_drill_recovers_and_the_books_balance(name, tmp_path):
         assert detail["restarts"]["trainer"] >= 1
     elif name == "corrupt_shard":
         assert sum(detail["versions_rejected"].values()) >= 1
+    elif name == "poison_batch":  # 2 oversized groups at intake, 1 batch after 2 kills
+        assert detail["restarts"]["trainer"] >= 2
+        assert detail["set_aside"] == detail["killed_batch"] and len(detail["set_aside"]) == 20
+        assert r.dead_letters == 2 + 20
     elif name == "fuzz":
         assert detail["injected"] >= 1000
         assert r.dead_letters == detail["injected"]  # each invalid message: one dead letter

@@ -51,9 +51,10 @@ from streamrft.infra.config import (
 from streamrft.infra.consume import Record, consume, read_topic
 from streamrft.infra.local.processes import port_open
 from streamrft.infra.local.services import BROKER, OBJECT_STORE, LocalServices
-from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, TASK
+from streamrft.schemas.codec import CONTROL, DEAD_LETTER, EXPERIENCE_GROUP, METRICS, STATUS, TASK
 from streamrft.schemas.events import MetricsEvent, ModelVersionReady, StatusEvent
 from tests.helpers.cli import env, overrides, streamrft_cmd
+from tests.helpers.groups import make_group
 from tests.helpers.paths import EXAMPLE
 
 EPOCHS = 2
@@ -126,6 +127,8 @@ class Drill(ABC):
 
     fault_at_step = FAULT_AT_STEP
     """The fault comes once the trainer has finished this many steps."""
+    steps = STEPS
+    """The steps the run ends with (fewer when the drill makes a batch untrainable)."""
 
     def __init__(self, name: str, workdir: Path, broker_storage: str = "memory") -> None:
         self.name = name
@@ -328,7 +331,7 @@ class Drill(ABC):
             dead_letters_missing=books.pop("dead_letters_missing"),
             final_step=books.pop("final_step"),
         )
-        finished = self.proc.returncode == 0 and self.detail["final_step"] == STEPS
+        finished = self.proc.returncode == 0 and self.detail["final_step"] == self.steps
         balanced = (
             books["tasks_lost"] == 0
             and books["duplicates_trained"] == 0
@@ -542,6 +545,83 @@ class Fuzz(Drill):
         return injected >= 1000 and books["dead_letters"] == injected
 
 
+class PoisonBatch(Drill):
+    """Groups no trainer can take: two valid but oversized groups from an outside producer
+    (more rows than ``trainer.max_group_rows``, an experience past the model's context),
+    each dead-lettered at intake; then the trainer SIGKILLed twice while training the same
+    batch (what an OOM kill or a device assert does): the third trainer sets that batch's
+    groups aside (dead letters with the reason) and the run goes on without them."""
+
+    steps = STEPS - 1  # the batch set aside is never trained
+
+    def overrides(self) -> list[str]:
+        # a row per micro-batch: a step lasts long enough to be caught in flight
+        return [*super().overrides(), "trainer.micro_batch_size=1", "trainer.idle_timeout_s=20"]
+
+    def _inflight(self) -> tuple[list[str], int] | None:
+        """The trainer's batch in flight and how many trainers started it (its own record)."""
+        path = self.workdir / "runs" / self.run_id / "trainer" / "inflight.json"
+        try:
+            data = json.loads(path.read_text())
+            return sorted(data["groups"]), data["attempts"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    async def fault(self) -> None:
+        from tests.harness.fuzz import FuzzMessage, inject
+
+        self.fault_started = time.time()
+        rows = make_group(self.run_id, "too-many-rows", 0, n=300)
+        long_tokens = [[1] + [5] * 198 + [2]]
+        long = make_group(
+            self.run_id, "too-long", 0, n=1, tokens=long_tokens, logprobs=[[-0.5] * 196],
+            masks=[[1] * 196],
+        )  # fmt: skip
+        msgs = [
+            FuzzMessage(EXPERIENCE_GROUP.encode(g), EXPERIENCE_GROUP.headers())
+            for g in (rows, long)
+        ]
+        topics = self.cfg.topics()
+        for partition, offset in await inject(self.cfg, topics.experiences, msgs):
+            self.injected_invalid.add((topics.experiences, partition, offset))
+        killed: list[list[str]] = []
+        for attempt in (1, 2):  # the same batch, started by two trainers in turn
+
+            def in_flight(attempt: int = attempt) -> bool:
+                found = self._inflight()
+                alive = self.pid_of("train") is not None
+                return found is not None and found[1] == attempt and alive
+
+            await self._wait(in_flight, 240, f"trainer {attempt} training the batch")
+            ids, _ = self._inflight() or ([], 0)
+            if killed and ids != killed[0]:
+                raise RuntimeError(f"{self.name}: the second trainer started another batch")
+            killed.append(ids)
+            os.kill(self.pid_of("train"), signal.SIGKILL)
+            await self._wait(lambda: self.pid_of("train") is None, 30, "the trainer to die")
+        self.detail["killed_batch"] = killed[0]
+        self.fault_ended = time.time()
+
+    async def books(self) -> dict:
+        books = await super().books()
+        topics = self.cfg.topics()
+        aside = set()
+        for _, _, d in await self._read_topic(topics.dead_letters, DEAD_LETTER):
+            if d is not None and "trainers died" in d.reason and d.value is not None:
+                aside.add(EXPERIENCE_GROUP.decode(d.value).id)
+                self.injected_invalid.add((d.source_topic, d.partition, d.offset))
+        self.detail["set_aside"] = sorted(aside)
+        # the batch set aside is dropped with a stated reason, like a stale group
+        books["tasks_dropped"] += len(aside)
+        books["tasks_lost"] = max(0, books["tasks_lost"] - len(aside))
+        books["dead_letters_unaccounted"] -= len(aside)
+        return books
+
+    def check(self, books: dict) -> bool:  # the batch killed on twice is the one set aside
+        restarts = (self.detail.get("restarts") or {}).get("trainer", 0)
+        return restarts >= 2 and self.detail.get("set_aside") == self.detail.get("killed_batch")
+
+
 DRILLS: dict[str, type[Drill]] = {
     "explorer_kill": ExplorerKill,
     "trainer_kill": TrainerKill,
@@ -549,6 +629,7 @@ DRILLS: dict[str, type[Drill]] = {
     "broker_restart": BrokerRestart,
     "corrupt_shard": CorruptShard,
     "fuzz": Fuzz,
+    "poison_batch": PoisonBatch,
 }
 
 
