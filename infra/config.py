@@ -108,8 +108,10 @@ class KafkaConfig(_Section):
     no idempotence, one partition per task id (murmur2), a record counted as published only
     once acknowledged, one request in flight per partition (order kept), the same security
     options. Control events always go through aiokafka."""
-    max_request_bytes: Annotated[int, msgspec.Meta(ge=1 << 20)] = 16 << 20
-    """Largest produce request and message; an experience group must fit."""
+    max_request_bytes: Annotated[int, msgspec.Meta(ge=1 << 20, le=16 << 20)] = 16 << 20
+    """Largest produce request and message; an experience group must fit. At most 16 MiB:
+    the largest experience group or dead letter the trainer decodes (a larger setting would
+    let explorers publish groups no trainer reads)."""
     session_timeout_ms: Annotated[int, msgspec.Meta(ge=1000)] = 6_000
     """Consumer-group session timeout: a dead explorer's tasks move after this. The embedded
     broker holds every group join for half of it; 6000 is the least Apache Kafka accepts by
@@ -618,6 +620,19 @@ class ServeConfig(_Section):
     """Model name shown by ``/v1/models`` and accepted in requests (empty: the run id)."""
     max_request_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1 << 20
     """Largest request body; a bigger one gets 413."""
+    allowed_hosts: list[str] = []
+    """Names a request's ``Host`` may carry besides the bound address (and, on loopback,
+    ``localhost``, ``127.0.0.1``, ``::1``): a Kubernetes service name, a proxy's name.
+    Another ``Host`` gets 421, which stops DNS rebinding. Bound to ``0.0.0.0`` with none
+    set: any ``Host``."""
+    allowed_origins: list[str] = []
+    """Web origins (``https://app.example.com``) whose pages may call the API from a
+    browser; a request with any other ``Origin`` header gets 403 (programs, the ``openai``
+    client included, send none). ``*``: any origin. Default: none."""
+    max_concurrency: Pos = 256
+    """Requests served at once; more get 503 at once (uvicorn's ``limit_concurrency``)."""
+    shutdown_timeout_s: PosF = 30.0
+    """On stop, longest wait for requests in flight before their connections close."""
     max_n: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
     """Largest ``n`` (choices per request)."""
     max_tokens: Pos = 256

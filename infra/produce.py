@@ -69,6 +69,18 @@ def group_records(topic: str, groups: Sequence[ExperienceGroup]) -> list[OutReco
     ]
 
 
+RECORD_MARGIN = 64 << 10
+"""Room a record needs beyond its value in a produce request (key, headers, framing)."""
+
+
+def too_large(groups: Sequence[ExperienceGroup], max_request_bytes: int) -> dict[str, int]:
+    """Ids of the groups whose record would not fit a produce request of
+    ``max_request_bytes`` or the experience codec's limit, with their encoded sizes."""
+    limit = min(max_request_bytes, EXPERIENCE_GROUP.max_bytes) - RECORD_MARGIN
+    sizes = {g.id: len(EXPERIENCE_GROUP.encode(g)) for g in groups}
+    return {gid: n for gid, n in sizes.items() if n > limit}
+
+
 async def send_groups(
     producer: Any,
     topic: str,

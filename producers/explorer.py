@@ -27,7 +27,7 @@ from streamrft.infra.bus import ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
 from streamrft.infra.modeling import model_device
-from streamrft.infra.produce import send_groups
+from streamrft.infra.produce import send_groups, too_large
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.policy import followed_policy, start_sampler
 from streamrft.producers.rewards import get_reward
@@ -136,6 +136,19 @@ class Explorer:
         outcome = await self.scheduler.run(taken.tasks, seed, self.stop)
         rollout_s = time.perf_counter() - t0
         groups = _stamp(outcome.groups, taken.tasks)
+        big = too_large(groups, self.cfg.kafka.max_request_bytes)
+        if big:  # no broker or trainer takes them: their tasks are given up, with the reason
+            by_task = {t.id: t for t in taken.tasks}
+            outcome.failed.extend(
+                (
+                    by_task[g.task_id],
+                    f"its group is {big[g.id]} bytes encoded, more than a record holds "
+                    "(kafka.max_request_bytes, 16 MiB at most): fewer or shorter rollouts",
+                )
+                for g in groups
+                if g.id in big and g.task_id in by_task
+            )
+            groups = [g for g in groups if g.id not in big]
         await self.publish(groups)
         if outcome.aborted:
             log.info(

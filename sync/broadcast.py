@@ -12,6 +12,7 @@ explorer, member or not, can load it.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 import torch
 
 from streamrft.infra.config import Config
-from streamrft.schemas.errors import SyncError
+from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.collective import (
     CollectiveReceiver,
@@ -29,6 +30,7 @@ from streamrft.sync.collective import (
     spec_digest,
     tensor_specs,
 )
+from streamrft.sync.delta import state_sha256, verify_state
 from streamrft.sync.transport import (
     Announce,
     MakePayload,
@@ -40,6 +42,19 @@ from streamrft.sync.transport import (
 from streamrft.sync.weights import nbytes
 
 log = logging.getLogger(__name__)
+
+
+def same_host(a: str, b: str) -> bool:
+    """Whether two rendezvous hosts name the same address (``::1`` and ``[::1]``, case)."""
+
+    def canonical(host: str) -> str:
+        host = host.strip("[]").lower()
+        try:
+            return str(ipaddress.ip_address(host))
+        except ValueError:
+            return host
+
+    return canonical(a) == canonical(b)
 
 
 class BroadcastSender(WeightSender):
@@ -88,6 +103,8 @@ class BroadcastSender(WeightSender):
             method=self.method,
             uri=uri or "",
             manifest_sha256=spec_digest(tensor_specs(tensors)).hex(),
+            # the bytes' digest, which every member checks before it applies them
+            state_sha256=await asyncio.to_thread(state_sha256, tensors),
             bytes=nbytes(tensors),
             step=payload.step,
             lora=payload.lora,
@@ -131,24 +148,37 @@ class BroadcastReceiver(WeightReceiver):
     refetchable = False
     needs_template = True
 
-    def __init__(self, member: str, timeout_s: float) -> None:
+    def __init__(self, member: str, timeout_s: float, host: str) -> None:
         self.member = member
         self.timeout_s = timeout_s
+        self.host = host
+        """The one rendezvous host this explorer connects to (``synchronizer.nccl_host``)."""
         self._receiver: CollectiveReceiver | None = None
 
     def can_load(self, event: ModelVersionReady) -> bool:
         try:
-            return self.member in parse_rendezvous(event.uri).members
+            rendezvous = parse_rendezvous(event.uri)
         except SyncError:
             return False
+        return self.member in rendezvous.members and same_host(rendezvous.host, self.host)
 
     def receive(
         self, event: ModelVersionReady, like: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
+        what = f"broadcast version {event.version}"
+        host = parse_rendezvous(event.uri).host
+        if not same_host(host, self.host):
+            raise IntegrityError(
+                f"{what}: rendezvous at {host!r}, not synchronizer.nccl_host "
+                f"({self.host!r}): refused"
+            )
+        if not event.state_sha256:
+            raise IntegrityError(f"{what}: no digest of its bytes (state_sha256): refused")
         if self._receiver is None:
             self._receiver = CollectiveReceiver(self.member, self.timeout_s)
         staging = {k: torch.empty_like(v) for k, v in like.items()}
         self._receiver.receive(event.uri, staging, event.version)
+        verify_state(staging, event.state_sha256, what)  # before anything is applied
         return staging
 
     def close(self) -> None:

@@ -170,6 +170,5 @@ def verify_state(tensors: Mapping[str, torch.Tensor], expected: str, what: str) 
     actual = state_sha256(tensors)
     if actual != expected:
         raise IntegrityError(
-            f"{what}: the rebuilt state's sha256 {actual[:16]}... is not the announced "
-            f"{expected[:16]}..."
+            f"{what}: the state's sha256 {actual[:16]}... is not the announced {expected[:16]}..."
         )

@@ -27,7 +27,7 @@ import torch
 
 from streamrft.infra.bus import Counters
 from streamrft.infra.config import Config
-from streamrft.schemas.errors import SyncError
+from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
 
 Announce = Callable[[ModelVersionReady], Awaitable[None]]
@@ -174,7 +174,7 @@ def _filesystem_receiver(cfg: Config, member: str) -> WeightReceiver:
 def _nccl_receiver(cfg: Config, member: str) -> WeightReceiver:
     from streamrft.sync.broadcast import BroadcastReceiver
 
-    return BroadcastReceiver(member, cfg.synchronizer.sync_timeout)
+    return BroadcastReceiver(member, cfg.synchronizer.sync_timeout, cfg.synchronizer.nccl_host)
 
 
 def _shared_receiver(cfg: Config, member: str) -> WeightReceiver:
@@ -201,6 +201,18 @@ RECEIVERS: dict[str, Callable[[Config, str], WeightReceiver]] = {
 """``ModelVersionReady.method`` -> an explorer's receiver for it (``auto`` announces its
 versions as ``shared`` and ``object_store``)."""
 
+ACCEPTED = {
+    "object_store": ("object_store",),
+    "filesystem": ("filesystem",),
+    "nccl": ("nccl", "object_store"),
+    "shared": ("shared",),
+    "auto": ("shared", "object_store"),
+}
+"""``synchronizer.method`` -> the methods of the announcements an explorer of that run
+loads (a broadcast's fallback and ``auto``'s store lane are the object store). Any other
+is refused: an event cannot move an explorer to a method its run does not use (connect to
+a rendezvous it names, read a folder)."""
+
 COST = {"shared": 0, "nccl": 1, "filesystem": 2, "object_store": 3}
 """Which announcement of a version an explorer loads when it can load several: the
 cheapest (an unknown method last)."""
@@ -225,6 +237,12 @@ class Receivers:
     def for_event(self, event: ModelVersionReady) -> WeightReceiver:
         receiver = self._made.get(event.method)
         if receiver is None:
+            method = self.cfg.synchronizer.method
+            if event.method not in ACCEPTED.get(method, ()):
+                raise IntegrityError(
+                    f"version {event.version} comes by {event.method!r}, which this run does "
+                    f"not use (synchronizer.method: {method}): refused"
+                )
             if event.method not in RECEIVERS:
                 raise SyncError(
                     f"version {event.version}: no receiver for method {event.method!r} "
@@ -234,7 +252,12 @@ class Receivers:
         return receiver
 
     def can_load(self, event: ModelVersionReady) -> bool:
-        return event.method in RECEIVERS and self.for_event(event).can_load(event)
+        accepted = ACCEPTED.get(self.cfg.synchronizer.method, ())
+        return (
+            event.method in RECEIVERS
+            and event.method in accepted
+            and self.for_event(event).can_load(event)
+        )
 
     def close(self) -> None:
         for receiver in self._made.values():

@@ -13,7 +13,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -22,6 +22,7 @@ from fastapi.responses import Response
 
 from streamrft.infra.config import ServeConfig
 from streamrft.infra.prompts import PromptRenderer
+from streamrft.infra.web_guard import WebGuard
 from streamrft.producers.engines.base import Rollout
 from streamrft.producers.serving.completions import (
     GREEDY_TEMPERATURE,
@@ -139,10 +140,21 @@ def _decode(body: bytes, type_: type) -> Any:
         raise ApiError(400, f"bad request body: {exc}") from exc
 
 
-def build_app(server: Backend, key: str | None, prefix: str = "", feedback: bool = True) -> Any:
+def build_app(
+    server: Backend,
+    key: str | None,
+    prefix: str = "",
+    feedback: bool = True,
+    bound: str = "127.0.0.1",
+    hosts: Sequence[str] = (),
+    origins: Sequence[str] = (),
+) -> Any:
     """The FastAPI app of ``server``; ``key``: the API key every route but /health needs.
     ``prefix`` goes before every route (``/ep/{conversation}``: the conversation id is
-    part of the URL); ``feedback``: with ``/feedback`` and ``/commit``."""
+    part of the URL); ``feedback``: with ``/feedback`` and ``/commit``. ``bound``,
+    ``hosts``, ``origins``: the address it listens on and the allowed ``Host`` names and
+    web origins (:class:`~streamrft.infra.web_guard.WebGuard`: checked first, before the
+    body is read)."""
     app = FastAPI(title="streamrft serve", docs_url=None, redoc_url=None, openapi_url=None)
     handlers = Handlers(server)
 
@@ -169,7 +181,12 @@ def build_app(server: Backend, key: str | None, prefix: str = "", feedback: bool
     if feedback:
         route("/feedback", handlers.feedback, "POST")
         route("/commit", handlers.commit, "POST")
-    return BodyLimit(app, server.limits.max_request_bytes)
+    limited = BodyLimit(app, server.limits.max_request_bytes)
+    return WebGuard(limited, bound, hosts, origins, error=_openai_error)
+
+
+def _openai_error(status: int, message: str) -> dict:
+    return {"error": {"message": message, "type": "invalid_request_error", "code": status}}
 
 
 def _authorise(request: Request, key: str) -> None:

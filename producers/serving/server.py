@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrft.infra.bus import ControlView, Counters, EventSender, Position
-from streamrft.infra.config import Config
+from streamrft.infra.config import Config, ServeConfig
 from streamrft.infra.net import is_loopback
 from streamrft.infra.produce import send_groups
 from streamrft.infra.signals import install_stop_handlers
@@ -41,7 +41,7 @@ FLUSH_S = 1.0
 """How often due groups are published and versions looked for."""
 
 
-def _http_server(app: Any) -> Any:
+def _http_server(app: Any, serve: ServeConfig) -> Any:
     """A uvicorn server that leaves signals alone: this process's stop handlers set
     :attr:`Server.stop`, and the server is told to exit from there (uvicorn's own
     handling would re-raise the signal after serving and skip the final publication)."""
@@ -51,7 +51,14 @@ def _http_server(app: Any) -> Any:
         def capture_signals(self) -> contextlib.AbstractContextManager:
             return contextlib.nullcontext()
 
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+        limit_concurrency=serve.max_concurrency,  # beyond it: 503 at once
+        timeout_graceful_shutdown=serve.shutdown_timeout_s,
+    )
     return Quiet(config)
 
 
@@ -213,7 +220,7 @@ class Server:
             host = self.cfg.serve.host
             url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
             stack.callback(self._announce(url, key is not None))
-            http = _http_server(app)
+            http = _http_server(app, self.cfg.serve)
             loops = [
                 asyncio.create_task(self._follow(), name="the version follower"),
                 asyncio.create_task(self._flush(), name="the publisher"),
@@ -274,6 +281,14 @@ def main(cfg: Config) -> None:
 
     async def serve() -> None:
         server = Server(cfg)
-        await server.run(build_app(server, key), key)
+        serve = cfg.serve
+        app = build_app(
+            server,
+            key,
+            bound=serve.host,
+            hosts=serve.allowed_hosts,
+            origins=serve.allowed_origins,
+        )
+        await server.run(app, key)
 
     asyncio.run(serve())

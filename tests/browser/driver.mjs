@@ -16,6 +16,8 @@ import { chromium } from "playwright-core";
 const ARGS = [
   "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
   "--disable-component-update", "--disable-quic", "--no-first-run", "--disable-sync",
+  // more flags from the test (e.g. --host-resolver-rules to point a name at 127.0.0.1)
+  ...JSON.parse(process.env.BROWSER_EXTRA_ARGS || "[]"),
 ];
 
 const userDataDir = process.argv[2];

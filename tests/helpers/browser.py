@@ -67,10 +67,12 @@ def need_browser() -> None:
 class Browser:
     """One Chromium page; every call waits for its answer (``timeout_s``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra_args: tuple[str, ...] = ()) -> None:
+        """``extra_args``: more Chromium flags (``--host-resolver-rules=...``)."""
         self.profile = tempfile.mkdtemp(prefix="streamrft-chromium-")
         self.proc = subprocess.Popen(
             ["node", str(BROWSER_DIR / "driver.mjs"), self.profile],
+            env=os.environ | {"BROWSER_EXTRA_ARGS": json.dumps(list(extra_args))},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

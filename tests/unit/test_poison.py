@@ -167,3 +167,27 @@ def test_a_step_that_fails_again_sets_its_groups_aside_with_the_reason():
     run(trainer._step(_groups()))
     with pytest.raises(RuntimeError, match="injected"):  # a third in a row: the trainer's fault
         run(trainer._step(_groups()))
+
+
+# -- the explorer's side -------------------------------------------------------------------------
+def test_groups_too_large_for_a_record_are_found_before_they_are_sent():
+    from streamrft.infra.produce import too_large
+
+    small = make_group("r", "small", 0, n=2)
+    n = 300_000  # 1.2 MB of token ids alone
+    big = make_group(
+        "r", "big", 0, n=1, tokens=[[1] * n], logprobs=[[-0.5] * (n - 4)], masks=[[1] * (n - 4)]
+    )
+    found = too_large([small, big], 1 << 20)
+    assert list(found) == [big.id] and found[big.id] > 1 << 20
+    assert too_large([small, big], 16 << 20) == {}
+
+
+def test_the_broker_limit_cannot_exceed_what_a_trainer_decodes():
+    from streamrft.infra.config import from_dict
+    from streamrft.schemas import ConfigError
+    from tests.helpers.configs import cfg_of
+
+    assert from_dict(cfg_of(kafka={"max_request_bytes": 16 << 20})).kafka.max_request_bytes
+    with pytest.raises(ConfigError, match="max_request_bytes"):
+        from_dict(cfg_of(kafka={"max_request_bytes": 64 << 20}))

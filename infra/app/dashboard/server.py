@@ -33,6 +33,7 @@ from streamrft.infra.app.metrics_log import METRICS_FILE
 from streamrft.infra.config import Config, with_run_id
 from streamrft.infra.net import is_loopback
 from streamrft.infra.signals import install_stop_handlers
+from streamrft.infra.web_guard import WebGuard
 from streamrft.schemas.errors import StreamRFTError
 
 log = logging.getLogger(__name__)
@@ -199,8 +200,10 @@ def _error(status: int, message: str) -> Any:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def build_app(dash: Dashboard) -> Any:
-    """The FastAPI app of ``dash``: see the module docstring."""
+def build_app(dash: Dashboard, bound: str = "127.0.0.1") -> Any:
+    """The FastAPI app of ``dash`` (see the module docstring), behind the web guard: only
+    the names of ``bound`` (the address it listens on) as ``Host``, no cross-site
+    ``Origin`` (a page elsewhere, or DNS rebinding, cannot read a run's view)."""
     from fastapi import FastAPI
     from fastapi.responses import FileResponse, Response, StreamingResponse
     from fastapi.staticfiles import StaticFiles
@@ -242,7 +245,7 @@ def build_app(dash: Dashboard) -> Any:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(dash.stream(feed), media_type="text/event-stream", headers=headers)
 
-    return app
+    return WebGuard(app, bound)
 
 
 def _http_server(app: Any) -> Any:
@@ -299,7 +302,7 @@ async def serve(dash: Dashboard, host: str, port: int, url_file: Path | None = N
     url = url_of(host, sock.getsockname()[1], dash.default_run)
     stop = asyncio.Event()
     install_stop_handlers(stop, "dashboard")
-    http = _http_server(build_app(dash))
+    http = _http_server(build_app(dash, host))
     serving = asyncio.create_task(http.serve(sockets=[sock]))
     print(f"dashboard: {url}", flush=True)
     if url_file is not None:
