@@ -649,7 +649,13 @@ class ServeConfig(_Section):
     """Concurrent requests with the same ``n``, ``temperature`` and ``max_tokens`` are
     sampled in one engine call of up to this many prompts."""
     max_recorded: Pos = 100_000
-    """Responses held waiting for feedback or commit; when full, a request gets 503."""
+    """Responses held waiting for feedback or commit; when full, a request gets 503
+    (before it is sampled)."""
+    max_recorded_tokens: Pos = 20_000_000
+    """Tokens (prompt + response) of the responses held, at most: what bounds the
+    server's memory (each token is kept as a Python int with its log-prob, ~60 bytes: the
+    default is ~1.2 GB). A request whose ``n x (prompt + max_tokens)`` would not fit gets
+    503 before it is sampled."""
     serve_initial: bool = False
     """Serve the configured model as version 0 before any version is announced (a run
     whose trainer publishes version 0 from the same weights); False: completions get 503

@@ -35,7 +35,7 @@ from streamrft.producers.scheduler import RolloutScheduler, SchedulerLimits
 from streamrft.producers.task_intake import UNSTAMPED, Taken, TaskIntake
 from streamrft.producers.workflows import RolloutSpec, get_workflow
 from streamrft.schemas.codec import TASK
-from streamrft.schemas.errors import RolloutError
+from streamrft.schemas.errors import RolloutError, StreamRFTError
 from streamrft.schemas.events import RunState
 from streamrft.schemas.experience import ExperienceGroup, Task
 from streamrft.sync.follower import Synced
@@ -133,7 +133,9 @@ class Explorer:
         it made and commits nothing: its tasks are explored again after a restart."""
         t0 = time.perf_counter()
         seed = self.cfg.run.seed * 1_000_003 + self.index * 10_007 + self.step
-        outcome = await self.scheduler.run(taken.tasks, seed, self.stop)
+        tasks, too_long = self._fit_context(taken.tasks)
+        outcome = await self.scheduler.run(tasks, seed, self.stop)
+        outcome.failed.extend(too_long)
         rollout_s = time.perf_counter() - t0
         groups = _stamp(outcome.groups, taken.tasks)
         big = too_large(groups, self.cfg.kafka.max_request_bytes)
@@ -160,6 +162,26 @@ class Explorer:
         self.step += 1
         self.counters.add("task_retries", outcome.retried)
         await self.report(groups, rollout_s)
+
+    def _fit_context(self, tasks: list[Task]) -> tuple[list[Task], list[tuple[Task, str]]]:
+        """The tasks whose rendered prompt leaves the model room to answer, and the others
+        with the reason (given up before the engine sees them)."""
+        config = getattr(self.engine.model, "config", None)
+        context = int(getattr(config, "max_position_embeddings", 0) or 0)
+        if not context:
+            return tasks, []
+        fit, too_long = [], []
+        for task in tasks:
+            try:
+                n = len(self.prompts.ids(task))
+            except (StreamRFTError, ValueError, TypeError, KeyError):
+                n = 0  # a prompt this renderer cannot make: the workflow's to judge
+            if n < context:
+                fit.append(task)
+            else:
+                reason = f"its prompt is {n} tokens, the model's context {context}: no room"
+                too_long.append((task, reason))
+        return fit, too_long
 
     def _call(self, workflow: str, tasks: list[Task], seed: int) -> list[ExperienceGroup]:
         """One workflow call (on a scheduler thread)."""

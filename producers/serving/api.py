@@ -247,6 +247,10 @@ class Handlers:
         """Check, sample, record and answer one completion request."""
         max_tokens = self._check(req, prompt_ids, max_tokens)
         server = self.server
+        try:  # before the engine runs: a full server refuses without sampling
+            server.recorder.check_room(req.n, req.n * (len(prompt_ids) + max_tokens))
+        except Full as exc:
+            raise ApiError(503, str(exc), "server_error") from exc
         temperature = server.temperature if req.temperature is None else req.temperature
         seed = req.seed if req.seed is not None else secrets.randbits(31)
         temperature = max(temperature, GREEDY_TEMPERATURE)  # recorded as sampled

@@ -28,7 +28,12 @@ class UnknownResponse(StreamRFTError):
 
 
 class Full(StreamRFTError):
-    """``serve.max_recorded`` responses are held already."""
+    """``serve.max_recorded`` responses (or ``serve.max_recorded_tokens`` tokens) are held
+    already."""
+
+
+def tokens_of(rollouts: list[Rollout]) -> int:
+    return sum(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
 
 
 @dataclass
@@ -63,11 +68,15 @@ class Recorder:
         group_size: int,
         max_recorded: int,
         max_group_bytes: int = 8 << 20,
+        max_tokens: int = 0,
     ) -> None:
         self.run = run
         self.server = server
         self.group_size = group_size
         self.max_recorded = max_recorded
+        self.max_tokens = max_tokens
+        """Tokens (prompt + response) held at most (0: no bound): what bounds the memory."""
+        self.held_tokens = 0
         self.max_group_bytes = max_group_bytes
         """A published group is split to stay under this (about half the broker's record
         limit) and under ``MAX_EXPERIENCES_PER_GROUP`` experiences."""
@@ -88,11 +97,8 @@ class Recorder:
         now: float,
     ) -> None:
         """Remember the choices of completion ``response_id``."""
-        if self.held + len(rollouts) > self.max_recorded:
-            raise Full(
-                f"{self.held} responses wait for feedback or commit (serve.max_recorded="
-                f"{self.max_recorded}); commit or give feedback first"
-            )
+        tokens = tokens_of(rollouts)
+        self.check_room(len(rollouts), tokens)
         key = conversation or response_id
         group = self.groups.setdefault(key, Group(key))
         for i, rollout in enumerate(rollouts):
@@ -100,6 +106,22 @@ class Recorder:
         group.last_seen = now
         self.group_of[response_id] = key
         self.held += len(rollouts)
+        self.held_tokens += tokens
+
+    def check_room(self, responses: int, tokens: int) -> None:
+        """Raise :class:`Full` unless ``responses`` more of ``tokens`` in all fit: asked
+        before a request is sampled (with its largest size), and again when it is
+        recorded."""
+        if self.held + responses > self.max_recorded:
+            raise Full(
+                f"{self.held} responses wait for feedback or commit (serve.max_recorded="
+                f"{self.max_recorded}); commit or give feedback first"
+            )
+        if self.max_tokens and self.held_tokens + tokens > self.max_tokens:
+            raise Full(
+                f"{self.held_tokens} tokens of responses wait for feedback or commit "
+                f"(serve.max_recorded_tokens={self.max_tokens}); commit or give feedback first"
+            )
 
     def feedback(
         self,
@@ -171,8 +193,8 @@ class Recorder:
     def _expire(self, group: Group, now: float, ttl_s: float) -> None:
         if now - group.last_seen < ttl_s:
             return
-        stale = [rid for rid, r in group.responses.items() if r.reward is None]
-        for rid in stale:
+        stale = [(rid, r) for rid, r in group.responses.items() if r.reward is None]
+        for rid, _ in stale:
             del group.responses[rid]
         self.expired += len(stale)
         self._forget(group, stale)
@@ -184,7 +206,7 @@ class Recorder:
         rewarded = group.rewarded()
         for rid, _ in rewarded:
             del group.responses[rid]
-        self._forget(group, [rid for rid, _ in rewarded])
+        self._forget(group, rewarded)
         by_version: dict[int, list[Recorded]] = {}
         for _, recorded in rewarded:
             by_version.setdefault(recorded.version, []).append(recorded)
@@ -194,11 +216,12 @@ class Recorder:
             for part in _parts(rs, self.max_group_bytes)
         ]
 
-    def _forget(self, group: Group, removed: list[tuple[str, int]]) -> None:
+    def _forget(self, group: Group, removed: list[tuple[tuple[str, int], Recorded]]) -> None:
         """Book ``removed`` responses of ``group`` gone; forget what is left empty."""
         self.held -= len(removed)
+        self.held_tokens -= tokens_of([r.rollout for _, r in removed])
         alive = {rid[0] for rid in group.responses}
-        for response_id in {rid[0] for rid in removed} - alive:
+        for response_id in {rid[0] for rid, _ in removed} - alive:
             self.group_of.pop(response_id, None)
         if not group.responses:
             del self.groups[group.key]

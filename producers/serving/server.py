@@ -104,6 +104,7 @@ class Server:
             cfg.serve.group_size,
             cfg.serve.max_recorded,
             cfg.kafka.max_request_bytes // 2,
+            cfg.serve.max_recorded_tokens,
         )
         self.lock = asyncio.Lock()
         self.batcher = Batcher(self._call, cfg.serve.max_batch)

@@ -107,3 +107,19 @@ def explore_argv(
     if index is not None:
         args += ["--index", str(index)]
     return streamrft_cmd(*args, *_common(run_id, runs_dir, services, settings))
+
+
+def style_settings(style: str, interval: int, offset: int, staleness: int) -> list[str]:
+    """The settings of a short run under sync style ``style`` (no warm-up, evaluation or
+    checkpoints; batches of 8 groups): the sync-style tests' runs."""
+    return [
+        f"synchronizer.style={style}",
+        f"synchronizer.sync_interval={interval}",
+        f"synchronizer.sync_offset={offset}",
+        f"trainer.max_staleness={staleness}",
+        "trainer.warmup_sft_steps=0",
+        "trainer.eval_interval=0",
+        "trainer.save_interval=0",
+        "explorer.batch_size=8",
+        "trainer.batch_size=8",
+    ]

@@ -17,7 +17,7 @@ from streamrft.infra.consume import read_history
 from streamrft.schemas import CONTROL, EXPERIENCE_GROUP, ModelVersionReady
 from streamrft.sync.styles import required_version
 from tests.harness.throttle import throttled
-from tests.helpers.cli import env, run_argv
+from tests.helpers.cli import env, run_argv, style_settings
 from tests.helpers.paths import EXAMPLE
 
 pytestmark = pytest.mark.integration
@@ -39,15 +39,7 @@ def _run(services, make_config, tmp_path, style: str, interval: int, offset: int
                 tmp_path / "runs",
                 dataclasses.replace(services, s3_endpoint=relay.endpoint),
                 "synchronizer.method=object_store",
-                f"synchronizer.style={style}",
-                f"synchronizer.sync_interval={interval}",
-                f"synchronizer.sync_offset={offset}",
-                f"trainer.max_staleness={stale}",
-                "trainer.warmup_sft_steps=0",
-                "trainer.eval_interval=0",
-                "trainer.save_interval=0",
-                "explorer.batch_size=8",
-                "trainer.batch_size=8",
+                *style_settings(style, interval, offset, stale),
                 summary=tmp_path / "s.json",
             ),
             env=env(),

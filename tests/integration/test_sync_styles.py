@@ -20,7 +20,7 @@ from streamrft.schemas import (
     SyncRequest,
 )
 from streamrft.sync.styles import required_version
-from tests.helpers.cli import env, run_argv
+from tests.helpers.cli import env, run_argv, style_settings
 from tests.helpers.paths import EXAMPLE
 
 pytestmark = pytest.mark.integration
@@ -37,15 +37,7 @@ def _run(services, tmp_path, style: str, interval: int, offset: int, staleness: 
             STEPS,
             tmp_path / "runs",
             services,
-            "trainer.warmup_sft_steps=0",
-            "trainer.eval_interval=0",
-            "trainer.save_interval=0",
-            "explorer.batch_size=8",
-            "trainer.batch_size=8",
-            f"synchronizer.style={style}",
-            f"synchronizer.sync_interval={interval}",
-            f"synchronizer.sync_offset={offset}",
-            f"trainer.max_staleness={staleness}",
+            *style_settings(style, interval, offset, staleness),
         ),
         env=env(),
         capture_output=True,

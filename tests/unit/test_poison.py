@@ -191,3 +191,22 @@ def test_the_broker_limit_cannot_exceed_what_a_trainer_decodes():
     assert from_dict(cfg_of(kafka={"max_request_bytes": 16 << 20})).kafka.max_request_bytes
     with pytest.raises(ConfigError, match="max_request_bytes"):
         from_dict(cfg_of(kafka={"max_request_bytes": 64 << 20}))
+
+
+def test_a_task_whose_prompt_fills_the_context_is_given_up_before_the_engine():
+    from streamrft.infra.config import ModelConfig
+    from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
+    from streamrft.infra.prompts import PromptRenderer
+    from streamrft.producers.explorer import Explorer
+    from streamrft.schemas import Task
+
+    tok = build_char_tokenizer()
+    explorer = object.__new__(Explorer)
+    explorer.engine = type("E", (), {"model": build_tiny_model(ModelConfig(max_positions=16), tok)})
+    explorer.prompts = PromptRenderer(tok)
+    short, long = Task(id="s", prompt="1+2="), Task(id="l", prompt="1+2=" * 10)
+    fit, given_up = explorer._fit_context([short, long])
+    assert fit == [short]
+    assert [(t.id, reason) for t, reason in given_up] == [
+        ("l", "its prompt is 41 tokens, the model's context 16: no room")
+    ]

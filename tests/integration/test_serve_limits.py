@@ -1,0 +1,64 @@
+"""Serve limits are checked before the engine runs, and bound tokens, not only responses:
+a full server answers 503 without sampling (at 41ac149 a refused request still made an
+engine call). Through the real HTTP API of an explorer's recording endpoint."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from streamrft.infra.config import ExplorerConfig, ModelConfig
+from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
+from streamrft.infra.prompts import PromptRenderer
+from streamrft.producers.engines import make_engine
+from streamrft.producers.serving.endpoint import RecordingEndpoint
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def endpoint():
+    tok = build_char_tokenizer()
+    model = build_tiny_model(ModelConfig(), tok).eval()
+    engine = make_engine("transformers", model, tok, ExplorerConfig())
+    calls = []
+    real = engine.rollout
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    engine.rollout = counted
+    ep = RecordingEndpoint(engine, PromptRenderer(tok), "limits-run", "explorer-0")
+    ep.start()
+    ep.prepare(version=0, temperature=1.0, max_tokens=4)
+    ep.calls = calls
+    yield ep
+    ep._server.should_exit = True
+
+
+def _client(ep, conversation: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=ep.base_url(conversation), api_key="unused", max_retries=0)
+
+
+def test_a_full_server_refuses_before_sampling(endpoint):
+    endpoint.recorder.max_recorded = 2
+    client = _client(endpoint, "c1")
+    client.completions.create(model="policy", prompt="1+1=", max_tokens=2, n=2)
+    assert len(endpoint.calls) == 1 and endpoint.recorder.held == 2
+    with pytest.raises(openai.InternalServerError, match=r"serve\.max_recorded=2"):
+        client.completions.create(model="policy", prompt="1+1=", max_tokens=2)
+    assert len(endpoint.calls) == 1  # the engine never ran for the refused request
+
+
+def test_tokens_bound_what_is_held(endpoint):
+    endpoint.recorder.max_tokens = 40
+    client = _client(endpoint, "c2")
+    client.completions.create(model="policy", prompt="1+1=", max_tokens=2)
+    held = endpoint.recorder.held_tokens
+    assert 0 < held <= 8  # a prompt of 4 characters and BOS, 2 tokens sampled
+    with pytest.raises(openai.InternalServerError, match=r"serve\.max_recorded_tokens=40"):
+        client.completions.create(model="policy", prompt="12+34=", max_tokens=4, n=8)
+    assert len(endpoint.calls) == 1 and endpoint.recorder.held_tokens == held
+    endpoint.collect("c2", 1.0)  # the episode taken: its tokens are released
+    assert endpoint.recorder.held_tokens == 0
