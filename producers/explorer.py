@@ -42,6 +42,9 @@ from streamrft.sync.follower import Synced
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_GRACE_S = 60.0
+"""How long a step may go on after the run's Shutdown before it is stopped."""
+
 
 def explorer_identity(index: int | None) -> tuple[str, int]:
     """(component id, seed index). ``index``: the supervisor's numbering (``explorer-<i>``);
@@ -94,7 +97,23 @@ class Explorer:
         install_stop_handlers(self.stop, self.name)
         async with contextlib.AsyncExitStack() as stack:  # stops what started, in reverse
             await self._start(stack)
+            watch = asyncio.create_task(self._stop_after_shutdown(), name="shutdown-grace")
+            stack.callback(watch.cancel)
             await self._loop()
+
+    async def _stop_after_shutdown(self) -> None:
+        """A Shutdown lets the step in progress finish; one still running
+        :data:`SHUTDOWN_GRACE_S` later (a stuck workflow, no ``explorer.task_timeout_s``)
+        is stopped as by a signal: what it made is published, nothing is committed."""
+        await self.view.shutdown.wait()
+        await asyncio.sleep(SHUTDOWN_GRACE_S)
+        if not self.stop.is_set():
+            log.warning(
+                "%s: still busy %.0f s after the run's Shutdown; stopping the step",
+                self.name,
+                SHUTDOWN_GRACE_S,
+            )
+            self.stop.set()
 
     async def _loop(self) -> None:
         max_steps = self.cfg.explorer.max_steps

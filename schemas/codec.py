@@ -119,12 +119,6 @@ class Codec(Generic[T]):
     def json_headers(self) -> list[tuple[str, bytes]]:
         return [*self._headers, (HEADER_CONTENT_TYPE, JSON_CONTENT_TYPE.encode())]
 
-    def from_json_form(self, form: Any) -> T:
-        """The wire value of a decoded JSON form, validated."""
-        assert self._json is not None
-        obj = self._json.to_wire(form)
-        return self._validate(obj) if self._validate is not None else obj
-
     def decode(self, value: bytes | None, headers: Headers | None = None) -> T:
         if value is None:
             raise SchemaError(f"{self.name}: empty message (null value)")

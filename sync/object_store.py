@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import logging
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
@@ -85,6 +86,23 @@ def ensure_bucket(client: Minio, bucket: str) -> None:
 
 
 _SIGNATURE = re.compile(r"(X-Amz-Signature=)[0-9a-fA-F]+")
+
+
+class MaskSignatures(logging.Filter):
+    """Masks presigned URLs' signatures in a logger's records: urllib3 logs the whole URL
+    of a request it retries, and the signature grants that request for an hour."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = _SIGNATURE.sub(r"\1...", message)
+        if masked != message:
+            record.msg, record.args = masked, ()
+        return True
+
+
+for _name in ("urllib3", "urllib3.connectionpool", "urllib3.util.retry"):
+    logging.getLogger(_name).addFilter(MaskSignatures())
+
 _TRANSIENT_CODES = frozenset(
     {"InternalError", "ServiceUnavailable", "SlowDown", "XMinioServerNotInitialized"}
 )

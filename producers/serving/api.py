@@ -161,8 +161,15 @@ def build_app(
     def route(path: str, handler: Callable[[Request], Awaitable[Any]], method: str) -> None:
         async def endpoint(request: Request) -> Response:
             try:
-                if key is not None and path != "/health":
-                    _authorise(request, key)
+                if key is not None and not _authorised(request, key):
+                    if path != "/health":
+                        raise ApiError(
+                            401,
+                            "missing or wrong API key (Authorization: Bearer ...)",
+                            "auth_error",
+                        )
+                    # a probe without the key learns whether it serves, nothing else
+                    return _json({"status": (await handler(request))["status"]})
                 return _json(await handler(request))
             except ApiError as exc:
                 return _error(exc)
@@ -189,10 +196,9 @@ def _openai_error(status: int, message: str) -> dict:
     return {"error": {"message": message, "type": "invalid_request_error", "code": status}}
 
 
-def _authorise(request: Request, key: str) -> None:
+def _authorised(request: Request, key: str) -> bool:
     given = request.headers.get("authorization", "")
-    if not secrets.compare_digest(given.encode(), f"Bearer {key}".encode()):
-        raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)", "auth_error")
+    return secrets.compare_digest(given.encode(), f"Bearer {key}".encode())
 
 
 class Handlers:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from streamrft.producers.engines.base import Rollout
+from streamrft.schemas.errors import ServiceError
 
 Call = Callable[[list[list[int]], int, float, int, int], Awaitable[tuple[list[list[Rollout]], int]]]
 """``(prompts, n, temperature, max_tokens, seed) -> (rollouts per prompt, version)``."""
@@ -39,6 +40,8 @@ class Batcher:
         self.queue: list[_Waiting] = []
         self._wake = asyncio.Event()
         self._worker: asyncio.Task | None = None
+        self._current: list[_Waiting] = []
+        """The batch of the engine call in progress."""
         self.calls = 0
 
     async def sample(
@@ -47,6 +50,7 @@ class Batcher:
         """``n`` rollouts of ``prompt`` and the version that sampled them."""
         if self._worker is None:
             self._worker = asyncio.create_task(self._run())
+            self._worker.add_done_callback(self._ended)
         waiting = _Waiting(prompt, (n, temperature, max_tokens), seed)
         self.queue.append(waiting)
         self._wake.set()
@@ -64,7 +68,7 @@ class Batcher:
             await self._wake.wait()
             self._wake.clear()
             while self.queue:
-                batch = self._next_batch()
+                batch = self._current = self._next_batch()
                 n, temperature, max_tokens = batch[0].key
                 prompts = [w.prompt for w in batch]
                 try:
@@ -81,6 +85,22 @@ class Batcher:
                 for w, r in answers:
                     if not w.done.done():
                         w.done.set_result((r, version))
+
+    def _ended(self, worker: asyncio.Task) -> None:
+        """The worker ended (it only ends by a failure past its own handling, or a close):
+        every request waiting gets that error, and the next request starts a new worker,
+        so no request waits for ever on a dead one."""
+        if self._worker is worker:
+            self._worker = None
+        error = (
+            ServiceError("the request batcher was closed")
+            if worker.cancelled()
+            else ServiceError(f"the request batcher failed: {worker.exception()!r}")
+        )
+        waiting, self.queue, self._current = self._current + self.queue, [], []
+        for w in waiting:
+            if not w.done.done():
+                w.done.set_exception(error)
 
     async def close(self) -> None:
         if self._worker is not None:

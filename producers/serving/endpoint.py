@@ -74,6 +74,14 @@ class LockedRecorder(Recorder):
             self.feedback(reward, conversation=conversation)
             return self.commit(time.time(), conversation=conversation)
 
+    def expire(self, now: float, ttl_s: float) -> int:
+        """Drop what episodes recorded and never took for ``ttl_s`` (an agent stuck past
+        its task's timeout, abandoned on its thread); how many responses went."""
+        with self._lock:
+            before = self.expired
+            self.ready(now, 0.0, ttl_s)  # no group is due (no size, no timeout): only expiry
+            return self.expired - before
+
 
 class RecordingEndpoint:
     """The serve API (:func:`~.api.build_app`, without feedback and commit) around an
@@ -133,8 +141,11 @@ class RecordingEndpoint:
         return f"http://127.0.0.1:{self.port}/ep/{episode}/v1"
 
     def collect(self, episode: str, reward: float) -> list[Experience]:
-        """The experiences of ``episode`` (each response it asked for), rewarded."""
-        return [e for g in self.recorder.take(episode, reward) for e in g.experiences]
+        """The experiences of ``episode`` (each response it asked for), rewarded; the
+        responses of episodes abandoned for ``serve.unrewarded_ttl_s`` are dropped."""
+        taken = [e for g in self.recorder.take(episode, reward) for e in g.experiences]
+        self.recorder.expire(time.time(), self.limits.unrewarded_ttl_s)
+        return taken
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:

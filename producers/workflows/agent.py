@@ -79,7 +79,12 @@ def _episode(
         log.warning("agent episode %d of task %r failed: %r", index, task.id, exc)
         endpoint.recorder.take(episode, 0.0)  # forget what it recorded
         return []
-    value, info = _reward_of(result, endpoint, episode, reward, task)
+    try:
+        value, info = _reward_of(result, endpoint, episode, reward, task)
+    except Exception as exc:  # a return value that is no reward: the episode dropped, loudly
+        log.warning("agent episode %d of task %r returned no reward: %r", index, task.id, exc)
+        endpoint.recorder.take(episode, 0.0)  # forget what it recorded
+        return []
     experiences = endpoint.collect(episode, value)
     return [
         msgspec.structs.replace(e, info={**e.info, **info, "episode": float(index)})

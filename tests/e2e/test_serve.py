@@ -82,7 +82,10 @@ def _server_url(runs: Path, run_id: str, proc) -> str:
 
 
 def _health_version(url: str) -> int:
-    return _http(f"{url}/health", key=None)[1]["model_version"]
+    # without the key a probe learns only whether it serves (status); with it, the rest
+    status, anonymous = _http(f"{url}/health", key=None)
+    assert status == 200 and set(anonymous) == {"status"}, anonymous
+    return _http(f"{url}/health")[1]["model_version"]
 
 
 def test_openai_client_serve_feedback_commit_and_the_trainer_trains_it(services, tmp_path):

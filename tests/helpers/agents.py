@@ -51,6 +51,12 @@ def failing_agent(task, base_url: str, model: str):
     raise RuntimeError("the agent's own bug")
 
 
+def badly_rewarding_agent(task, base_url: str, model: str):
+    """Asks once, then returns something that is no reward: its episode is dropped."""
+    _client(base_url).completions.create(model=model, prompt=task.prompt, max_tokens=2)
+    return "not a number"
+
+
 def flaky_agent(task, base_url: str, model: str):
     """Fails every time on a task whose ``metadata["fail"]`` is ``always``, the first time
     only on one with ``once``; else one completion, reward 1."""

@@ -11,6 +11,7 @@ from streamrft.infra.config import ModelConfig
 from streamrft.infra.modeling import load_policy
 from streamrft.producers.engines import TransformersEngine
 from streamrft.producers.rewards import exact_match
+from streamrft.producers.serving.endpoint import recording_endpoint
 from streamrft.producers.workflows import RolloutSpec, get_workflow
 from streamrft.schemas.arrays import unpack_f32, unpack_i32
 from streamrft.schemas.errors import ConfigError
@@ -80,7 +81,10 @@ def test_every_completion_of_an_episode_is_an_experience_with_the_episode_reward
 
 def test_a_failing_agent_drops_its_episodes_and_a_missing_agent_is_a_config_error():
     engine = _engine()
-    assert get_workflow("agent")(engine, TASKS[:1], exact_match, _spec("failing_agent")) == []
+    for agent in ("failing_agent", "badly_rewarding_agent"):
+        assert get_workflow("agent")(engine, TASKS[:1], exact_match, _spec(agent)) == []
+        endpoint = recording_endpoint(engine, None, "agents", "explorer-0")
+        assert endpoint.recorder.held == 0, agent  # nothing of the episode left behind
     with pytest.raises(ConfigError, match=r"explorer\.agent"):
         get_workflow("agent")(engine, TASKS[:1], exact_match, _spec("no_such_agent"))
     spec = RolloutSpec(**{**_spec("x").__dict__, "agent": ""})

@@ -62,3 +62,11 @@ def test_tokens_bound_what_is_held(endpoint):
     assert len(endpoint.calls) == 1 and endpoint.recorder.held_tokens == held
     endpoint.collect("c2", 1.0)  # the episode taken: its tokens are released
     assert endpoint.recorder.held_tokens == 0
+
+
+def test_an_abandoned_episodes_responses_expire(endpoint):
+    client = _client(endpoint, "stuck")
+    client.completions.create(model="policy", prompt="1+1=", max_tokens=2)
+    assert endpoint.recorder.held == 1
+    assert endpoint.recorder.expire(now=1e12, ttl_s=3600.0) == 1  # far in the future
+    assert endpoint.recorder.held == 0 and endpoint.recorder.held_tokens == 0

@@ -210,3 +210,28 @@ def test_a_task_whose_prompt_fills_the_context_is_given_up_before_the_engine():
     assert [(t.id, reason) for t, reason in given_up] == [
         ("l", "its prompt is 41 tokens, the model's context 16: no room")
     ]
+
+
+def test_a_step_still_running_long_after_the_shutdown_is_stopped(monkeypatch):
+    import asyncio
+    import types
+
+    from streamrft.producers import explorer as explorer_module
+    from streamrft.producers.explorer import Explorer
+
+    monkeypatch.setattr(explorer_module, "SHUTDOWN_GRACE_S", 0.05)
+
+    async def main():
+        ex = object.__new__(Explorer)
+        ex.name, ex.stop = "explorer-0", asyncio.Event()
+        ex.view = types.SimpleNamespace(shutdown=asyncio.Event())
+        watch = asyncio.create_task(ex._stop_after_shutdown())
+        await asyncio.sleep(0.1)
+        assert not ex.stop.is_set()  # no Shutdown yet: the step goes on
+        ex.view.shutdown.set()
+        await asyncio.sleep(0.02)
+        assert not ex.stop.is_set()  # within the grace
+        await asyncio.wait_for(watch, 1)
+        return ex.stop.is_set()
+
+    assert asyncio.run(main())

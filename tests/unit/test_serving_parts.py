@@ -138,6 +138,40 @@ def test_the_batcher_coalesces_requests_with_the_same_settings_into_one_call():
     assert [o[1] for o in out] == [1, 2, 2, 2, 3, 4]  # the version of the call that sampled
 
 
+class _WorkerDeath(BaseException):
+    """What ``except Exception`` does not catch."""
+
+
+def test_a_dead_batcher_fails_its_requests_and_the_next_request_starts_a_new_one():
+    from streamrft.schemas import ServiceError
+
+    calls = []
+
+    async def call(prompts, n, temperature, max_tokens, seed):
+        calls.append(len(prompts))
+        if len(calls) == 1:
+            await asyncio.sleep(0.01)
+            raise _WorkerDeath
+        return [[_rollout("p", "ok")] * n for _ in prompts], 5
+
+    async def main():
+        batcher = Batcher(call, max_batch=1)
+        first = asyncio.create_task(batcher.sample([1], 1, 1.0, 4, 0))
+        await asyncio.sleep(0)
+        queued = asyncio.create_task(batcher.sample([2], 1, 1.0, 4, 0))
+        results = await asyncio.wait_for(
+            asyncio.gather(first, queued, return_exceptions=True), 5
+        )  # before: both waited for ever
+        again = await asyncio.wait_for(batcher.sample([3], 1, 1.0, 4, 0), 5)
+        await batcher.close()
+        return results, again
+
+    (first, queued), again = asyncio.run(main())
+    assert isinstance(first, ServiceError) and "the request batcher failed" in str(first)
+    assert isinstance(queued, ServiceError)
+    assert again[0][0].text == "ok" and again[1] == 5
+
+
 def test_a_big_conversation_is_published_in_parts_under_the_byte_budget():
     rec = Recorder("run", "s", group_size=0, max_recorded=10_000, max_group_bytes=2_000)
     for i in range(10):

@@ -48,3 +48,18 @@ def test_complete_body_lists_parts_in_order():
         b'<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>"e1"</ETag></Part>'
         b'<Part><PartNumber>2</PartNumber><ETag>"e2"</ETag></Part></CompleteMultipartUpload>'
     )
+
+
+def test_urllib3s_own_log_lines_carry_no_presigned_signature():
+    import logging
+
+    from streamrft.sync.object_store import MaskSignatures
+
+    url = "/bucket/run/v00000001/model.safetensors?X-Amz-Date=1&X-Amz-Signature=0123abcdef"
+    record = logging.LogRecord(
+        "urllib3.connectionpool", logging.WARNING, __file__, 1, "Retrying after: %s", (url,), None
+    )
+    assert MaskSignatures().filter(record)
+    assert record.getMessage().endswith("X-Amz-Signature=...")
+    for name in ("urllib3.connectionpool", "urllib3.util.retry"):  # where urllib3 logs them
+        assert any(isinstance(f, MaskSignatures) for f in logging.getLogger(name).filters)

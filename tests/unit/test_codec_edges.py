@@ -1,0 +1,73 @@
+"""The codec's content-type handling and the dead letter's size bound at their edges:
+each a mutant of schemas/codec.py that the other tests let live
+(../shared/reviews/mutation-2026-11.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streamrft.schemas import SchemaError
+from streamrft.schemas.codec import (
+    CONTROL,
+    DEAD_LETTER,
+    DEAD_LETTER_MARGIN_BYTES,
+    DEAD_LETTER_REASON_CHARS,
+    METRICS,
+    STATUS,
+    TASK,
+    dead_letter_of,
+)
+from streamrft.schemas.experience import Task
+
+pytestmark = pytest.mark.unit
+
+TASK_JSON = json.dumps({"id": "t1", "prompt": "1+1=", "answer": "2"}).encode()
+
+
+def _ct(value: bytes) -> list[tuple[str, bytes]]:
+    return [("content-type", value)]
+
+
+@pytest.mark.parametrize("codec", [CONTROL, STATUS, METRICS])
+def test_json_on_an_event_topic_is_a_schema_error(codec):
+    with pytest.raises(SchemaError, match="JSON is accepted only on tasks and experiences"):
+        codec.decode(b"{}", _ct(b"application/json"))
+
+
+@pytest.mark.parametrize(
+    "content_type", [b"application/json", b"Application/JSON; charset=utf-8", b" application/json "]
+)
+def test_json_content_types_in_any_case_and_with_parameters(content_type):
+    assert TASK.decode(TASK_JSON, _ct(content_type)).id == "t1"
+
+
+def test_msgpack_by_name_or_by_default_and_nothing_else():
+    value = TASK.encode(Task(id="t2", prompt="2+2=", answer="4"))
+    assert TASK.decode(value, _ct(b"application/msgpack")).id == "t2"
+    assert TASK.decode(value).id == "t2"
+    for foreign in (b"text/plain", b"application/x-protobuf"):
+        with pytest.raises(SchemaError, match="is neither application/json nor"):
+            TASK.decode(value, _ct(foreign))
+
+
+ROOM = DEAD_LETTER.max_bytes - DEAD_LETTER_MARGIN_BYTES
+
+
+def test_a_large_key_and_a_large_value_together_still_fit_a_dead_letter():
+    key = b"k" * (ROOM // 2)
+    value = b"v" * (ROOM - ROOM // 2 + 1)  # each fits alone, not both
+    letter = dead_letter_of("t", 0, 1, key, value, SchemaError("x"), "trainer")
+    assert letter.key == key and letter.value is None
+    assert "not kept" in letter.reason
+    assert len(DEAD_LETTER.encode(letter)) <= DEAD_LETTER.max_bytes
+    whole = dead_letter_of("t", 0, 1, key, b"v" * (ROOM - ROOM // 2), SchemaError("x"), "c")
+    assert whole.value is not None  # exactly the room: kept
+
+
+def test_a_reason_of_exactly_the_limit_is_kept_whole():
+    reason = "r" * DEAD_LETTER_REASON_CHARS
+    assert dead_letter_of("t", 0, 1, None, b"", SchemaError(reason), "c").reason == reason
+    longer = dead_letter_of("t", 0, 1, None, b"", SchemaError(reason + "r"), "c").reason
+    assert longer.endswith(f"... ({DEAD_LETTER_REASON_CHARS + 1} characters)")
