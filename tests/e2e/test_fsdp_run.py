@@ -33,7 +33,7 @@ def _rank_pid(run_id: str, rank: int) -> int | None:
 def test_two_rank_trainer_survives_a_killed_rank(services, tmp_path):
     runs = tmp_path / "runs"
     run_id = f"fsdp-{os.getpid()}-{int(time.time())}"
-    steps, batch = 40, 16
+    steps, batch = 60, 16
     proc = start_piped(
         run_argv(
             EXAMPLE,
@@ -47,7 +47,7 @@ def test_two_rank_trainer_survives_a_killed_rank(services, tmp_path):
             "trainer.save_interval=8",
             "trainer.eval_interval=0",
             "trainer.warmup_sft_steps=60",
-            "trainer.lr=5e-4",  # the example's rate before its 150-step recipe: learns in 40
+            "trainer.lr=5e-4",  # the example's rate before its 150-step recipe: learns in 60
             summary=tmp_path / "s.json",
         ),
         tmp_path,
