@@ -71,3 +71,26 @@ def test_a_reason_of_exactly_the_limit_is_kept_whole():
     assert dead_letter_of("t", 0, 1, None, b"", SchemaError(reason), "c").reason == reason
     longer = dead_letter_of("t", 0, 1, None, b"", SchemaError(reason + "r"), "c").reason
     assert longer.endswith(f"... ({DEAD_LETTER_REASON_CHARS + 1} characters)")
+
+
+def test_only_tasks_and_groups_have_a_json_form():
+    task = Task(id="t3", prompt="3+3=", answer="6")
+    assert TASK.accepts_json and not CONTROL.accepts_json
+    sent = TASK.encode_json(task)
+    assert json.loads(sent)["id"] == "t3"
+    assert TASK.decode(sent, TASK.json_headers()) == task
+    with pytest.raises(SchemaError, match="has no JSON form"):
+        CONTROL.encode_json(task)
+
+
+def test_a_newer_schema_is_refused_and_the_current_one_read():
+    value = TASK.encode(Task(id="t4", prompt="4+4=", answer="8"))
+    assert TASK.decode(value, [("streamrft-schema", b"1")]).id == "t4"
+    with pytest.raises(SchemaError, match="schema version 2 is newer than this reader's 1"):
+        TASK.decode(value, [("streamrft-schema", b"2")])
+
+
+def test_a_long_foreign_content_type_is_cut_in_the_reason():
+    with pytest.raises(SchemaError) as caught:
+        TASK.decode(b"x", _ct(b"t" * 200))
+    assert "t" * 80 + "'" in str(caught.value) and "t" * 81 not in str(caught.value)

@@ -94,8 +94,8 @@ def test_a_reshaped_or_retyped_tensor_goes_whole():
     assert set(_round_trip(base, retyped)) == {"w"}
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
-def test_an_eight_byte_tensor_with_few_changes_is_a_delta_with_int32_indices(dtype):
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64, torch.uint8])
+def test_a_one_or_eight_byte_tensor_with_few_changes_is_a_delta_with_int32_indices(dtype):
     base = {"w": torch.zeros(1000, dtype=dtype)}
     new = {"w": base["w"].clone()}
     new["w"][[3, 500]] = 7
