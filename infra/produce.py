@@ -73,12 +73,20 @@ RECORD_MARGIN = 64 << 10
 """Room a record needs beyond its value in a produce request (key, headers, framing)."""
 
 
-def too_large(groups: Sequence[ExperienceGroup], max_request_bytes: int) -> dict[str, int]:
-    """Ids of the groups whose record would not fit a produce request of
-    ``max_request_bytes`` or the experience codec's limit, with their encoded sizes."""
+def fitting_records(
+    topic: str, groups: Sequence[ExperienceGroup], max_request_bytes: int
+) -> tuple[list[OutRecord], dict[str, int]]:
+    """:func:`group_records` of the groups whose record fits a produce request of
+    ``max_request_bytes`` and the experience codec's limit, and the ids of the others with
+    their encoded sizes (each group encoded once)."""
     limit = min(max_request_bytes, EXPERIENCE_GROUP.max_bytes) - RECORD_MARGIN
-    sizes = {g.id: len(EXPERIENCE_GROUP.encode(g)) for g in groups}
-    return {gid: n for gid, n in sizes.items() if n > limit}
+    records, too_large = [], {}
+    for group, record in zip(groups, group_records(topic, groups), strict=True):
+        if len(record.value) > limit:
+            too_large[group.id] = len(record.value)
+        else:
+            records.append(record)
+    return records, too_large
 
 
 async def send_groups(

@@ -27,7 +27,7 @@ from streamrft.infra.bus import ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
 from streamrft.infra.modeling import model_device
-from streamrft.infra.produce import send_groups, too_large
+from streamrft.infra.produce import OutRecord, fitting_records, send_all
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.policy import followed_policy, start_sampler
 from streamrft.producers.rewards import get_reward
@@ -157,7 +157,9 @@ class Explorer:
         outcome.failed.extend(too_long)
         rollout_s = time.perf_counter() - t0
         groups = _stamp(outcome.groups, taken.tasks)
-        big = too_large(groups, self.cfg.kafka.max_request_bytes)
+        records, big = fitting_records(
+            self.topics.experiences, groups, self.cfg.kafka.max_request_bytes
+        )
         if big:  # no broker or trainer takes them: their tasks are given up, with the reason
             by_task = {t.id: t for t in taken.tasks}
             outcome.failed.extend(
@@ -170,7 +172,7 @@ class Explorer:
                 if g.id in big and g.task_id in by_task
             )
             groups = [g for g in groups if g.id not in big]
-        await self.publish(groups)
+        await self.publish(records)
         if outcome.aborted:
             log.info(
                 "%s: step aborted; %d groups published, nothing committed", self.name, len(groups)
@@ -238,15 +240,15 @@ class Explorer:
             )
         self.counters.add("tasks_failed", len(failed))
 
-    async def publish(self, groups: list[ExperienceGroup]) -> None:
-        """Publish a step's groups (acks=all), all of them again after a broker outage. A
-        group sent twice is harmless: the trainer deduplicates by experience id. Key: the
-        task id, so a group stays whole on one partition."""
-        await send_groups(
+    async def publish(self, records: list[OutRecord]) -> None:
+        """Publish a step's groups (their records, :func:`fitting_records`; acks=all), all
+        of them again after a broker outage. A group sent twice is harmless: the trainer
+        deduplicates by experience id. Key: the task id, so a group stays whole on one
+        partition."""
+        await send_all(
             self.producer,
-            self.topics.experiences,
-            groups,
-            self.name,
+            records,
+            f"{self.name}: publishing {len(records)} experience groups",
             self.cfg.run.outage_timeout_s,
             lambda _exc: self.counters.add("publish_retries"),
         )

@@ -171,16 +171,18 @@ def test_a_step_that_fails_again_sets_its_groups_aside_with_the_reason():
 
 # -- the explorer's side -------------------------------------------------------------------------
 def test_groups_too_large_for_a_record_are_found_before_they_are_sent():
-    from streamrft.infra.produce import too_large
+    from streamrft.infra.produce import fitting_records
 
     small = make_group("r", "small", 0, n=2)
     n = 300_000  # 1.2 MB of token ids alone
     big = make_group(
         "r", "big", 0, n=1, tokens=[[1] * n], logprobs=[[-0.5] * (n - 4)], masks=[[1] * (n - 4)]
     )
-    found = too_large([small, big], 1 << 20)
+    records, found = fitting_records("t", [small, big], 1 << 20)
     assert list(found) == [big.id] and found[big.id] > 1 << 20
-    assert too_large([small, big], 16 << 20) == {}
+    assert [r.key for r in records] == [small.task_id.encode()]
+    records, found = fitting_records("t", [small, big], 16 << 20)
+    assert found == {} and len(records) == 2
 
 
 def test_the_broker_limit_cannot_exceed_what_a_trainer_decodes():
