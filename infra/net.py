@@ -42,3 +42,13 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def canonical_host(host: str) -> str:
+    """One spelling of a host: lower case, IPv6 brackets gone, an IP address in its short
+    form (``[0:0::1]`` and ``::1`` are one)."""
+    host = host.strip("[]").lower()
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host

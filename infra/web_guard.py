@@ -19,12 +19,11 @@ rebinding (a name of the attacker's that resolves to 127.0.0.1), reads the answe
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from streamrft.infra.net import is_loopback
+from streamrft.infra.net import canonical_host, is_loopback
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARDS = ("", "0.0.0.0", "::")
@@ -43,10 +42,7 @@ def host_name(value: str) -> str:
 
 
 def _canonical(name: str) -> str:
-    try:
-        return str(ipaddress.ip_address(name))
-    except ValueError:
-        return name.rstrip(".")
+    return canonical_host(name).rstrip(".")  # "example.com." is "example.com"
 
 
 class WebGuard:

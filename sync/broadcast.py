@@ -12,7 +12,6 @@ explorer, member or not, can load it.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import time
 from collections.abc import Mapping
@@ -20,6 +19,7 @@ from collections.abc import Mapping
 import torch
 
 from streamrft.infra.config import Config
+from streamrft.infra.net import canonical_host
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.collective import (
@@ -46,15 +46,7 @@ log = logging.getLogger(__name__)
 
 def same_host(a: str, b: str) -> bool:
     """Whether two rendezvous hosts name the same address (``::1`` and ``[::1]``, case)."""
-
-    def canonical(host: str) -> str:
-        host = host.strip("[]").lower()
-        try:
-            return str(ipaddress.ip_address(host))
-        except ValueError:
-            return host
-
-    return canonical(a) == canonical(b)
+    return canonical_host(a) == canonical_host(b)
 
 
 class BroadcastSender(WeightSender):
