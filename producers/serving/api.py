@@ -83,8 +83,13 @@ def _json(body: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(body), status, media_type="application/json")
 
 
+def _error_body(exc: ApiError) -> dict:
+    """The OpenAI API's error object."""
+    return {"error": {"message": str(exc), "type": exc.kind, "code": exc.status}}
+
+
 def _error(exc: ApiError) -> Response:
-    return _json({"error": {"message": str(exc), "type": exc.kind, "code": exc.status}}, exc.status)
+    return _json(_error_body(exc), exc.status)
 
 
 DRAIN_FACTOR = 8
@@ -189,11 +194,9 @@ def build_app(
         route("/feedback", handlers.feedback, "POST")
         route("/commit", handlers.commit, "POST")
     limited = BodyLimit(app, server.limits.max_request_bytes)
-    return WebGuard(limited, bound, hosts, origins, error=_openai_error)
-
-
-def _openai_error(status: int, message: str) -> dict:
-    return {"error": {"message": message, "type": "invalid_request_error", "code": status}}
+    return WebGuard(
+        limited, bound, hosts, origins, error=lambda status, msg: _error_body(ApiError(status, msg))
+    )
 
 
 def _authorised(request: Request, key: str) -> bool:
