@@ -382,10 +382,11 @@ class WeightFollower:
         versions can have (nothing allocated for a larger claim)."""
         receiver = self.receivers.for_event(event)
         own = self.weights.template(event)
-        if not 0 <= event.bytes <= largest_version(own):
+        limit = largest_version(own)
+        if not 0 <= event.bytes <= limit:
             raise IntegrityError(
                 f"version {event.version} announces {event.bytes} bytes; this model's "
-                f"versions hold {largest_version(own)} at most: refused"
+                f"versions hold {limit} at most: refused"
             )
         whole = receiver.needs_template and event.delta_base < 0
         return receiver.receive(event, own if whole else {})
