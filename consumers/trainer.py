@@ -264,7 +264,7 @@ class Trainer:
                     partition[0],
                     partition[1],
                     offset,
-                    group.id.encode(),
+                    group.task_id.encode(),  # the record's own key (infra.produce)
                     EXPERIENCE_GROUP.encode(group),
                     EXPERIENCE_GROUP.headers(),
                     error=reason,
