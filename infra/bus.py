@@ -20,10 +20,12 @@ import contextlib
 import logging
 import time
 import types
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from streamrft.infra import kafka
 from streamrft.infra.config import Config
@@ -35,12 +37,14 @@ from streamrft.schemas.events import (
     ControlEvent,
     MetricsEvent,
     ModelVersionReady,
+    Rejection,
     RunState,
     Shutdown,
     StatusEvent,
     SyncRequest,
     TrainedGroup,
 )
+from streamrft.schemas.limits import MAX_REJECTIONS_REPORTED
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,9 @@ SHUTDOWN_CLOCK_SKEW_S = 2.0
 """A Shutdown event older than this process by more than this is from an earlier attempt."""
 PEER_HISTORY_S = 60.0
 """Status events older than this process by more than this are from an earlier attempt."""
+CAUGHT_UP_QUIET_POLLS = 3
+"""A view whose reads came back empty this many times in a row has read the history (the
+embedded broker's end offsets alone cannot be trusted to say where a topic ends)."""
 
 
 class Counters:
@@ -110,6 +117,22 @@ class EventSender:
         """The state this component last reported (see :meth:`status`)."""
         self._producer: AIOKafkaProducer | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._rejections: deque[Rejection] = deque(maxlen=MAX_REJECTIONS_REPORTED)
+
+    @property
+    def rejections(self) -> list[Rejection]:
+        """The version announcements this component refused (newest last), which every
+        status it sends carries."""
+        return list(self._rejections)
+
+    def reject(self, rejection: Rejection) -> bool:
+        """Add ``rejection`` to what every status says from now; False when that
+        announcement (version, method, manifest) was refused already."""
+        same = (rejection.version, rejection.method, rejection.manifest_sha256)
+        if any((r.version, r.method, r.manifest_sha256) == same for r in self._rejections):
+            return False
+        self._rejections.append(rejection)
+        return True
 
     async def start(self, heartbeat_s: float = 0.0) -> None:
         """Start the producer; with ``heartbeat_s``, re-send the status that often."""
@@ -175,6 +198,7 @@ class EventSender:
             detail=detail,
             counters=self.counters.snapshot(),
             starved=pos.starved,
+            rejected=list(self._rejections),
         )
         await self.send(self.topics.status, STATUS, event, key=self.component)
 
@@ -256,6 +280,13 @@ class ControlView:
         self._reader: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
+        self.caught_up = asyncio.Event()
+        """Set once the reader has read what its topics held when it started."""
+        self._ends: dict[TopicPartition, int] = {}
+        self._quiet = 0
+        self.own_rejections: Sequence[Rejection] = ()
+        """What this component's newest status (an earlier process of it, or this one) said
+        it refused; read from the status topic when the view listens to it."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -265,6 +296,13 @@ class ControlView:
         reader = kafka.event_reader(self.cfg.kafka, topics, f"{self.component}-control")
         await kafka.start_client(reader, f"{self.component} control reader")
         self._reader = reader
+        # each event topic has one partition (see infra/admin.py); without the ends, the
+        # quiet reads alone say when the history is read
+        with contextlib.suppress(KafkaError):
+            ends = await reader.end_offsets([TopicPartition(t, 0) for t in topics])
+            self._ends = {tp: end for tp, end in ends.items() if end > 0}
+            if not self._ends:
+                self.caught_up.set()
         self._task = asyncio.create_task(self._read())
 
     async def stop(self) -> None:
@@ -287,13 +325,37 @@ class ControlView:
         codecs = {self.topics.control: CONTROL, self.topics.status: STATUS}
         assert self._reader is not None
         try:
-            await consume(self._reader, codecs, self._on_record, on_bad=self._dead_letter)
+            await consume(
+                self._reader,
+                codecs,
+                self._on_record,
+                on_bad=self._dead_letter,
+                after_poll=self._after_poll,
+            )
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # kept for check(): the process fails with the cause
             log.error("%s: control reader failed: %r", self.component, exc)
             self._error = exc
             self._changed.set()
+
+    async def _after_poll(self, records: list[Record]) -> None:
+        """Set :attr:`caught_up` once every topic's position reached the end offset seen at
+        start, or the reads came back empty :data:`CAUGHT_UP_QUIET_POLLS` times."""
+        if self.caught_up.is_set():
+            return
+        self._quiet = 0 if records else self._quiet + 1
+        assert self._reader is not None
+        behind = [tp for tp, end in self._ends.items() if await self._position(tp) < end]
+        if (self._ends and not behind) or self._quiet >= CAUGHT_UP_QUIET_POLLS:
+            self.caught_up.set()
+            self._changed.set()
+
+    async def _position(self, tp: TopicPartition) -> int:
+        assert self._reader is not None
+        if tp not in self._reader.assignment():
+            return -1  # not assigned yet: nothing read
+        return await self._reader.position(tp)
 
     def _on_record(self, rec: Record) -> None:
         if rec.topic == self.topics.status:
@@ -303,9 +365,9 @@ class ControlView:
         self._changed.set()
 
     def _on_status(self, event: StatusEvent) -> None:
-        if event.component != self.component and event.created_at >= (
-            self.started_at - PEER_HISTORY_S
-        ):
+        if event.component == self.component:
+            self.own_rejections = event.rejected[-MAX_REJECTIONS_REPORTED:]
+        elif event.created_at >= self.started_at - PEER_HISTORY_S:
             self._peers[event.component] = event
             self._peer_seen[event.component] = time.monotonic()
 

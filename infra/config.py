@@ -971,6 +971,16 @@ def with_endpoints(cfg: Config, bootstrap: str | None, s3_endpoint: str | None) 
     return msgspec.structs.replace(cfg, kafka=kafka, object_store=store)
 
 
+def with_store_credentials(cfg: Config, access_key: str | None, secret_key: str | None) -> Config:
+    """A copy of ``cfg`` with the object store's credentials replaced (where given)."""
+    store = msgspec.structs.replace(
+        cfg.object_store,
+        access_key=access_key or cfg.object_store.access_key,
+        secret_key=secret_key or cfg.object_store.secret_key,
+    )
+    return msgspec.structs.replace(cfg, object_store=store)
+
+
 S3_BROKER_FETCH_WAIT_MS = 500
 """Least long-poll wait that works against Tansu on ``s3://`` storage: a fetch given less
 time (the default 20 ms for control topics) reads nothing from a partition of 150+ small

@@ -75,6 +75,26 @@ class RunState(str, enum.Enum):
     STOPPED = "STOPPED"
 
 
+class Rejection(msgspec.Struct, kw_only=True):
+    """A version announcement a component refused, with the reason (``StatusEvent.rejected``)."""
+
+    version: int
+    """The version the announcement names."""
+    method: str
+    """Its ``method``."""
+    manifest_sha256: str
+    """Its ``manifest_sha256``: with ``version``, which announcement was refused."""
+    reason: str
+    """Why, in words."""
+    kind: str
+    """``integrity``: it was loaded and failed a check (never loaded again, by this component
+    nor by it restarted: it reads its own last status at start); ``refused``: it points where
+    the run does not allow (a method the run does not use, a rendezvous host not
+    ``synchronizer.nccl_host``), so it was not loaded at all."""
+    created_at: float = 0.0
+    """Unix time of the refusal."""
+
+
 class StatusEvent(msgspec.Struct, kw_only=True):
     """Heartbeat of one component, keyed by component id on ``<ns>.status``."""
 
@@ -98,6 +118,10 @@ class StatusEvent(msgspec.Struct, kw_only=True):
     """Trainer only: it has waited a while for experiences with no batch to train. Under
     the fixed style an explorer waiting for a version the trainer cannot make without
     more data then explores on with the newest version instead of waiting forever."""
+    rejected: list[Rejection] = []
+    """The version announcements this component refused, newest last (at most
+    ``limits.MAX_REJECTIONS_REPORTED``): every heartbeat repeats them, so the latest status
+    of a component is its memory of them."""
 
 
 class TrainedGroup(msgspec.Struct, array_like=True):

@@ -31,6 +31,8 @@ MAX_EXPERIENCES_PER_GROUP = 1024
 """Same bound as ``explorer.repeat_times``."""
 MAX_TOKENS_PER_EXPERIENCE = 1 << 18
 """Prompt + response tokens of one rollout (262,144: beyond any context window in use)."""
+MAX_REJECTIONS_REPORTED = 64
+"""Refused version announcements a status event carries (the newest; see ``Rejection``)."""
 MAX_ABS_REWARD = 1e6
 """A reward beyond this overflows float32 statistics of a group (its std) into inf/NaN."""
 MIN_LOGPROB = -80.0

@@ -148,22 +148,24 @@ class BroadcastReceiver(WeightReceiver):
         self._receiver: CollectiveReceiver | None = None
 
     def can_load(self, event: ModelVersionReady) -> bool:
+        return self.member in parse_rendezvous(event.uri).members
+
+    def refusal(self, event: ModelVersionReady) -> str | None:
         try:
-            rendezvous = parse_rendezvous(event.uri)
-        except SyncError:
-            return False
-        return self.member in rendezvous.members and same_host(rendezvous.host, self.host)
+            host = parse_rendezvous(event.uri).host
+        except SyncError as exc:
+            return str(exc)
+        if not same_host(host, self.host):
+            return f"rendezvous at {host!r}, not synchronizer.nccl_host ({self.host!r})"
+        return None
 
     def receive(
         self, event: ModelVersionReady, like: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         what = f"broadcast version {event.version}"
-        host = parse_rendezvous(event.uri).host
-        if not same_host(host, self.host):
-            raise IntegrityError(
-                f"{what}: rendezvous at {host!r}, not synchronizer.nccl_host "
-                f"({self.host!r}): refused"
-            )
+        why = self.refusal(event)
+        if why is not None:
+            raise IntegrityError(f"{what}: {why}: refused")
         if not event.state_sha256:
             raise IntegrityError(f"{what}: no digest of its bytes (state_sha256): refused")
         if self._receiver is None:

@@ -27,6 +27,7 @@ them) :meth:`WeightFollower.sync_point` does, in order:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -37,7 +38,7 @@ import torch
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import IntegrityError, ServiceError, StreamRFTError, SyncError
-from streamrft.schemas.events import ModelVersionReady, RunState, SyncRequest
+from streamrft.schemas.events import ModelVersionReady, Rejection, RunState, SyncRequest
 from streamrft.sync.delta import verify_state
 from streamrft.sync.payload import ModelWeights
 from streamrft.sync.styles import ExplorerSync, Schedule, choose_version, explorer_sync
@@ -46,6 +47,9 @@ from streamrft.sync.weights import largest_version
 
 log = logging.getLogger(__name__)
 
+REMEMBER_WAIT_S = 10.0
+"""How long a starting follower waits to have read its component's last status (the
+versions rejected before a restart) before it loads a version anyway."""
 RETRY_SOON_S = 1.0
 """Pause before loading again when the store is down and there are no weights to go on with."""
 
@@ -127,7 +131,9 @@ class WeightFollower:
             cfg.trainer.max_staleness,
         )
         self.rejected: set[tuple[int, str]] = set()
-        """(version, manifest sha256) of versions that failed verification here."""
+        """(version, manifest sha256) of versions that failed verification here (or in an
+        earlier process of this component)."""
+        self._remembered = False
 
     # -- what can be loaded ------------------------------------------------------------------
     def usable(self) -> dict[int, ModelVersionReady]:
@@ -141,6 +147,7 @@ class WeightFollower:
                 ev
                 for ev in self.view.announcements(v) or [latest]
                 if (v, ev.manifest_sha256) not in self.rejected
+                and self._allowed(ev)
                 and self.receivers.can_load(ev)
                 and (ev is latest or self.receivers.for_event(ev).refetchable)
             ]
@@ -150,6 +157,27 @@ class WeightFollower:
 
     def newest(self) -> int:
         return max(self.usable(), default=-1)
+
+    def _allowed(self, event: ModelVersionReady) -> bool:
+        """False when the run refuses ``event`` (:meth:`~.transport.Receivers.refusal`): the
+        first time, the refusal goes into this component's status with its reason."""
+        why = self.receivers.refusal(event)
+        if why is not None and self.events.reject(
+            Rejection(
+                version=event.version,
+                method=event.method,
+                manifest_sha256=event.manifest_sha256,
+                reason=why,
+                kind="refused",
+                created_at=time.time(),
+            )
+        ):
+            self.counters.add("versions_refused")
+            log.warning("%s: version %d refused: %s", self.name, event.version, why)
+        return why is None
+
+    def _refetchable(self, event: ModelVersionReady) -> bool:
+        return self._allowed(event) and self.receivers.for_event(event).refetchable
 
     def _waiting_broadcast(self, usable: dict[int, ModelVersionReady]) -> int | None:
         """The newest usable version if it is newer than the model's and a broadcast (its
@@ -249,6 +277,7 @@ class WeightFollower:
 
     async def _apply_chosen(self, plan: ExplorerSync, moved: Callable[[], bool]) -> bool:
         """Load the chosen version, handling failures by :func:`on_failure`. False: stop."""
+        await self._remember_rejections()
         started = time.monotonic()
         while (event := self._choose(plan)) is not None:
             exc = await self._load(event)
@@ -274,7 +303,7 @@ class WeightFollower:
                 if not await self._wait_fallback(event, exc):
                     return False
             else:
-                self._reject(event, exc)
+                await self._reject(event, exc)
                 if event.version in self.usable():  # another announcement of it (the store)
                     continue
                 need = plan.wait_for
@@ -410,16 +439,15 @@ class WeightFollower:
         log.warning("%s: broadcast of version %d failed (%s)", self.name, event.version, exc)
         v = event.version
         return await self.view.wait_until(
-            lambda: (
-                self.receivers.for_event(self.view.versions[v]).refetchable or self.newest() > v
-            ),
+            lambda: self._refetchable(self.view.versions[v]) or self.newest() > v,
             self.cfg.synchronizer.sync_timeout,
             self.stop,
             f"no fallback for version {v}",
         )
 
-    def _reject(self, event: ModelVersionReady, exc: SyncError) -> None:
-        """Never try ``event`` again."""
+    async def _reject(self, event: ModelVersionReady, exc: SyncError) -> None:
+        """Never try ``event`` again, nor this component restarted: the rejection goes into
+        its status at once (and into every heartbeat after)."""
         self.rejected.add((event.version, event.manifest_sha256))
         self.counters.add("versions_rejected")
         log.error(
@@ -429,6 +457,36 @@ class WeightFollower:
             self.version,
             exc,
         )
+        rejection = Rejection(
+            version=event.version,
+            method=event.method,
+            manifest_sha256=event.manifest_sha256,
+            reason=str(exc),
+            kind="integrity",
+            created_at=time.time(),
+        )
+        if self.events.reject(rejection):
+            await self.events.status()
+
+    async def _remember_rejections(self) -> None:
+        """Once, before the first version is loaded: take back the versions an earlier
+        process of this component rejected (its last status, read from the status topic
+        within :data:`REMEMBER_WAIT_S`), so a restart does not load them again."""
+        if self._remembered:
+            return
+        self._remembered = True
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.view.caught_up.wait(), REMEMBER_WAIT_S)
+        for r in self.view.own_rejections:
+            self.events.reject(r)
+            if r.kind == "integrity":
+                self.rejected.add((r.version, r.manifest_sha256))
+        if self.rejected:
+            log.info(
+                "%s: versions rejected before this start, not loaded again: %s",
+                self.name,
+                sorted(v for v, _ in self.rejected),
+            )
 
     async def _wait_after_reject(
         self, event: ModelVersionReady, plan: ExplorerSync, moved: Callable[[], bool]

@@ -105,6 +105,11 @@ class WeightReceiver(abc.ABC):
         """Whether this explorer can load ``event`` at all (a broadcast: is it a member)."""
         return True
 
+    def refusal(self, event: ModelVersionReady) -> str | None:
+        """Why the run refuses ``event`` whoever reads it (it points where the run does not
+        allow: a rendezvous host it does not use); None when it does not."""
+        return None
+
     @abc.abstractmethod
     def receive(
         self, event: ModelVersionReady, like: Mapping[str, torch.Tensor]
@@ -251,13 +256,22 @@ class Receivers:
             receiver = self._made[event.method] = RECEIVERS[event.method](self.cfg, self.member)
         return receiver
 
+    def refusal(self, event: ModelVersionReady) -> str | None:
+        """Why this run refuses ``event`` (see :meth:`WeightReceiver.refusal`): a method it
+        does not use, or a location its receiver does not allow; None: it may be loaded."""
+        method = self.cfg.synchronizer.method
+        if event.method not in ACCEPTED.get(method, ()):
+            return (
+                f"method {event.method!r} is not one this run uses (synchronizer.method: {method})"
+            )
+        if event.method not in RECEIVERS:
+            return f"no receiver for method {event.method!r} (known: {list(RECEIVERS)})"
+        return self.for_event(event).refusal(event)
+
     def can_load(self, event: ModelVersionReady) -> bool:
-        accepted = ACCEPTED.get(self.cfg.synchronizer.method, ())
-        return (
-            event.method in RECEIVERS
-            and event.method in accepted
-            and self.for_event(event).can_load(event)
-        )
+        """Whether this explorer can load ``event``: not refused, and its receiver can (a
+        broadcast of a group it is not in, shared memory of another host: it cannot)."""
+        return self.refusal(event) is None and self.for_event(event).can_load(event)
 
     def close(self) -> None:
         for receiver in self._made.values():

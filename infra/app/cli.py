@@ -172,6 +172,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_infra(args: argparse.Namespace) -> int:
+    from streamrft.infra.config import REDACTED
     from streamrft.infra.local import services
 
     _setup_logging()
@@ -190,6 +191,7 @@ def cmd_infra(args: argparse.Namespace) -> int:
                     "bootstrap_servers": eps.bootstrap_servers,
                     "s3_endpoint": eps.s3_endpoint,
                     "access_key": eps.access_key,
+                    "secret_key_in": str(services.state_file(state_dir)),
                     "state_dir": str(state_dir),
                 },
                 indent=2,
@@ -199,6 +201,8 @@ def cmd_infra(args: argparse.Namespace) -> int:
         print("stopped" if services.down(state_dir) else "nothing was running")
     else:
         st = services.status(state_dir)
+        if st and (st.get("endpoints") or {}).get("secret_key"):
+            st["endpoints"]["secret_key"] = REDACTED  # it is in the state file, owner-only
         print(json.dumps(st, indent=2) if st else "not running")
         return 0 if st and st.get("running") else 1
     return 0

@@ -10,6 +10,13 @@ in this order, each only for what is still missing:
 3. the services of ``streamrft infra up`` (``<run.dir>/infra``, or ``--dir``).
 
 What is still missing after that, ``streamrft run`` starts itself (embedded services).
+
+Embedded services have an object-store secret generated for them (never the public
+default); an object store found in their state file comes with the credentials recorded
+there (the file is readable by its owner only), so a process of the same user on the same
+host joins with no secret of its own. A process elsewhere cannot reach them (they listen
+on 127.0.0.1): it uses a real broker and store, whose credentials it is given in its
+environment (``STREAMRFT_S3_SECRET_KEY``...) or config.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from pathlib import Path
 import msgspec
 import yaml
 
-from streamrft.infra.config import Config, KafkaConfig, with_endpoints
+from streamrft.infra.config import Config, KafkaConfig, with_endpoints, with_store_credentials
 from streamrft.infra.local.services import status
 from streamrft.schemas.errors import StreamRFTError
 
@@ -35,6 +42,19 @@ class Found:
     bootstrap_servers: str | None
     s3_endpoint: str | None
     source: str
+    access_key: str | None = None
+    secret_key: str | None = None
+    """The object store's credentials, where recorded with it (embedded services)."""
+
+
+def _recorded(eps: dict, source: str) -> Found:
+    return Found(
+        eps.get("bootstrap_servers"),
+        eps.get("s3_endpoint"),
+        source,
+        eps.get("access_key"),
+        eps.get("secret_key"),
+    )
 
 
 def infra_up(state_dir: Path) -> Found | None:
@@ -42,10 +62,7 @@ def infra_up(state_dir: Path) -> Found | None:
     shared = status(state_dir)
     if not (shared and shared.get("running")):
         return None
-    eps = shared["endpoints"]
-    return Found(
-        eps.get("bootstrap_servers"), eps.get("s3_endpoint"), f"`streamrft infra up` in {state_dir}"
-    )
+    return _recorded(shared["endpoints"], f"`streamrft infra up` in {state_dir}")
 
 
 def of_run(cfg: Config) -> Found | None:
@@ -61,9 +78,7 @@ def of_run(cfg: Config) -> Found | None:
                 f"run {cfg.run.id}: its embedded services ({cfg.run_dir / 'services'}) are "
                 "not running; has the run ended?"
             )
-        eps = own["endpoints"]
-        source = f"run {cfg.run.id} (its embedded services)"
-        return Found(eps.get("bootstrap_servers"), eps.get("s3_endpoint"), source)
+        return _recorded(own["endpoints"], f"run {cfg.run.id} (its embedded services)")
     return of_run_config(cfg)
 
 
@@ -94,6 +109,8 @@ def resolve(cfg: Config, joining: bool) -> tuple[Config, str | None]:
         None if cfg.kafka.bootstrap_servers else found.bootstrap_servers,
         None if cfg.object_store.endpoint else found.s3_endpoint,
     )
+    if not cfg.object_store.endpoint and found.s3_endpoint:  # that store's own credentials
+        filled = with_store_credentials(filled, found.access_key, found.secret_key)
     return filled, found.source
 
 

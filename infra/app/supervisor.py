@@ -29,7 +29,15 @@ from streamrft.infra.app.monitor import RunMonitor
 from streamrft.infra.app.placement import check_gpu_shares, start_order
 from streamrft.infra.app.resume import check_resume
 from streamrft.infra.bus import EventSender
-from streamrft.infra.config import Config, credentials_env, for_s3_broker, to_yaml, with_endpoints
+from streamrft.infra.config import (
+    Config,
+    ObjectStoreConfig,
+    credentials_env,
+    for_s3_broker,
+    to_yaml,
+    with_endpoints,
+    with_store_credentials,
+)
 from streamrft.infra.local.processes import port_open
 from streamrft.infra.local.services import LocalServices
 from streamrft.infra.signals import install_stop_handlers
@@ -422,12 +430,14 @@ def start_embedded(cfg: Config) -> tuple[Config, LocalServices | None]:
     need_store = not cfg.object_store.endpoint
     if not (need_broker or need_store):
         return cfg, None
+    own_secret = cfg.object_store.secret_key != ObjectStoreConfig().secret_key
     services = LocalServices(
         cfg.run_dir / "services",
         broker=need_broker,
         object_store=need_store,
         access_key=cfg.object_store.access_key,
-        secret_key=cfg.object_store.secret_key,
+        # the public default is replaced by a secret generated for these services
+        secret_key=cfg.object_store.secret_key if own_secret else None,
         broker_storage=cfg.kafka.embedded_storage if need_store else "memory",
     )
     eps = services.start()
@@ -436,6 +446,8 @@ def start_embedded(cfg: Config) -> tuple[Config, LocalServices | None]:
         "embedded services: broker %s, object store %s", eps.bootstrap_servers, eps.s3_endpoint
     )
     cfg = with_endpoints(cfg, eps.bootstrap_servers, eps.s3_endpoint)
+    if need_store:  # the children get them in their environment (child_env)
+        cfg = with_store_credentials(cfg, eps.access_key, eps.secret_key)
     if services.broker and services.broker_storage == "s3":
         cfg = for_s3_broker(cfg)
     return cfg, services

@@ -30,6 +30,7 @@ import atexit
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -95,6 +96,10 @@ class Endpoints:
     s3_endpoint: str | None
     access_key: str | None
     secret_key: str | None
+
+
+GENERATED_SECRET_BYTES = 24
+"""Random bytes of a generated object-store secret key (32 URL-safe characters)."""
 
 
 # --------------------------------------------------------------------------- binaries
@@ -202,7 +207,10 @@ class LocalServices:
 
     ``broker_storage`` is ``"memory"`` (fast, lost on restart) or ``"s3"`` (kept in bucket
     :data:`BROKER_BUCKET` of the local object store; needs ``object_store=True``).
-    ``secret_key`` needs 8+ characters and ``access_key`` 3+ (MinIO's rules).
+    ``secret_key`` needs 8+ characters and ``access_key`` 3+ (MinIO's rules); by default a
+    secret is generated for this instance (see :meth:`record`: how other processes get it).
+    Both services listen on 127.0.0.1 only: the embedded broker has no authentication, so
+    nothing off this host may reach it.
     """
 
     def __init__(
@@ -213,9 +221,11 @@ class LocalServices:
         object_store: bool = True,
         broker_storage: str = "memory",
         access_key: str = "streamrft",
-        secret_key: str = "streamrft-secret",
+        secret_key: str | None = None,
         startup_timeout_s: float = 30.0,
     ) -> None:
+        if secret_key is None:  # never the public default: anyone could read the versions
+            secret_key = secrets.token_urlsafe(GENERATED_SECRET_BYTES)
         if broker_storage not in ("memory", "s3"):
             raise ConfigError(f"broker_storage must be 'memory' or 's3', not {broker_storage!r}")
         if broker and broker_storage == "s3" and not object_store:
@@ -290,11 +300,11 @@ class LocalServices:
     def record(self) -> Path:
         """Write ``state_dir/services.json`` as :func:`up` does, so that other processes
         find these running services with :func:`status` (an explorer started by hand
-        joins the run that started them); :meth:`stop` removes it. The secret key is left
-        out: a process that joins has its own. Returns its path."""
+        joins the run that started them); :meth:`stop` removes it. The file is readable by
+        its owner only and holds the store's credentials: a process of the same user that
+        joins takes them from it. Returns its path."""
         with self._lock:
             state = self._state()
-            state["endpoints"]["secret_key"] = None
             self._recorded = _write_state(self.state_dir, state)
             return self._recorded
 
@@ -577,13 +587,15 @@ class LocalServices:
 # --------------------------------------------------------------------------- detached mode
 
 
-def _state_path(state_dir: Path) -> Path:
+def state_file(state_dir: Path) -> Path:
+    """The state file of the services recorded in ``state_dir`` (owner-readable only: it
+    holds the object store's credentials)."""
     return Path(state_dir).expanduser().absolute() / STATE_FILE
 
 
 def _write_state(state_dir: Path, state: dict[str, Any]) -> Path:
     """Write the state file atomically, readable by its owner only; returns its path."""
-    path = _state_path(state_dir)
+    path = state_file(state_dir)
     tmp = path.with_suffix(".json.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -593,7 +605,7 @@ def _write_state(state_dir: Path, state: dict[str, Any]) -> Path:
 
 
 def _read_state(state_dir: Path) -> dict[str, Any] | None:
-    path = _state_path(state_dir)
+    path = state_file(state_dir)
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -647,7 +659,7 @@ def down(state_dir: Path) -> bool:
             was_running = True
             terminate_pid(pid)
     with contextlib.suppress(FileNotFoundError):
-        _state_path(state_dir).unlink()
+        state_file(state_dir).unlink()
     return was_running
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from streamrft.infra.app.cli import _load, build_parser
-from streamrft.infra.config import load_config, to_yaml, with_endpoints, with_run_id
+from streamrft.infra.config import (
+    ObjectStoreConfig,
+    load_config,
+    to_yaml,
+    with_endpoints,
+    with_run_id,
+)
 from streamrft.infra.local.services import LocalServices
 from streamrft.schemas.errors import StreamRFTError
 from tests.helpers.paths import EXAMPLE
@@ -31,6 +37,36 @@ def test_explore_finds_the_embedded_services_a_run_started(tmp_path):
     finally:
         svc.stop()
     assert not (runs / "joined" / "services" / "services.json").exists()
+
+
+def test_embedded_store_has_a_generated_secret_that_a_joining_process_reads(tmp_path):
+    """The embedded object store never runs on the public default secret (at 41ac149 it
+    did: anyone on the host could read and replace the weight versions); the secret is
+    kept in the owner-only state file, whence a process joining the run takes it."""
+    from minio import Minio
+    from minio.error import S3Error
+
+    runs = tmp_path / "runs"
+    svc = LocalServices(runs / "joined" / "services", broker=False)
+    eps = svc.start()
+    try:
+        record = svc.record()
+        assert eps.secret_key != ObjectStoreConfig().secret_key and len(eps.secret_key) >= 32
+        assert record.stat().st_mode & 0o777 == 0o600
+        public = Minio(eps.s3_endpoint, "streamrft", ObjectStoreConfig().secret_key, secure=False)
+        with pytest.raises(S3Error, match="InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied"):
+            public.list_buckets()
+        cfg = _load(_explore_args(runs, "joined"), joining=True)
+        assert cfg.object_store.endpoint == eps.s3_endpoint
+        assert cfg.object_store.secret_key == eps.secret_key
+        own = Minio(
+            eps.s3_endpoint, cfg.object_store.access_key, cfg.object_store.secret_key, secure=False
+        )
+        own.list_buckets()  # the credentials the joining process got work
+    finally:
+        svc.stop()
+    other = LocalServices(tmp_path / "other", broker=False)
+    assert other.secret_key != eps.secret_key  # one per services instance
 
 
 def test_explore_refuses_a_run_whose_services_are_gone(tmp_path):

@@ -142,7 +142,8 @@ def test_broker_on_s3_storage_survives_restart(tmp_path: Path) -> None:
 
     with LocalServices(tmp_path, broker_storage="s3") as svc:
         asyncio.run(produce(svc.endpoints.bootstrap_servers))
-        client = Minio(svc.endpoints.s3_endpoint, "streamrft", "streamrft-secret", secure=False)
+        eps = svc.endpoints
+        client = Minio(eps.s3_endpoint, eps.access_key, eps.secret_key, secure=False)
         assert client.bucket_exists(services.BROKER_BUCKET)
     with LocalServices(tmp_path, broker_storage="s3") as svc:
         assert asyncio.run(consume(svc.endpoints.bootstrap_servers)) == b"durable"

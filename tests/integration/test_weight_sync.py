@@ -165,6 +165,57 @@ def test_crafted_versions_are_rejected_and_the_explorer_lives_on(make_config):
     assert explorer.counters["versions_applied"] == 1
 
 
+def test_refusals_are_on_the_status_topic_and_a_restart_does_not_load_them_again(make_config):
+    """A tampered version (rejected when loaded) and an event by a method the run does not
+    use (refused unloaded) are in the explorer's status with their reasons; an explorer of
+    the same name started afterwards reads them back and loads neither (at 41ac149 the
+    rejections lived in the process only: every restart loaded a bad version again)."""
+    cfg = make_config(synchronizer={"style": "dynamic_by_trainer"}, trainer={"max_staleness": 100})
+    src, _ = _models(cfg)
+    publisher = ObjectStorePublisher(cfg.object_store, cfg.run.id)
+    hostile = "gloo://10.9.9.9:29500/1?members=explorer-0"
+
+    async def first_life():
+        async with explorer_and_trainer_sender(cfg) as (explorer, trainer):
+            await trainer.control(publisher.publish(unique_state_dict(src), 0, 0))
+            assert await explorer.follower.sync_point(0, 0) is Synced.READY
+            bad = publisher.publish(unique_state_dict(src), 1, 1)
+            _tamper(cfg, bad)
+            await trainer.control(bad)
+            refused = msgspec_replace(bad, version=2, method="nccl", uri=hostile)
+            await trainer.control(refused)
+            await _announced(explorer, 2)
+            assert await explorer.follower.sync_point(1, 1) is Synced.READY
+            view = explorer.view  # its own status, read back from the status topic
+            await view.wait_until(
+                lambda: len(view.own_rejections) == 2, 30, asyncio.Event(), "own status"
+            )
+            return explorer, list(view.own_rejections)
+
+    async def second_life():
+        async with explorer_and_trainer_sender(cfg) as (explorer, _trainer):
+            await _announced(explorer, 2)
+            assert await explorer.follower.sync_point(1, 1) is Synced.READY
+            return explorer
+
+    first, said = asyncio.run(first_life())
+    assert first.follower.version == 0
+    assert first.counters["versions_rejected"] == 1 and first.counters["versions_refused"] == 1
+    by_version = {r.version: r for r in said}
+    assert by_version[1].kind == "integrity" and "sha256" in by_version[1].reason
+    assert by_version[2].kind == "refused" and by_version[2].method == "nccl"
+    assert f"synchronizer.method: {cfg.synchronizer.method}" in by_version[2].reason
+
+    second = asyncio.run(second_life())
+    assert second.follower.version == 0  # version 1 was not loaded again
+    assert second.counters.get("versions_rejected") == 0
+    assert second.counters["versions_applied"] == 1
+    assert {(r.version, r.kind) for r in second.events.rejections} == {
+        (1, "integrity"),
+        (2, "refused"),
+    }
+
+
 def test_lora_explorer_builds_base_then_applies_adapter_and_rejects_a_tampered_one(make_config):
     import msgspec
 

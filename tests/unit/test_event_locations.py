@@ -54,6 +54,7 @@ def test_a_run_loads_only_the_methods_it_uses(method, accepted):
         if name in accepted:
             continue
         assert not receivers.can_load(event), name
+        assert f"synchronizer.method: {method}" in receivers.refusal(event), name
         with pytest.raises(IntegrityError, match=rf"synchronizer\.method: {method}"):
             receivers.for_event(event)
 
@@ -62,8 +63,12 @@ def test_a_rendezvous_elsewhere_or_a_broadcast_without_its_digest_is_refused():
     receiver = BroadcastReceiver("explorer-0", 5.0, "127.0.0.1")
     like = {"w": torch.zeros(2)}
     away = rendezvous_uri("gloo", "10.9.9.9", 29500, 1, ["explorer-0"])
-    assert receiver.can_load(_event("nccl", NCCL, state_sha256="0" * 64))
-    assert not receiver.can_load(_event("nccl", away, state_sha256="0" * 64))
+    assert receiver.refusal(_event("nccl", NCCL, state_sha256="0" * 64)) is None
+    assert "not synchronizer.nccl_host" in receiver.refusal(_event("nccl", away))
+    assert "rendezvous" in receiver.refusal(_event("nccl", "gloo://nowhere"))
+    receivers = _receivers("nccl")  # the run's receivers refuse it before any membership
+    assert not receivers.can_load(_event("nccl", away, state_sha256="0" * 64))
+    assert "not synchronizer.nccl_host" in receivers.refusal(_event("nccl", away))
     with pytest.raises(IntegrityError, match=r"not synchronizer\.nccl_host"):
         receiver.receive(_event("nccl", away, state_sha256="0" * 64), like)
     with pytest.raises(IntegrityError, match="no digest of its bytes"):
