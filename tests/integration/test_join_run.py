@@ -54,7 +54,7 @@ def test_embedded_store_has_a_generated_secret_that_a_joining_process_reads(tmp_
         assert eps.secret_key != ObjectStoreConfig().secret_key and len(eps.secret_key) >= 32
         assert record.stat().st_mode & 0o777 == 0o600
         public = Minio(eps.s3_endpoint, "streamrft", ObjectStoreConfig().secret_key, secure=False)
-        with pytest.raises(S3Error, match="InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied"):
+        with pytest.raises(S3Error, match=r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied"):
             public.list_buckets()
         cfg = _load(_explore_args(runs, "joined"), joining=True)
         assert cfg.object_store.endpoint == eps.s3_endpoint
