@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -807,6 +808,23 @@ def validate(cfg: Config) -> None:
         raise ConfigError("object_store.secret_key: the embedded server needs 8+ characters")
     _validate_kafka_security(cfg.kafka)
     _validate_store_tls(cfg.object_store)
+    _validate_no_credentials_in_uri("monitor.mlflow.tracking_uri", cfg.monitor.mlflow.tracking_uri)
+
+
+def _validate_no_credentials_in_uri(field: str, uri: str) -> None:
+    """A URI of the config carries no ``user:password@``: the config is written to the run
+    folder and shown in errors, and nothing there is treated as a secret."""
+    try:
+        netloc = urllib.parse.urlsplit(uri).netloc
+    except ValueError as exc:
+        raise ConfigError(f"{field}: not a URI ({exc})") from None
+    if "@" in netloc:
+        raise ConfigError(
+            f"{field}: holds credentials (user:password@host), which would be written to the "
+            "run folder's config.yaml and shown in errors; give the host only and the "
+            "credentials in MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or "
+            "MLFLOW_TRACKING_TOKEN), which MLflow reads itself"
+        )
 
 
 def _validate_kafka_security(k: KafkaConfig) -> None:

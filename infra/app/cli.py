@@ -292,7 +292,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     cfg = _watcher_config(args, run_id_required=False)
     port = cfg.monitor.dashboard_port if args.port is None else args.port
     url_file = Path(args.url_file) if args.url_file else None
-    main(cfg, args.host, port, args.bootstrap, Path(args.dir) if args.dir else None, url_file)
+    infra_dir = Path(args.dir) if args.dir else None
+    main(cfg, args.host, port, args.bootstrap, infra_dir, url_file, args.allow_remote)
     return 0
 
 
@@ -457,6 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("config", nargs="?", help="config naming the broker and run.dir (optional)")
     sp.add_argument("--run-id", metavar="ID", help="the run shown first (any run can be chosen)")
     sp.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
+    sp.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="serve on a --host other machines reach (the page has no authentication)",
+    )
     sp.add_argument("--port", type=int, help="port (default monitor.dashboard_port; 0: a free one)")
     sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
     sp.add_argument("--dir", metavar="INFRA_DIR", help="state folder of `infra up`")

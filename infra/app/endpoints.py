@@ -21,6 +21,7 @@ environment (``STREAMRFT_S3_SECRET_KEY``...) or config.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,8 @@ import yaml
 from streamrft.infra.config import Config, KafkaConfig, with_endpoints, with_store_credentials
 from streamrft.infra.local.services import status
 from streamrft.schemas.errors import StreamRFTError
+
+log = logging.getLogger(__name__)
 
 INFRA_DIR = "infra"
 """Folder under ``run.dir`` where ``streamrft infra up`` keeps its state by default."""
@@ -122,6 +125,12 @@ def kafka_for_tools(
     from streamrft.infra.config import load_config
 
     kafka_cfg = load_config(config_path).kafka if config_path else KafkaConfig()
+    if bootstrap and not config_path:
+        log.warning(
+            "no config: connecting to %s in PLAINTEXT (no TLS, no SASL); pass a config "
+            "naming kafka.security_protocol for a secured broker",
+            bootstrap,
+        )
     bootstrap = bootstrap or kafka_cfg.bootstrap_servers
     if not bootstrap:
         found = infra_up(Path(infra_dir))

@@ -21,7 +21,7 @@ from typing import Any
 from streamrft.infra import admin, kafka
 from streamrft.infra.app.endpoints import resolve
 from streamrft.infra.config import Config, load_config, with_endpoints, with_run_id
-from streamrft.infra.produce import OutRecord, send_all
+from streamrft.infra.produce import RECORD_MARGIN, OutRecord, send_all
 from streamrft.schemas.codec import CODEC_BY_KIND
 from streamrft.schemas.errors import SchemaError, StreamRFTError
 from streamrft.schemas.topics import TopicNames
@@ -40,6 +40,8 @@ class Outcome:
 
     published: int = 0
     rejected: list[tuple[int, str]] = field(default_factory=list)
+    through_line: int = 0
+    """Every good line up to this one is acknowledged by the broker."""
 
 
 def target_config(config: str | None, run_id: str, bootstrap: str | None) -> Config:
@@ -58,8 +60,15 @@ def target_config(config: str | None, run_id: str, bootstrap: str | None) -> Con
     return cfg
 
 
-def record_of(kind: str, line: bytes, topics: TopicNames) -> OutRecord:
-    """The record one line becomes; :class:`SchemaError` says why it cannot be published."""
+def largest_line(kind: str) -> int:
+    """The longest line a ``kind`` file may hold: its codec's limit on a JSON record."""
+    return CODEC_BY_KIND[kind].max_bytes
+
+
+def record_of(kind: str, line: bytes, topics: TopicNames, max_request_bytes: int) -> OutRecord:
+    """The record one line becomes; :class:`SchemaError` says why it cannot be published
+    (it does not decode or validate, or its record would not fit a produce request of
+    ``max_request_bytes``, the broker's limit: the run's ``kafka.max_request_bytes``)."""
     codec = CODEC_BY_KIND[kind]
     obj = codec.decode(line, codec.json_headers())
     if kind == "experiences":
@@ -71,13 +80,38 @@ def record_of(kind: str, line: bytes, topics: TopicNames) -> OutRecord:
         key = obj.task_id
     else:
         key = obj.id
-    return OutRecord(topics.of(kind), codec.encode(obj), key.encode(), codec.headers())
+    value = codec.encode(obj)
+    room = max_request_bytes - RECORD_MARGIN
+    if len(value) > room:
+        raise SchemaError(
+            f"its record is {len(value)} bytes, over the {room} a produce request of "
+            f"kafka.max_request_bytes ({max_request_bytes}) holds"
+        )
+    return OutRecord(topics.of(kind), value, key.encode(), codec.headers())
 
 
-def numbered_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """``(line number, line)`` of every line of ``path`` (1-based), as bytes."""
+@dataclass(frozen=True)
+class LongLine:
+    """A line over the length limit, skipped without being held: its size in bytes."""
+
+    size: int
+
+
+def numbered_lines(path: Path, limit: int) -> Iterator[tuple[int, bytes | LongLine]]:
+    """``(line number, line)`` of every line of ``path`` (1-based), as bytes; a line longer
+    than ``limit`` bytes is read through in pieces of ``limit`` and given as a
+    :class:`LongLine` (a 10 GB line costs no more memory than ``limit``)."""
     with path.open("rb") as f:
-        yield from enumerate(f, start=1)
+        number = 0
+        while piece := f.readline(limit + 1):
+            number += 1
+            if len(piece) <= limit or piece.endswith(b"\n"):
+                yield number, piece
+                continue
+            size = len(piece)
+            while (piece := f.readline(limit)) and not piece.endswith(b"\n"):
+                size += len(piece)
+            yield number, LongLine(size + len(piece))
 
 
 class Publisher:
@@ -103,20 +137,27 @@ class Publisher:
         try:
             chunk: list[OutRecord] = []
             size = 0
-            for number, line in numbered_lines(path):
+            limit = largest_line(self.kind)
+            for number, line in numbered_lines(path, limit):
+                if isinstance(line, LongLine):
+                    self.bar.update(line.size)
+                    self.reject(path, number, f"line of {line.size} bytes, over {limit}")
+                    continue
                 self.bar.update(len(line))
                 if not line.strip():
                     continue
                 try:
-                    chunk.append(record_of(self.kind, line, self.topics))
+                    chunk.append(
+                        record_of(self.kind, line, self.topics, self.cfg.kafka.max_request_bytes)
+                    )
                 except SchemaError as exc:
                     self.reject(path, number, str(exc))
                     continue
                 size += len(chunk[-1].value)
                 if len(chunk) >= CHUNK_RECORDS or size >= CHUNK_BYTES:
-                    await self.send(chunk)
+                    await self.send(chunk, number)
                     chunk, size = [], 0
-            await self.send(chunk)
+            await self.send(chunk, number)
         finally:
             await self.producer.stop()
         return self.outcome
@@ -125,11 +166,12 @@ class Publisher:
         self.outcome.rejected.append((number, reason))
         self.bar.write(f"{path}:{number}: {reason}", file=sys.stderr)
 
-    async def send(self, chunk: list[OutRecord]) -> None:
+    async def send(self, chunk: list[OutRecord], through_line: int) -> None:
         if chunk:
             what = f"publish: {len(chunk)} records to {chunk[0].topic}"
             timeout_s = self.cfg.run.outage_timeout_s
             self.outcome.published += await send_all(self.producer, chunk, what, timeout_s)
+        self.outcome.through_line = through_line
 
 
 def publish(
@@ -152,8 +194,18 @@ def publish(
         file=sys.stderr,
         disable=not sys.stderr.isatty(),
     )
-    with bar:
-        outcome = asyncio.run(Publisher(cfg, kind, bar).run(path))
+    publisher = Publisher(cfg, kind, bar)
+    try:
+        with bar:
+            outcome = asyncio.run(publisher.run(path))
+    except StreamRFTError as exc:
+        done = publisher.outcome
+        raise StreamRFTError(
+            f"{exc}; published {done.published} records before (every good line through line "
+            f"{done.through_line}); the lines after it may be published in part: publishing "
+            "the file again is safe for experiences (the trainer drops a group id it has seen "
+            "within trainer.dedup_window)"
+        ) from exc
     print(
         f"published {outcome.published}, rejected {len(outcome.rejected)} "
         f"({cfg.topics().of(kind)} on {cfg.kafka.bootstrap_servers})"

@@ -148,6 +148,47 @@ def test_publish_experiences_with_a_config(make_config, tmp_path):
     assert sorted(r.key for r in records) == [b"task-1", b"task-2"]
 
 
+def test_a_line_past_the_limits_is_left_out_and_the_rest_published(make_config, tmp_path):
+    """A line longer than its topic's largest record is read through in pieces and left
+    out; a group whose record would not fit the broker's produce request (the run's
+    ``kafka.max_request_bytes``) is left out with that reason; the lines around them are
+    published (at 41ac149 the first was read whole into memory and the second aborted the
+    file midway with no summary)."""
+    cfg = make_config()
+    topics = cfg.topics()
+    asyncio.run(admin.ensure_topics(cfg.kafka, topics))
+    width = 60_000  # 4 rows of 60k tokens: ~2.5 MB as a record, over a 1 MiB request
+    big = make_group(
+        topics.run, "task-big", 0, n=4,
+        tokens=[[1] * 4 + [5] * width] * 4, logprobs=[[-0.5] * width] * 4, masks=[[1] * width] * 4,
+    )  # fmt: skip
+    good = [make_group(topics.run, "task-1", 0), make_group(topics.run, "task-2", 0)]
+    over = b'{"id": "huge", "prompt": "' + b"x" * (EXPERIENCE_GROUP.max_bytes + 10) + b'"}'
+    path = tmp_path / "groups.jsonl"
+    with path.open("wb") as f:
+        f.write(EXPERIENCE_GROUP.encode_json(good[0]) + b"\n")  # 1
+        f.write(over + b"\n")  # 2: longer than any experience group may be
+        f.write(EXPERIENCE_GROUP.encode_json(big) + b"\n")  # 3: valid, too big for the broker
+        f.write(EXPERIENCE_GROUP.encode_json(good[1]) + b"\n")  # 4
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"kafka:\n  bootstrap_servers: {cfg.kafka.bootstrap_servers}\n"
+        f"  max_request_bytes: {1 << 20}\ntaskset:\n  path: {ADDITION}\n"
+    )
+
+    argv = ["publish", "--run-id", topics.run, "experiences", str(path), "--config", str(config)]
+    rc, out, err = _run_cli(argv, tmp_path)
+
+    assert rc == 1, err
+    assert _summary(out) == (2, 2)
+    bad = _bad_lines(err, path)
+    assert sorted(bad) == [2, 3], err
+    assert f"line of {len(over) + 1} bytes, over {EXPERIENCE_GROUP.max_bytes}" in bad[2], bad[2]
+    assert "kafka.max_request_bytes (1048576)" in bad[3], bad[3]
+    records = _records(cfg, topics.experiences, EXPERIENCE_GROUP)
+    assert sorted((r.obj for r in records), key=lambda g: g.id) == good
+
+
 def test_publish_finds_the_run_s_broker_and_says_what_is_wrong(
     make_config, tmp_path, monkeypatch, capsys
 ):

@@ -199,6 +199,46 @@ def test_an_unknown_run_says_so(tmp_path):
     asyncio.run(scenario())
 
 
+def test_unknown_run_ids_cost_one_listing_per_relook_window(tmp_path, monkeypatch):
+    """Requests for ids that are no run (a page looping over random ones) share the list
+    of runs: at most one fresh listing per RELOOK_S, whatever their number (at 41ac149
+    each one cleared the list and looked up the broker twice, under the lock that opens
+    feeds)."""
+    from streamrft.infra.app import run_events
+
+    runs = tmp_path / "runs"
+    _write(runs, "r1", range(2))
+    listings = []
+
+    def slow_find_broker(*_args):
+        listings.append(time.monotonic())
+        time.sleep(0.2)  # a broker that answers slowly
+        return None
+
+    monkeypatch.setattr(run_events, "find_broker", slow_find_broker)
+
+    async def scenario():
+        dash = Dashboard(_cfg(runs, "r1"))
+        try:
+            asked = [dash.feed(f"no-such-run-{i}") for i in range(40)]
+            answers = await asyncio.gather(*asked, return_exceptions=True)
+            assert all(isinstance(a, LookupError) for a in answers), answers
+            assert 1 <= len(listings) <= 2, len(listings)
+            assert (await dash.feed("r1")) is dash.feeds["r1"]  # a real run still opens
+        finally:
+            await dash.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_dashboard_others_can_reach_needs_allow_remote(tmp_path):
+    from streamrft.infra.app.dashboard.server import main
+    from streamrft.schemas.errors import StreamRFTError
+
+    with pytest.raises(StreamRFTError, match=r"0\.0\.0\.0 is reachable .* --allow-remote"):
+        main(_cfg(tmp_path, "r1"), "0.0.0.0", 0)
+
+
 def test_run_ids_are_matched_whole():
     assert RUN_ID.fullmatch("run-1_a")
     assert not RUN_ID.fullmatch("run-1\n")

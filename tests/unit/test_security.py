@@ -389,3 +389,26 @@ def test_topics_and_tail_use_the_configs_security_settings(tmp_path, certs):
     argv = ["tail", "a.topic", "--config", str(path), "--bootstrap", "other.example:9093"]
     k = _kafka_config(build_parser().parse_args(argv))
     assert (k.bootstrap_servers, k.security_protocol) == ("other.example:9093", "SSL")
+
+
+def test_a_tracking_uri_with_credentials_is_refused_without_showing_them():
+    """At 41ac149 ``monitor.mlflow.tracking_uri`` with ``user:token@`` went into the run's
+    config.yaml and error messages as it was."""
+    from streamrft.infra.config import from_dict
+    from tests.helpers.configs import cfg_of
+
+    uri = "https://me:tok-s3cr3t@mlflow.example:5000"
+    with pytest.raises(ConfigError, match="MLFLOW_TRACKING_USERNAME") as caught:
+        from_dict(cfg_of(monitor={"mlflow": {"tracking_uri": uri}}))
+    assert "tok-s3cr3t" not in str(caught.value)
+    plain = from_dict(cfg_of(monitor={"mlflow": {"tracking_uri": "https://mlflow.example:5000"}}))
+    assert plain.monitor.mlflow.tracking_uri == "https://mlflow.example:5000"
+
+
+def test_a_kafka_tool_without_a_config_says_it_connects_in_plaintext(tmp_path, caplog):
+    from streamrft.infra.app.endpoints import kafka_for_tools
+
+    with caplog.at_level("WARNING"):
+        kafka_cfg = kafka_for_tools(None, "broker.example:9092", tmp_path)
+    assert kafka_cfg.security_protocol == "PLAINTEXT"
+    assert "PLAINTEXT (no TLS, no SASL)" in caplog.text

@@ -49,6 +49,8 @@ FIRST_WAIT_S = 5.0
 """``/snapshot`` of a feed just started waits this long for its first events."""
 RUNS_TTL_S = 3.0
 """The list of runs is looked up again after this long."""
+RELOOK_S = 1.0
+"""A run id not in the list makes a fresh lookup only when the list is older than this."""
 IDLE_STOP_S = 300.0
 """A feed no stream has listened to for this long is stopped (opened again on demand)."""
 REAP_S = 30.0
@@ -69,7 +71,9 @@ class Dashboard:
         self.closing = asyncio.Event()
         self._runs: tuple[float, dict[str, Any]] = (0.0, {})
         self._opening = asyncio.Lock()
-        """Held while a feed is looked up and created: one feed per run."""
+        """Held while a feed is created: one feed per run."""
+        self._listing = asyncio.Lock()
+        """Held while the list of runs is looked up: concurrent callers share one lookup."""
 
     async def runs(self) -> dict[str, Any]:
         """``{"runs": [{run, on_broker, metrics_file, folder, last}], "default": id,
@@ -78,6 +82,13 @@ class Dashboard:
         at, cached = self._runs
         if cached and time.monotonic() - at < RUNS_TTL_S:
             return cached
+        async with self._listing:
+            at, cached = self._runs  # another caller may have looked it up meanwhile
+            if cached and time.monotonic() - at < RUNS_TTL_S:
+                return cached
+            return await self._look_up_runs()
+
+    async def _look_up_runs(self) -> dict[str, Any]:
         broker = await asyncio.to_thread(
             run_events.find_broker, self.cfg, self.bootstrap, self.infra_dir
         )
@@ -110,21 +121,26 @@ class Dashboard:
         """The feed of ``run`` (started now if new); ``LookupError``: no such run."""
         if run in self.feeds:
             return self.feeds[run]
+        if not await self._known(run):
+            raise LookupError(run)
         async with self._opening:
-            return await self._feed(run)
+            if run not in self.feeds:
+                feed = Feed(with_run_id(self.cfg, run), self.bootstrap, self.infra_dir)
+                self.feeds[run] = feed
+                feed.start()
+            return self.feeds[run]
 
-    async def _feed(self, run: str) -> Feed:
-        if run not in self.feeds:
-            known = {row["run"] for row in (await self.runs())["runs"]}
-            if run not in known:
-                self._runs = (0.0, {})  # it may have just started: look once more
-                known = {row["run"] for row in (await self.runs())["runs"]}
-            if run not in known:
-                raise LookupError(run)
-            feed = Feed(with_run_id(self.cfg, run), self.bootstrap, self.infra_dir)
-            self.feeds[run] = feed
-            feed.start()
-        return self.feeds[run]
+    async def _known(self, run: str) -> bool:
+        """Whether ``run`` is a run this dashboard can show. A run not in the list may have
+        just started: the list is looked up afresh, but at most once per
+        :data:`RELOOK_S` whatever the ids asked for (a loop over random ids costs one
+        broker listing per :data:`RELOOK_S`, and holds up no feed being opened)."""
+        if any(row["run"] == run for row in (await self.runs())["runs"]):
+            return True
+        if time.monotonic() - self._runs[0] < RELOOK_S:
+            return False
+        self._runs = (0.0, {})
+        return any(row["run"] == run for row in (await self.runs())["runs"])
 
     async def stream(self, feed: Feed) -> AsyncIterator[bytes]:
         """Server-Sent Events of ``feed``: see the module docstring."""
@@ -291,13 +307,6 @@ def url_of(host: str, port: int, run: str | None) -> str:
 async def serve(dash: Dashboard, host: str, port: int, url_file: Path | None = None) -> None:
     """Serve ``dash`` on ``host:port`` until SIGINT/SIGTERM; print the URL (and write it to
     ``url_file``, removed again at the end) once it is listening."""
-    if not is_loopback(host):
-        print(
-            f"streamrft: warning: the dashboard on {host} is reachable from other machines "
-            "and has no authentication",
-            file=sys.stderr,
-            flush=True,
-        )
     sock = _bind(host, port)
     url = url_of(host, sock.getsockname()[1], dash.default_run)
     stop = asyncio.Event()
@@ -333,8 +342,24 @@ def main(
     bootstrap: str | None = None,
     infra_dir: Path | None = None,
     url_file: Path | None = None,
+    allow_remote: bool = False,
 ) -> None:
-    """``streamrft dashboard``: serve the page until stopped."""
+    """``streamrft dashboard``: serve the page until stopped. A ``host`` other machines can
+    reach is refused unless ``allow_remote``: the page has no authentication."""
+    if not is_loopback(host):
+        if not allow_remote:
+            raise StreamRFTError(
+                f"dashboard: --host {host} is reachable from other machines and the dashboard "
+                "has no authentication (it shows run ids, statuses, counters and dead-letter "
+                "reasons); bind 127.0.0.1 and reach it through an SSH tunnel, or pass "
+                "--allow-remote to serve it behind a proxy that authenticates"
+            )
+        print(
+            f"streamrft: warning: the dashboard on {host} is reachable from other machines "
+            "and has no authentication of its own (--allow-remote)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     async def run() -> None:
         await serve(Dashboard(cfg, bootstrap, infra_dir), host, port, url_file)
