@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamrft.infra.retry import retrying
-from streamrft.schemas.codec import EXPERIENCE_GROUP
+from streamrft.schemas.codec import EXPERIENCE_GROUP, Codec
 from streamrft.schemas.experience import ExperienceGroup
+from streamrft.schemas.limits import RECORD_MARGIN_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +70,11 @@ def group_records(topic: str, groups: Sequence[ExperienceGroup]) -> list[OutReco
     ]
 
 
-RECORD_MARGIN = 64 << 10
-"""Room a record needs beyond its value in a produce request (key, headers, framing)."""
+def largest_value(max_request_bytes: int, codec: Codec) -> int:
+    """The largest value the run's own producers send on a topic of ``codec``: what fits a
+    produce request of ``max_request_bytes`` and the codec's limit, less the record's
+    margin (key, headers, framing: :data:`~streamrft.schemas.limits.RECORD_MARGIN_BYTES`)."""
+    return min(max_request_bytes, codec.max_bytes) - RECORD_MARGIN_BYTES
 
 
 def fitting_records(
@@ -79,7 +83,7 @@ def fitting_records(
     """:func:`group_records` of the groups whose record fits a produce request of
     ``max_request_bytes`` and the experience codec's limit, and the ids of the others with
     their encoded sizes (each group encoded once)."""
-    limit = min(max_request_bytes, EXPERIENCE_GROUP.max_bytes) - RECORD_MARGIN
+    limit = largest_value(max_request_bytes, EXPERIENCE_GROUP)
     records, too_large = [], {}
     for group, record in zip(groups, group_records(topic, groups), strict=True):
         if len(record.value) > limit:

@@ -209,8 +209,7 @@ CODEC_BY_KIND: dict[str, Codec[Any]] = {
 
 DEAD_LETTER_REASON_CHARS = 2000
 """A reason is cut to this many characters (a validator may quote a long field)."""
-DEAD_LETTER_MARGIN_BYTES = 64 << 10
-"""Room kept for a dead letter's own fields and the Kafka record around it."""
+DEAD_LETTER_MARGIN_BYTES = limits.DEAD_LETTER_MARGIN_BYTES
 
 
 def dead_letter_of(
@@ -225,8 +224,10 @@ def dead_letter_of(
 ) -> DeadLetter:
     """The dead letter of a rejected message, small enough to publish in ``max_bytes``.
 
-    The original key and value are kept whole when they fit; one that does not is left out
-    (None) and the reason says how long it was, so a dead letter can always be written.
+    The original key and value are kept whole when they fit (a record of the run's own
+    producers always does: :data:`~.limits.DEAD_LETTER_MARGIN_BYTES`); one that does not is
+    left out (None) and the reason says how long it was and where the record stays, so a
+    dead letter can always be written.
     """
     reason = str(exc) or type(exc).__name__
     if len(reason) > DEAD_LETTER_REASON_CHARS:
@@ -236,7 +237,10 @@ def dead_letter_of(
         reason += f" [key of {len(key)} bytes not kept: too large for a dead letter]"
         key = None
     if value is not None and len(value) + len(key or b"") > room:
-        reason += f" [value of {len(value)} bytes not kept: too large for a dead letter]"
+        reason += (
+            f" [value of {len(value)} bytes not kept: too large for a dead letter; the record "
+            f"stays at {topic}[{partition}]@{offset} for that topic's retention]"
+        )
         value = None
     return DeadLetter(
         source_topic=topic,

@@ -18,6 +18,15 @@ TASK_MAX_BYTES = 1 * MiB
 """One task: a prompt, its answer and a few metadata strings."""
 EVENT_MAX_BYTES = 1 * MiB
 """Control and status events: a few short strings and numbers."""
+RECORD_MARGIN_BYTES = 64 << 10
+"""Room the run's own producers leave beside a record's value in a produce request (key,
+headers, framing): a value they send is at most ``min(kafka.max_request_bytes, the
+topic's limit)`` minus this."""
+DEAD_LETTER_MARGIN_BYTES = 32 << 10
+"""Room a dead letter keeps for its own fields (a reason of at most 2,000 characters, topic
+and component names) and the record around it. Smaller than :data:`RECORD_MARGIN_BYTES` by
+more than the longest key (:data:`MAX_ID_CHARS` characters, 4 bytes each at most), so a
+record the run's own producers sent always fits a dead letter with its bytes."""
 METRICS_MAX_BYTES = 4 * MiB
 """Metrics carry the trainer's ledger: one ``[group id, version]`` row (~60-200 bytes) per
 trained group, so 4 MiB holds a step of 20,000+ groups."""

@@ -21,7 +21,7 @@ from typing import Any
 from streamrft.infra import admin, kafka
 from streamrft.infra.app.endpoints import resolve
 from streamrft.infra.config import Config, load_config, with_endpoints, with_run_id
-from streamrft.infra.produce import RECORD_MARGIN, OutRecord, send_all
+from streamrft.infra.produce import OutRecord, largest_value, send_all
 from streamrft.schemas.codec import CODEC_BY_KIND
 from streamrft.schemas.errors import SchemaError, StreamRFTError
 from streamrft.schemas.topics import TopicNames
@@ -81,7 +81,7 @@ def record_of(kind: str, line: bytes, topics: TopicNames, max_request_bytes: int
     else:
         key = obj.id
     value = codec.encode(obj)
-    room = max_request_bytes - RECORD_MARGIN
+    room = largest_value(max_request_bytes, codec)
     if len(value) > room:
         raise SchemaError(
             f"its record is {len(value)} bytes, over the {room} a produce request of "

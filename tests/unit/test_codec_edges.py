@@ -94,3 +94,25 @@ def test_a_long_foreign_content_type_is_cut_in_the_reason():
     with pytest.raises(SchemaError) as caught:
         TASK.decode(b"x", _ct(b"t" * 200))
     assert "t" * 80 + "'" in str(caught.value) and "t" * 81 not in str(caught.value)
+
+
+@pytest.mark.parametrize("max_request_bytes", [1 << 20, 16 << 20])
+def test_a_record_of_the_run_s_own_producers_is_dead_lettered_with_its_bytes(max_request_bytes):
+    """The edge: the largest value the explorer or serve sends under this
+    ``kafka.max_request_bytes``, with the longest key (1,024 four-byte characters) and the
+    longest reason, is kept whole, and the dead letter still fits a produce request (at
+    41ac149 a group near 16 MiB was dead-lettered without its bytes)."""
+    from streamrft.infra.produce import largest_value
+    from streamrft.schemas import EXPERIENCE_GROUP
+    from streamrft.schemas.limits import MAX_ID_CHARS
+
+    value = b"v" * largest_value(max_request_bytes, EXPERIENCE_GROUP)
+    key = ("\U0001f600" * MAX_ID_CHARS).encode()
+    exc = SchemaError("r" * (DEAD_LETTER_REASON_CHARS + 50))
+    letter = dead_letter_of(
+        "x" * 249, 0, 1, key, value, exc, "c" * MAX_ID_CHARS, max_request_bytes
+    )
+    assert letter.value == value and letter.key == key, letter.reason[-200:]
+    assert len(DEAD_LETTER.encode(letter)) + len(key) + 1024 <= max_request_bytes
+    bigger = dead_letter_of("t", 2, 7, key, value + b"v" * (40 << 10), exc, "c", max_request_bytes)
+    assert bigger.value is None and "stays at t[2]@7" in bigger.reason  # where it can be had
