@@ -304,8 +304,8 @@ class WeightFollower:
                     return False
             else:
                 await self._reject(event, exc)
-                if event.version in self.usable():  # another announcement of it (the store)
-                    continue
+                if self._choose(plan) is not None:  # another announcement of it (the
+                    continue  # store), or an older version still newer than the model's
                 need = plan.wait_for
                 if self.version >= 0 and (need is None or self.version >= need):
                     return True  # the weights held serve this step

@@ -34,6 +34,13 @@ def test_drill_recovers_and_the_books_balance(name, tmp_path):
         assert detail["restarts"]["trainer"] >= 2
         assert detail["set_aside"] == detail["killed_batch"] and len(detail["set_aside"]) == 20
         assert r.dead_letters == 2 + 20
+    elif name == "hostile":  # 4 groups dead-lettered, 7 announcements refused or rejected
+        assert r.dead_letters == 4
+        for where, why in detail["expected_reasons"].items():
+            assert why in detail["dead_letter_reasons"][where], (where, detail)
+        for version, kind in detail["expected_kinds"].items():
+            said = detail["rejected"][version]
+            assert said is not None and said[0] == kind and said[1], (version, said)
     elif name == "fuzz":
         assert detail["injected"] >= 1000
         assert r.dead_letters == detail["injected"]  # each invalid message: one dead letter

@@ -20,8 +20,10 @@ The drills: ``explorer_kill`` (SIGKILL an explorer mid-step; the supervisor rest
 ``store_outage`` (the object store down for 20 s), ``broker_restart`` (SIGKILL the broker
 on ``s3://`` storage and start it again), ``corrupt_shard`` (flip bytes of a published
 weight shard before explorers fetch it), ``fuzz`` (1,000+ malformed messages into
-``experiences`` and ``control``). ``bench/reliability.py`` runs them all; the e2e tests
-run them one by one.
+``experiences`` and ``control``), ``poison_batch`` (groups no trainer can take: over its
+limits, or killing it), ``hostile`` (schema-valid records no process may act on: groups
+past the trainer's limits, version announcements pointing where the run does not allow).
+``bench/reliability.py`` runs them all; the e2e tests run them one by one.
 """
 
 from __future__ import annotations
@@ -47,12 +49,19 @@ from streamrft.infra.config import (
     load_config,
     with_endpoints,
     with_run_id,
+    with_store_credentials,
 )
 from streamrft.infra.consume import Record, consume, read_topic
 from streamrft.infra.local.processes import port_open
 from streamrft.infra.local.services import BROKER, OBJECT_STORE, LocalServices
 from streamrft.schemas.codec import CONTROL, DEAD_LETTER, EXPERIENCE_GROUP, METRICS, STATUS, TASK
-from streamrft.schemas.events import MetricsEvent, ModelVersionReady, StatusEvent
+from streamrft.schemas.events import (
+    MetricsEvent,
+    ModelVersionReady,
+    Shutdown,
+    StatusEvent,
+    SyncRequest,
+)
 from tests.helpers.cli import env, overrides, streamrft_cmd
 from tests.helpers.groups import make_group
 from tests.helpers.paths import EXAMPLE
@@ -310,10 +319,15 @@ class Drill(ABC):
         started = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
         with self.services:
-            self.cfg = with_endpoints(
-                with_run_id(load_config(EXAMPLE, self.overrides()), self.run_id),
-                self.services.endpoints.bootstrap_servers,
-                self.services.endpoints.s3_endpoint,
+            eps = self.services.endpoints
+            self.cfg = with_store_credentials(
+                with_endpoints(
+                    with_run_id(load_config(EXAMPLE, self.overrides()), self.run_id),
+                    eps.bootstrap_servers,
+                    eps.s3_endpoint,
+                ),
+                eps.access_key,
+                eps.secret_key,
             )
             self._start_run()
             try:
@@ -622,6 +636,145 @@ class PoisonBatch(Drill):
         return restarts >= 2 and self.detail.get("set_aside") == self.detail.get("killed_batch")
 
 
+class Hostile(Drill):
+    """Schema-valid records no process may act on, on the topics the run's processes read:
+    experience groups past the trainer's limits or of a kind it does not train, and
+    version announcements that point where the run does not allow (a method it does not
+    use, another run's prefix, a path out of it), claim a size no version of the model
+    has, carry a wrong digest or build on a version never announced; with them an old
+    Shutdown replayed and a sync request for a version that never comes. Each group is
+    dead-lettered with its reason; each announcement is refused or rejected with its reason
+    in the explorers' status; the run finishes with balanced books."""
+
+    fault_at_step = 0  # as soon as version 0 is out: every explorer step comes after
+    BASE = 1_000_000
+    """Hostile announcements carry versions from here: newer than any the trainer makes, so
+    every explorer tries (or refuses) each at its next sync point."""
+
+    def _groups(self) -> list[tuple[object, str]]:
+        """(group, the reason its dead letter must give)."""
+        run = self.run_id
+        width = 196  # prompt 4 + 196: past the tiny model's 128 positions
+        return [
+            (
+                make_group(run, "hostile-rows", 0, n=300, tokens=[[1, 5, 6, 7, 8, 2]] * 300),
+                "more than trainer.max_group_rows",
+            ),
+            (
+                make_group(
+                    run,
+                    "hostile-long",
+                    0,
+                    n=1,
+                    tokens=[[1] * 4 + [5] * width],
+                    logprobs=[[-0.5] * width],
+                    masks=[[1] * width],
+                ),
+                "longer than the model's context",
+            ),
+            (
+                make_group(run, "hostile-vocab", 0, n=2, tokens=[[1, 5, 6, 7, 10**6, 2]] * 2),
+                "outside the model's vocabulary",
+            ),
+            (
+                make_group(run, "hostile-pair", 0, n=2, kind="preference"),
+                "is trained only by",
+            ),
+        ]
+
+    def _versions(self, good: ModelVersionReady) -> dict[int, tuple[ModelVersionReady, str]]:
+        """version -> (hostile announcement, the kind of rejection it must get)."""
+        import msgspec
+
+        bucket = self.cfg.object_store.bucket
+        v = self.BASE
+
+        def like(n: int, **fields) -> ModelVersionReady:
+            return msgspec.structs.replace(good, version=v + n, step=v + n, **fields)
+
+        return {
+            v: (like(0, method="nccl", uri="gloo://10.9.9.9:29500/1?members=explorer-0,explorer-1"), "refused"),
+            v + 1: (like(1, method="filesystem", uri="file:///etc/passwd"), "refused"),
+            v + 2: (like(2, uri=f"s3://{bucket}/another-run/v00000000/manifest.json"), "integrity"),
+            v + 3: (like(3, uri=f"s3://{bucket}/{self.run_id}/../another-run/manifest.json"), "integrity"),
+            v + 4: (like(4, bytes=10**15), "integrity"),
+            v + 5: (like(5, uri=self._manifest_copy(good, v + 5), manifest_sha256="0" * 64), "integrity"),
+            v + 6: (like(6, delta_base=v - 1, state_sha256="0" * 64), "integrity"),
+        }  # fmt: skip
+
+    def _manifest_copy(self, good: ModelVersionReady, version: int) -> str:
+        """The uri of a copy of ``good``'s manifest where the run keeps ``version``: an
+        announcement of it passes every location check and fails on its digest."""
+        from streamrft.sync.object_store import make_client, parse_uri
+
+        client = make_client(self.cfg.object_store)
+        bucket, key = parse_uri(good.uri)
+        blob = client.get_object(bucket, key).read()
+        copy = f"{self.run_id}/v{version:08d}/manifest.json"
+        client.put_object(bucket, copy, io.BytesIO(blob), len(blob))
+        return f"s3://{bucket}/{copy}"
+
+    async def fault(self) -> None:
+        from tests.harness.fuzz import FuzzMessage, inject
+
+        await self._wait(lambda: 0 in self.watch.versions, 240, "version 0")
+        self.fault_started = time.time()
+        topics = self.cfg.topics()
+        groups = self._groups()
+        data = [
+            FuzzMessage(EXPERIENCE_GROUP.encode(g), EXPERIENCE_GROUP.headers()) for g, _ in groups
+        ]
+        expected: dict[str, str] = {}
+        for (partition, offset), (_, reason) in zip(
+            await inject(self.cfg, topics.experiences, data), groups, strict=True
+        ):
+            self.injected_invalid.add((topics.experiences, partition, offset))
+            expected[f"{partition}@{offset}"] = reason
+        self.detail["expected_reasons"] = expected
+        versions = self._versions(self.watch.versions[0])
+        control = [
+            *(event for event, _ in versions.values()),
+            Shutdown(reason="replayed from an earlier run", created_at=1.0),
+            SyncRequest(explorer="explorer-9", min_version=10**9, created_at=time.time()),
+        ]
+        await inject(
+            self.cfg,
+            topics.control,
+            [FuzzMessage(CONTROL.encode(e), CONTROL.headers()) for e in control],
+        )
+        self.detail["expected_kinds"] = {v: kind for v, (_, kind) in versions.items()}
+        self.fault_ended = time.time()
+
+    async def books(self) -> dict:
+        books = await super().books()
+        topics = self.cfg.topics()
+        said: dict[int, tuple[str, str]] = {}
+        for _, _, ev in await self._read_topic(topics.status, STATUS):
+            if ev is not None and ev.role == "explorer":
+                for r in ev.rejected:
+                    said[r.version] = (r.kind, r.reason)
+        self.detail["rejected"] = {v: said.get(v) for v in self.detail.get("expected_kinds", {})}
+        reasons = {}
+        for _, _, d in await self._read_topic(topics.dead_letters, DEAD_LETTER):
+            if d is not None and d.source_topic == topics.experiences:
+                reasons[f"{d.partition}@{d.offset}"] = d.reason
+        self.detail["dead_letter_reasons"] = reasons
+        return books
+
+    def check(self, books: dict) -> bool:
+        """Every announcement refused or rejected as expected, every group with its reason."""
+        kinds = self.detail.get("expected_kinds") or {}
+        rejected = self.detail.get("rejected") or {}
+        expected = self.detail.get("expected_reasons") or {}
+        reasons = self.detail.get("dead_letter_reasons") or {}
+        return (
+            bool(kinds)
+            and all(rejected.get(v) and rejected[v][0] == kind for v, kind in kinds.items())
+            and bool(expected)
+            and all(why in reasons.get(where, "") for where, why in expected.items())
+        )
+
+
 DRILLS: dict[str, type[Drill]] = {
     "explorer_kill": ExplorerKill,
     "trainer_kill": TrainerKill,
@@ -630,6 +783,7 @@ DRILLS: dict[str, type[Drill]] = {
     "corrupt_shard": CorruptShard,
     "fuzz": Fuzz,
     "poison_batch": PoisonBatch,
+    "hostile": Hostile,
 }
 
 

@@ -109,9 +109,7 @@ def test_a_record_of_the_run_s_own_producers_is_dead_lettered_with_its_bytes(max
     value = b"v" * largest_value(max_request_bytes, EXPERIENCE_GROUP)
     key = ("\U0001f600" * MAX_ID_CHARS).encode()
     exc = SchemaError("r" * (DEAD_LETTER_REASON_CHARS + 50))
-    letter = dead_letter_of(
-        "x" * 249, 0, 1, key, value, exc, "c" * MAX_ID_CHARS, max_request_bytes
-    )
+    letter = dead_letter_of("x" * 249, 0, 1, key, value, exc, "c" * MAX_ID_CHARS, max_request_bytes)
     assert letter.value == value and letter.key == key, letter.reason[-200:]
     assert len(DEAD_LETTER.encode(letter)) + len(key) + 1024 <= max_request_bytes
     bigger = dead_letter_of("t", 2, 7, key, value + b"v" * (40 << 10), exc, "c", max_request_bytes)

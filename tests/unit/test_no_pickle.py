@@ -17,7 +17,17 @@ from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.unit
 
-SOURCE_DIRS = ("schemas", "producers", "consumers", "sync", "infra", "bench")
+SOURCE_DIRS = (
+    "schemas",
+    "producers",
+    "consumers",
+    "sync",
+    "infra",
+    "client",
+    "bench",
+    "tools",
+    "examples",
+)
 PICKLING_MODULES = {"pickle", "cPickle", "_pickle", "cloudpickle", "dill", "joblib", "shelve"}
 
 
