@@ -40,10 +40,11 @@ from streamrft.infra.consume import Record
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.infra.taskset import read_taskset
 from streamrft.schemas.codec import EXPERIENCE_GROUP
-from streamrft.schemas.errors import SchemaError, StreamRFTError
-from streamrft.schemas.events import RunState, Shutdown, TrainedGroup
+from streamrft.schemas.errors import SchemaError, StreamRFTError, SyncError
+from streamrft.schemas.events import RunState, Shutdown, TrainedGroup, VersionsRetired
 from streamrft.schemas.experience import ExperienceGroup
 from streamrft.sync.publisher import VersionPublisher, announced_floor
+from streamrft.sync.retention import to_retire
 from streamrft.sync.styles import trainer_publishes
 from streamrft.sync.transport import SenderContext, make_sender
 
@@ -103,6 +104,10 @@ class Trainer:
         self._failed_in_a_row = 0
         self.publisher: VersionPublisher | None = None  # made once the model is final
         self._blocked_s = 0.0
+        self._retired: set[int] = set()
+        """Versions this trainer announced retired (its view may not have read it yet)."""
+        self._unremoved: set[int] = set()
+        """Retired versions whose files a store failed to delete, tried again later."""
         """Seconds the last publication held the loop (its snapshot)."""
 
     @property
@@ -285,6 +290,7 @@ class Trainer:
         t0 = time.perf_counter()
         published = await self.maybe_publish()
         self._blocked_s = time.perf_counter() - t0
+        await self.retire_versions()
         if self.tcfg.eval_interval and self.step % self.tcfg.eval_interval == 0:
             await self.evaluate()
         if self.tcfg.save_interval and self.step % self.tcfg.save_interval == 0:
@@ -296,6 +302,7 @@ class Trainer:
         """A last evaluation and checkpoint, the final counters, and a Shutdown for all."""
         assert self.publisher is not None
         await self.publisher.drain(background=False)  # the last version announced first
+        await self.retire_versions()
         if not self.tcfg.eval_interval or self.step % self.tcfg.eval_interval:
             await self.evaluate()
         await self.checkpoint()
@@ -345,6 +352,40 @@ class Trainer:
         if sync.style == "dynamic_by_trainer":
             await self.events.status(RunState.REQUIRE_SYNC, f"version {self.version} on its way")
         return True
+
+    async def retire_versions(self) -> None:
+        """Announce retired, then delete, the versions no explorer needs any more
+        (``synchronizer.keep_versions``: :func:`~streamrft.sync.retention.to_retire` over
+        the versions this trainer numbered; a version above its own, announced by someone
+        else, counts for nothing). Files a store failed to delete are tried again after
+        the next step; the run goes on either way."""
+        assert self.publisher is not None
+        if not self._retired:  # first call: what an earlier trainer retired may be left
+            self._retired.update(self.view.retired)
+            self._unremoved.update(self.view.retired)
+        own = {v: e for v, e in self.view.versions.items() if v <= self.publisher.announced}
+        last = self.publisher.last_event  # announced just now: the view may not have it yet
+        if last is not None:
+            own[last.version] = last
+        retire = [
+            v for v in to_retire(own, self.cfg.synchronizer.keep_versions) if v not in self._retired
+        ]
+        if retire:
+            await self.events.control(VersionsRetired(versions=retire, created_at=time.time()))
+            self._retired.update(retire)
+            self._unremoved.update(retire)
+            log.info("trainer: versions %s retired (synchronizer.keep_versions)", retire)
+        if not self._unremoved:
+            return
+        todo = sorted(self._unremoved)
+        try:
+            await asyncio.to_thread(self.publisher.sender.retire, todo)
+        except SyncError as exc:
+            self.counters.add("retire_failures")
+            log.warning("trainer: deleting retired versions %s failed (%s); later", todo, exc)
+            return
+        self._unremoved.clear()
+        self.counters.add("versions_retired", len(todo))
 
     async def _answer_requests(self) -> None:
         """While waiting for data: an explorer that waits on a version waits on us (it

@@ -43,6 +43,7 @@ from streamrft.schemas.events import (
     StatusEvent,
     SyncRequest,
     TrainedGroup,
+    VersionsRetired,
 )
 from streamrft.schemas.limits import MAX_REJECTIONS_REPORTED
 
@@ -54,6 +55,8 @@ SHUTDOWN_CLOCK_SKEW_S = 2.0
 """A Shutdown event older than this process by more than this is from an earlier attempt."""
 PEER_HISTORY_S = 60.0
 """Status events older than this process by more than this are from an earlier attempt."""
+MAX_REQUESTERS = 1024
+"""Explorers whose unanswered sync requests a view keeps (the newest ones)."""
 CAUGHT_UP_QUIET_POLLS = 3
 """A view whose reads came back empty this many times in a row has read the history (the
 embedded broker's end offsets alone cannot be trusted to say where a topic ends)."""
@@ -274,7 +277,10 @@ class ControlView:
         self._changed = asyncio.Event()
         self._versions: dict[int, ModelVersionReady] = {}
         self._announcements: dict[int, list[ModelVersionReady]] = {}
-        self._requests: list[SyncRequest] = []
+        self._requests: dict[str, SyncRequest] = {}
+        """The highest request of each explorer (at most :data:`MAX_REQUESTERS`, the newest):
+        a flood of requests takes no more room than one per name."""
+        self._retired: set[int] = set()
         self._peers: dict[str, StatusEvent] = {}
         self._peer_seen: dict[str, float] = {}
         self._reader: AIOKafkaConsumer | None = None
@@ -374,10 +380,14 @@ class ControlView:
     def _on_control(self, event: ControlEvent) -> None:
         match event:
             case ModelVersionReady():
+                if event.version in self._retired:
+                    return  # an announcement replayed after its retirement
                 # a later announcement of the same version (an nccl broadcast's object-store
                 # fallback, the auto method's store copy) is its latest; each is kept
                 self._versions[event.version] = event
                 self._announcements.setdefault(event.version, []).append(event)
+            case VersionsRetired():
+                self._retire(event.versions)
             case Shutdown():
                 # The control topic is read from the beginning, so a resumed run also sees
                 # the Shutdown that ended its previous attempt: only a newer one counts.
@@ -387,7 +397,12 @@ class ControlView:
                 log.info("%s: shutdown requested (%s)", self.component, event.reason)
                 self.shutdown.set()
             case SyncRequest():
-                self._requests.append(event)
+                held = self._requests.pop(event.explorer, None)
+                if held is not None and held.min_version > event.min_version:
+                    event = held
+                self._requests[event.explorer] = event
+                while len(self._requests) > MAX_REQUESTERS:  # names made up by a flood
+                    del self._requests[next(iter(self._requests))]
 
     # -- queries -----------------------------------------------------------------------------
     def check(self) -> None:
@@ -411,9 +426,28 @@ class ControlView:
     def latest_version(self) -> ModelVersionReady | None:
         return self._versions[max(self._versions)] if self._versions else None
 
+    @property
+    def retired(self) -> frozenset[int]:
+        """Versions announced retired (``VersionsRetired``): forgotten by :attr:`versions`."""
+        return frozenset(self._retired)
+
     def requests_above(self, version: int) -> list[SyncRequest]:
         """Sync requests for a version above ``version`` (the older ones are answered)."""
-        return [r for r in self._requests if r.min_version > version]
+        return [r for r in self._requests.values() if r.min_version > version]
+
+    def _retire(self, versions: list[int]) -> None:
+        """Forget retired versions, except the newest announced: whatever a retirement
+        says, the run keeps a version to load."""
+        newest = max(self._versions, default=-1)
+        for v in versions:
+            if v == newest:
+                log.warning(
+                    "%s: ignoring the retirement of the newest version %d", self.component, v
+                )
+                continue
+            self._retired.add(v)
+            self._versions.pop(v, None)
+            self._announcements.pop(v, None)
 
     def peer_starved(self, component: str, since: float) -> bool:
         """Whether ``component`` (the trainer) said it starves in a status sent after

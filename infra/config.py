@@ -574,6 +574,12 @@ class SynchronizerConfig(_Section):
     """Explorer step e needs a version >= e - sync_offset (0: strictly on-policy)."""
     sync_timeout: PosF = 300.0
     """Longest wait (s) for a needed version, or for a collective, before giving up."""
+    keep_versions: NonNeg = 8
+    """Weight versions kept in the object store or folder: the newest this many, and those
+    they are built on (a delta's chain back to its full version, an adapter's base). After
+    each publish the trainer announces the others retired (``VersionsRetired``: explorers
+    forget them) and deletes their files. 0: every version is kept (the store grows by one
+    version a publish)."""
     fs_dir: str = ""
     """Shared folder of the ``filesystem`` method (default ``<run.dir>/weights``)."""
     nccl_host: str = "127.0.0.1"

@@ -34,6 +34,7 @@ from streamrft.schemas.events import (
     StatusEvent,
     SyncRequest,
     TrainedGroup,
+    VersionsRetired,
 )
 from streamrft.schemas.experience import (
     ChatMessage,
@@ -81,6 +82,7 @@ __all__ = [
     "Task",
     "TopicNames",
     "TrainedGroup",
+    "VersionsRetired",
     "WeightManifest",
     "check_token_ids",
     "dead_letter_of",

@@ -65,7 +65,17 @@ class SyncRequest(msgspec.Struct, tag="sync_request", kw_only=True):
     """Unix time of the request."""
 
 
-ControlEvent = ModelVersionReady | Shutdown | SyncRequest
+class VersionsRetired(msgspec.Struct, tag="versions_retired", kw_only=True):
+    """The trainer deleted these versions (``synchronizer.keep_versions``): nobody loads them
+    any more, and every view forgets them."""
+
+    versions: list[int]
+    """The versions retired, each announced before."""
+    created_at: float = 0.0
+    """Unix time of the retirement."""
+
+
+ControlEvent = ModelVersionReady | Shutdown | SyncRequest | VersionsRetired
 
 
 class RunState(str, enum.Enum):
@@ -220,6 +230,15 @@ def validate_control(event: ControlEvent) -> ControlEvent:
             check_id(event.explorer, f"{what}: explorer")
             if event.min_version < 0:
                 raise SchemaError(f"{what}: min_version {event.min_version} < 0")
+        case VersionsRetired():
+            what = "versions_retired"
+            if len(event.versions) > limits.MAX_RETIRED_PER_EVENT:
+                raise SchemaError(
+                    f"{what}: {len(event.versions)} versions, more than "
+                    f"{limits.MAX_RETIRED_PER_EVENT}"
+                )
+            if any(v < 0 for v in event.versions):
+                raise SchemaError(f"{what}: a negative version")
     _check_time(event.created_at, what)
     return event
 

@@ -40,6 +40,8 @@ MAX_EXPERIENCES_PER_GROUP = 1024
 """Same bound as ``explorer.repeat_times``."""
 MAX_TOKENS_PER_EXPERIENCE = 1 << 18
 """Prompt + response tokens of one rollout (262,144: beyond any context window in use)."""
+MAX_RETIRED_PER_EVENT = 100_000
+"""Versions one ``VersionsRetired`` names (a run retires a few at a time)."""
 MAX_REJECTIONS_REPORTED = 64
 """Refused version announcements a status event carries (the newest; see ``Rejection``)."""
 MAX_ABS_REWARD = 1e6

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Sequence
 
 from streamrft.infra.bus import Counters
 from streamrft.schemas.errors import SyncError
@@ -60,6 +61,9 @@ class AutoSender(WeightSender):
         self._error: BaseException | None = None
         self._shared_version = -1
         """The newest version written (or being written) to shared memory."""
+
+    def retire(self, versions: Sequence[int]) -> None:
+        self.store.retire(versions)  # shared memory holds only its two newest slots
 
     async def send(self, make: MakePayload, announce: Announce) -> ModelVersionReady:
         if self._error is not None:  # the store lane gave up (an outage past its timeout)

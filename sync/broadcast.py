@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -123,6 +123,9 @@ class BroadcastSender(WeightSender):
 
     def reaches(self, explorer: str) -> bool:
         return not self._members or explorer in self._members or explorer in self.apart
+
+    def retire(self, versions: Sequence[int]) -> None:
+        self.fallback.retire(versions)  # a broadcast keeps nothing; its fallback does
 
     async def resend(self, make: MakePayload, announce: Announce) -> ModelVersionReady | None:
         """The last version through the object store (an explorer that joined after its

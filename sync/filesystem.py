@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -101,6 +102,18 @@ class FolderStore:
         if not path.is_absolute():
             raise SyncError(f"not an absolute file:// uri: {uri!r}")
         return self._relative(path, uri)
+
+    def remove(self, prefix: str) -> int:
+        """Delete the folder ``prefix`` (inside the root) and what it holds; how many files."""
+        folder = self._inside(prefix.rstrip("/"))
+        if not folder.is_dir():
+            return 0
+        files = sum(1 for f in folder.rglob("*") if f.is_file())
+        try:
+            shutil.rmtree(folder)
+        except OSError as exc:
+            raise SyncError(f"removing {folder}: {exc}") from exc
+        return files
 
     def _relative(self, path: Path, what: str) -> str:
         root = self.root.resolve()

@@ -26,6 +26,7 @@ from datetime import timedelta
 import torch
 import urllib3
 from minio import Minio
+from minio.deleteobjects import DeleteObject
 from minio.error import S3Error, ServerError
 
 from streamrft.infra.config import ObjectStoreConfig
@@ -375,6 +376,22 @@ class S3Store:
     # -- naming -----------------------------------------------------------------------------
     def uri(self, key: str) -> str:
         return f"s3://{self.cfg.bucket}/{key}"
+
+    def remove(self, prefix: str) -> int:
+        """Delete every object under ``prefix``; how many (a store that does not answer:
+        :class:`StoreUnavailable`, like any other request)."""
+        action = f"removing s3://{self.cfg.bucket}/{prefix}"
+        try:
+            names = [
+                DeleteObject(o.object_name)
+                for o in self.client.list_objects(self.cfg.bucket, prefix=prefix, recursive=True)
+            ]
+            errors = list(self.client.remove_objects(self.cfg.bucket, names)) if names else []
+        except (S3Error, ServerError, urllib3.exceptions.HTTPError) as exc:
+            raise store_error(action, exc) from exc
+        if errors:
+            raise SyncError(f"{action}: {errors[0]}")
+        return len(names)
 
     def key(self, uri: str) -> str:
         bucket, key = parse_uri(uri)

@@ -20,7 +20,7 @@ Adding a transport: a file with a sender and a receiver, and a line in :data:`SE
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -83,6 +83,11 @@ class WeightSender(abc.ABC):
         """Send the version sent last again, where every explorer can load it; None when
         every explorer can already."""
         return None
+
+    def retire(self, versions: Sequence[int]) -> None:  # noqa: B027 - nothing kept by default
+        """Delete what the transport keeps of ``versions`` (no explorer loads them any more:
+        ``synchronizer.keep_versions``). Blocking: run it off the event loop. A broadcast
+        and shared memory keep nothing of an old version."""
 
     async def drain(self) -> None:  # noqa: B027 - optional hook, nothing queued by default
         """Wait until what the sender does in the background after :meth:`send` (``auto``:

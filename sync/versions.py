@@ -60,6 +60,10 @@ class BlobStore(Protocol):
 
     def key(self, uri: str) -> str: ...
 
+    def remove(self, prefix: str) -> int:
+        """Delete every object under ``prefix`` (a version's folder); how many."""
+        ...
+
 
 def version_prefix(run_id: str, version: int) -> str:
     return f"{run_id}/v{version:08d}"
@@ -225,6 +229,10 @@ class StorePublisher:
             extra_files=extra_files,
         )
 
+    def retire(self, versions: Sequence[int]) -> int:
+        """Delete the files of ``versions``; how many."""
+        return sum(self.store.remove(version_prefix(self.run_id, v) + "/") for v in versions)
+
 
 class StoreLoader:
     """Explorer side: fetch a version, every byte verified before tensors are returned."""
@@ -271,6 +279,9 @@ class StoreSender(WeightSender):
         event = await self.publish(make(False))
         await announce(event)
         return event
+
+    def retire(self, versions: Sequence[int]) -> None:
+        self.publisher.retire(versions)
 
 
 class StoreReceiver(WeightReceiver):

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from streamrft.consumers.checkpoint import latest_checkpoint
 from streamrft.infra.consume import read_history
 from streamrft.schemas.codec import CONTROL, STATUS
-from streamrft.schemas.events import ModelVersionReady
+from streamrft.schemas.events import ModelVersionReady, VersionsRetired
 from streamrft.sync import delta
 from streamrft.sync.filesystem import FilesystemLoader
 from tests.helpers.cli import run_argv, run_ok
@@ -52,6 +52,7 @@ def test_a_bf16_run_with_deltas_ends_with_the_trainers_exact_weights(
             f"synchronizer.fs_dir={fs_dir}",
             "synchronizer.delta=always",
             f"synchronizer.full_every={full_every}",
+            "synchronizer.keep_versions=2",
             "trainer.lr=1e-5",  # a fine-tuning step: few bf16 elements change
             "trainer.batch_size=8",
             "explorer.batch_size=8",
@@ -94,6 +95,11 @@ def test_a_bf16_run_with_deltas_ends_with_the_trainers_exact_weights(
         k: v.to(torch.bfloat16) for k, v in load_file(str(ckpt / "model.safetensors")).items()
     }
     assert delta.state_sha256(trainer) == versions[last].state_sha256
+    # keep_versions 2: versions 4 (full) and 5 (a delta on it) are kept; 0 to 3 were kept
+    # while 3 needed its chain down to 0, then retired and deleted once 4 and 5 were out
+    retired = sorted(v for e in control if isinstance(e, VersionsRetired) for v in e.versions)
+    assert retired == [0, 1, 2, 3], retired
+    assert sorted(p.name for p in (fs_dir / run_id).iterdir()) == ["v00000004", "v00000005"]
     rebuilt = _rebuild(FilesystemLoader(fs_dir), versions, last)
     for name, tensor in trainer.items():
         assert torch.equal(rebuilt[name], tensor), name

@@ -45,6 +45,7 @@ from streamrft.schemas.events import (
     StatusEvent,
     SyncRequest,
     TrainedGroup,
+    VersionsRetired,
 )
 from streamrft.schemas.experience import ChatMessage, ExperienceGroup, Task, check_token_ids
 from streamrft.schemas.topics import TOPIC_KINDS, TopicNames
@@ -156,6 +157,7 @@ _SAMPLES: dict[str, Any] = {
             state_sha256="cd" * 32,
         ),
         SyncRequest(explorer="explorer-fuzz", min_version=2, created_at=1.7e9),
+        VersionsRetired(versions=[0, 1, 2], created_at=1.7e9),
     ],
     "status": lambda: [
         StatusEvent(

@@ -78,7 +78,9 @@ def test_view_keeps_versions_requests_and_peers(make_config):
             await peer.status()
             stop = asyncio.Event()
             await view.wait_until(lambda: view.live_peers("explorer", 30), 30, stop, "peer")
-            await view.wait_until(lambda: len(view.requests_above(-1)) == 2, 30, stop, "reqs")
+            # one entry per explorer: its highest request
+            await view.wait_until(lambda: view.requests_above(2), 30, stop, "reqs")
+            assert [r.min_version for r in view.requests_above(-1)] == [3]
             with pytest.raises(TypeError):
                 view.versions[9] = _version(9)  # read-only for callers
             return sorted(view.versions), view.requests_above(2), view.live_peers("explorer", 30)

@@ -268,3 +268,31 @@ def test_lora_explorer_builds_base_then_applies_adapter_and_rejects_a_tampered_o
     assert explorer.counters["versions_rejected"] == 1
     for name, tensor in explorer.engine.model.state_dict().items():
         assert torch.equal(tensor, good[name]), name
+
+
+def test_retired_versions_are_deleted_from_the_bucket_and_only_theirs(make_config):
+    """``StorePublisher.retire`` deletes a version's manifest and shards, nothing of the
+    versions kept nor of another run's with the same numbers."""
+    from streamrft.schemas.errors import SyncError
+
+    cfg = make_config()
+    src, _ = _models(cfg)
+    publisher = ObjectStorePublisher(cfg.object_store, cfg.run.id)
+    other = ObjectStorePublisher(cfg.object_store, f"{cfg.run.id}-other")
+    events = [publisher.publish(unique_state_dict(src), v, v) for v in range(3)]
+    theirs = other.publish(unique_state_dict(src), 0, 0)
+    client, bucket = publisher.client, cfg.object_store.bucket
+
+    def folders(run: str) -> set[str]:  # (the local gateway lists an emptied folder: no bytes)
+        names = client.list_objects(bucket, prefix=f"{run}/", recursive=True)
+        return {o.object_name.split("/")[1] for o in names if not o.is_dir}
+
+    assert publisher.retire([0, 1]) >= 4  # a manifest and a shard each at least
+    assert folders(cfg.run.id) == {"v00000002"}
+    assert folders(f"{cfg.run.id}-other") == {"v00000000"}
+    loader = ObjectStoreLoader(cfg.object_store, cfg.run.id)
+    with pytest.raises(SyncError):
+        loader.fetch(events[0])
+    assert set(loader.fetch(events[2])) == set(unique_state_dict(src))
+    assert set(ObjectStoreLoader(cfg.object_store, f"{cfg.run.id}-other").fetch(theirs))
+    assert publisher.retire([0, 1]) == 0  # gone already: nothing to delete

@@ -29,6 +29,7 @@ from streamrft.schemas import (
     SyncRequest,
     Task,
     TrainedGroup,
+    VersionsRetired,
     check_token_ids,
     dead_letter_of,
     limits,
@@ -49,7 +50,7 @@ pytestmark = pytest.mark.unit
 TYPES = {
     "tasks": Task,
     "experiences": ExperienceGroup,
-    "control": (ModelVersionReady, Shutdown, SyncRequest),
+    "control": (ModelVersionReady, Shutdown, SyncRequest, VersionsRetired),
     "status": StatusEvent,
     "metrics": MetricsEvent,
 }
