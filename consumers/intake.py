@@ -164,6 +164,7 @@ class ExperienceIntake:
         version: Callable[[], int],
         stop: asyncio.Event,
         while_waiting: Callable[[], Awaitable[object]],
+        working: Callable[[], bool] = lambda: False,
     ) -> list[ExperienceGroup] | None:
         """``n`` fresh groups for the trainer's ``version()`` (read on every pass:
         ``while_waiting`` may publish a newer one, and groups it makes too stale are
@@ -171,7 +172,8 @@ class ExperienceIntake:
         when a replay is read to its end and fewer than ``n`` groups are left.
         ``while_waiting()`` runs on every poll that has no batch yet (the trainer answers
         sync requests there). Groups dropped for rewards all equal do not count as
-        experience for the idle timeout (see :class:`StreamActivity`)."""
+        experience for the idle timeout (see :class:`StreamActivity`); while ``working()``
+        (an explorer says it is in the middle of a step) the stream is not idle either."""
         loop = asyncio.get_running_loop()
         activity = StreamActivity(loop.time(), loop.time())
         while not stop.is_set():
@@ -195,6 +197,8 @@ class ExperienceIntake:
                 await self._offer(rec)
             flat = self.buffer.zero_variance_dropped - flat  # dropped: rewards all equal
             activity.saw(len(records), flat, loop.time())
+            if working():  # a step under way, however long: the stream is not idle
+                activity.last_signal = loop.time()
             self._log_zero_variance(flat, loop.time())
             if records and self.starved:
                 await self._set_starved(False)

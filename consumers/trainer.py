@@ -186,7 +186,11 @@ class Trainer:
         """The next batch and how long the trainer waited for it; None: finish."""
         t0 = time.perf_counter()
         groups = await self.intake.collect(
-            self.tcfg.batch_size, lambda: self.version, self.stop, self._answer_requests
+            self.tcfg.batch_size,
+            lambda: self.version,
+            self.stop,
+            self._answer_requests,
+            lambda: bool(self.view.working_peers(3 * HEARTBEAT_S)),
         )
         return None if groups is None else (groups, time.perf_counter() - t0)
 

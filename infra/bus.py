@@ -97,6 +97,8 @@ class Position:
     version: int = -1
     starved: bool = False
     """Trainer only: it has waited a while for experiences (see StatusEvent.starved)."""
+    working: bool = False
+    """Explorer only: it holds tasks not yet published (see StatusEvent.working)."""
 
 
 class EventSender:
@@ -201,6 +203,7 @@ class EventSender:
             detail=detail,
             counters=self.counters.snapshot(),
             starved=pos.starved,
+            working=pos.working,
             rejected=list(self._rejections),
         )
         await self.send(self.topics.status, STATUS, event, key=self.component)
@@ -473,6 +476,15 @@ class ControlView:
             for name in self.live_peers("explorer", within_s)
             if self._peers[name].state == RunState.RUNNING
             and self._peers[name].counters.get("tasks_partitions", 0) > 0
+        ]
+
+    def working_peers(self, within_s: float) -> list[str]:
+        """Explorers heard from within ``within_s`` seconds that say they are RUNNING with
+        tasks in hand (a step under way: rollouts, a version download)."""
+        return [
+            name
+            for name in self.live_peers("explorer", within_s)
+            if self._peers[name].state == RunState.RUNNING and self._peers[name].working
         ]
 
     def live_peers(self, role: str, within_s: float) -> list[str]:

@@ -64,6 +64,8 @@ class Explorer:
         self.topics = cfg.topics()
         self.stop = asyncio.Event()
         self.step = 0
+        self.working = False
+        """It holds tasks whose groups are not published yet (StatusEvent.working)."""
         self.counters = Counters()
         self.events = EventSender(cfg, self.name, "explorer", self.counters, self._position)
         self.view = ControlView(cfg, self.name, self.events.dead_letter, listen_status=True)
@@ -84,7 +86,7 @@ class Explorer:
         self.producer: Any = None  # made in _start(), inside the event loop
 
     def _position(self) -> Position:
-        return Position(step=self.step, version=self.follower.version)
+        return Position(step=self.step, version=self.follower.version, working=self.working)
 
     def _stopping(self) -> bool:
         """A stop signal or a Shutdown came; raises if the control reader failed (the
@@ -122,15 +124,19 @@ class Explorer:
             taken = await self.intake.take(
                 self.cfg.explorer.batch_size, self._stopping, self.follower.broadcast_pending
             )
-            synced = await self._sync(taken, assignments)
-            if synced is Synced.STOP:
-                break
-            if synced is Synced.RETAKE:
-                self.intake.give_back(taken)
-            elif taken.tasks:
-                await self.explore(taken)
-            else:  # nothing to explore: commit past what was dead-lettered
-                await self.intake.commit()
+            self.working = bool(taken.tasks)
+            try:
+                synced = await self._sync(taken, assignments)
+                if synced is Synced.STOP:
+                    break
+                if synced is Synced.RETAKE:
+                    self.intake.give_back(taken)
+                elif taken.tasks:
+                    await self.explore(taken)
+                else:  # nothing to explore: commit past what was dead-lettered
+                    await self.intake.commit()
+            finally:
+                self.working = False
 
     async def _sync(self, taken: Taken, assignments: int) -> Synced:
         """The sync point before sampling ``taken`` (its batch; the explorer's own step for

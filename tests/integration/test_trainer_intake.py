@@ -112,3 +112,46 @@ def test_groups_made_too_stale_by_a_version_published_while_waiting_are_dropped(
     batch, buffer = asyncio.run(scenario())
     assert sorted(g.task_id for g in batch) == ["new-0", "new-1"]
     assert buffer.stale_dropped == 1
+
+
+def test_an_explorer_in_the_middle_of_a_long_step_keeps_the_stream_alive(make_config):
+    """No experience for longer than ``trainer.idle_timeout_s`` ends the run only once no
+    explorer says it is working (at 41ac149 a step slower than the timeout ended the run,
+    reported as success)."""
+    import time
+
+    cfg = make_config(trainer={"idle_timeout_s": 1.0})
+    topics = cfg.topics()
+
+    async def scenario():
+        await admin.ensure_topics(cfg.kafka, topics)
+        counters, buffer = Counters(), ExperienceBuffer(max_staleness=100)
+        events = EventSender(cfg, "trainer", "trainer", counters)
+        intake = ExperienceIntake(cfg, buffer, events, counters, vocab_size=64)
+
+        async def nothing() -> None:
+            return None
+
+        await events.start()
+        await intake.start({})
+        try:
+            t0 = time.monotonic()
+            until = t0 + 4.0  # an explorer's step of 4 s, four times the idle timeout
+            batch = await asyncio.wait_for(
+                intake.collect(
+                    2, lambda: 0, asyncio.Event(), nothing, lambda: time.monotonic() < until
+                ),
+                60,
+            )
+            waited = time.monotonic() - t0
+            idle = await asyncio.wait_for(
+                intake.collect(2, lambda: 0, asyncio.Event(), nothing), 60
+            )
+        finally:
+            await intake.stop()
+            await events.stop()
+        return batch, waited, idle
+
+    batch, waited, idle = asyncio.run(scenario())
+    assert batch is None and idle is None  # both end idle in the end, with nothing to train
+    assert waited > 4.0  # not while the explorer said it was working

@@ -1,0 +1,34 @@
+"""Who counts as working for the trainer's idle timeout: explorers heard from lately,
+RUNNING, with tasks in hand (``StatusEvent.working``)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from streamrft.infra.bus import ControlView
+from streamrft.infra.config import from_dict, with_run_id
+from streamrft.schemas.events import RunState, StatusEvent
+from tests.helpers.configs import cfg_of
+
+pytestmark = pytest.mark.unit
+
+
+def _status(name: str, state: RunState, working: bool, role: str = "explorer") -> StatusEvent:
+    return StatusEvent(
+        component=name, role=role, state=state, step=1, version=0, created_at=time.time(),
+        working=working,
+    )  # fmt: skip
+
+
+def test_working_peers_are_running_explorers_with_tasks_in_hand():
+    view = ControlView(with_run_id(from_dict(cfg_of()), "live"), "trainer", lambda _r: None)
+    view._on_status(_status("explorer-0", RunState.RUNNING, True))
+    view._on_status(_status("explorer-1", RunState.RUNNING, False))  # between steps
+    view._on_status(_status("explorer-2", RunState.WAITING_SYNC, True))  # waits on us
+    view._on_status(_status("explorer-3", RunState.STOPPED, True))
+    view._on_status(_status("feeder", RunState.RUNNING, True, role="feeder"))
+    assert view.working_peers(30) == ["explorer-0"]
+    view._peer_seen["explorer-0"] -= 60  # not heard from for a minute
+    assert view.working_peers(30) == []
