@@ -98,6 +98,9 @@ class ConfluentProducer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
+        self._flush_wanted = threading.Event()
+        """Set by :meth:`flush_lingering`: the flush worker flushes (again)."""
+        self._flusher: threading.Thread | None = None
 
     async def start(self) -> None:
         """Connect; ``KafkaConnectionError`` while no broker answers (call again to retry,
@@ -189,13 +192,26 @@ class ConfluentProducer:
         for their acknowledgements. librdkafka skips the linger only while a ``flush`` call
         is in progress (``flush(0)`` returns before its broker thread looks), so a thread
         flushes until what is queued is delivered (or failed: the request timeout)."""
-        if self._poller is not None and self._options.get("linger.ms"):
-            threading.Thread(
-                target=self._producer.flush,
-                args=(self._connect_timeout_s,),
+        if self._poller is None or not self._options.get("linger.ms"):
+            return
+        self._flush_wanted.set()
+        if self._flusher is None:  # one worker for the producer's life, however many sends
+            self._flusher = threading.Thread(
+                target=self._flush_when_wanted,
+                args=(self._producer,),
                 name=f"{self._options['client.id']}-flush",
                 daemon=True,
-            ).start()
+            )
+            self._flusher.start()
+
+    def _flush_when_wanted(self, producer: Any) -> None:
+        """The flush worker: flush each time :meth:`flush_lingering` asks (asks made during
+        a flush make one more), until the producer stops. While the broker is down a
+        flush lasts up to the connect timeout; the asks meanwhile cost nothing."""
+        while not self._stopping.is_set():
+            if self._flush_wanted.wait(POLL_S):
+                self._flush_wanted.clear()
+                producer.flush(self._connect_timeout_s)
 
     async def flush(self) -> None:
         """Wait until every queued record is delivered or failed."""
@@ -219,6 +235,9 @@ class ConfluentProducer:
             if self._poller is not None:
                 await asyncio.to_thread(self._poller.join)
                 self._poller = None
+            if self._flusher is not None:  # done before the loop its callbacks use closes
+                await asyncio.to_thread(self._flusher.join)
+                self._flusher = None
             producer.poll(0)  # the last delivery reports
 
 

@@ -144,6 +144,43 @@ def test_a_step_waits_for_its_acks_not_for_the_linger(make_config):
     asyncio.run(scenario())
 
 
+def test_one_flush_worker_however_many_sends_and_none_after_stop(make_config, monkeypatch):
+    """Every ``send_all`` asks for the lingering records to go now; one worker thread does
+    it for the producer's life and is gone once it stops (at 41ac149 each ask started a
+    thread, about 8 per sender per 30 s while the broker was down, and threads still
+    flushing after stop called into the closed loop)."""
+    import threading
+
+    from streamrft.infra import produce_confluent
+
+    started: list[threading.Thread] = []
+
+    class Counted(threading.Thread):
+        def start(self) -> None:
+            if self.name.endswith("-flush"):
+                started.append(self)
+            super().start()
+
+    monkeypatch.setattr(produce_confluent.threading, "Thread", Counted)
+    cfg = make_config(kafka={"linger_ms": 60_000, "producer": "confluent"})
+    topics = cfg.topics()
+    records = [OutRecord(topics.tasks, b"x" * 100, key=f"k{i}".encode()) for i in range(3)]
+
+    async def scenario() -> None:
+        await admin.ensure_topics(cfg.kafka, topics)
+        client = kafka.data_producer(cfg.kafka, "one-flusher")
+        await kafka.start_client(client, "producer")
+        try:
+            for _ in range(20):
+                assert await asyncio.wait_for(send_all(client, records, "step", 30), 20) == 3
+        finally:
+            await client.stop()
+
+    asyncio.run(scenario())
+    assert len(started) == 1
+    assert not started[0].is_alive()  # joined by stop()
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
