@@ -197,7 +197,9 @@ class ExperienceIntake:
                 await self._offer(rec)
             flat = self.buffer.zero_variance_dropped - flat  # dropped: rewards all equal
             activity.saw(len(records), flat, loop.time())
-            if working():  # a step under way, however long: the stream is not idle
+            if working() and not activity.dropped_since_signal:
+                # a step under way, however long: the stream is not idle (a stream of
+                # solved tasks only, dropped for rewards all equal, still is)
                 activity.last_signal = loop.time()
             self._log_zero_variance(flat, loop.time())
             if records and self.starved:

@@ -66,9 +66,8 @@ class Trainer:
         self.step = 0
         self.counters = Counters()
         self.events = EventSender(cfg, "trainer", "trainer", self.counters, self._position)
-        self.view = ControlView(
-            cfg, "trainer", self.events.dead_letter, listen_status=cfg.synchronizer.method == "nccl"
-        )
+        # the status topic: who is working (the idle rule), who a broadcast goes to
+        self.view = ControlView(cfg, "trainer", self.events.dead_letter, listen_status=True)
         spec = resolve_algorithm(cfg).spec  # bad names fail here, before the model loads
         if spec.dynamic_sampling and self.tcfg.max_staleness < 2:
             log.warning(
@@ -107,7 +106,9 @@ class Trainer:
         self._retired: set[int] = set()
         """Versions this trainer announced retired (its view may not have read it yet)."""
         self._unremoved: set[int] = set()
-        """Retired versions whose files a store failed to delete, tried again later."""
+        """Retired versions whose files are to be deleted (or failed to be: again later)."""
+        self._retiring: set[int] = set()
+        """Versions announced retired at the last call: deleted at the next."""
         """Seconds the last publication held the loop (its snapshot)."""
 
     @property
@@ -306,7 +307,7 @@ class Trainer:
         """A last evaluation and checkpoint, the final counters, and a Shutdown for all."""
         assert self.publisher is not None
         await self.publisher.drain(background=False)  # the last version announced first
-        await self.retire_versions()
+        await self.retire_versions(final=True)
         if not self.tcfg.eval_interval or self.step % self.tcfg.eval_interval:
             await self.evaluate()
         await self.checkpoint()
@@ -357,16 +358,20 @@ class Trainer:
             await self.events.status(RunState.REQUIRE_SYNC, f"version {self.version} on its way")
         return True
 
-    async def retire_versions(self) -> None:
-        """Announce retired, then delete, the versions no explorer needs any more
+    async def retire_versions(self, final: bool = False) -> None:
+        """Announce retired the versions no explorer needs any more
         (``synchronizer.keep_versions``: :func:`~streamrft.sync.retention.to_retire` over
         the versions this trainer numbered; a version above its own, announced by someone
-        else, counts for nothing). Files a store failed to delete are tried again after
-        the next step; the run goes on either way."""
+        else, counts for nothing), and delete their files one call later (an explorer in
+        the middle of fetching one finishes first), all of them when ``final``. Files a
+        store failed to delete are tried again at the next call; the run goes on either
+        way."""
         assert self.publisher is not None
         if not self._retired:  # first call: what an earlier trainer retired may be left
             self._retired.update(self.view.retired)
             self._unremoved.update(self.view.retired)
+        self._unremoved.update(self._retiring)  # announced one call ago
+        self._retiring = set()
         own = {v: e for v, e in self.view.versions.items() if v <= self.publisher.announced}
         last = self.publisher.last_event  # announced just now: the view may not have it yet
         if last is not None:
@@ -377,8 +382,11 @@ class Trainer:
         if retire:
             await self.events.control(VersionsRetired(versions=retire, created_at=time.time()))
             self._retired.update(retire)
-            self._unremoved.update(retire)
+            self._retiring = set(retire)
             log.info("trainer: versions %s retired (synchronizer.keep_versions)", retire)
+        if final:
+            self._unremoved.update(self._retiring)
+            self._retiring = set()
         if not self._unremoved:
             return
         todo = sorted(self._unremoved)

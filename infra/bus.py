@@ -294,8 +294,9 @@ class ControlView:
         self._ends: dict[TopicPartition, int] = {}
         self._quiet = 0
         self.own_rejections: Sequence[Rejection] = ()
-        """What this component's newest status (an earlier process of it, or this one) said
-        it refused; read from the status topic when the view listens to it."""
+        """What the newest status of an earlier process of this component said it refused
+        (its statuses sent before this view started); read from the status topic when the
+        view listens to it."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -375,7 +376,8 @@ class ControlView:
 
     def _on_status(self, event: StatusEvent) -> None:
         if event.component == self.component:
-            self.own_rejections = event.rejected[-MAX_REJECTIONS_REPORTED:]
+            if event.created_at < self.started_at:  # an earlier process of this component
+                self.own_rejections = event.rejected[-MAX_REJECTIONS_REPORTED:]
         elif event.created_at >= self.started_at - PEER_HISTORY_S:
             self._peers[event.component] = event
             self._peer_seen[event.component] = time.monotonic()
@@ -439,10 +441,13 @@ class ControlView:
         return [r for r in self._requests.values() if r.min_version > version]
 
     def _retire(self, versions: list[int]) -> None:
-        """Forget retired versions, except the newest announced: whatever a retirement
-        says, the run keeps a version to load."""
+        """Forget retired versions that were announced, except the newest: whatever a
+        retirement says, the run keeps a version to load, and a version not announced yet
+        cannot be retired ahead of time."""
         newest = max(self._versions, default=-1)
         for v in versions:
+            if v not in self._versions:
+                continue
             if v == newest:
                 log.warning(
                     "%s: ignoring the retirement of the newest version %d", self.component, v

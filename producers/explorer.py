@@ -278,6 +278,8 @@ class Explorer:
         )
         stack.push_async_callback(self.intake.stop)
         await self.intake.start()
+        # before the first status: what an earlier process of this explorer rejected
+        await self.follower.remember_rejections()
         await self.events.status(RunState.RUNNING, "started")
         model = self.engine.model
         log.info(

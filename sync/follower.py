@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 REMEMBER_WAIT_S = 10.0
 """How long a starting follower waits to have read its component's last status (the
 versions rejected before a restart) before it loads a version anyway."""
+REJECTION_TEXT_CHARS = 500
+"""A rejection's reason (and method) is cut to this many characters."""
 RETRY_SOON_S = 1.0
 """Pause before loading again when the store is down and there are no weights to go on with."""
 
@@ -96,6 +98,20 @@ def delta_chain(
     return chain[::-1]
 
 
+def _rejection(event: ModelVersionReady, reason: str, kind: str) -> Rejection:
+    """A :class:`Rejection` of ``event``, its text cut to what a status carries (a reason may
+    quote a uri of thousands of characters; a status repeats 64 of them)."""
+    cut = REJECTION_TEXT_CHARS
+    return Rejection(
+        version=event.version,
+        method=event.method[:cut],
+        manifest_sha256=event.manifest_sha256[:128],
+        reason=reason if len(reason) <= cut else f"{reason[:cut]}...",
+        kind=kind,
+        created_at=time.time(),
+    )
+
+
 class WeightFollower:
     """Keeps one explorer's model on the versions its sync style asks for.
 
@@ -134,20 +150,23 @@ class WeightFollower:
         """(version, manifest sha256) of versions that failed verification here (or in an
         earlier process of this component)."""
         self._remembered = False
+        self._refused: set[tuple[int, str, str]] = set()
+        """(version, method, manifest sha256) of announcements refused (reported once)."""
 
     # -- what can be loaded ------------------------------------------------------------------
-    def usable(self) -> dict[int, ModelVersionReady]:
+    def usable(self, report: bool = True) -> dict[int, ModelVersionReady]:
         """Announced versions this explorer can load and has not rejected, each by its
         cheapest announcement (:data:`~.transport.COST`: shared memory before a broadcast
         before a store). A broadcast happens once: announced again since (its store
-        fallback), it is over."""
+        fallback), it is over. ``report``: a refusal goes into the status (on the event
+        loop only: off it, a receive thread asks)."""
         out = {}
         for v, latest in self.view.versions.items():
             options = [
                 ev
                 for ev in self.view.announcements(v) or [latest]
                 if (v, ev.manifest_sha256) not in self.rejected
-                and self._allowed(ev)
+                and self._allowed(ev, report)
                 and self.receivers.can_load(ev)
                 and (ev is latest or self.receivers.for_event(ev).refetchable)
             ]
@@ -158,20 +177,15 @@ class WeightFollower:
     def newest(self) -> int:
         return max(self.usable(), default=-1)
 
-    def _allowed(self, event: ModelVersionReady) -> bool:
+    def _allowed(self, event: ModelVersionReady, report: bool = True) -> bool:
         """False when the run refuses ``event`` (:meth:`~.transport.Receivers.refusal`): the
-        first time, the refusal goes into this component's status with its reason."""
+        first time (``report``), the refusal goes into this component's status with its
+        reason."""
         why = self.receivers.refusal(event)
-        if why is not None and self.events.reject(
-            Rejection(
-                version=event.version,
-                method=event.method,
-                manifest_sha256=event.manifest_sha256,
-                reason=why,
-                kind="refused",
-                created_at=time.time(),
-            )
-        ):
+        seen = (event.version, event.method, event.manifest_sha256)
+        if why is not None and report and seen not in self._refused:
+            self._refused.add(seen)
+            self.events.reject(_rejection(event, why, "refused"))
             self.counters.add("versions_refused")
             log.warning("%s: version %d refused: %s", self.name, event.version, why)
         return why is None
@@ -198,6 +212,7 @@ class WeightFollower:
         """Ask, wait and apply as the sync style says before explorer step ``step`` samples
         tasks of ``batch`` (None: no tasks; only join a broadcast that waits for this
         explorer). ``moved()``: the tasks partitions moved since the tasks were taken."""
+        await self.remember_rejections()
         if batch is None:
             plan = ExplorerSync(apply=False)
         else:
@@ -277,7 +292,7 @@ class WeightFollower:
 
     async def _apply_chosen(self, plan: ExplorerSync, moved: Callable[[], bool]) -> bool:
         """Load the chosen version, handling failures by :func:`on_failure`. False: stop."""
-        await self._remember_rejections()
+        await self.remember_rejections()
         started = time.monotonic()
         while (event := self._choose(plan)) is not None:
             exc = await self._load(event)
@@ -304,9 +319,10 @@ class WeightFollower:
                     return False
             else:
                 await self._reject(event, exc)
-                if self._choose(plan) is not None:  # another announcement of it (the
-                    continue  # store), or an older version still newer than the model's
                 need = plan.wait_for
+                after = self._choose(plan)  # another announcement of it (the store), or an
+                if after is not None and (need is None or after.version >= need):
+                    continue  # older version still newer than the model's, if enough
                 if self.version >= 0 and (need is None or self.version >= need):
                     return True  # the weights held serve this step
                 if await self._wait_after_reject(event, plan, moved) is Synced.STOP:
@@ -343,7 +359,7 @@ class WeightFollower:
             return
         base_event, base = None, None
         if self.weights.needs_base(event):
-            base_event = self.usable().get(event.base_version)
+            base_event = self.usable(report=False).get(event.base_version)
             if base_event is None:
                 raise SyncError(
                     f"adapter version {event.version} needs full version "
@@ -439,7 +455,11 @@ class WeightFollower:
         log.warning("%s: broadcast of version %d failed (%s)", self.name, event.version, exc)
         v = event.version
         return await self.view.wait_until(
-            lambda: self._refetchable(self.view.versions[v]) or self.newest() > v,
+            lambda: (
+                v not in self.view.versions  # retired meanwhile
+                or self._refetchable(self.view.versions[v])
+                or self.newest() > v
+            ),
             self.cfg.synchronizer.sync_timeout,
             self.stop,
             f"no fallback for version {v}",
@@ -457,18 +477,11 @@ class WeightFollower:
             self.version,
             exc,
         )
-        rejection = Rejection(
-            version=event.version,
-            method=event.method,
-            manifest_sha256=event.manifest_sha256,
-            reason=str(exc),
-            kind="integrity",
-            created_at=time.time(),
-        )
-        if self.events.reject(rejection):
-            await self.events.status()
+        if self.events.reject(_rejection(event, str(exc), "integrity")):
+            with contextlib.suppress(ServiceError):  # the broker is out: the heartbeat tells
+                await self.events.status()
 
-    async def _remember_rejections(self) -> None:
+    async def remember_rejections(self) -> None:
         """Once, before the first version is loaded: take back the versions an earlier
         process of this component rejected (its last status, read from the status topic
         within :data:`REMEMBER_WAIT_S`), so a restart does not load them again."""

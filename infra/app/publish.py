@@ -136,7 +136,7 @@ class Publisher:
         await kafka.start_client(self.producer, "publish producer")
         try:
             chunk: list[OutRecord] = []
-            size = 0
+            size, number = 0, 0  # number: the last line read (none in an empty file)
             limit = largest_line(self.kind)
             for number, line in numbered_lines(path, limit):
                 if isinstance(line, LongLine):

@@ -189,6 +189,18 @@ def test_a_line_past_the_limits_is_left_out_and_the_rest_published(make_config, 
     assert sorted((r.obj for r in records), key=lambda g: g.id) == good
 
 
+def test_an_empty_file_publishes_nothing_and_says_so(make_config, tmp_path):
+    cfg = make_config()
+    topics = cfg.topics()
+    asyncio.run(admin.ensure_topics(cfg.kafka, topics))
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(b"")
+    argv = ["publish", "--run-id", topics.run, "tasks", str(path)]
+    rc, out, err = _run_cli([*argv, "--bootstrap", cfg.kafka.bootstrap_servers], tmp_path)
+    assert rc == 0, err
+    assert _summary(out) == (0, 0)
+
+
 def test_publish_finds_the_run_s_broker_and_says_what_is_wrong(
     make_config, tmp_path, monkeypatch, capsys
 ):

@@ -155,3 +155,48 @@ def test_an_explorer_in_the_middle_of_a_long_step_keeps_the_stream_alive(make_co
     batch, waited, idle = asyncio.run(scenario())
     assert batch is None and idle is None  # both end idle in the end, with nothing to train
     assert waited > 4.0  # not while the explorer said it was working
+
+
+def test_a_stream_of_solved_tasks_still_ends_while_explorers_work(make_config):
+    """Explorers working on tasks that are all solved (every group's rewards equal, dropped
+    by dynamic sampling) do not keep the run alive: no signal for the idle timeout ends it."""
+    import time
+
+    cfg = make_config(trainer={"idle_timeout_s": 1.0})
+    topics = cfg.topics()
+
+    async def scenario():
+        await admin.ensure_topics(cfg.kafka, topics)
+        counters = Counters()
+        buffer = ExperienceBuffer(max_staleness=100, dynamic_sampling=True)
+        events = EventSender(cfg, "trainer", "trainer", counters)
+        intake = ExperienceIntake(cfg, buffer, events, counters, vocab_size=64)
+        solved = iter(range(10_000))
+
+        async def explorers_publish_solved() -> None:  # a solved group now and then
+            n = next(solved)
+            if n % 5 == 0:
+                group = make_group(topics.run, f"solved-{n}", 0, rewards=[1.0] * 4)
+                await inject(
+                    cfg,
+                    topics.experiences,
+                    [FuzzMessage(EXPERIENCE_GROUP.encode(group), EXPERIENCE_GROUP.headers())],
+                )
+
+        await events.start()
+        await intake.start({})
+        try:
+            t0 = time.monotonic()
+            batch = await asyncio.wait_for(
+                intake.collect(
+                    2, lambda: 0, asyncio.Event(), explorers_publish_solved, lambda: True
+                ),
+                60,
+            )
+        finally:
+            await intake.stop()
+            await events.stop()
+        return batch, buffer.zero_variance_dropped, time.monotonic() - t0
+
+    batch, dropped, _waited = asyncio.run(scenario())
+    assert batch is None and dropped >= 1

@@ -9,8 +9,11 @@ import io
 import pytest
 import torch
 
+from streamrft.infra.consume import read_history
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.schemas import IntegrityError, ModelVersionReady, decode_manifest
+from streamrft.schemas.codec import STATUS
+from streamrft.schemas.events import RunState
 from streamrft.sync.follower import Synced
 from streamrft.sync.object_store import ObjectStoreLoader, ObjectStorePublisher, parse_uri
 from streamrft.sync.weights import apply_state_dict, unique_state_dict
@@ -186,19 +189,22 @@ def test_refusals_are_on_the_status_topic_and_a_restart_does_not_load_them_again
             await trainer.control(refused)
             await _announced(explorer, 2)
             assert await explorer.follower.sync_point(1, 1) is Synced.READY
-            view = explorer.view  # its own status, read back from the status topic
-            await view.wait_until(
-                lambda: len(view.own_rejections) == 2, 30, asyncio.Event(), "own status"
-            )
-            return explorer, list(view.own_rejections)
+            return explorer
 
     async def second_life():
         async with explorer_and_trainer_sender(cfg) as (explorer, _trainer):
+            # as Explorer._start: a first status (nothing rejected yet by this process)
+            # goes out before the first sync point, and must not erase the memory
+            await explorer.events.status(RunState.RUNNING, "started")
             await _announced(explorer, 2)
+            await asyncio.wait_for(explorer.view.caught_up.wait(), 30)
+            await asyncio.sleep(1.0)  # the view has read that first status too by now
             assert await explorer.follower.sync_point(1, 1) is Synced.READY
             return explorer
 
-    first, said = asyncio.run(first_life())
+    first = asyncio.run(first_life())
+    statuses = asyncio.run(read_history(cfg.kafka, cfg.topics().status, STATUS, "own-status"))
+    said = [e for e in statuses if e.component == "explorer-0"][-1].rejected
     assert first.follower.version == 0
     assert first.counters["versions_rejected"] == 1 and first.counters["versions_refused"] == 1
     by_version = {r.version: r for r in said}
@@ -296,3 +302,35 @@ def test_retired_versions_are_deleted_from_the_bucket_and_only_theirs(make_confi
     assert set(loader.fetch(events[2])) == set(unique_state_dict(src))
     assert set(ObjectStoreLoader(cfg.object_store, f"{cfg.run.id}-other").fetch(theirs))
     assert publisher.retire([0, 1]) == 0  # gone already: nothing to delete
+
+
+def test_after_a_rejection_a_batch_still_waits_for_the_version_it_needs(make_config):
+    """Batch 2 needs version 2 (fixed style, no offset); version 2 fails its check, version 1
+    is good: the explorer does not sample batch 2 with version 1, it waits for version 3."""
+    cfg = make_config(
+        synchronizer={"style": "fixed", "sync_offset": 0, "sync_timeout": 60.0},
+        trainer={"max_staleness": 100},
+    )
+    src, _ = _models(cfg)
+    publisher = ObjectStorePublisher(cfg.object_store, cfg.run.id)
+
+    async def scenario():
+        async with explorer_and_trainer_sender(cfg) as (explorer, trainer):
+            await trainer.control(publisher.publish(unique_state_dict(src), 0, 0))
+            assert await explorer.follower.sync_point(0, 0) is Synced.READY
+            await trainer.control(publisher.publish(unique_state_dict(src), 1, 1))
+            bad = publisher.publish(unique_state_dict(src), 2, 2)
+            _tamper(cfg, bad)
+            await trainer.control(bad)
+            await _announced(explorer, 2)
+            waiting = asyncio.create_task(explorer.follower.sync_point(2, 2))
+            await asyncio.sleep(2.0)
+            held_while_waiting = explorer.follower.version
+            assert not waiting.done()
+            await trainer.control(publisher.publish(unique_state_dict(src), 3, 3))
+            assert await asyncio.wait_for(waiting, 60) is Synced.READY
+            return explorer, held_while_waiting
+
+    explorer, held_while_waiting = asyncio.run(scenario())
+    assert held_while_waiting in (0, 1) and explorer.follower.version == 3
+    assert explorer.counters["versions_rejected"] == 1

@@ -32,3 +32,16 @@ def test_working_peers_are_running_explorers_with_tasks_in_hand():
     assert view.working_peers(30) == ["explorer-0"]
     view._peer_seen["explorer-0"] -= 60  # not heard from for a minute
     assert view.working_peers(30) == []
+
+
+def test_a_rejection_carries_at_most_500_characters_of_reason():
+    from streamrft.schemas.events import ModelVersionReady
+    from streamrft.sync.follower import REJECTION_TEXT_CHARS, _rejection
+
+    event = ModelVersionReady(
+        version=3, method="m" * 1000, uri="s3://b/k", manifest_sha256="ab" * 32, bytes=1, step=3
+    )
+    r = _rejection(event, "x" * 5000, "refused")
+    assert len(r.reason) == REJECTION_TEXT_CHARS + 3 and r.reason.endswith("...")
+    assert len(r.method) == REJECTION_TEXT_CHARS and r.kind == "refused"
+    assert _rejection(event, "short", "integrity").reason == "short"

@@ -90,3 +90,14 @@ def test_a_retirement_is_validated_like_any_control_event():
     ):
         with pytest.raises(SchemaError, match=why):
             CONTROL.decode(CONTROL.encode(bad))
+
+
+def test_a_retirement_of_versions_not_announced_is_ignored():
+    """A retirement cannot freeze a view ahead of time: versions not announced yet stay
+    announceable."""
+    view = _view()
+    view._on_control(_v(0))
+    view._on_control(VersionsRetired(versions=list(range(1, 1000))))
+    view._on_control(_v(1))
+    view._on_control(_v(2))
+    assert sorted(view.versions) == [0, 1, 2] and view.retired == set()
