@@ -30,7 +30,7 @@ from pathlib import Path
 
 from streamrft.infra import admin
 from streamrft.infra.app.exporters import Backend, Exporter, backends, close_all, open_backend
-from streamrft.infra.app.metrics_log import metrics_path, read_metrics
+from streamrft.infra.app.metrics_log import iter_metrics, metrics_path
 from streamrft.infra.app.run_events import Broker, find_broker, read_events
 from streamrft.infra.config import Config
 from streamrft.infra.signals import install_stop_handlers
@@ -174,7 +174,7 @@ def export_metrics(
         if isinstance(where, Broker):
             asyncio.run(_from_topic(cfg, where, sink, follow))
         else:
-            _from_events(read_metrics(where), sink)
+            _from_events(iter_metrics(where), sink)
         opened = [(exp.name, exp.where) for exp in sink.exporters]
     finally:
         sink.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -45,19 +45,26 @@ def decode_line(line: bytes | str) -> MetricsEvent:
     return msgspec.convert(data, MetricsEvent)
 
 
-def read_metrics(path: Path) -> list[MetricsEvent]:
-    """Every event of a metrics file, in order. A line that does not parse (a run killed
-    mid-write leaves a partial last line) is skipped with a warning naming it."""
-    out: list[MetricsEvent] = []
+def iter_metrics(path: Path, ledgers: bool = True) -> Iterator[MetricsEvent]:
+    """Every event of a metrics file, in order, one line at a time (a long run's file is
+    never held whole). A line that does not parse (a run killed mid-write leaves a partial
+    last line) is skipped with a warning naming it. ``ledgers=False``: each event's
+    ``trained`` rows (one per group the step trained, most of the file) are left out."""
     with Path(path).open("rb") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                out.append(decode_line(line))
+                ev = decode_line(line)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 log.warning("%s line %d: not a metrics event (%s); skipped", path, n, exc)
-    return out
+                continue
+            yield ev if ledgers or not ev.trained else msgspec.structs.replace(ev, trained=[])
+
+
+def read_metrics(path: Path, ledgers: bool = True) -> list[MetricsEvent]:
+    """:func:`iter_metrics` as a list."""
+    return list(iter_metrics(path, ledgers))
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -73,7 +80,10 @@ class MetricsLog:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._seen = {_key(ev) for ev in read_metrics(self.path)} if self.path.exists() else set()
+        exists = self.path.exists()
+        self._seen = (
+            {_key(ev) for ev in iter_metrics(self.path, ledgers=False)} if exists else set()
+        )
         self._fh = self.path.open("ab")
         if self._fh.tell() and not _ends_with_newline(self.path):
             self._fh.write(b"\n")  # a run killed mid-line: the next event starts afresh

@@ -24,7 +24,7 @@ from streamrft.infra import admin
 from streamrft.infra.app.cli import EXIT_CONFIG
 from streamrft.infra.app.curves import draw
 from streamrft.infra.app.metric_sinks import close_sinks, open_sinks
-from streamrft.infra.app.metrics_log import metrics_path, read_metrics
+from streamrft.infra.app.metrics_log import iter_metrics, metrics_path
 from streamrft.infra.app.monitor import RunMonitor
 from streamrft.infra.app.placement import check_gpu_shares, start_order
 from streamrft.infra.app.resume import check_resume
@@ -412,7 +412,9 @@ def after_run_files(cfg: Config) -> dict:
     if not cfg.monitor.curves or not path.exists():
         return files
     try:
-        curves = draw(read_metrics(path), cfg.run_dir / "curves.png", f"run {cfg.run.id}")
+        curves = draw(
+            iter_metrics(path, ledgers=False), cfg.run_dir / "curves.png", f"run {cfg.run.id}"
+        )
     except (ImportError, OSError, ValueError) as exc:
         log.warning("curves not drawn: %s", exc)
         return files

@@ -92,3 +92,30 @@ def test_draw_writes_a_png_and_nothing_without_data(tmp_path):
     assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert draw([_ev("trainer", 1, 1.0, other=1.0)], tmp_path / "none.png") is None
     assert not (tmp_path / "none.png").exists()
+
+
+def test_the_file_is_read_line_by_line_and_ledgers_can_be_left_out(tmp_path):
+    """A long run's file is never held whole: events come one at a time, and the curves
+    and a resumed log read them without the ledgers (most of the file)."""
+    import types
+
+    from streamrft.infra.app.metrics_log import iter_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    log = MetricsLog(path)
+    for step in (1, 2):
+        log.append(
+            MetricsEvent(
+                run="r", component="trainer", step=step, version=step, values={"a": 1.0},
+                trained=[TrainedGroup(f"r/t{i}@0", step) for i in range(100)],
+            )
+        )  # fmt: skip
+    log.close()
+    events = iter_metrics(path, ledgers=False)
+    assert isinstance(events, types.GeneratorType)
+    light = list(events)
+    assert [e.step for e in light] == [1, 2] and all(e.trained == [] for e in light)
+    assert [len(e.trained) for e in iter_metrics(path)] == [100, 100]
+    again = MetricsLog(path)  # a resumed log knows what the file has, and adds nothing twice
+    assert not again.append(read_metrics(path)[0])
+    again.close()
