@@ -287,3 +287,16 @@ def test_negative_staleness_is_shown_and_any_component_reports_versions():
     # an explorer's metrics (no reward among them) report a newer version it loaded
     view.apply("metrics", metrics("explorer-0", 7, T0 + 1, version=4, explorer__groups=2.0))
     assert view.snapshot()["versions"]["latest"] == 4
+
+
+def test_the_staleness_histogram_keeps_totals_not_every_step():
+    from streamrft.infra.app.dashboard.view import REDO_WINDOW_STEPS
+
+    view = RunView(run="r")
+    steps = REDO_WINDOW_STEPS * 3
+    for step in range(1, steps + 1):
+        view.apply("metrics", metrics("trainer", step, T0 + step, train__staleness_groups_0=2.0))
+    assert len(view.staleness_by_step) == REDO_WINDOW_STEPS
+    assert view.snapshot()["staleness"] == [[0, 2.0 * steps]]
+    view.apply("metrics", metrics("trainer", steps, T0 + steps + 1, train__staleness_groups_0=5.0))
+    assert view.snapshot()["staleness"] == [[0, 2.0 * steps + 3.0]]  # the redone step replaced

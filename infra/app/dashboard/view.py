@@ -51,6 +51,9 @@ MAX_POINTS = 2000
 """Points a curve keeps before it halves its resolution."""
 MAX_SERIES = 16
 """Explorer reward series drawn (more explorers: the first ones)."""
+REDO_WINDOW_STEPS = 1000
+"""Steps whose staleness counts a view keeps one by one, for a step redone after a resume
+(always one of the last few: the trainer resumes from its newest checkpoint)."""
 RATE_WINDOW_S = 20.0
 """Experiences/s is the rise of the published total over this many seconds."""
 LATEST_LETTERS = 10
@@ -203,6 +206,8 @@ class RunView:
     experiences: Throughput = field(default_factory=Throughput)
     groups: Throughput = field(default_factory=Throughput)
     staleness_by_step: dict[int, dict[int, float]] = field(default_factory=dict)
+    """The counts of the newest :data:`REDO_WINDOW_STEPS` steps (a step redone after a
+    resume replaces its own); :attr:`staleness` holds the totals of every step."""
     staleness: dict[int, float] = field(default_factory=dict)
     components: dict[str, Component] = field(default_factory=dict)
     attempts: dict[str, tuple[int, float, int]] = field(default_factory=dict)
@@ -289,6 +294,8 @@ class RunView:
         self.staleness_by_step[step] = counts
         for k, n in counts.items():
             self.staleness[k] = self.staleness.get(k, 0.0) + n
+        while len(self.staleness_by_step) > REDO_WINDOW_STEPS:  # the totals keep them
+            del self.staleness_by_step[next(iter(self.staleness_by_step))]
 
     # -- status --------------------------------------------------------------------------------
     def _status(self, ev: StatusEvent) -> None:
