@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 60.0
 """How long closing a run waits for a sink to write what it was given."""
+MAX_QUEUED = 1000
+"""Events a sink may be behind by (a trainer event with its ledger is tens of KB); more
+are dropped and counted, with one warning, rather than held for a sink that stalls."""
 
 
 class Sink(Protocol):
@@ -34,27 +37,49 @@ _CLOSE = object()
 
 
 class SinkWorker:
-    """One sink on its own thread. ``write`` and ``flush`` only enqueue and never raise;
-    ``close`` waits (up to ``CLOSE_WAIT_S``) until everything given was written."""
+    """One sink on its own thread. ``write`` and ``flush`` only enqueue and never raise or
+    block: an event finding ``max_queued`` waiting is dropped (``dropped``, one warning);
+    ``close`` waits (up to ``CLOSE_WAIT_S``) until everything queued was written."""
 
-    def __init__(self, sink: Sink, name: str) -> None:
+    def __init__(self, sink: Sink, name: str, max_queued: int = MAX_QUEUED) -> None:
         self.sink = sink
         self.name = name
         self.failed: str | None = None
+        self.dropped = 0
+        """Events not written: the sink held ``max_queued`` already (the one it was writing
+        included)."""
+        self.max_queued = max_queued
+        self._room = threading.Semaphore(max_queued)
+        """One per event the queue may still take (flush and close markers take none)."""
+        self._flush_queued = False
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name=f"sink-{name}", daemon=True)
         self._thread.start()
 
     def write(self, ev: MetricsEvent) -> None:
-        if self.failed is None:
+        if self.failed is not None:
+            return
+        if self._room.acquire(blocking=False):
             self._queue.put(ev)
+        else:
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning(
+                    "%s is %d events behind (stalled?); events are dropped and counted until "
+                    "it catches up (`streamrft export-metrics` can send the run again later)",
+                    self.name,
+                    self.max_queued,
+                )
 
     def flush(self) -> None:
-        if self.failed is None:
+        if self.failed is None and not self._flush_queued:  # one waiting flush is enough
+            self._flush_queued = True
             self._queue.put(_FLUSH)
 
     def close(self) -> None:
         self._queue.put(_CLOSE)
+        if self.dropped:
+            log.warning("%s: %d events were dropped (it was behind)", self.name, self.dropped)
         self._thread.join(CLOSE_WAIT_S)
         if self._thread.is_alive():
             log.warning(
@@ -71,12 +96,16 @@ class SinkWorker:
                     if self.failed is None:
                         self.sink.close()
                     return
-                if self.failed is not None:
-                    continue  # what was queued before the failure was noticed
                 if item is _FLUSH:
-                    self.sink.flush()
-                else:
-                    self.sink.write(item)
+                    self._flush_queued = False
+                    if self.failed is None:
+                        self.sink.flush()
+                    continue
+                try:
+                    if self.failed is None:  # else: queued before the failure was noticed
+                        self.sink.write(item)
+                finally:
+                    self._room.release()
             except Exception as exc:  # any exporter error: drop this sink, keep the run
                 self._fail(exc)
 
