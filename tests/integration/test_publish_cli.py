@@ -57,6 +57,19 @@ def _bad_lines(err: str, path) -> dict[int, str]:
     return found
 
 
+def _publish_with_a_config(cfg, tmp_path, path, more_kafka: str = "") -> tuple[int, str, str]:
+    """``streamrft publish ... experiences PATH --config`` with a config naming the broker
+    (and ``more_kafka`` lines of its ``kafka`` section)."""
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"kafka:\n  bootstrap_servers: {cfg.kafka.bootstrap_servers}\n{more_kafka}"
+        f"taskset:\n  path: {ADDITION}\n"
+    )
+    run = cfg.topics().run
+    argv = ["publish", "--run-id", run, "experiences", str(path), "--config", str(config)]
+    return _run_cli(argv, tmp_path)
+
+
 def _records(cfg, topic, codec):
     return asyncio.run(read_topic(cfg.kafka, topic, codec, "publish-check"))
 
@@ -126,14 +139,7 @@ def test_publish_experiences_with_a_config(make_config, tmp_path):
     ]
     path = tmp_path / "groups.jsonl"
     path.write_text("\n".join(lines))  # no newline after the last line
-    config = tmp_path / "run.yaml"
-    config.write_text(
-        f"kafka:\n  bootstrap_servers: {cfg.kafka.bootstrap_servers}\n"
-        f"taskset:\n  path: {ADDITION}\n"
-    )
-
-    argv = ["publish", "--run-id", topics.run, "experiences", str(path), "--config", str(config)]
-    rc, out, err = _run_cli(argv, tmp_path)
+    rc, out, err = _publish_with_a_config(cfg, tmp_path, path)
 
     assert rc == 1, err
     assert _summary(out) == (2, 4)
@@ -170,14 +176,7 @@ def test_a_line_past_the_limits_is_left_out_and_the_rest_published(make_config, 
         f.write(over + b"\n")  # 2: longer than any experience group may be
         f.write(EXPERIENCE_GROUP.encode_json(big) + b"\n")  # 3: valid, too big for the broker
         f.write(EXPERIENCE_GROUP.encode_json(good[1]) + b"\n")  # 4
-    config = tmp_path / "run.yaml"
-    config.write_text(
-        f"kafka:\n  bootstrap_servers: {cfg.kafka.bootstrap_servers}\n"
-        f"  max_request_bytes: {1 << 20}\ntaskset:\n  path: {ADDITION}\n"
-    )
-
-    argv = ["publish", "--run-id", topics.run, "experiences", str(path), "--config", str(config)]
-    rc, out, err = _run_cli(argv, tmp_path)
+    rc, out, err = _publish_with_a_config(cfg, tmp_path, path, f"  max_request_bytes: {1 << 20}\n")
 
     assert rc == 1, err
     assert _summary(out) == (2, 2)
