@@ -252,3 +252,21 @@ def test_overrides_without_a_config_are_an_error(capsys):
     argv = ["dashboard", "--host", "256.0.0.1", "--port", "0", "-o", "monitor.dashboard_port=1"]
     assert main(argv) == 2
     assert "-o/--override needs a CONFIG to apply to" in capsys.readouterr().err
+
+
+def test_a_file_line_longer_than_any_event_is_skipped_as_it_is_read():
+    """A ``metrics.jsonl`` without newlines (or with one huge line) is never held whole: the
+    line is dropped once past the limit, up to its newline, and the lines after it come."""
+    from streamrft.infra.app.dashboard.feed import MAX_LINE_BYTES, LineSplitter
+
+    split = LineSplitter()
+    assert split.lines(b'{"a": 1}\n{"b"') == [b'{"a": 1}']
+    assert split.lines(b": 2}\n") == [b'{"b": 2}']
+    chunk = b"x" * (MAX_LINE_BYTES // 3)
+    held = []
+    for _ in range(10):  # a line of over 3 limits, in pieces
+        assert split.lines(chunk) == []
+        held.append(len(split.partial))
+    assert max(held) <= MAX_LINE_BYTES and split.skipped == 1
+    assert split.lines(b'still the long line\n{"c": 3}\n') == [b'{"c": 3}']
+    assert split.partial == b"" and not split.skipping

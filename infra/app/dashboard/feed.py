@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -32,6 +33,7 @@ from streamrft.infra.app.dashboard.view import RunView
 from streamrft.infra.app.metrics_log import decode_line, metrics_path
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
+from streamrft.schemas.codec import METRICS
 from streamrft.schemas.errors import StreamRFTError
 from streamrft.schemas.events import MetricsEvent
 
@@ -46,6 +48,9 @@ FILE_QUIET_S = 10.0
 """A ``metrics.jsonl`` last written longer ago than this is not live (a finished run's)."""
 CHUNK_BYTES = 1 << 20
 """``metrics.jsonl`` is read and decoded this many bytes at a time, off the event loop."""
+MAX_LINE_BYTES = 2 * METRICS.max_bytes
+"""A ``metrics.jsonl`` line longer than this (no metrics event is) is skipped as it is
+read, never held whole."""
 GONE_CHECKS = 2
 """A followed broker that refuses this many checks in a row (``RETRY_S`` apart) is gone."""
 LIST_S = 5.0
@@ -80,6 +85,29 @@ def read_chunk(path: Path, offset: int) -> tuple[bytes, os.stat_result] | None:
             return fh.read(CHUNK_BYTES), st
     except FileNotFoundError:
         return None
+
+
+@dataclass
+class LineSplitter:
+    """Splits a file read in chunks into whole lines; the unfinished last line waits for the
+    next chunk, up to :data:`MAX_LINE_BYTES` (beyond that it is dropped, and the rest of it
+    up to its newline too: ``skipped`` counts such lines)."""
+
+    partial: bytes = b""
+    skipping: bool = False
+    skipped: int = 0
+
+    def lines(self, data: bytes) -> list[bytes]:
+        if self.skipping:
+            cut = data.find(b"\n")
+            if cut < 0:
+                return []
+            data, self.skipping = data[cut + 1 :], False
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        if len(self.partial) > MAX_LINE_BYTES:
+            self.partial, self.skipping = b"", True
+            self.skipped += 1
+        return lines
 
 
 def decode_lines(lines: list[bytes]) -> tuple[list[MetricsEvent], list[str]]:
@@ -304,7 +332,7 @@ class Feed:
         shrank or was replaced is read again from its start into a fresh view."""
         what = f"{path} (metrics only: no broker holds the run's topics)"
         self._set_source(what, live=False, kind="file")
-        offset, inode, partial = 0, None, b""
+        offset, inode, split = 0, None, LineSplitter()
         while True:
             chunk = await asyncio.to_thread(read_chunk, path, offset)
             data, st = chunk if chunk is not None else (b"", None)
@@ -312,7 +340,7 @@ class Feed:
             if size < offset or (inode is not None and ino != inode):
                 log.info("dashboard: %s was truncated or replaced: reading it again", path)
                 self.view = RunView(run=str(self.cfg.run.id))
-                offset, inode, partial = 0, None, b""
+                offset, inode, split = 0, None, LineSplitter()
                 self._bump()
                 if chunk is None:
                     await asyncio.sleep(FILE_POLL_S)
@@ -320,8 +348,12 @@ class Feed:
             inode = ino
             if data:
                 offset += len(data)
-                *lines, partial = (partial + data).split(b"\n")
-                await self._fold_lines(lines)
+                skipped = split.skipped
+                await self._fold_lines(split.lines(data))
+                if split.skipped > skipped:
+                    log.warning(
+                        "dashboard: a line of %s over %d bytes: skipped", path, MAX_LINE_BYTES
+                    )
             live = st is not None and time.time() - st.st_mtime < FILE_QUIET_S
             self._set_source(what + ("; growing" if live else "; not growing"), live)
             if offset < size:
