@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from streamrft.infra.app.books import Books
 from streamrft.infra.app.metric_sinks import SinkWorker
 from streamrft.infra.app.run_events import read_events
 from streamrft.infra.config import Config
@@ -21,7 +24,7 @@ from streamrft.schemas.events import DeadLetter, MetricsEvent, RunState, StatusE
 log = logging.getLogger(__name__)
 
 
-def _head_tail_mean(values: list[float], k: int) -> tuple[float | None, float | None]:
+def _head_tail_mean(values: Sequence[float], k: int) -> tuple[float | None, float | None]:
     if not values:
         return None, None
     k = max(1, min(k, len(values)))
@@ -32,19 +35,24 @@ def _head_tail_mean(values: list[float], k: int) -> tuple[float | None, float | 
 class RunMonitor:
     cfg: Config
     eval_accuracy: list[tuple[int, float]] = field(default_factory=list)
-    train_reward: list[float] = field(default_factory=list)
+    train_reward: array = field(default_factory=lambda: array("d"))
+    """Each step's sampled reward mean (8 bytes a step)."""
     trainer_step: int = 0
     trainer_final: dict[str, float] = field(default_factory=dict)
     status: dict[str, StatusEvent] = field(default_factory=dict)
     dead_letters: int = 0
     undecodable: int = 0
-    ledger: dict[int, MetricsEvent] = field(default_factory=dict)
-    """Trainer step -> the metrics event carrying its ledger; a step redone after a resume
-    from an older checkpoint replaces the lost attempt's entry (its update was lost too)."""
+    ledger: Books | None = None
+    """The trainer's ledger as the books need it (:mod:`.books`: the newest steps whole, a
+    step redone after a resume replacing its lost attempt; older ones folded)."""
     sinks: list[SinkWorker] = field(default_factory=list)
     """Where every metrics event also goes as consumed (``write``, then ``flush`` after
     each poll): the run's ``metrics.jsonl`` and the exporters of ``monitor.exporters``,
     each on its own thread (``metric_sinks``), none able to stop the monitor."""
+
+    def __post_init__(self) -> None:
+        if self.ledger is None:
+            self.ledger = Books(self.cfg.trainer.max_staleness)
 
     def on_metrics(self, ev: MetricsEvent) -> None:
         for sink in self.sinks:
@@ -57,8 +65,7 @@ class RunMonitor:
                 self.trainer_step = max(self.trainer_step, ev.step)
             if "trainer/final_step" in ev.values:
                 self.trainer_final = dict(ev.values)
-            if ev.trained:
-                self.ledger[ev.step] = ev
+            self.ledger.add(ev)
 
     def on_status(self, ev: StatusEvent) -> None:
         self.status[ev.component] = ev
@@ -102,23 +109,7 @@ class RunMonitor:
 
     def books(self) -> tuple[dict[str, int], int]:
         """Audit of the ledger, and how many distinct groups were trained."""
-        times: dict[str, int] = {}
-        newer = staler = max_seen = 0
-        for ev in self.ledger.values():
-            for row in ev.trained:
-                times[row.group_id] = times.get(row.group_id, 0) + 1
-                stale = ev.version - row.model_version
-                newer += stale < 0
-                staler += stale > self.cfg.trainer.max_staleness
-                max_seen = max(max_seen, stale)
-        books = {
-            "trained_twice": sum(1 for n in times.values() if n > 1),
-            "newer_than_trainer": newer,
-            "staler_than_max": staler,
-            "max_staleness_seen": max_seen,
-            "steps_in_ledger": len(self.ledger),
-        }
-        return books, len(times)
+        return self.ledger.audit()
 
     def summary(self, wall_s: float) -> dict:
         explorers = {k: v for k, v in self.status.items() if v.role == "explorer"}

@@ -95,7 +95,7 @@ def test_a_failing_exporter_is_dropped_and_the_monitor_gets_everything(make_conf
     monitor, failing, slow, sinks, flushes_when_done = asyncio.run(scenario())
     # the monitor saw every step although one sink failed, and finished while the slow
     # sink was still stuck in its first flush: the loop never waited on it
-    assert monitor.train_reward == [s / 100 for s in range(1, steps + 1)]
+    assert list(monitor.train_reward) == [s / 100 for s in range(1, steps + 1)]
     assert flushes_when_done == 0 and slow.flushes_done >= 1
     assert [e.step for e in read_metrics(metrics_path(cfg.run_dir))] == list(range(1, steps + 1))
     assert slow.steps == list(range(1, steps + 1))
