@@ -53,6 +53,7 @@ class FolderStore:
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
         except OSError as exc:
+            tmp.unlink(missing_ok=True)
             raise SyncError(f"writing {path}: {exc}") from exc
 
     def get(self, key: str) -> bytes:
@@ -114,6 +115,21 @@ class FolderStore:
         except OSError as exc:
             raise SyncError(f"removing {folder}: {exc}") from exc
         return files
+
+    def remove_leftovers(self, prefix: str) -> int:
+        """Delete the temporary files under the folder ``prefix`` that another process
+        left (a trainer killed mid-write: its one writer is the trainer, so none of them is
+        still being written); how many."""
+        folder = self._inside(prefix.rstrip("/"))
+        if not folder.is_dir():
+            return 0
+        mine = f".tmp-{os.getpid()}"
+        removed = 0
+        for f in folder.rglob(".*.tmp-*"):
+            if f.is_file() and not f.name.endswith(mine):
+                f.unlink(missing_ok=True)
+                removed += 1
+        return removed
 
     def _relative(self, path: Path, what: str) -> str:
         root = self.root.resolve()

@@ -393,6 +393,33 @@ class S3Store:
             raise SyncError(f"{action}: {errors[0]}")
         return len(names)
 
+    def remove_leftovers(self, prefix: str) -> int:
+        """Abort the multipart uploads under ``prefix`` that were never completed (a
+        trainer killed mid-upload: their parts take space and no listing shows them); how
+        many. Its one writer is the trainer, so none of them is still in progress."""
+        action = f"aborting unfinished uploads under s3://{self.cfg.bucket}/{prefix}"
+        aborted = 0
+        key_marker = upload_marker = None
+        try:
+            while True:
+                # minio's own request for ListMultipartUploads (it has no public one)
+                page = self.client._list_multipart_uploads(
+                    self.cfg.bucket,
+                    prefix=prefix,
+                    key_marker=key_marker,
+                    upload_id_marker=upload_marker,
+                )
+                for upload in page.uploads:
+                    self.client._abort_multipart_upload(
+                        self.cfg.bucket, upload.object_name, upload.upload_id
+                    )
+                    aborted += 1
+                if not page.is_truncated or not page.uploads:
+                    return aborted
+                key_marker, upload_marker = page.next_key_marker, page.next_upload_id_marker
+        except (S3Error, ServerError, urllib3.exceptions.HTTPError) as exc:
+            raise store_error(action, exc) from exc
+
     def key(self, uri: str) -> str:
         bucket, key = parse_uri(uri)
         if bucket != self.cfg.bucket:

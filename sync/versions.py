@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -26,11 +27,13 @@ import torch
 from streamrft.infra.bus import Counters
 from streamrft.infra.retry import retrying
 from streamrft.schemas.codec import decode_manifest, encode_manifest
-from streamrft.schemas.errors import IntegrityError, SchemaError
+from streamrft.schemas.errors import IntegrityError, SchemaError, SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.schemas.weights import ShardInfo, WeightManifest
 from streamrft.sync.transport import Announce, MakePayload, Payload, WeightReceiver, WeightSender
 from streamrft.sync.weights import decode_shard, sha256_hex, shards_of, tensors_dtype, verify
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 
@@ -62,6 +65,11 @@ class BlobStore(Protocol):
 
     def remove(self, prefix: str) -> int:
         """Delete every object under ``prefix`` (a version's folder); how many."""
+        ...
+
+    def remove_leftovers(self, prefix: str) -> int:
+        """Delete what a writer killed mid-write left under ``prefix`` and no reader can
+        see (temporary files, unfinished multipart uploads); how many."""
         ...
 
 
@@ -233,6 +241,11 @@ class StorePublisher:
         """Delete the files of ``versions``; how many."""
         return sum(self.store.remove(version_prefix(self.run_id, v) + "/") for v in versions)
 
+    def remove_leftovers(self) -> int:
+        """Delete what an earlier trainer of this run, killed mid-write, left in the store
+        (a version it never announced is overwritten or retired like any other)."""
+        return self.store.remove_leftovers(self.run_id + "/")
+
 
 class StoreLoader:
     """Explorer side: fetch a version, every byte verified before tensors are returned."""
@@ -256,9 +269,25 @@ class StoreSender(WeightSender):
         self.method = publisher.method
         self.outage_timeout_s = outage_timeout_s
         self.counters = counters
+        self._cleaned = False
+
+    async def _remove_leftovers(self) -> None:
+        """Once, before the first version: what a killed trainer left (best effort: a
+        store that is down now is waited for by the publication itself)."""
+        self._cleaned = True
+        try:
+            removed = await asyncio.to_thread(self.publisher.remove_leftovers)
+        except SyncError as exc:
+            log.warning("%s: leftovers of an earlier trainer not removed: %s", self.method, exc)
+            return
+        if removed:
+            log.info("%s: removed %d leftover(s) of an earlier trainer", self.method, removed)
+            self.counters.add("leftovers_removed", removed)
 
     async def publish(self, payload: Payload) -> ModelVersionReady:
         """Write the version to the store; the event that will announce it."""
+        if not self._cleaned:
+            await self._remove_leftovers()
         publish = functools.partial(
             self.publisher.publish,
             payload.tensors,

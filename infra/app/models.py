@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -28,6 +29,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamrft.infra.logfiles import remove_dead_leftovers
 from streamrft.schemas.errors import ConfigError, StreamRFTError
 
 log = logging.getLogger("streamrft.models")
@@ -199,7 +201,9 @@ def prepare(
             "(or pip install gguf)"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    # a conversion killed half-way left its scratch folder (GBs): gone once its process is
+    remove_dead_leftovers(out.parent, re.escape(f".{out.name}.tmp-") + r"(?P<pid>\d+)-\w+")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     started = time.monotonic()
     try:
         source = locate_gguf(

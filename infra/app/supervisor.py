@@ -38,14 +38,18 @@ from streamrft.infra.config import (
     with_endpoints,
     with_store_credentials,
 )
-from streamrft.infra.local.processes import port_open
+from streamrft.infra.local.processes import log_tail, port_open
 from streamrft.infra.local.services import LocalServices
+from streamrft.infra.logfiles import rotate_all
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.schemas.errors import ServiceError, StreamRFTError
 from streamrft.schemas.events import Shutdown
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 20.0
+ROTATE_EVERY_S = 10.0
+"""How often the run's logs (its processes', the embedded services') are checked against
+their size cap (:mod:`streamrft.infra.logfiles`)."""
 
 
 class Child:
@@ -78,10 +82,7 @@ class Child:
         self.kill()
 
     def tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return "\n".join(log_tail(self.log_path).splitlines()[-lines:])
 
 
 def child_env(threads: int, credentials: dict[str, str | None]) -> dict[str, str]:
@@ -315,8 +316,14 @@ class Supervisor:
 
     async def _watch(self, follow: asyncio.Task[None], monitor: RunMonitor) -> str | None:
         """Until the trainer finishes, a signal stops the run, or a child fails for good
-        (restarting the ones that may be restarted). Returns the failure, if any."""
+        (restarting the ones that may be restarted), capping the logs' sizes on the way.
+        Returns the failure, if any."""
+        logs = [self.cfg.run_dir / "logs", self.cfg.run_dir / "services" / "logs"]
+        rotated_at = time.monotonic()
         while not self.stop.is_set():
+            if time.monotonic() - rotated_at > ROTATE_EVERY_S:
+                await asyncio.to_thread(rotate_all, logs)
+                rotated_at = time.monotonic()
             if self.trainer_waits:
                 self._start_trainer_when_explorers_ready(monitor)
             elif self.children["trainer"].returncode == 0:

@@ -34,6 +34,7 @@ def log_tail(path: Path, offset: int = 0) -> str:
     try:
         with path.open("rb") as f:
             size = f.seek(0, os.SEEK_END)
+            offset = offset if offset <= size else 0  # the log was rotated since
             start = max(offset, size - LOG_TAIL_CHARS)
             f.seek(start)
             return f.read().decode("utf-8", "replace").strip()

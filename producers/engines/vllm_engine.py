@@ -43,12 +43,16 @@ from typing import Any
 import torch
 
 from streamrft.infra.config import ExplorerConfig
+from streamrft.infra.logfiles import remove_dead_leftovers
 from streamrft.infra.modeling import save_policy
 from streamrft.producers.engines.base import Rollout
 from streamrft.schemas.errors import ConfigError
 from streamrft.sync.lora import PEFT_PREFIX
 from streamrft.sync.weights import apply_state_dict
 
+VLLM_DIR_PATTERN = r"streamrft-vllm-(?P<pid>\d+)-\w+"
+"""The temporary folder (model copy, adapters) of an engine in process ``pid``: one whose
+process is gone (killed before it could remove it) is removed when an engine starts."""
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM 0.32 accepts as ``max_lora_rank``; an adapter of rank r gets the
 smallest that holds it."""
@@ -157,7 +161,8 @@ class VLLMEngine:
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
         self._vllm = vllm
-        self._dir = Path(tempfile.mkdtemp(prefix="streamrft-vllm-"))
+        remove_dead_leftovers(Path(tempfile.gettempdir()), VLLM_DIR_PATTERN)
+        self._dir = Path(tempfile.mkdtemp(prefix=f"streamrft-vllm-{os.getpid()}-"))
         self.close = weakref.finalize(self, shutil.rmtree, self._dir, True)
         """Removes the temporary model and adapter folders (at the latest when the process
         exits); vLLM keeps its weights in memory."""

@@ -162,3 +162,33 @@ def test_a_failed_multipart_upload_is_aborted(make_config):
         store.write("v/shard", [good, strided], "application/octet-stream")
     left = store.client._list_multipart_uploads(cfg.bucket, prefix="v/")
     assert [u.upload_id for u in left.uploads] == []
+
+
+def test_a_killed_trainers_unfinished_uploads_are_aborted_at_the_next_start(make_config):
+    """A multipart upload started and never completed (its trainer killed mid-shard) keeps
+    its parts in the store, where no listing shows them; the next trainer aborts it before
+    its first version, and only this run's."""
+    cfg = store_cfg(make_config)
+    store = S3Store(cfg, create_bucket=True)
+
+    def start_upload(key: str) -> str:
+        resp = store._request("test", "POST", key, query={"uploads": ""})
+        upload_id = resp.data.split(b"<UploadId>")[1].split(b"</UploadId>")[0].decode()
+        part = [memoryview(b"p" * (5 * MIB))]
+        store._put_part("test", key, upload_id, 1, part)
+        return upload_id
+
+    def unfinished(prefix: str) -> list[str]:
+        page = store.client._list_multipart_uploads(cfg.bucket, prefix=prefix)
+        return [u.object_name for u in page.uploads]
+
+    start_upload("left-run/v00000003/shard-0.safetensors")
+    start_upload("left-run/v00000003/shard-1.safetensors")
+    start_upload("left-run2/v00000001/shard-0.safetensors")
+    assert len(unfinished("left-run/")) == 2
+
+    publisher = ObjectStorePublisher(cfg, "left-run")
+    assert publisher.remove_leftovers() == 2
+    assert unfinished("left-run/") == []
+    assert unfinished("left-run2/") == ["left-run2/v00000001/shard-0.safetensors"]
+    assert publisher.remove_leftovers() == 0
