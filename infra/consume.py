@@ -166,6 +166,20 @@ async def read_topic(
     return out
 
 
+async def records_ever(cfg: KafkaConfig, topic: str, client_id: str) -> int:
+    """How many records ``topic`` has ever held: the sum of its partitions' end offsets
+    (retention deletes records but never lowers an end offset), so 0 only for a topic that
+    never held one (created anew: a new broker, an embedded one on ``memory``)."""
+    reader = kafka.topic_reader(cfg, client_id)
+    await kafka.start_client(reader, f"{client_id} reader")
+    try:
+        await assign_from_beginning(reader, topic)
+        ends = await reader.end_offsets(list(reader.assignment()))
+    finally:
+        await reader.stop()
+    return sum(ends.values())
+
+
 async def read_history(
     cfg: KafkaConfig, topic: str, codec: Codec, client_id: str, until_quiet: int = 3
 ) -> list[Any]:
