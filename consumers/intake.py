@@ -135,6 +135,9 @@ class ExperienceIntake:
         self.group = f"{topics.prefix}.{topics.run}.trainer"
         self.consumer: Any = None  # made in start(), inside the event loop
         self.starved = False
+        self.ended_idle = False
+        """:meth:`collect` ended because the stream stayed idle with nothing working (and
+        not because the groups that came were all dropped for rewards all equal)."""
         """The trainer has had no experience for :data:`STARVED_AFTER_S` (on its status)."""
         self._progress: tuple[int | None, int, float] = (None, 0, 0.0)
         """(oldest batch buffered, groups of it arrived, when that last changed)."""
@@ -206,6 +209,7 @@ class ExperienceIntake:
                 await self._set_starved(False)
             if activity.idle(loop.time(), self.cfg.trainer.idle_timeout_s):
                 self._log_idle(activity)
+                self.ended_idle = not activity.dropped_since_signal
                 return None
         return None
 

@@ -24,6 +24,7 @@ import time
 from collections import Counter
 
 import torch
+from aiokafka.errors import KafkaError
 
 from streamrft.consumers.algorithms import resolve_algorithm
 from streamrft.consumers.buffer import ExperienceBuffer
@@ -34,13 +35,14 @@ from streamrft.consumers.replay import ReplayCursor
 from streamrft.consumers.sampling import check_strategy, make_strategy
 from streamrft.consumers.state import TrainerState
 from streamrft.consumers.train_engine import Evaluator, make_train_engine
+from streamrft.infra.admin import unexplored_tasks
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.infra.taskset import read_taskset
 from streamrft.schemas.codec import EXPERIENCE_GROUP
-from streamrft.schemas.errors import SchemaError, StreamRFTError, SyncError
+from streamrft.schemas.errors import SchemaError, Stalled, StreamRFTError, SyncError
 from streamrft.schemas.events import RunState, Shutdown, TrainedGroup, VersionsRetired
 from streamrft.schemas.experience import ExperienceGroup
 from streamrft.sync.publisher import VersionPublisher, announced_floor
@@ -142,7 +144,38 @@ class Trainer:
                 stepped = await self._train(*collected)
                 if stepped is not None:
                     await self._after_step(*stepped)
+            stalled = await self._why_idle() if self.intake.ended_idle else None
             await self._finish()
+        if stalled:
+            raise Stalled(stalled)
+
+    async def _why_idle(self) -> str | None:
+        """The stream stayed idle with no explorer working: the run is done when nothing
+        is left to explore (every task on ``tasks`` committed by the explorers, and a
+        feeder, if any, done publishing); otherwise nothing can make progress, and this
+        says what is left (the trainer then exits with ``EXIT_STALLED``, not 0)."""
+        topics = self.cfg.topics()
+        try:
+            left = await unexplored_tasks(self.cfg.kafka, topics)
+        except (KafkaError, StreamRFTError) as exc:
+            log.warning("trainer: could not count the tasks left (%s)", exc)
+            left = 0
+        live = self.view.live_peers("explorer", 3 * HEARTBEAT_S)
+        feeder = self.view.peer("feeder")
+        idle = f"no experience for {self.tcfg.idle_timeout_s:.0f}s"
+        if left:
+            return (
+                f"{idle}, and {left} tasks on {topics.tasks} were never explored: "
+                f"{len(live)} explorer(s) heard from in the last {3 * HEARTBEAT_S:.0f}s "
+                f"({', '.join(live) or 'none'}), none working"
+            )
+        if feeder is not None and feeder.state != RunState.STOPPED:
+            return (
+                f"{idle}, and the feeder has not finished publishing (epoch {feeder.step} of "
+                f"{self.cfg.taskset.total_epochs}, last heard {time.time() - feeder.created_at:.0f}s ago)"
+            )
+        log.info("trainer: every task was explored; the run is done")
+        return None
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> None:
         """Warm-up (a fresh run) or restore (a resumed one), version 0 (or the next), a

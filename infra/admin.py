@@ -11,7 +11,8 @@ from aiokafka.admin import NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from streamrft.infra.config import KafkaConfig
-from streamrft.infra.kafka import admin_client, start_client
+from streamrft.infra.consume import assign_from_beginning, consume
+from streamrft.infra.kafka import admin_client, group_reader, start_client
 from streamrft.schemas.errors import ServiceError
 from streamrft.schemas.topics import TopicNames
 
@@ -65,6 +66,26 @@ async def ensure_topics(cfg: KafkaConfig, topics: TopicNames, explorers: int = 1
         return [s.name for s in missing]
     finally:
         await admin.close()
+
+
+async def unexplored_tasks(cfg: KafkaConfig, topics: TopicNames) -> int:
+    """Tasks on ``tasks`` past the offsets the run's explorers committed (from the first
+    offset of a partition with none), counted by reading them: the embedded broker's end
+    offset is wrong after a multi-record batch. Read by a consumer that names the group
+    but never joins it (partitions assigned by hand, no commit): no explorer is
+    rebalanced."""
+    reader = group_reader(cfg, topics.explorers_group, "streamrft-lag")
+    await start_client(reader, "lag reader")
+    try:
+        await assign_from_beginning(reader, topics.tasks)
+        for tp in sorted(reader.assignment()):
+            done = await reader.committed(tp)
+            if done is not None:
+                reader.seek(tp, done)
+        return await consume(reader, None, lambda _rec: None, on_bad=lambda _rec: None,
+                             until_quiet=3)  # fmt: skip
+    finally:
+        await reader.stop()
 
 
 async def list_topics(cfg: KafkaConfig) -> list[str]:

@@ -457,6 +457,10 @@ class ControlView:
             self._versions.pop(v, None)
             self._announcements.pop(v, None)
 
+    def peer(self, component: str) -> StatusEvent | None:
+        """The newest status of ``component`` this view read (None: never heard from)."""
+        return self._peers.get(component)
+
     def peer_starved(self, component: str, since: float) -> bool:
         """Whether ``component`` (the trainer) said it starves in a status sent after
         ``since`` (Unix time): an older word may predate what this process just sent."""

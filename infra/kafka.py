@@ -80,16 +80,21 @@ def security_options(cfg: KafkaConfig) -> dict[str, Any]:
 
 
 def _producer(
-    cfg: KafkaConfig, client_id: str, cls: type[AIOKafkaProducer] = AIOKafkaProducer, **batching
+    cfg: KafkaConfig,
+    client_id: str,
+    cls: type[AIOKafkaProducer] = AIOKafkaProducer,
+    request_timeout_ms: int = REQUEST_TIMEOUT_MS,
+    **batching,
 ) -> Any:
-    """acks=all, no idempotence (the embedded broker lacks InitProducerId), bounded retries."""
+    """acks=all, no idempotence (the embedded broker lacks InitProducerId), bounded retries;
+    a batch not acknowledged within ``request_timeout_ms`` fails (aiokafka's expiry)."""
     return cls(
         bootstrap_servers=_servers(cfg),
         client_id=client_id,
         acks="all",
         enable_idempotence=False,
         max_request_size=cfg.max_request_bytes,
-        request_timeout_ms=REQUEST_TIMEOUT_MS,
+        request_timeout_ms=request_timeout_ms,
         retry_backoff_ms=200,
         **security_options(cfg),
         **batching,
@@ -120,27 +125,35 @@ class DataProducer(AIOKafkaProducer):
             log.debug("flush_lingering: %s; batches wait out linger_ms", exc)
 
 
-def data_producer(cfg: KafkaConfig, client_id: str) -> DataProducer | ConfluentProducer:
+def data_producer(
+    cfg: KafkaConfig, client_id: str, request_timeout_ms: int = REQUEST_TIMEOUT_MS
+) -> DataProducer | ConfluentProducer:
     """Producer of tasks and experience groups: batched, optionally compressed; aiokafka's
-    or librdkafka's (``kafka.producer``)."""
+    or librdkafka's (``kafka.producer``). A record not acknowledged within
+    ``request_timeout_ms`` fails (serve mode's ``serve.publish_attempt_s``: the record is
+    then no longer queued, so what failed can be kept elsewhere without being sent twice)."""
     if cfg.producer == "confluent":
         if not produce_confluent.available():
             raise ConfigError(
                 "kafka.producer: confluent needs the confluent-kafka package "
                 "(pip install 'streamrft[kafka-fast]')"
             )
-        return ConfluentProducer(confluent_options(cfg, client_id), CONNECT_TIMEOUT_S)
+        options = confluent_options(cfg, client_id, request_timeout_ms)
+        return ConfluentProducer(options, CONNECT_TIMEOUT_S)
     return _producer(
         cfg,
         client_id,
         DataProducer,
+        request_timeout_ms=request_timeout_ms,
         compression_type=None if cfg.compression == "none" else cfg.compression,
         linger_ms=cfg.linger_ms,
         max_batch_size=DATA_BATCH_BYTES,
     )
 
 
-def confluent_options(cfg: KafkaConfig, client_id: str) -> dict[str, Any]:
+def confluent_options(
+    cfg: KafkaConfig, client_id: str, request_timeout_ms: int = REQUEST_TIMEOUT_MS
+) -> dict[str, Any]:
     """librdkafka's options for a data producer, chosen to match aiokafka's (above):
     acks=all, no idempotence, at most one request in flight per partition's connection
     (order kept across retries, as aiokafka's one batch in flight per partition does),
@@ -159,8 +172,8 @@ def confluent_options(cfg: KafkaConfig, client_id: str) -> dict[str, Any]:
         "linger.ms": cfg.linger_ms,
         "compression.type": cfg.compression,
         "partitioner": "murmur2_random",
-        "request.timeout.ms": REQUEST_TIMEOUT_MS,
-        "message.timeout.ms": REQUEST_TIMEOUT_MS + cfg.linger_ms,  # counts the linger too
+        "request.timeout.ms": request_timeout_ms,
+        "message.timeout.ms": request_timeout_ms + cfg.linger_ms,  # counts the linger too
         "retry.backoff.ms": 200,
         "socket.nagle.disable": True,
         "security.protocol": cfg.security_protocol,
@@ -446,11 +459,11 @@ def _group_less(
     cfg: KafkaConfig, topics: Sequence[str], client_id: str, fetch_wait_ms: int, **more: Any
 ) -> AIOKafkaConsumer:
     """A reader in no consumer group (nothing committed), from the beginning."""
+    more.setdefault("group_id", None)
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=_servers(cfg),
         client_id=client_id,
-        group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=fetch_wait_ms,
@@ -464,6 +477,13 @@ def _group_less(
 def topic_reader(cfg: KafkaConfig, client_id: str) -> AIOKafkaConsumer:
     """Group-less reader for tools (``streamrft tail``); partitions assigned by the caller."""
     return event_reader(cfg, [], client_id)
+
+
+def group_reader(cfg: KafkaConfig, group_id: str, client_id: str) -> AIOKafkaConsumer:
+    """A reader that names consumer group ``group_id`` to read its committed offsets
+    (``committed``) without joining it: partitions are assigned by the caller, and it never
+    commits."""
+    return _group_less(cfg, [], client_id, cfg.control_fetch_max_wait_ms, group_id=group_id)
 
 
 def admin_client(cfg: KafkaConfig, client_id: str = "streamrft-admin") -> AIOKafkaAdminClient:

@@ -21,7 +21,7 @@ import msgspec
 from streamrft.infra import kafka
 from streamrft.infra.bus import Counters, EventSender, Position
 from streamrft.infra.config import Config
-from streamrft.infra.consume import read_history, records_ever
+from streamrft.infra.consume import ever_held_records, read_history
 from streamrft.infra.produce import OutRecord, send_all
 from streamrft.infra.taskset import read_taskset
 from streamrft.producers.workflows import check_workflow
@@ -141,7 +141,9 @@ class Feeder:
         (whole epochs only), whichever is further."""
         n = len(self.tasks)
         kept = load_progress(progress_path(self.cfg), n)
-        if kept != (0, 0) and not await records_ever(self.cfg.kafka, self.topics.tasks, "feeder"):
+        if kept != (0, 0) and not await ever_held_records(
+            self.cfg.kafka, self.topics.tasks, "feeder"
+        ):
             log.warning(
                 "feeder: %s says epoch %d, task %d, but the tasks topic never held a record "
                 "(a new broker: an embedded one on memory storage starts empty); "

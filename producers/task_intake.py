@@ -35,7 +35,6 @@ from streamrft.producers.workflows import check_workflow
 from streamrft.schemas.codec import TASK
 from streamrft.schemas.errors import StreamRFTError
 from streamrft.schemas.experience import Task
-from streamrft.schemas.topics import TopicNames
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +43,6 @@ IDLE_RETURN_S = 1.0
 partition it holds may still have unread records (a fresh assignment is still fetching)."""
 UNREAD_GRACE_S = 10.0
 """... or after this long idle, whatever the partitions say."""
-
-
-def tasks_group(topics: TopicNames) -> str:
-    """The consumer group the explorers of one run share (``<prefix>.<run id>.explorers``).
-
-    One group per run: runs sharing a cluster never rebalance each other's explorers.
-    """
-    return f"{topics.prefix}.{topics.run}.explorers"
 
 
 UNSTAMPED = -1
@@ -111,7 +102,7 @@ class TaskIntake:
     async def start(self) -> None:
         topics = self.cfg.topics()
         self.consumer = kafka.task_consumer(
-            self.cfg.kafka, topics.tasks, tasks_group(topics), self.name, self._on_assign
+            self.cfg.kafka, topics.tasks, topics.explorers_group, self.name, self._on_assign
         )
         await self.consumer.start()
 

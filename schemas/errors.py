@@ -23,6 +23,12 @@ class ConfigError(StreamRFTError):
     """
 
 
+class Stalled(StreamRFTError):
+    """A run that stopped because nothing can make progress (work is left that no process
+    is doing): restarting the process that says so does not help; the message says what is
+    left and who was expected to do it."""
+
+
 class SchemaError(StreamRFTError):
     """A message failed to decode or validate against its wire schema."""
 

@@ -56,6 +56,13 @@ class TopicNames(msgspec.Struct, frozen=True):
     def dead_letters(self) -> str:
         return self.of("dead_letters")
 
+    @property
+    def explorers_group(self) -> str:
+        """The consumer group the explorers of one run share on ``tasks``
+        (``<prefix>.<run id>.explorers``): runs sharing a cluster never rebalance each
+        other's explorers."""
+        return f"{self.prefix}.{self.run}.explorers"
+
     def all(self) -> dict[str, str]:
         return {kind: self.of(kind) for kind in TOPIC_KINDS}
 

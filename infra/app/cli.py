@@ -34,7 +34,7 @@ from pathlib import Path
 from streamrft.infra.app.models import add_models_parser
 from streamrft.infra.app.replay import add_replay_arguments
 from streamrft.infra.app.tasks import add_tasks_parser
-from streamrft.schemas.errors import ConfigError, StreamRFTError
+from streamrft.schemas.errors import ConfigError, Stalled, StreamRFTError
 
 log = logging.getLogger("streamrft")
 DEFAULT_INFRA_DIR = "runs/infra"
@@ -499,6 +499,10 @@ EXIT_CONFIG = 78
 """Exit status of a run's child process (train, explore, feed) stopped by a configuration
 error (``ConfigError``, sysexits' EX_CONFIG): restarting it cannot help, and the supervisor
 does not."""
+EXIT_STALLED = 75
+"""Exit status of a trainer that stopped because nothing can make progress (``Stalled``:
+tasks left that no explorer works on; sysexits' EX_TEMPFAIL): ``streamrft run`` fails the
+run with the reason rather than restarting it."""
 CHILD_ROLES = ("train", "explore", "feed")
 
 
@@ -510,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamrft: error: {exc}", file=sys.stderr)
         if isinstance(exc, ConfigError) and args.command in CHILD_ROLES:
             return EXIT_CONFIG
+        if isinstance(exc, Stalled):
+            return EXIT_STALLED
         return 2
     except KeyboardInterrupt:
         return 130

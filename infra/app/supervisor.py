@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from streamrft.infra import admin
-from streamrft.infra.app.cli import EXIT_CONFIG
+from streamrft.infra.app.cli import EXIT_CONFIG, EXIT_STALLED
 from streamrft.infra.app.curves import draw
 from streamrft.infra.app.metric_sinks import close_sinks, open_sinks
 from streamrft.infra.app.metrics_log import iter_metrics, metrics_path
@@ -153,6 +153,8 @@ class Supervisor:
         rc = child.returncode
         if rc == EXIT_CONFIG:
             return f"{name} stopped on a configuration error:\n{child.tail()}"
+        if rc == EXIT_STALLED:
+            return f"{name} stopped: nothing can make progress:\n{child.tail(3)}"
         limit = {"trainer": self.cfg.trainer.max_restarts}.get(
             name, self.cfg.explorer.max_restarts if name.startswith("explorer-") else 0
         )

@@ -14,7 +14,6 @@ import logging
 import pytest
 
 from streamrft.infra import admin, kafka
-from streamrft.producers.task_intake import tasks_group
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +23,7 @@ SESSION_MS = 10_000  # wide enough apart from the broker's join wait (half of it
 async def _member(cfg, name: str) -> tuple[kafka.TaskConsumer, asyncio.Task]:
     """A started member that keeps polling, as an explorer does between steps."""
     topics = cfg.topics()
-    member = kafka.task_consumer(cfg.kafka, topics.tasks, tasks_group(topics), name)
+    member = kafka.task_consumer(cfg.kafka, topics.tasks, topics.explorers_group, name)
     await member.start()
 
     async def poll() -> None:
