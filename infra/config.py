@@ -639,7 +639,9 @@ class ServeConfig(_Section):
     max_concurrency: Pos = 256
     """Requests served at once; more get 503 at once (uvicorn's ``limit_concurrency``)."""
     shutdown_timeout_s: PosF = 30.0
-    """On stop, longest wait for requests in flight before their connections close."""
+    """On stop, longest wait for requests in flight before their connections close; the
+    whole stop ends about this long after the signal, even with the broker away (what is
+    not published by then goes to the spool, ``spool_dir``)."""
     max_n: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
     """Largest ``n`` (choices per request)."""
     max_tokens: Pos = 256
@@ -667,6 +669,17 @@ class ServeConfig(_Section):
     """Serve the configured model as version 0 before any version is announced (a run
     whose trainer publishes version 0 from the same weights); False: completions get 503
     until the first version is applied."""
+    publish_attempt_s: PosF = 10.0
+    """Longest try to publish one batch of groups (the data producer's request timeout
+    too); a batch not acknowledged by then is written to the spool (``spool_dir``) and
+    published from there once the broker answers again."""
+    spool_dir: str = ""
+    """Folder of the groups waiting on disk for the broker (empty: ``<run dir>/serve/spool``).
+    Serve processes of one run may share it (on one machine: files are claimed with
+    ``flock``); a new process publishes what an earlier one left there."""
+    spool_max_bytes: Pos = 1 << 30
+    """Bytes of spool files at most; past it, ``/commit`` and completions get 503 until
+    the broker is back and the spool drains."""
 
 
 class WandbConfig(_Section):

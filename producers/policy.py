@@ -62,17 +62,22 @@ async def start_sampler(
     events: EventSender,
     view: ControlView,
     follower: WeightFollower,
+    request_timeout_s: float | None = None,
 ) -> Any:
     """Start what a sampling process (explorer, serve) talks through, each stopped in
     reverse order by ``stack``: its event sender (heartbeats; a STOPPED status at the
-    end), the control view, the follower's receivers; returns its started data producer."""
+    end), the control view, the follower's receivers; returns its started data producer
+    (its records fail after ``request_timeout_s``; None: the Kafka module's default)."""
     await events.start(heartbeat_s=HEARTBEAT_S)
     stack.push_async_callback(events.stop)
     stack.push_async_callback(_report_stopped, events)
     stack.callback(follower.close)
     await view.start()
     stack.push_async_callback(view.stop)
-    producer = kafka.data_producer(cfg.kafka, f"{name}-data")
+    timeout_ms = kafka.REQUEST_TIMEOUT_MS
+    if request_timeout_s is not None:
+        timeout_ms = round(request_timeout_s * 1000)
+    producer = kafka.data_producer(cfg.kafka, f"{name}-data", timeout_ms)
     await kafka.start_client(producer, f"{name} producer")  # closes it on failure
     stack.push_async_callback(producer.stop)
     return producer

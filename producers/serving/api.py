@@ -4,7 +4,9 @@ Bodies are decoded with msgspec (:mod:`.openai_types`); every refusal is an Open
 error object ``{"error": {"message", "type", "code"}}`` with its status: 400 for a bad
 request, 401 without the API key, 404 for an unknown model or response id, 413 for a body
 over ``serve.max_request_bytes``, 503 before the first model version (or when
-``serve.max_recorded`` responses wait).
+``serve.max_recorded`` responses wait, or the spool of groups the broker did not take is
+full). ``/commit`` answers 200 when every group was published, 202 when some wait in the
+spool for the broker (``spooled_groups``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
@@ -38,11 +41,23 @@ from streamrft.producers.serving.openai_types import (
 )
 from streamrft.producers.serving.recorder import Full, Recorder, UnknownResponse
 from streamrft.schemas import limits
-from streamrft.schemas.errors import SchemaError, StreamRFTError
-from streamrft.schemas.experience import ChatMessage, Task
+from streamrft.schemas.errors import SchemaError
+from streamrft.schemas.experience import ChatMessage, ExperienceGroup, Task
 
 CONVERSATION_HEADER = "x-conversation-id"
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Delivery:
+    """What became of the groups handed to :meth:`Backend.publish`."""
+
+    published: list[ExperienceGroup] = field(default_factory=list)
+    """Acknowledged by the broker."""
+    spooled: list[ExperienceGroup] = field(default_factory=list)
+    """Written to the spool (on disk): published once the broker answers again."""
+    held: list[ExperienceGroup] = field(default_factory=list)
+    """Neither: the spool was full; kept in memory and tried again."""
 
 
 class Backend(Protocol):
@@ -67,7 +82,11 @@ class Backend(Protocol):
         self, prompt_ids: list[int], n: int, temperature: float, max_tokens: int, seed: int
     ) -> tuple[list[Rollout], int]: ...
 
-    async def publish(self, groups: list) -> None: ...
+    async def publish(self, groups: list) -> Delivery: ...
+
+    def refusal(self) -> str | None:
+        """Why completions and commits get 503 now (the spool is full), None when not."""
+        ...
 
 
 class ApiError(Exception):
@@ -175,7 +194,8 @@ def build_app(
                         )
                     # a probe without the key learns whether it serves, nothing else
                     return _json({"status": (await handler(request))["status"]})
-                return _json(await handler(request))
+                answer = await handler(request)
+                return answer if isinstance(answer, Response) else _json(answer)
             except ApiError as exc:
                 return _error(exc)
             except SchemaError as exc:
@@ -209,6 +229,11 @@ class Handlers:
 
     def __init__(self, server: Backend) -> None:
         self.server = server
+
+    def _refuse_when_full(self) -> None:
+        reason = self.server.refusal()
+        if reason is not None:
+            raise ApiError(503, reason, "server_error")
 
     @property
     def cfg(self) -> ServeConfig:
@@ -256,6 +281,7 @@ class Handlers:
         """Check, sample, record and answer one completion request."""
         max_tokens = self._check(req, prompt_ids, max_tokens)
         server = self.server
+        self._refuse_when_full()
         try:  # before the engine runs: a full server refuses without sampling
             server.recorder.check_room(req.n, req.n * (len(prompt_ids) + max_tokens))
         except Full as exc:
@@ -342,21 +368,25 @@ class Handlers:
             raise ApiError(404, str(exc), "not_found_error") from exc
         return {"rewarded": n}
 
-    async def commit(self, request: Request) -> dict[str, Any]:
+    async def commit(self, request: Request) -> dict[str, Any] | Response:
+        """200: every group published; 202: some wait in the spool (on disk) and are
+        published once the broker answers again; 503 when the spool is full (the responses
+        stay held before the commit; after it, the groups wait in memory)."""
         body = await request.body()
         req = _decode(body, Commit) if body.strip() else Commit()
+        self._refuse_when_full()  # the responses stay held: commit again later
         try:
             groups = self.server.recorder.commit(time.time(), req.response_id, req.conversation_id)
         except UnknownResponse as exc:
             raise ApiError(404, str(exc), "not_found_error") from exc
-        try:
-            await self.server.publish(groups)
-        except StreamRFTError as exc:
-            raise ApiError(
-                503, f"publication failed; the groups are kept and retried: {exc}", "server_error"
-            ) from exc
-        return {
-            "published_groups": len(groups),
-            "published_experiences": sum(len(g.experiences) for g in groups),
+        delivery = await self.server.publish(groups)
+        if delivery.held:
+            reason = f"{self.server.refusal()} (this commit's {len(delivery.held)} among them)"
+            raise ApiError(503, reason, "server_error")
+        answer = {
+            "published_groups": len(delivery.published),
+            "published_experiences": sum(len(g.experiences) for g in delivery.published),
+            "spooled_groups": len(delivery.spooled),
             "group_ids": [g.id for g in groups],
         }
+        return _json(answer, 202) if delivery.spooled else answer

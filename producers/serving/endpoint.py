@@ -133,8 +133,11 @@ class RecordingEndpoint:
         with self._engine_lock:
             return self.engine.rollout(prompts, n, t, max_tokens, seed)
 
-    async def publish(self, groups: list) -> None:
+    async def publish(self, groups: list) -> Any:
         raise StreamRFTError("the agent workflow collects its episodes itself")
+
+    def refusal(self) -> str | None:
+        return None  # nothing is spooled here: the explorer publishes the episodes
 
     def base_url(self, episode: str) -> str:
         """The OpenAI base URL of one episode (``episode``: URL-safe)."""

@@ -3,9 +3,14 @@
 One engine call at a time (:attr:`Server.lock`): a new version is applied while the lock is
 held, so it lands between two calls and never inside one, and every response carries the
 version that sampled all of it. Rewarded groups are published by ``/commit``, or by the
-flush loop (``serve.group_size``, ``serve.group_timeout_s``); a publication that fails
-(broker away past ``run.outage_timeout_s``) keeps its groups and retries them, and an orderly
-stop publishes every rewarded response still held.
+flush loop (``serve.group_size``, ``serve.group_timeout_s``), in batches of
+:data:`PUBLISH_BATCH` groups, each tried for ``serve.publish_attempt_s``. A batch the broker
+did not take goes to the spool on disk (:mod:`.spool`), and until a publication succeeds
+again new batches go there without a try; the flush loop publishes the spool's files
+oldest first (this process's, and those an earlier or another serve process of the run
+left). Past ``serve.spool_max_bytes`` the groups wait in memory and completions and
+commits get 503. A stop publishes or spools every rewarded response still held, within
+``serve.shutdown_timeout_s`` of the signal.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ from streamrft.infra.produce import send_groups
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.engines.base import Rollout
 from streamrft.producers.policy import followed_policy, start_sampler
+from streamrft.producers.serving.api import Delivery
 from streamrft.producers.serving.batcher import Batcher
 from streamrft.producers.serving.recorder import Recorder
+from streamrft.producers.serving.spool import Spool, SpoolFull
 from streamrft.schemas.errors import ConfigError, StreamRFTError
 from streamrft.schemas.events import RunState
 from streamrft.schemas.experience import ExperienceGroup
@@ -39,6 +46,12 @@ log = logging.getLogger(__name__)
 
 FLUSH_S = 1.0
 """How often due groups are published and versions looked for."""
+PUBLISH_BATCH = 64
+"""Groups per publication attempt, and per spool file."""
+CLOSE_MIN_S = 2.0
+"""After a stop, time to close the Kafka clients, at least (see :meth:`Server._close`)."""
+CANCEL_STEP_S = 0.2
+"""Past that, how long each wait of the closing clients is given before it is cancelled."""
 
 
 def _http_server(app: Any, serve: ServeConfig) -> Any:
@@ -60,6 +73,11 @@ def _http_server(app: Any, serve: ServeConfig) -> Any:
         timeout_graceful_shutdown=serve.shutdown_timeout_s,
     )
     return Quiet(config)
+
+
+def spool_folder(cfg: Config) -> Path:
+    """``serve.spool_dir``, or ``<run dir>/serve/spool``."""
+    return Path(cfg.serve.spool_dir) if cfg.serve.spool_dir else cfg.run_dir / "serve" / "spool"
 
 
 def server_identity() -> str:
@@ -108,12 +126,21 @@ class Server:
         )
         self.lock = asyncio.Lock()
         self.batcher = Batcher(self._call, cfg.serve.max_batch)
-        self.unpublished: list[ExperienceGroup] = []
-        """Groups whose publication failed; sent again by the flush loop."""
+        self.spool = Spool(spool_folder(cfg), cfg.serve.spool_max_bytes, self.name)
+        self.held_back: list[ExperienceGroup] = []
+        """Groups neither published nor spooled (the spool was full), tried again by the
+        flush loop; while any wait, completions and commits get 503."""
+        self.outage = False
+        """The last publication attempt failed: new batches go to the spool without a try
+        until the flush loop publishes one again."""
         self.producer: Any = None
+        self._spool_gauge()
 
     def _position(self) -> Position:
-        return Position(step=0, version=self.version)
+        """``working`` while responses wait for a reward or commit, or groups to be
+        published: the trainer's idle timeout does not run out meanwhile."""
+        waiting = bool(self.recorder.held or self.held_back or self.counters.get("spool_bytes"))
+        return Position(step=0, version=self.version, working=waiting)
 
     @property
     def version(self) -> int:
@@ -143,24 +170,103 @@ class Server:
             )
         return batches, version
 
-    async def publish(self, groups: list[ExperienceGroup]) -> None:
-        """Publish ``groups`` (acks=all); on failure keep them for the flush loop and raise."""
-        if not groups:
-            return
+    async def publish(self, groups: list[ExperienceGroup]) -> Delivery:
+        """Publish ``groups``, or spool what the broker does not take (see the module
+        docstring); what neither takes is held for the flush loop."""
+        delivery = await self._deliver(groups)
+        self.held_back += delivery.held
+        return delivery
+
+    def refusal(self) -> str | None:
+        """Why completions and commits get 503 now: groups wait in memory (the spool was
+        full when they failed), or the spool is full."""
+        if self.held_back:
+            return (
+                f"the broker is unreachable and the spool is full (serve.spool_max_bytes="
+                f"{self.spool.max_bytes}); {len(self.held_back)} groups wait in memory. Try "
+                f"again once the broker is back"
+            )
+        if self.counters.get("spool_bytes") >= self.spool.max_bytes:
+            return f"the spool is full (serve.spool_max_bytes={self.spool.max_bytes})"
+        return None
+
+    # -- publication -------------------------------------------------------------------------
+    async def _deliver(
+        self, groups: list[ExperienceGroup], deadline: float | None = None, probe: bool = False
+    ) -> Delivery:
+        """Each batch of ``groups`` published, else spooled, else held. A batch is not
+        tried in an outage (:attr:`outage`; with ``probe`` the first is), nor when a try
+        would not end before ``deadline`` (a loop time)."""
+        out = Delivery()
+        loop = asyncio.get_running_loop()
+        attempt_s = self.cfg.serve.publish_attempt_s
+        for start in range(0, len(groups), PUBLISH_BATCH):
+            batch = groups[start : start + PUBLISH_BATCH]
+            in_time = deadline is None or loop.time() + attempt_s <= deadline
+            if (probe or not self.outage) and in_time and await self._send(batch):
+                out.published += batch
+                continue
+            probe = False
+            try:
+                await asyncio.to_thread(self.spool.put, batch)
+            except SpoolFull as exc:
+                log.error("%s: %d groups not published nor spooled: %s", self.name, len(batch), exc)
+                out.held += batch
+                continue
+            self.counters.add("groups_spooled", len(batch))
+            out.spooled += batch
+        if out.spooled or out.held:
+            self._spool_gauge()
+        return out
+
+    async def _send(self, groups: list[ExperienceGroup]) -> bool:
+        """One try (``serve.publish_attempt_s``) to publish ``groups`` (acks=all): whether
+        the broker acknowledged them all. Sets or clears :attr:`outage`."""
         try:
             await send_groups(
                 self.producer,
                 self.topics.experiences,
                 groups,
                 self.name,
-                self.cfg.run.outage_timeout_s,
+                self.cfg.serve.publish_attempt_s,
                 lambda _exc: self.counters.add("publish_retries"),
             )
-        except StreamRFTError:
-            self.unpublished += groups
-            raise
+        except StreamRFTError as exc:
+            if not self.outage:
+                log.warning("%s: publication failed, spooling until it works: %s", self.name, exc)
+            self.outage = True
+            return False
+        if self.outage:
+            log.info("%s: publication works again", self.name)
+        self.outage = False
         self.counters.add("groups_published", len(groups))
         self.counters.add("experiences_published", sum(len(g.experiences) for g in groups))
+        return True
+
+    async def _drain(self) -> bool:
+        """Publish the spool's files oldest first, each deleted once its groups are
+        acknowledged; up to the first that fails (then False), or the stop."""
+        for path in self.spool.pending():
+            if self.stop.is_set():
+                return True
+            taken = await asyncio.to_thread(self.spool.take, path)
+            if taken is None:  # another server's, published meanwhile, or set aside
+                continue
+            sent = False
+            try:
+                sent = await self._send(taken.groups)
+            finally:
+                await asyncio.to_thread(self.spool.done if sent else self.spool.release, taken)
+            if not sent:
+                return False
+            log.info(
+                "%s: published %d spooled groups (%s)", self.name, len(taken.groups), path.name
+            )
+            self._spool_gauge()
+        return True
+
+    def _spool_gauge(self) -> None:
+        self.counters.set("spool_bytes", self.spool.size())
 
     # -- background loops --------------------------------------------------------------------
     async def _follow(self) -> None:
@@ -190,18 +296,23 @@ class Server:
             await asyncio.wait_for(self.stop.wait(), seconds)
 
     async def _flush(self) -> None:
-        """Publish the groups that are due, and again those whose publication failed, one
-        group at a time (one that fails does not hold up the others)."""
+        """Publish the spool's files, then the groups held in memory, then the groups that
+        are due (left with the recorder while groups are held)."""
         serve = self.cfg.serve
         while not self.stop.is_set():
             await self._pause(FLUSH_S)
-            due = self.recorder.ready(time.time(), serve.group_timeout_s, serve.unrewarded_ttl_s)
-            retry, self.unpublished = self.unpublished, []
-            for group in retry + due:
-                try:
-                    await self.publish([group])
-                except StreamRFTError as exc:
-                    log.warning("%s: publication failed, will retry: %s", self.name, exc)
+            failed = not await self._drain()
+            if self.stop.is_set():
+                return
+            if self.held_back:  # tried even in an outage, unless the spool's file just failed
+                held, self.held_back = self.held_back, []
+                self.held_back += (await self._deliver(held, probe=not failed)).held
+            if not self.held_back:
+                now = time.time()
+                await self.publish(
+                    self.recorder.ready(now, serve.group_timeout_s, serve.unrewarded_ttl_s)
+                )
+            self._spool_gauge()
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self, app: Any, key: str | None) -> None:
@@ -216,7 +327,9 @@ class Server:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.listen(2048)  # connections wait in the backlog from the moment the URL is written
         install_stop_handlers(self.stop, self.name)
-        async with contextlib.AsyncExitStack() as stack:
+        stack = contextlib.AsyncExitStack()
+        deadline: float | None = None
+        try:
             await self._start(stack)
             host = self.cfg.serve.host
             url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
@@ -231,11 +344,14 @@ class Server:
             log.info("%s: serving %s at %s/v1", self.name, self.model_name, url)
             serving = asyncio.create_task(http.serve(sockets=[sock]))
             await self.stop.wait()
+            deadline = asyncio.get_running_loop().time() + self.cfg.serve.shutdown_timeout_s
             http.should_exit = True  # finishes the requests in flight, then returns
             await serving
             await asyncio.gather(*loops, return_exceptions=True)
             await self.batcher.close()
-            await self._final_publish()
+            await self._final_publish(deadline)
+        finally:
+            await self._close(stack, deadline)
 
     def _loop_ended(self, task: asyncio.Task) -> None:
         """A background loop that fails stops the server (loudly), rather than leaving it
@@ -246,15 +362,48 @@ class Server:
             )
             self.stop.set()
 
-    async def _final_publish(self) -> None:
-        groups = self.unpublished + self.recorder.commit(time.time())
-        self.unpublished = []
-        try:
-            await self.publish(groups)
-        except StreamRFTError as exc:
-            log.error("%s: %d groups could not be published: %s", self.name, len(groups), exc)
+    async def _final_publish(self, deadline: float) -> None:
+        """Publish every rewarded group still held, batch by batch while a try still ends
+        before ``deadline``; spool the rest (the next serve process of the run publishes
+        it)."""
+        groups = self.held_back + self.recorder.commit(time.time())
+        self.held_back = []
+        delivery = await self._deliver(groups, deadline)
+        if delivery.spooled:
+            log.warning(
+                "%s: %d groups wait in the spool %s for the next serve process of this run",
+                self.name,
+                len(delivery.spooled),
+                self.spool.folder,
+            )
+        if delivery.held:
+            self.counters.add("groups_lost", len(delivery.held))
+            log.error(
+                "%s: %d groups lost: the broker is unreachable and the spool is full",
+                self.name,
+                len(delivery.held),
+            )
         if self.recorder.held:
             log.info("%s: %d responses without a reward dropped", self.name, self.recorder.held)
+
+    async def _close(self, stack: contextlib.AsyncExitStack, deadline: float | None) -> None:
+        """Close what :meth:`_start` started (with a STOPPED status). After a stop, only
+        until ``deadline`` (at least :data:`CLOSE_MIN_S`): a client that still waits for a
+        broker that is away then has each wait cancelled in turn (a status event is what
+        it may lose: every rewarded group is published or spooled before this)."""
+        closing = asyncio.ensure_future(stack.aclose())
+        if deadline is None:
+            await closing
+            return
+        left = max(deadline - asyncio.get_running_loop().time(), CLOSE_MIN_S)
+        await asyncio.wait({closing}, timeout=left)
+        if not closing.done():
+            log.warning("%s: the broker did not answer; closing its clients without it", self.name)
+        while not closing.done():  # each cancel ends one wait; the later steps still run
+            closing.cancel()
+            await asyncio.wait({closing}, timeout=CANCEL_STEP_S)
+        if not closing.cancelled():
+            closing.result()
 
     def _announce(self, url: str, with_key: bool):
         """Write ``<run dir>/serve/<id>.json`` (how tests and tools find the URL); returns
@@ -267,7 +416,13 @@ class Server:
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> None:
         self.producer = await start_sampler(
-            stack, self.cfg, self.name, self.events, self.view, self.follower
+            stack,
+            self.cfg,
+            self.name,
+            self.events,
+            self.view,
+            self.follower,
+            self.cfg.serve.publish_attempt_s,
         )
         waiting = self.version < 0
         state = RunState.WAITING_SYNC if waiting else RunState.RUNNING
