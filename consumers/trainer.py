@@ -333,6 +333,8 @@ class Trainer:
             await self.evaluate()
         if self.tcfg.save_interval and self.step % self.tcfg.save_interval == 0:
             await self.checkpoint()
+        for name, size in self.view.sizes().items():
+            self.counters.set(name, size)
         if not published or self.cfg.synchronizer.style != "dynamic_by_trainer":
             await self.events.status(RunState.RUNNING)
 

@@ -98,7 +98,7 @@ class Position:
     starved: bool = False
     """Trainer only: it has waited a while for experiences (see StatusEvent.starved)."""
     working: bool = False
-    """Explorer only: it holds tasks not yet published (see StatusEvent.working)."""
+    """Explorers and serve processes: work under way (see StatusEvent.working)."""
 
 
 class EventSender:
@@ -457,6 +457,18 @@ class ControlView:
             self._versions.pop(v, None)
             self._announcements.pop(v, None)
 
+    def sizes(self) -> dict[str, int]:
+        """How much the view holds (a long run's soak checks these stay bounded): versions
+        announced and not retired, their announcements, unanswered sync requests, peers,
+        and versions retired (one int each: the one thing that grows with the run)."""
+        return {
+            "view_versions": len(self._versions),
+            "view_announcements": sum(len(a) for a in self._announcements.values()),
+            "view_requests": len(self._requests),
+            "view_peers": len(self._peers),
+            "view_retired": len(self._retired),
+        }
+
     def peer(self, component: str) -> StatusEvent | None:
         """The newest status of ``component`` this view read (None: never heard from)."""
         return self._peers.get(component)
@@ -488,11 +500,13 @@ class ControlView:
         ]
 
     def working_peers(self, within_s: float) -> list[str]:
-        """Explorers heard from within ``within_s`` seconds that say they are RUNNING with
-        tasks in hand (a step under way: rollouts, a version download)."""
+        """Explorers and serve processes heard from within ``within_s`` seconds that say
+        they are RUNNING with work in hand (an explorer's step: rollouts, a version
+        download; a serve process's episodes waiting for rewards, groups to publish)."""
         return [
             name
-            for name in self.live_peers("explorer", within_s)
+            for role in ("explorer", "serve")
+            for name in self.live_peers(role, within_s)
             if self._peers[name].state == RunState.RUNNING and self._peers[name].working
         ]
 

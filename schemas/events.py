@@ -129,9 +129,11 @@ class StatusEvent(msgspec.Struct, kw_only=True):
     the fixed style an explorer waiting for a version the trainer cannot make without
     more data then explores on with the newest version instead of waiting forever."""
     working: bool = False
-    """Explorer only: it holds tasks it has not published the groups of yet (a rollout, a
-    version download): while one says so, the trainer's ``trainer.idle_timeout_s`` does not
-    run out, however long a step takes."""
+    """An explorer: it holds tasks it has not published the groups of yet (a rollout, a
+    version download); a serve process: it holds responses waiting for a reward or a
+    commit, or groups waiting to be published (its spool). While one says so, the
+    trainer's ``trainer.idle_timeout_s`` does not run out, however long a step or an
+    episode takes."""
     rejected: list[Rejection] = []
     """The version announcements this component refused, newest last (at most
     ``limits.MAX_REJECTIONS_REPORTED``): every heartbeat repeats them, so the latest status

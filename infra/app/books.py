@@ -102,5 +102,6 @@ class Books:
             "staler_than_max": self._staler + sum(s.staler for s in steps),
             "max_staleness_seen": max([self._max_stale, *(s.max_stale for s in steps)]),
             "steps_in_ledger": self.folded_steps + len(steps),
+            "ledger_window_steps": len(steps),
         }
         return books, len(ids)

@@ -29,8 +29,12 @@ def test_working_peers_are_running_explorers_with_tasks_in_hand():
     view._on_status(_status("explorer-2", RunState.WAITING_SYNC, True))  # waits on us
     view._on_status(_status("explorer-3", RunState.STOPPED, True))
     view._on_status(_status("feeder", RunState.RUNNING, True, role="feeder"))
-    assert view.working_peers(30) == ["explorer-0"]
+    # a serve process with episodes waiting for rewards (or groups in its spool) works too
+    view._on_status(_status("serve-1-ab", RunState.RUNNING, True, role="serve"))
+    view._on_status(_status("serve-2-cd", RunState.RUNNING, False, role="serve"))
+    assert view.working_peers(30) == ["explorer-0", "serve-1-ab"]
     view._peer_seen["explorer-0"] -= 60  # not heard from for a minute
+    view._peer_seen["serve-1-ab"] -= 60
     assert view.working_peers(30) == []
 
 
