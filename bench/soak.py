@@ -137,9 +137,8 @@ def final_counters(run_dir: Path) -> dict:
                 values = json.loads(line)["values"]
                 out.update({k.split("/", 1)[1]: v for k, v in values.items() if "/view_" in k})
     summary = json.loads((run_dir / "summary.json").read_text())
-    out["supervisor_ledger_window_steps"] = summary["books"].get("ledger_window_steps")
-    out["steps_in_ledger"] = summary["books"]["steps_in_ledger"]
-    out["trained_twice"] = summary["books"]["trained_twice"]
+    for key in ("ledger_window_steps", "steps_in_ledger", "trained_twice"):
+        out[key] = summary["books"][key]
     return out
 
 
@@ -149,6 +148,10 @@ def main() -> int:
     ap.add_argument("--marks", default="", help="steps to measure at (default: 1/4, 1/2, all)")
     ap.add_argument("--dir", default="", help="runs folder (default: a temporary one)")
     ap.add_argument("--keep-versions", type=int, default=8)
+    ap.add_argument(
+        "-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+        help="more settings for the run (the CI variant shrinks the bounded structures)",
+    )  # fmt: skip
     args = ap.parse_args()
     marks = [int(m) for m in args.marks.split(",") if m] or [
         args.steps // 4,
@@ -169,6 +172,7 @@ def main() -> int:
         "-o", "synchronizer.sync_interval=1",
         "-o", f"synchronizer.keep_versions={args.keep_versions}",
         "-o", "synchronizer.method=object_store",
+        *(arg for setting in args.override for arg in ("-o", setting)),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     started = time.monotonic()

@@ -725,6 +725,10 @@ class MonitorConfig(_Section):
     dashboard_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8765
     """Port of ``streamrft dashboard`` and ``streamrft run --dashboard`` on 127.0.0.1 (0: a
     free port)."""
+    ledger_steps: Annotated[int, msgspec.Meta(ge=8)] = 2000
+    """Trainer steps whose ledger the run monitor keeps whole for the run summary's books
+    (a step redone after a resume replaces its lost attempt only within them); older steps
+    are folded into counters and an 8-byte digest per trained group."""
 
 
 class Config(_Section):

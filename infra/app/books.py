@@ -20,10 +20,7 @@ import xxhash
 from streamrft.schemas.events import MetricsEvent
 
 WINDOW_STEPS = 2000
-"""Steps kept whole (replaceable by a redo); older ones are folded."""
-FOLD_STEPS = 500
-"""Steps folded at once, when the window is this many past its size (each fold sorts the
-digests of the whole run once)."""
+"""Steps kept whole (replaceable by a redo); older ones are folded (``monitor.ledger_steps``)."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +47,11 @@ class Books:
     at the end."""
 
     def __init__(
-        self, max_staleness: int, window: int = WINDOW_STEPS, fold: int = FOLD_STEPS
+        self, max_staleness: int, window: int = WINDOW_STEPS, fold: int | None = None
     ) -> None:
+        """``fold``: steps folded at once, when the window is that many past its size (each
+        fold sorts the digests of the whole run once); default a quarter of the window."""
+        fold = max(1, window // 4) if fold is None else fold
         self.max_staleness = max_staleness
         self.window_steps, self.fold_steps = window, fold
         self.window: dict[int, _Step] = {}

@@ -52,7 +52,7 @@ class RunMonitor:
 
     def __post_init__(self) -> None:
         if self.ledger is None:
-            self.ledger = Books(self.cfg.trainer.max_staleness)
+            self.ledger = Books(self.cfg.trainer.max_staleness, self.cfg.monitor.ledger_steps)
 
     def on_metrics(self, ev: MetricsEvent) -> None:
         for sink in self.sinks:
