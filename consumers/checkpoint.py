@@ -36,6 +36,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from streamrft.consumers.state import STATE_DECODER, STATE_ENCODER, TrainerState, from_legacy
+from streamrft.infra.durable import fsync_path, replace_durably
 from streamrft.schemas.errors import StreamRFTError, SyncError
 from streamrft.sync.payload import ModuleTarget, WeightTarget
 from streamrft.sync.weights import apply_state_dict, unique_state_dict
@@ -80,15 +81,6 @@ def _optimizer_join(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> d
 
 
 # -- durable files ---------------------------------------------------------------------------
-def _fsync(path: Path) -> None:
-    """Flush a file's or a folder's contents (a folder: its entries) to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_durably(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
@@ -97,10 +89,7 @@ def _write_durably(path: Path, data: bytes) -> None:
 
 
 def _point_latest(root: Path, name: str) -> None:
-    tmp = root / ".latest.tmp"
-    _write_durably(tmp, name.encode())
-    os.replace(tmp, root / "latest")
-    _fsync(root)
+    replace_durably(root / "latest", name.encode())
 
 
 def _write_model(folder: Path, name: str, opt_name: str, model, optimizer) -> None:
@@ -109,7 +98,7 @@ def _write_model(folder: Path, name: str, opt_name: str, model, optimizer) -> No
     opt_tensors, opt_meta = _optimizer_split(optimizer)
     save_file(opt_tensors, str(folder / f"{opt_name}.safetensors"))
     for file in (f"{name}.safetensors", f"{opt_name}.safetensors"):
-        _fsync(folder / file)
+        fsync_path(folder / file)
     _write_durably(folder / f"{opt_name}.json", msgspec.json.encode(opt_meta))
 
 
@@ -125,7 +114,7 @@ def _write_folder(
     _write_durably(folder / "state.json", STATE_ENCODER.encode(state))
     if marked:
         _write_durably(folder / KEEP_MARKER, b"")
-    _fsync(folder)
+    fsync_path(folder)
 
 
 # -- saving ----------------------------------------------------------------------------------
@@ -142,7 +131,7 @@ def save_checkpoint(
     ``keep`` (0: keep all) that hold no ``keep`` file."""
     if not root.is_dir():
         root.mkdir(parents=True)
-        _fsync(root.parent)  # the new folder's entry, before anything inside it counts
+        fsync_path(root.parent)  # the new folder's entry, before anything inside it counts
     final = root / f"step_{state.step:08d}"
     tmp = root / f".tmp_{final.name}"
     marked = (final / KEEP_MARKER).exists()
@@ -152,7 +141,7 @@ def save_checkpoint(
         shutil.rmtree(aside, ignore_errors=True)
         os.replace(final, aside)
     os.replace(tmp, final)
-    _fsync(root)
+    fsync_path(root)
     _point_latest(root, final.name)
     _prune(root, state.step, keep)
     return final

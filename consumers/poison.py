@@ -21,10 +21,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamrft.infra.durable import replace_durably
 from streamrft.schemas.errors import SchemaError
 from streamrft.schemas.experience import ExperienceGroup
 
@@ -119,13 +119,7 @@ class InFlight:
         attempts = 1
         if self._suspect is not None and self._suspect[0] == set(ids):
             attempts = self._suspect[1] + 1
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with tmp.open("w") as fh:
-            json.dump({"groups": ids, "attempts": attempts}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        replace_durably(self.path, json.dumps({"groups": ids, "attempts": attempts}).encode())
         self._current = set(ids)
 
     def done(self) -> None:

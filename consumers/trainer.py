@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 
 MAX_FAILED_STEPS = 3
 """Batches set aside in a row after which a failing step is the trainer's fault: it raises."""
+REDELETE_ON_START = 64
+"""Versions retired by an earlier trainer of the run whose files a new one deletes again
+(the newest: an earlier trainer may have died before deleting them, or a store outage
+kept them; older ones were deleted long ago)."""
 
 
 class Trainer:
@@ -404,7 +408,8 @@ class Trainer:
         assert self.publisher is not None
         if not self._retired:  # first call: what an earlier trainer retired may be left
             self._retired.update(self.view.retired)
-            self._unremoved.update(self.view.retired)
+            # its last retirements (a long run retired thousands, deleted long ago)
+            self._unremoved.update(sorted(self.view.retired)[-REDELETE_ON_START:])
         self._unremoved.update(self._retiring)  # announced one call ago
         self._retiring = set()
         own = {v: e for v, e in self.view.versions.items() if v <= self.publisher.announced}

@@ -51,14 +51,25 @@ def rotate_all(folders: list[Path], max_bytes: int = LOG_MAX_BYTES, kept: int = 
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists on this host (one of another user's counts)."""
+    """Whether ``pid`` runs on this host (another user's counts; a zombie counts as dead,
+    and our own zombies are reaped)."""
+    if pid <= 0:
+        return False
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def remove_dead_leftovers(folder: Path, pattern: str) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from streamrft.infra import kafka
 from streamrft.infra.bus import Counters, EventSender, Position
 from streamrft.infra.config import Config
 from streamrft.infra.consume import ever_held_records, read_history
+from streamrft.infra.durable import replace_durably
 from streamrft.infra.produce import OutRecord, send_all
 from streamrft.infra.taskset import read_taskset
 from streamrft.producers.workflows import check_workflow
@@ -77,14 +77,8 @@ def load_progress(path: Path, tasks: int) -> tuple[int, int]:
 
 
 def save_progress(path: Path, epoch: int, sent: int, tasks: int) -> None:
-    """Write the progress file atomically (a temporary file, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w") as fh:
-        json.dump({"epoch": epoch, "sent": sent, "tasks": tasks}, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Write the progress file atomically and durably."""
+    replace_durably(path, json.dumps({"epoch": epoch, "sent": sent, "tasks": tasks}).encode())
 
 
 class Feeder:

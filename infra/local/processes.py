@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from streamrft.infra.logfiles import pid_alive
 from streamrft.schemas.errors import ServiceError
 
 STOP_GRACE_S = 5.0
@@ -54,27 +55,6 @@ def proc_start_time(pid: int) -> str | None:
         return None
     fields = stat.rpartition(")")[2].split()
     return fields[19] if len(fields) > 19 else None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie counts as dead; our own zombies are reaped)."""
-    if pid <= 0:
-        return False
-    with contextlib.suppress(ChildProcessError, OSError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def pid_is(pid: int, start_time: str | None) -> bool:

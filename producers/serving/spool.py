@@ -33,6 +33,7 @@ from pathlib import Path
 
 import msgspec
 
+from streamrft.infra.durable import fsync_path
 from streamrft.schemas.codec import EXPERIENCE_GROUP
 from streamrft.schemas.errors import SchemaError, StreamRFTError
 from streamrft.schemas.experience import ExperienceGroup
@@ -152,7 +153,7 @@ class Spool:
             finally:
                 os.close(fd)
             os.rename(tmp, path)
-            _fsync_dir(self.folder)
+            fsync_path(self.folder)
         return path
 
     def take(self, path: Path) -> Taken | None:
@@ -188,7 +189,7 @@ class Spool:
         it, so no one takes it after)."""
         try:
             taken.path.unlink(missing_ok=True)
-            _fsync_dir(self.folder)
+            fsync_path(self.folder)
         finally:
             os.close(taken.fd)
 
@@ -202,11 +203,3 @@ def _read_all(fd: int) -> bytes:
     while chunk := os.read(fd, 1 << 20):
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

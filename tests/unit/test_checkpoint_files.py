@@ -122,7 +122,7 @@ def test_every_file_the_folder_and_latest_reach_the_disk(tokenizer, tmp_path, mo
     assert sorted(os.listdir(path)) == sorted(files)  # nothing written that was not synced
     # the folder before its rename, the parent after it, the marker before its rename
     assert synced.index(tmp) > max(synced.index(f"{tmp}/{name}") for name in files)
-    assert str(tmp_path / ".latest.tmp") in synced
+    assert str(tmp_path / f".latest.tmp-{os.getpid()}") in synced
     assert synced[-1] == str(tmp_path)  # the parent, after latest was replaced
 
 
