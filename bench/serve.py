@@ -66,7 +66,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def start_server(folder: Path, bootstrap: str, run_id: str) -> tuple[subprocess.Popen, str]:
     argv = [
-        sys.executable, "-m", "streamrft.infra.app.cli", "serve", str(EXAMPLE),
+        sys.executable, "-m", "streamrft.app.cli", "serve", str(EXAMPLE),
         "--run-id", run_id, "--port", "0",
         "-o", f"run.dir={folder}", "-o", f"kafka.bootstrap_servers={bootstrap}",
         "-o", "object_store.endpoint=http://127.0.0.1:1", "-o", "serve.serve_initial=true",

@@ -163,7 +163,7 @@ def main() -> int:
     run_dir = runs / run_id
     epochs = (args.steps + 20) * 32 // 100 + 10  # 100 tasks a pass, 32 a step
     argv = [
-        sys.executable, "-m", "streamrft.infra.app.cli", "run", str(EXAMPLE),
+        sys.executable, "-m", "streamrft.app.cli", "run", str(EXAMPLE),
         "--run-id", run_id, "--summary", str(run_dir / "summary.json"), "--no-progress",
         "-o", f"run.dir={runs}",
         "-o", f"trainer.max_steps={args.steps + 20}",  # still running at the last mark

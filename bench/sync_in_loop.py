@@ -103,7 +103,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scale_explorers import _endpoint_settings, run_to_end  # bench/, beside us
 
-from streamrft.infra.app.metrics_log import read_metrics
+from streamrft.app.watch.metrics_log import read_metrics
 from streamrft.infra.config import ModelConfig, load_config, with_run_id
 from streamrft.infra.consume import read_history
 from streamrft.infra.local.services import Endpoints, LocalServices

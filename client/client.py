@@ -20,9 +20,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from streamrft.client.messages import group_records, task_records
 from streamrft.infra import admin, kafka
-from streamrft.infra.app.endpoints import INFRA_DIR, resolve
 from streamrft.infra.config import Config, load_config, with_endpoints, with_run_id
 from streamrft.infra.consume import Record, assign_from_beginning, poll
+from streamrft.infra.endpoints import INFRA_DIR, resolve
 from streamrft.infra.produce import OutRecord, send_all
 from streamrft.schemas.codec import CONTROL
 from streamrft.schemas.errors import ConfigError, ServiceError

@@ -32,7 +32,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from streamrft.consumers.sampling import (
+from streamrft.consumers.state import DIGEST_SIZE, TrainerState, id_digest, offsets_list
+from streamrft.consumers.strategies import (
     BatchOrder,
     Buffered,
     PartitionKey,
@@ -40,7 +41,6 @@ from streamrft.consumers.sampling import (
     SamplingOptions,
     has_signal,
 )
-from streamrft.consumers.state import DIGEST_SIZE, TrainerState, id_digest, offsets_list
 from streamrft.infra.config import TrainerConfig
 from streamrft.infra.expert import EXPERT_WORKFLOW
 from streamrft.schemas.experience import ExperienceGroup

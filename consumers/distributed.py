@@ -1,6 +1,6 @@
 """The trainer's ranks: their process group, the commands rank 0 sends, the rows each trains.
 
-A trainer of ``trainer.nproc`` ranks (``infra/app/launch.py`` starts them with torchrun's
+A trainer of ``trainer.nproc`` ranks (``app/launch.py`` starts them with torchrun's
 environment: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)
 is one :class:`~.trainer.Trainer` on rank 0 and followers on the others. Rank 0 alone
 reads the experiences topic, publishes, checkpoints and commits offsets; whenever its

@@ -28,7 +28,6 @@ Rank 0 runs the :class:`~.trainer.Trainer`; its engine sends every other rank a 
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import logging
 from pathlib import Path
@@ -56,7 +55,6 @@ from streamrft.consumers.distributed import (
     Stop,
     TrainStep,
     join_group,
-    leave_group,
     receive_command,
     send_command,
 )
@@ -256,19 +254,3 @@ class FsdpTrainEngine(TorchTrainEngine):
                     self.load(None)
                 case Stop():
                     return
-
-
-def run_rank(cfg: Config, evaluate: Evaluator) -> None:
-    """One rank of a ``trainer.nproc`` trainer: rank 0 the trainer, the others followers.
-    A rank that fails raises; the launcher then stops the others."""
-    ranks = join_group(cfg.trainer.nproc, cfg.model.device)
-    torch.set_num_threads(cfg.trainer.threads)
-    if ranks.leader:
-        from streamrft.consumers.trainer import Trainer
-
-        trainer = Trainer(cfg, evaluate)
-        asyncio.run(trainer.run())
-        cast(FsdpTrainEngine, trainer.engine).release()
-    else:
-        FsdpTrainEngine(cfg).follow()
-    leave_group()  # not after a failure: the group may be broken, the launcher ends it

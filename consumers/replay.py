@@ -1,7 +1,7 @@
 """Replay: train from a recorded experience stream, with no explorers.
 
 ``streamrft train CONFIG --run-id ID --from-beginning | --from-offsets FILE | --from-run
-OTHER`` (``infra/app/replay.py`` turns the flags into :class:`ReplayBounds`). This module
+OTHER`` (``app/replay_source.py`` turns the flags into :class:`ReplayBounds`). This module
 holds what the trainer's intake needs for it: the bounds of a replay (one experiences
 topic, and per partition the first offset read and the end), reading them from the broker
 when the command starts, and the :class:`ReplayCursor` the intake reads with.

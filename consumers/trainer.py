@@ -32,8 +32,8 @@ from streamrft.consumers.expert_data import ExpertSource
 from streamrft.consumers.intake import ExperienceIntake
 from streamrft.consumers.poison import GroupLimits, InFlight, step_failure
 from streamrft.consumers.replay import ReplayCursor
-from streamrft.consumers.sampling import check_strategy, make_strategy
 from streamrft.consumers.state import TrainerState
+from streamrft.consumers.strategies import check_strategy, make_strategy
 from streamrft.consumers.train_engine import Evaluator, make_train_engine
 from streamrft.infra.admin import unexplored_tasks
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position

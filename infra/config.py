@@ -482,7 +482,7 @@ class AlgorithmConfig(_Section):
     """``opmd``: weight of the squared log-ratio to the rollout policy in the loss."""
     sample_strategy: str | None = None
     """Which buffered groups a step takes (``SAMPLE_STRATEGIES`` in
-    ``consumers/sampling.py``): ``default`` (batch order, waiting for the oldest batch to
+    ``consumers/strategies.py``): ``default`` (batch order, waiting for the oldest batch to
     be complete), ``staleness_aware`` (of the groups of complete batches, the newest model
     version first), ``priority_replay`` (fresh groups first; a batch that would otherwise
     wait is filled with groups trained before, highest reward variance first), ``mix``

@@ -16,12 +16,29 @@ import re
 import shutil
 from pathlib import Path
 
+from streamrft.infra.pids import pid_alive
+
 log = logging.getLogger(__name__)
 
+LOG_TAIL_CHARS = 4000
+"""How much of a log goes into an error message (:func:`log_tail`)."""
 LOG_MAX_BYTES = 64 << 20
 """A log past this is rotated (64 MiB: a day of an explorer's INFO lines is ~10 MB)."""
 LOGS_KEPT = 3
 """Rotated copies kept of each log (``.1`` newest): at most 4 x 64 MiB a process."""
+
+
+def log_tail(path: Path, offset: int = 0) -> str:
+    """The last :data:`LOG_TAIL_CHARS` of ``path`` from ``offset`` on ("" if unreadable)."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            offset = offset if offset <= size else 0  # the log was rotated since
+            start = max(offset, size - LOG_TAIL_CHARS)
+            f.seek(start)
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
 
 
 def rotate(path: Path, max_bytes: int = LOG_MAX_BYTES, kept: int = LOGS_KEPT) -> bool:
@@ -48,28 +65,6 @@ def rotate_all(folders: list[Path], max_bytes: int = LOG_MAX_BYTES, kept: int = 
         for path in sorted(folder.glob("*.log")):
             done += rotate(path, max_bytes, kept)
     return done
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs on this host (another user's counts; a zombie counts as dead,
-    and our own zombies are reaped)."""
-    if pid <= 0:
-        return False
-    with contextlib.suppress(ChildProcessError, OSError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def remove_dead_leftovers(folder: Path, pattern: str) -> list[str]:

@@ -46,8 +46,8 @@ from streamrft.schemas.experience import (
     validate_group,
     validate_task,
 )
+from streamrft.schemas.manifest import ShardInfo, WeightManifest
 from streamrft.schemas.topics import TOPIC_KINDS, TopicNames
-from streamrft.schemas.weights import ShardInfo, WeightManifest
 
 __all__ = [
     "CODEC_BY_KIND",

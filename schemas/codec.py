@@ -43,7 +43,7 @@ from streamrft.schemas.json_forms import (
     group_from_json,
     group_to_json,
 )
-from streamrft.schemas.weights import WeightManifest
+from streamrft.schemas.manifest import WeightManifest
 
 SCHEMA_VERSION = 1
 """Bumped only for an incompatible change; additive changes keep it (fields at the end)."""

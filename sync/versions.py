@@ -29,7 +29,7 @@ from streamrft.infra.retry import retrying
 from streamrft.schemas.codec import decode_manifest, encode_manifest
 from streamrft.schemas.errors import IntegrityError, SchemaError, SyncError
 from streamrft.schemas.events import ModelVersionReady
-from streamrft.schemas.weights import ShardInfo, WeightManifest
+from streamrft.schemas.manifest import ShardInfo, WeightManifest
 from streamrft.sync.transport import Announce, MakePayload, Payload, WeightReceiver, WeightSender
 from streamrft.sync.weights import decode_shard, sha256_hex, shards_of, tensors_dtype, verify
 

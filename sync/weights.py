@@ -1,6 +1,6 @@
 """State dicts to verified safetensors shards and back. Pure apart from torch.
 
-No pickle: shards are safetensors, the manifest is JSON (see ``schemas.weights``).
+No pickle: shards are safetensors, the manifest is JSON (see ``schemas.manifest``).
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@
 
 Every module of the product belongs to one layer, decided by its folder:
 
-    application   infra/app/          may import anything below
-    client        client/             may import the application, infra core, schemas
-                                      (the app-facing client: never producers/consumers)
+    application   app/                may import anything below
+    client        client/             may import infra core, schemas
+                                      (the app-facing client: never the application,
+                                      producers or consumers)
     producers     producers/          may import sync, infra core, schemas
     consumers     consumers/          may import sync, infra core, schemas
     sync          sync/               may import infra core, schemas
@@ -18,8 +19,9 @@ An import of a layer that is not allowed (an upward one, producers <-> consumers
 anything but the application reaching the local services) is printed with its file and
 line, and the exit code is 1. Imports inside functions and under ``TYPE_CHECKING`` count
 the same as the ones at the top (a lazy import is still a dependency), and relative
-imports are resolved to the module they name. ``--graph`` prints
-the package-level import graph (which layer imports which) instead.
+imports are resolved to the module they name. Module by module, no import may close a
+circle, except a registry's line (:data:`REGISTRIES`). ``--graph`` prints the layer
+import graph (which layer imports which) and the number of circles instead.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ FOLDERS = {
     "schemas": "schemas",
     "infra": "infra",
     "infra/local": "local",
-    "infra/app": "app",
+    "app": "app",
     "sync": "sync",
     "producers": "producers",
     "consumers": "consumers",
@@ -47,7 +49,7 @@ MODULES = {
     "streamrft.schemas": "schemas",
     "streamrft.infra": "infra",
     "streamrft.infra.local": "local",
-    "streamrft.infra.app": "app",
+    "streamrft.app": "app",
     "streamrft.sync": "sync",
     "streamrft.producers": "producers",
     "streamrft.consumers": "consumers",
@@ -63,9 +65,17 @@ ALLOWED: dict[str, frozenset[str]] = {
     "producers": frozenset({"schemas", "infra", "sync", "producers"}),
     "consumers": frozenset({"schemas", "infra", "sync", "consumers"}),
     "app": frozenset(MODULES.values()),
-    "client": frozenset({"schemas", "infra", "app", "client"}),
+    "client": frozenset({"schemas", "infra", "client"}),
 }
 """What each layer may import."""
+
+REGISTRIES = {
+    "streamrft.sync.transport": "a sync method's name -> its transport module",
+    "streamrft.consumers.train_engine": "a train engine's name -> its module",
+}
+"""Modules whose imports inside functions are registry lines (a name -> the module that
+implements it, imported when chosen): the one place an import circle is allowed, since
+the module it names imports the registry's base classes back."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +105,7 @@ def layer_of_module(name: str) -> str | None:
 
 
 def module_of_path(path: Path, root: Path) -> str:
-    """The import name of a product file (``infra/app/cli.py`` -> ``streamrft.infra.app.cli``)."""
+    """The import name of a product file (``app/cli.py`` -> ``streamrft.app.cli``)."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -136,6 +146,73 @@ def edges(root: Path) -> list[Edge]:
     return out
 
 
+def _registry_lines(tree: ast.AST) -> set[int]:
+    """Line numbers of the imports inside functions of ``tree``."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    lines.add(inner.lineno)
+    return lines
+
+
+def module_graph(root: Path) -> dict[str, set[str]]:
+    """Product module -> the product modules it imports (lazy ones included, registry lines
+    of :data:`REGISTRIES` left out)."""
+    paths = {
+        module_of_path(path, root): path
+        for folder in sorted({f.split("/")[0] for f in FOLDERS})
+        for path in sorted((root / folder).rglob("*.py"))
+        if layer_of_path(path, root) is not None
+    }
+    graph: dict[str, set[str]] = {m: set() for m in paths}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _registry_lines(tree) if module in REGISTRIES else set()
+        for name, line in _imported(tree, module, path.name == "__init__.py"):
+            parts = name.split(".")
+            while parts and ".".join(parts) not in paths:  # `pkg.mod.Class` -> `pkg.mod`
+                parts.pop()
+            target = ".".join(parts)
+            if target and target != module and line not in skip:
+                graph[module].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected sets of 2+ modules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph)))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
 def violations(found: list[Edge]) -> list[Edge]:
     return [e for e in found if e.target not in ALLOWED[e.source]]
 
@@ -153,14 +230,19 @@ def main(argv: list[str] | None = None) -> int:
                 pairs[(e.source, e.target)] = pairs.get((e.source, e.target), 0) + 1
         for (s, t), n in sorted(pairs.items()):
             print(f"{s} -> {t}: {n} imports")
+        loops = circles(module_graph(Path(args.root).resolve()))
+        print(f"import circles: {len(loops) or 'none'} (registries apart: {', '.join(REGISTRIES)})")
         return 0
     bad = violations(found)
     for e in bad:
         print(f"{e.where}: {e.source} imports {e.module} ({e.target}); see ARCHITECTURE.md")
-    if bad:
-        print(f"{len(bad)} imports against the layers", file=sys.stderr)
+    loops = circles(module_graph(Path(args.root).resolve()))
+    for loop in loops:
+        print(f"import circle: {' <-> '.join(loop)}")
+    if bad or loops:
+        print(f"{len(bad)} imports against the layers, {len(loops)} circles", file=sys.stderr)
         return 1
-    print(f"layers: {len(found)} imports checked, all run one way")
+    print(f"layers: {len(found)} imports checked, all run one way, no import circle")
     return 0
 
 

@@ -35,8 +35,8 @@ import msgspec
 from streamrft.infra.config import Config, KafkaConfig
 from streamrft.schemas import codec as codec_mod
 from streamrft.schemas.codec import CODEC_BY_KIND, HEADER_SCHEMA, HEADER_TYPE, SCHEMA_VERSION
+from streamrft.schemas.manifest import WeightManifest
 from streamrft.schemas.topics import TOPIC_KINDS, TopicNames
-from streamrft.schemas.weights import WeightManifest
 
 MARKERS = ("config", "schemas")
 REQUIRED = "*required*"

@@ -12,7 +12,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,50 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from streamrft.infra.logfiles import pid_alive
+from streamrft.infra.logfiles import log_tail
+from streamrft.infra.pids import pid_alive, pid_is, proc_start_time
 from streamrft.schemas.errors import ServiceError
 
 STOP_GRACE_S = 5.0
 """How long a stopped service may take to exit after SIGTERM before it gets SIGKILL."""
-LOG_TAIL_CHARS = 4000
-"""How much of a service's log goes into an error message."""
-
-
-def log_tail(path: Path, offset: int = 0) -> str:
-    """The last :data:`LOG_TAIL_CHARS` of ``path`` from ``offset`` on ("" if unreadable)."""
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            offset = offset if offset <= size else 0  # the log was rotated since
-            start = max(offset, size - LOG_TAIL_CHARS)
-            f.seek(start)
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
-def proc_start_time(pid: int) -> str | None:
-    """Start time of ``pid`` in clock ticks since boot (Linux /proc), or None if unknown.
-
-    Identifies a process across pid reuse. (Its command line is no good for that: JuiceFS
-    rewrites its own argv.)
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def pid_is(pid: int, start_time: str | None) -> bool:
-    """Whether ``pid`` is alive and is still the process that started at ``start_time``."""
-    if not pid_alive(pid):
-        return False
-    if start_time is None:
-        return True
-    current = proc_start_time(pid)
-    return current is None or current == start_time
 
 
 def terminate_pid(pid: int, grace_s: float = STOP_GRACE_S) -> None:
@@ -80,15 +41,6 @@ def terminate_pid(pid: int, grace_s: float = STOP_GRACE_S) -> None:
         deadline = time.monotonic() + 5.0
         while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-
-
-def port_open(port: int, timeout: float = 0.5, host: str = "127.0.0.1") -> bool:
-    """Whether a TCP connect to ``host:port`` succeeds."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def die_with_parent_fn() -> Any:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -46,17 +45,11 @@ from typing import Any
 
 from streamrft.infra.local import kafka_wire
 from streamrft.infra.local.broker_gate import BrokerGate, warm_partitions
-from streamrft.infra.local.processes import (
-    STOP_GRACE_S,
-    Service,
-    log_header,
-    log_tail,
-    pid_is,
-    port_open,
-    spawn,
-    terminate_pid,
-)
+from streamrft.infra.local.processes import STOP_GRACE_S, Service, log_header, spawn, terminate_pid
+from streamrft.infra.logfiles import log_tail
 from streamrft.infra.net import free_port
+from streamrft.infra.pids import pid_is, port_open
+from streamrft.infra.service_state import read_state, state_file, status, write_state
 from streamrft.schemas.errors import ConfigError, ServiceError
 
 __all__ = [
@@ -73,7 +66,6 @@ __all__ = [
 BROKER_BUCKET = "tansu"
 #: Name of the JuiceFS volume (3-63 characters of letters, digits and ``-``).
 VOLUME_NAME = "streamrft"
-STATE_FILE = "services.json"
 BROKER = "broker"
 OBJECT_STORE = "object_store"
 
@@ -305,7 +297,7 @@ class LocalServices:
         joins takes them from it. Returns its path."""
         with self._lock:
             state = self._state()
-            self._recorded = _write_state(self.state_dir, state)
+            self._recorded = write_state(self.state_dir, state)
             return self._recorded
 
     def kill(self, name: str) -> None:
@@ -587,33 +579,6 @@ class LocalServices:
 # --------------------------------------------------------------------------- detached mode
 
 
-def state_file(state_dir: Path) -> Path:
-    """The state file of the services recorded in ``state_dir`` (owner-readable only: it
-    holds the object store's credentials)."""
-    return Path(state_dir).expanduser().absolute() / STATE_FILE
-
-
-def _write_state(state_dir: Path, state: dict[str, Any]) -> Path:
-    """Write the state file atomically, readable by its owner only; returns its path."""
-    path = state_file(state_dir)
-    tmp = path.with_suffix(".json.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(state, f, indent=2)
-    os.replace(tmp, path)
-    return path
-
-
-def _read_state(state_dir: Path) -> dict[str, Any] | None:
-    path = state_file(state_dir)
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        raise ServiceError(f"unreadable state file {path}: {e}") from e
-
-
 def up(state_dir: Path, **kw: Any) -> Endpoints:
     """Start the services detached and record them in ``state_dir/services.json``.
 
@@ -631,7 +596,7 @@ def up(state_dir: Path, **kw: Any) -> Endpoints:
     svc = LocalServices(state_dir, **kw)
     endpoints = svc._start(detached=True)
     try:
-        _write_state(state_dir, svc._state())
+        write_state(state_dir, svc._state())
     except BaseException:
         svc.stop()
         raise
@@ -645,7 +610,7 @@ def down(state_dir: Path) -> bool:
     pid that is still the recorded process (same start time, so a reused pid is left
     alone). Returns whether anything was running.
     """
-    state = _read_state(state_dir)
+    state = read_state(state_dir)
     if state is None:
         return False
     services = state.get("services", {})
@@ -661,23 +626,3 @@ def down(state_dir: Path) -> bool:
     with contextlib.suppress(FileNotFoundError):
         state_file(state_dir).unlink()
     return was_running
-
-
-def status(state_dir: Path) -> dict[str, Any] | None:
-    """The contents of ``state_dir/services.json`` with liveness added, or None if absent.
-
-    Each entry of ``services`` gains ``alive`` (the pid is still the recorded process) and
-    ``port_open`` (a TCP connect succeeds); ``running`` is true when every recorded
-    service is alive and answering.
-    """
-    state = _read_state(state_dir)
-    if state is None:
-        return None
-    services = state.get("services", {})
-    for rec in services.values():
-        rec["alive"] = pid_is(int(rec["pid"]), rec.get("start_time"))
-        rec["port_open"] = rec["alive"] and port_open(int(rec["port"]))
-    state["running"] = bool(services) and all(
-        r["alive"] and r["port_open"] for r in services.values()
-    )
-    return state

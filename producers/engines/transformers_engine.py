@@ -6,8 +6,8 @@ import torch
 
 from streamrft.infra.config import ExplorerConfig
 from streamrft.infra.modeling import model_device
+from streamrft.producers.decoding import sample
 from streamrft.producers.engines.base import Rollout
-from streamrft.producers.sampling import sample
 from streamrft.sync.payload import ModuleTarget
 
 

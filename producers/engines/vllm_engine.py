@@ -294,7 +294,7 @@ def make_vllm_engine(model: torch.nn.Module, tokenizer, cfg: ExplorerConfig) -> 
     """The ``vllm`` engine; on a GPU it takes ``explorer.gpu_memory_utilization`` of its
     memory (vLLM's CPU build sizes its KV cache by ``VLLM_CPU_KVCACHE_SPACE`` instead).
     The torch mirror versions are received into moves to host memory first, so the GPU
-    holds vLLM's copy only (what ``infra/app/placement.py`` counts)."""
+    holds vLLM's copy only (what ``app/placement.py`` counts)."""
     on_gpu = next(model.parameters()).device.type == "cuda"
     options = {"gpu_memory_utilization": cfg.gpu_memory_utilization}
     if on_gpu:

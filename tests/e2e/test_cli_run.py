@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrft.infra.app.metrics_log import read_metrics
+from streamrft.app.watch.metrics_log import read_metrics
 from tests.helpers.cli import env, run_argv, run_ok, start_piped, streamrft_cmd
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.processes import log_has, processes_mentioning, wait_for

@@ -25,8 +25,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from streamrft.infra.app import run_events
-from streamrft.infra.app.metrics_log import MetricsLog, metrics_path
+from streamrft.app.watch import run_events
+from streamrft.app.watch.metrics_log import MetricsLog, metrics_path
 from streamrft.infra.config import Config, with_run_id
 from streamrft.schemas.codec import DEAD_LETTER
 from streamrft.schemas.events import DeadLetter, MetricsEvent

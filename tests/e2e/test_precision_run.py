@@ -11,7 +11,7 @@ import pytest
 
 from streamrft.infra.consume import read_history
 from streamrft.schemas import METRICS
-from streamrft.schemas.weights import WeightManifest
+from streamrft.schemas.manifest import WeightManifest
 from tests.helpers.cli import run_argv, run_ok
 from tests.helpers.paths import EXAMPLE
 

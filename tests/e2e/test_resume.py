@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 def _trainer_pid(run_id: str) -> int | None:
     for pid in processes_mentioning(run_id):
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if b"train" in cmd and b"streamrft.infra.app.cli" in cmd:
+        if b"train" in cmd and b"streamrft.app.cli" in cmd:
             return pid
     return None
 

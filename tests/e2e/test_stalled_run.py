@@ -11,8 +11,8 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from streamrft.app.process import EXIT_STALLED
 from streamrft.infra import admin, kafka
-from streamrft.infra.app.cli import EXIT_STALLED
 from streamrft.infra.config import credentials_env, to_yaml
 from streamrft.producers.feeder import Feeder
 from tests.helpers.cli import env, streamrft_cmd

@@ -52,8 +52,8 @@ from streamrft.infra.config import (
     with_store_credentials,
 )
 from streamrft.infra.consume import Record, consume, read_topic
-from streamrft.infra.local.processes import port_open
 from streamrft.infra.local.services import BROKER, OBJECT_STORE, LocalServices
+from streamrft.infra.pids import port_open
 from streamrft.schemas.codec import CONTROL, DEAD_LETTER, EXPERIENCE_GROUP, METRICS, STATUS, TASK
 from streamrft.schemas.events import (
     MetricsEvent,
@@ -196,7 +196,7 @@ class Drill(ABC):
             except OSError:
                 continue
             text = b" ".join(args).decode(errors="replace")
-            if state == "Z" or "streamrft.infra.app.cli" not in text or self.run_id not in text:
+            if state == "Z" or "streamrft.app.cli" not in text or self.run_id not in text:
                 continue
             if role in [a.decode(errors="replace") for a in args] and (
                 name is None or name in text

@@ -12,7 +12,7 @@ from streamrft.infra.local.services import Endpoints
 
 def streamrft_cmd(*args: str) -> list[str]:
     """``streamrft ARGS`` run by this interpreter (so the package installed beside it)."""
-    return [sys.executable, "-m", "streamrft.infra.app.cli", *args]
+    return [sys.executable, "-m", "streamrft.app.cli", *args]
 
 
 def env() -> dict[str, str]:

@@ -1,5 +1,5 @@
 """One rank of the FSDP2 equality test: ``python -m tests.helpers.fsdp_rank OUT`` under
-``infra.app.launch.launch`` (torchrun's environment).
+``app.launch.launch`` (torchrun's environment).
 
 For each case of :data:`CASES`, every rank builds the ``fsdp2`` engine from
 :func:`case_config`; rank 0 prepares it, takes one step on :func:`batch` and saves a
@@ -92,10 +92,10 @@ def main(out: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
+    from streamrft.app.launch import die_with_launcher
     from streamrft.consumers.distributed import join_group, leave_group
     from streamrft.consumers.fsdp_engine import FsdpTrainEngine
     from streamrft.consumers.state import TrainerState
-    from streamrft.infra.app.launch import die_with_launcher
     from streamrft.sync.weights import unique_state_dict
 
     die_with_launcher()

@@ -10,8 +10,8 @@ import time
 import msgspec
 import pytest
 
+from streamrft.app.watch.dashboard.feed import Feed
 from streamrft.infra import admin, kafka
-from streamrft.infra.app.dashboard.feed import Feed
 from streamrft.infra.config import Config, KafkaConfig, with_run_id
 from streamrft.infra.local.services import LocalServices
 from streamrft.schemas.codec import METRICS

@@ -25,11 +25,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from streamrft.app.watch.exporters import open_exporters
+from streamrft.app.watch.exporters.mlflow import RUN_TAG, tracking_uri
+from streamrft.app.watch.exporters.names import folder, tag
+from streamrft.app.watch.metrics_log import MetricsLog, metrics_path
 from streamrft.infra import admin
-from streamrft.infra.app.exporters import open_exporters
-from streamrft.infra.app.exporters.mlflow import RUN_TAG, tracking_uri
-from streamrft.infra.app.exporters.names import folder, tag
-from streamrft.infra.app.metrics_log import MetricsLog, metrics_path
 from streamrft.infra.bus import EventSender
 from streamrft.infra.config import from_dict, to_yaml
 from streamrft.infra.net import free_port
@@ -361,8 +361,7 @@ def _cli(*args: str, cwd: Path, pre: str = "", timeout: float = 300) -> subproce
         [
             sys.executable,
             "-c",
-            f"{pre}; import sys; from streamrft.infra.app.cli import main; "
-            "sys.exit(main(sys.argv[1:]))",
+            f"{pre}; import sys; from streamrft.app.cli import main; sys.exit(main(sys.argv[1:]))",
             *args,
         ]
         if pre

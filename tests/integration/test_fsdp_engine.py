@@ -2,7 +2,7 @@
 weights after it (within 1e-5), which are those of the whole batch in one piece (no
 micro-batches), and checkpoints either engine resumes from.
 
-Real processes (``infra.app.launch``), no broker needed: the ranks run
+Real processes (``app.launch``), no broker needed: the ranks run
 ``tests/helpers/fsdp_rank.py`` on the batch of :func:`~tests.helpers.fsdp_rank.batch`.
 """
 
@@ -17,10 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from streamrft.app.launch import launch
 from streamrft.consumers.algorithms import resolve_algorithm
 from streamrft.consumers.checkpoint import latest_checkpoint
 from streamrft.consumers.train_engine import TorchTrainEngine
-from streamrft.infra.app.launch import launch
 from streamrft.infra.config import Config
 from streamrft.sync.weights import unique_state_dict
 from tests.helpers.fsdp_rank import CASES, batch, case_config

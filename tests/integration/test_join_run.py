@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamrft.infra.app.cli import _load, build_parser
+from streamrft.app.cli import _load, build_parser
 from streamrft.infra.config import (
     ObjectStoreConfig,
     load_config,

@@ -15,8 +15,8 @@ import zipfile
 import pytest
 import torch
 
-from streamrft.infra.app.cli import main
-from streamrft.infra.app.models import RECIPES, GgufRecipe, locate_gguf, prepare
+from streamrft.app.cli import main
+from streamrft.app.models import RECIPES, GgufRecipe, locate_gguf, prepare
 from streamrft.infra.config import ModelConfig
 from streamrft.infra.modeling import load_policy
 from streamrft.schemas.errors import ConfigError

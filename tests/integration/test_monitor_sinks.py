@@ -9,10 +9,10 @@ import time
 
 import pytest
 
+from streamrft.app.watch.metric_sinks import SinkWorker
+from streamrft.app.watch.metrics_log import MetricsLog, metrics_path, read_metrics
+from streamrft.app.watch.monitor import RunMonitor
 from streamrft.infra import admin
-from streamrft.infra.app.metric_sinks import SinkWorker
-from streamrft.infra.app.metrics_log import MetricsLog, metrics_path, read_metrics
-from streamrft.infra.app.monitor import RunMonitor
 from streamrft.infra.bus import EventSender
 from streamrft.schemas.codec import METRICS
 from streamrft.schemas.events import MetricsEvent

@@ -15,10 +15,10 @@ import re
 
 import pytest
 
+from streamrft.app import cli
 from streamrft.consumers.buffer import ExperienceBuffer
 from streamrft.consumers.intake import ExperienceIntake
 from streamrft.infra import admin
-from streamrft.infra.app import cli
 from streamrft.infra.bus import Counters, EventSender
 from streamrft.infra.consume import read_history, read_topic
 from streamrft.producers.task_intake import TaskIntake

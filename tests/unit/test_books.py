@@ -2,7 +2,7 @@
 
 import random
 
-from streamrft.infra.app.books import Books
+from streamrft.app.watch.books import Books
 from streamrft.schemas.events import MetricsEvent, TrainedGroup
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from streamrft.infra.app.dashboard import feed as feed_mod
-from streamrft.infra.app.dashboard.feed import Feed
-from streamrft.infra.app.dashboard.server import RUN_ID, Dashboard
-from streamrft.infra.app.metrics_log import MetricsLog, metrics_path
+from streamrft.app.watch.dashboard import feed as feed_mod
+from streamrft.app.watch.dashboard.feed import Feed
+from streamrft.app.watch.dashboard.server import RUN_ID, Dashboard
+from streamrft.app.watch.metrics_log import MetricsLog, metrics_path
 from streamrft.infra.config import Config, with_run_id
 from streamrft.schemas.events import MetricsEvent
 
@@ -204,7 +204,7 @@ def test_unknown_run_ids_cost_one_listing_per_relook_window(tmp_path, monkeypatc
     of runs: at most one fresh listing per RELOOK_S, whatever their number (at 41ac149
     each one cleared the list and looked up the broker twice, under the lock that opens
     feeds)."""
-    from streamrft.infra.app import run_events
+    from streamrft.app.watch import run_events
 
     runs = tmp_path / "runs"
     _write(runs, "r1", range(2))
@@ -232,7 +232,7 @@ def test_unknown_run_ids_cost_one_listing_per_relook_window(tmp_path, monkeypatc
 
 
 def test_a_dashboard_others_can_reach_needs_allow_remote(tmp_path):
-    from streamrft.infra.app.dashboard.server import main
+    from streamrft.app.watch.dashboard.server import main
     from streamrft.schemas.errors import StreamRFTError
 
     with pytest.raises(StreamRFTError, match=r"0\.0\.0\.0 is reachable .* --allow-remote"):
@@ -246,7 +246,7 @@ def test_run_ids_are_matched_whole():
 
 
 def test_overrides_without_a_config_are_an_error(capsys):
-    from streamrft.infra.app.cli import main
+    from streamrft.app.cli import main
 
     # (an address nothing can listen on: were -o ignored, serving would fail, not hang)
     argv = ["dashboard", "--host", "256.0.0.1", "--port", "0", "-o", "monitor.dashboard_port=1"]
@@ -257,7 +257,7 @@ def test_overrides_without_a_config_are_an_error(capsys):
 def test_a_file_line_longer_than_any_event_is_skipped_as_it_is_read():
     """A ``metrics.jsonl`` without newlines (or with one huge line) is never held whole: the
     line is dropped once past the limit, up to its newline, and the lines after it come."""
-    from streamrft.infra.app.dashboard.feed import MAX_LINE_BYTES, LineSplitter
+    from streamrft.app.watch.dashboard.feed import MAX_LINE_BYTES, LineSplitter
 
     split = LineSplitter()
     assert split.lines(b'{"a": 1}\n{"b"') == [b'{"a": 1}']

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from streamrft.infra.app.dashboard.view import MAX_POINTS, RATE_WINDOW_S, Curve, RunView
+from streamrft.app.watch.dashboard.view import MAX_POINTS, RATE_WINDOW_S, Curve, RunView
 from streamrft.schemas.events import (
     DeadLetter,
     MetricsEvent,
@@ -290,7 +290,7 @@ def test_negative_staleness_is_shown_and_any_component_reports_versions():
 
 
 def test_the_staleness_histogram_keeps_totals_not_every_step():
-    from streamrft.infra.app.dashboard.view import REDO_WINDOW_STEPS
+    from streamrft.app.watch.dashboard.view import REDO_WINDOW_STEPS
 
     view = RunView(run="r")
     steps = REDO_WINDOW_STEPS * 3

@@ -12,7 +12,7 @@ from streamrft.consumers.algorithms.presets import algorithm_spec
 from streamrft.consumers.algorithms.step import mix_scales
 from streamrft.consumers.buffer import ExperienceBuffer
 from streamrft.consumers.expert_data import SOURCE, ExpertSource
-from streamrft.consumers.sampling import Mix, make_strategy
+from streamrft.consumers.strategies import Mix, make_strategy
 from streamrft.infra.config import AlgorithmConfig, TasksetConfig, TrainerConfig
 from streamrft.infra.expert import EXPERT_WORKFLOW, answer_ids, expert_group
 from streamrft.infra.modeling import build_char_tokenizer

@@ -5,8 +5,7 @@ import subprocess
 import sys
 import time
 
-from streamrft.infra.local.processes import log_tail
-from streamrft.infra.logfiles import remove_dead_leftovers, rotate, rotate_all
+from streamrft.infra.logfiles import log_tail, remove_dead_leftovers, rotate, rotate_all
 from streamrft.sync.filesystem import FolderStore
 
 WRITER = """

@@ -12,12 +12,12 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from streamrft.app.export import export
 from streamrft.consumers.algorithms import policy_step, resolve_algorithm
 from streamrft.consumers.batching import response_logprobs
 from streamrft.consumers.checkpoint import CheckpointError, save_checkpoint
 from streamrft.consumers.state import TrainerState
 from streamrft.consumers.warmup import sft_batch, sft_warmup
-from streamrft.infra.app.export import export
 from streamrft.infra.config import (
     AlgorithmConfig,
     Config,

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from streamrft.infra.app.exporters import EXPORTERS, Backend, backends, open_exporters
-from streamrft.infra.app.exporters.marks import Watermarks
-from streamrft.infra.app.exporters.names import folder, metric, points, step_metric, tag
+from streamrft.app.watch.exporters import EXPORTERS, Backend, backends, open_exporters
+from streamrft.app.watch.exporters.marks import Watermarks
+from streamrft.app.watch.exporters.names import folder, metric, points, step_metric, tag
 from streamrft.infra.config import from_dict
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.events import MetricsEvent
@@ -158,7 +158,7 @@ def _block(monkeypatch, module: str, exporter: str) -> None:
     an import: a None entry in sys.modules), and forget the exporter's module that
     imports it; both restored after the test."""
     monkeypatch.setitem(sys.modules, module, None)
-    monkeypatch.delitem(sys.modules, f"streamrft.infra.app.exporters.{exporter}", raising=False)
+    monkeypatch.delitem(sys.modules, f"streamrft.app.watch.exporters.{exporter}", raising=False)
 
 
 def test_an_installed_tensorboard_that_does_not_import_is_skipped_unless_named(
@@ -167,7 +167,7 @@ def test_an_installed_tensorboard_that_does_not_import_is_skipped_unless_named(
     _block(monkeypatch, "tensorboard.summary.writer.event_file_writer", "tensorboard")
     assert EXPORTERS["tensorboard"].installed()  # the package is there: only its import fails
     cfg = _config(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="streamrft.infra.app.exporters"):
+    with caplog.at_level(logging.WARNING, logger="streamrft.app.watch.exporters"):
         assert open_exporters(cfg, ["tensorboard"], strict=False) == []
     assert "monitor.exporters: tensorboard skipped" in caplog.text
     assert "event_file_writer" in caplog.text  # the import error itself

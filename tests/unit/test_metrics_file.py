@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from streamrft.infra.app.curves import draw, series
-from streamrft.infra.app.metrics_log import MetricsLog, read_metrics
+from streamrft.app.watch.curves import draw, series
+from streamrft.app.watch.metrics_log import MetricsLog, read_metrics
 from streamrft.schemas.events import MetricsEvent, TrainedGroup
 
 
@@ -99,7 +99,7 @@ def test_the_file_is_read_line_by_line_and_ledgers_can_be_left_out(tmp_path):
     and a resumed log read them without the ledgers (most of the file)."""
     import types
 
-    from streamrft.infra.app.metrics_log import iter_metrics
+    from streamrft.app.watch.metrics_log import iter_metrics
 
     path = tmp_path / "metrics.jsonl"
     log = MetricsLog(path)

@@ -1,12 +1,12 @@
 """One GPU box: the memory shares of vLLM explorers and the trainer, and the start order
-(``infra/app/placement.py``), checked by configuration on any machine."""
+(``app/placement.py``), checked by configuration on any machine."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from streamrft.infra.app.placement import check_gpu_shares, start_order, vllm_shares_gpu
+from streamrft.app.placement import check_gpu_shares, start_order, vllm_shares_gpu
 from streamrft.infra.config import from_dict
 from streamrft.schemas.errors import ConfigError
 

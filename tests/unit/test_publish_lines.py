@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamrft.infra.app.publish import LongLine, numbered_lines
+from streamrft.app.publish import LongLine, numbered_lines
 
 pytestmark = pytest.mark.unit
 

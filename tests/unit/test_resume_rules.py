@@ -6,7 +6,7 @@ import msgspec
 import pytest
 import yaml
 
-from streamrft.infra.app.resume import check_resume, resume_conflicts
+from streamrft.app.resume import check_resume, resume_conflicts
 from streamrft.infra.config import from_dict, to_yaml
 from streamrft.schemas.errors import ConfigError
 from tests.helpers.paths import ADDITION

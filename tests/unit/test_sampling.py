@@ -9,7 +9,8 @@ import pytest
 from streamrft.consumers.algorithms.presets import algorithm_spec
 from streamrft.consumers.buffer import ExperienceBuffer
 from streamrft.consumers.intake import StreamActivity
-from streamrft.consumers.sampling import (
+from streamrft.consumers.state import STATE_DECODER, STATE_ENCODER
+from streamrft.consumers.strategies import (
     SAMPLE_STRATEGIES,
     FreshestFirst,
     PriorityReplay,
@@ -17,7 +18,6 @@ from streamrft.consumers.sampling import (
     make_strategy,
     reward_variance,
 )
-from streamrft.consumers.state import STATE_DECODER, STATE_ENCODER
 from streamrft.infra.config import AlgorithmConfig, TrainerConfig, from_dict
 from streamrft.schemas import ExperienceGroup
 from streamrft.schemas.errors import ConfigError

@@ -8,8 +8,8 @@ import torch
 
 from streamrft.infra.config import ModelConfig
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
+from streamrft.producers.decoding import sample
 from streamrft.producers.engines import TransformersEngine
-from streamrft.producers.sampling import sample
 
 pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 torch.set_num_threads(1)

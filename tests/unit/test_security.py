@@ -375,8 +375,8 @@ def test_s3_tls_options(certs):
 
 
 def test_topics_and_tail_use_the_configs_security_settings(tmp_path, certs):
-    from streamrft.infra.app.cli import build_parser
-    from streamrft.infra.app.endpoints import kafka_for_tools
+    from streamrft.app.cli import build_parser
+    from streamrft.infra.endpoints import kafka_for_tools
 
     def _kafka_config(args):
         return kafka_for_tools(args.config, args.bootstrap, args.dir)
@@ -406,7 +406,7 @@ def test_a_tracking_uri_with_credentials_is_refused_without_showing_them():
 
 
 def test_a_kafka_tool_without_a_config_says_it_connects_in_plaintext(tmp_path, caplog):
-    from streamrft.infra.app.endpoints import kafka_for_tools
+    from streamrft.infra.endpoints import kafka_for_tools
 
     with caplog.at_level("WARNING"):
         kafka_cfg = kafka_for_tools(None, "broker.example:9092", tmp_path)

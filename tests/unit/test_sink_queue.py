@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from streamrft.infra.app.metric_sinks import SinkWorker
+from streamrft.app.watch.metric_sinks import SinkWorker
 from streamrft.schemas.events import MetricsEvent
 
 pytestmark = pytest.mark.unit

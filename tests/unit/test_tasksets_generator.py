@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from streamrft.infra.app.cli import main
+from streamrft.app.cli import main
 from streamrft.infra.config import TasksetConfig
 from streamrft.infra.taskset import read_taskset
 from streamrft.producers.rewards import math_answer_format

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from streamrft.infra.app.run_events import runs_on_broker
-from streamrft.infra.app.run_status import Components
-from streamrft.infra.app.tail import matches, parse_where
+from streamrft.app.watch.run_events import runs_on_broker
+from streamrft.app.watch.run_status import Components
+from streamrft.app.watch.tail import matches, parse_where
 from streamrft.schemas.errors import StreamRFTError
 from streamrft.schemas.events import DeadLetter, ModelVersionReady, RunState, StatusEvent
 

@@ -14,9 +14,9 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from streamrft.infra.app.books import Books
-from streamrft.infra.app.metric_sinks import SinkWorker
-from streamrft.infra.app.run_events import read_events
+from streamrft.app.watch.books import Books
+from streamrft.app.watch.metric_sinks import SinkWorker
+from streamrft.app.watch.run_events import read_events
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
 from streamrft.schemas.events import DeadLetter, MetricsEvent, RunState, StatusEvent

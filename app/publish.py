@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from streamrft.infra import admin, kafka
-from streamrft.infra.app.endpoints import resolve
 from streamrft.infra.config import Config, load_config, with_endpoints, with_run_id
+from streamrft.infra.endpoints import resolve
 from streamrft.infra.produce import OutRecord, largest_value, send_all
 from streamrft.schemas.codec import CODEC_BY_KIND
 from streamrft.schemas.errors import SchemaError, StreamRFTError
@@ -47,7 +47,7 @@ class Outcome:
 def target_config(config: str | None, run_id: str, bootstrap: str | None) -> Config:
     """The run's config with its broker: ``--bootstrap`` when given, else the config's, else
     found as ``streamrft explore --run-id`` finds it (the run's own services or resolved
-    config, then ``streamrft infra up``'s; :mod:`~streamrft.infra.app.endpoints`)."""
+    config, then ``streamrft infra up``'s; :mod:`~streamrft.infra.endpoints`)."""
     cfg = with_run_id(load_config(config) if config else Config(), run_id)
     if bootstrap:  # nothing to look up: publishing needs only the broker
         return with_endpoints(cfg, bootstrap, None)

@@ -226,9 +226,9 @@ def prepare(
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from streamrft.infra.app.cli import _setup_logging
+    from streamrft.app.process import setup_logging
 
-    _setup_logging()
+    setup_logging()
     out = prepare(
         args.name, args.out, gguf=args.gguf, wheel=args.wheel, force=args.force, dtype=args.dtype
     )

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import msgspec
 
+from streamrft.app.watch import run_events
+from streamrft.app.watch.dashboard.view import RunView
+from streamrft.app.watch.metrics_log import decode_line, metrics_path
 from streamrft.infra import admin
-from streamrft.infra.app import run_events
-from streamrft.infra.app.dashboard.view import RunView
-from streamrft.infra.app.metrics_log import decode_line, metrics_path
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
 from streamrft.schemas.codec import METRICS

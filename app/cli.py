@@ -3,7 +3,7 @@
 streamrft run CONFIG [--explorers N] [--max-steps N] [--summary PATH] [--run-id ID] [--dashboard] [-o k=v ...]
 streamrft train CONFIG --run-id ID [--nproc N]   (the trainer, N ranks)
 streamrft train CONFIG --run-id ID --from-beginning | --from-offsets FILE | --from-run OTHER
-    (a replay: train from a recorded experience stream, no explorers; infra/app/replay.py)
+    (a replay: train from a recorded experience stream, no explorers; app/replay_source.py)
 streamrft explore CONFIG --run-id ID [--index I]   (one explorer; joins a running run)
 streamrft feed CONFIG --run-id ID           (publish the taskset)
 streamrft serve CONFIG --run-id ID [--host H] [--port P]   (OpenAI-compatible API; records experiences)
@@ -31,32 +31,22 @@ import os
 import sys
 from pathlib import Path
 
-from streamrft.infra.app.models import add_models_parser
-from streamrft.infra.app.replay import add_replay_arguments
-from streamrft.infra.app.tasks import add_tasks_parser
+from streamrft.app.models import add_models_parser
+from streamrft.app.process import EXIT_CONFIG, EXIT_STALLED, setup_logging
+from streamrft.app.replay_source import add_replay_arguments
+from streamrft.app.tasks import add_tasks_parser
 from streamrft.schemas.errors import ConfigError, Stalled, StreamRFTError
 
 log = logging.getLogger("streamrft")
 DEFAULT_INFRA_DIR = "runs/infra"
 
 
-def _setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
-    for noisy in ("aiokafka", "urllib3", "kafka"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
 def _load(args: argparse.Namespace, joining: bool):
-    """The command's config: file, overrides, run id, endpoints (``infra.app.endpoints``).
+    """The command's config: file, overrides, run id, endpoints (``infra.endpoints``).
 
     ``joining``: the process joins a running run (``--run-id`` required)."""
-    from streamrft.infra.app.endpoints import resolve
     from streamrft.infra.config import load_config, with_run_id
+    from streamrft.infra.endpoints import resolve
 
     overrides = list(args.override or [])
     if getattr(args, "max_steps", None) is not None:
@@ -69,14 +59,14 @@ def _load(args: argparse.Namespace, joining: bool):
     if joining and not (args.run_id or cfg.run.id):
         raise StreamRFTError("--run-id is required (the run to join); `streamrft run` prints it")
     cfg, found = resolve(with_run_id(cfg, args.run_id), joining)
-    _setup_logging(cfg.monitor.log_level)
+    setup_logging(cfg.monitor.log_level)
     if found:
         log.info("broker / object store of %s", found)
     return cfg
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from streamrft.infra.app.supervisor import run_with_services
+    from streamrft.app.supervisor import run_with_services
     from streamrft.infra.config import to_yaml
 
     cfg = _load(args, joining=False)
@@ -93,11 +83,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from streamrft.infra.app.replay import prepare_replay
+    from streamrft.app.replay_source import prepare_replay
 
     cfg, replay = prepare_replay(_load(args, joining=True), args)  # replay: --from-* flags
     if cfg.trainer.nproc > 1:  # this process launches the ranks, or is one of them
-        from streamrft.infra.app.launch import launch_trainer, run_trainer_rank
+        from streamrft.app.launch import launch_trainer, run_trainer_rank
 
         return run_trainer_rank(cfg) if "RANK" in os.environ else launch_trainer(args, cfg)
     from streamrft.consumers.trainer import main
@@ -135,11 +125,11 @@ def cmd_feed(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from streamrft.app.export import export
     from streamrft.consumers.checkpoint import latest_checkpoint
-    from streamrft.infra.app.export import export
     from streamrft.infra.config import load_config
 
-    _setup_logging()
+    setup_logging()
     # export reads a checkpoint folder and writes a model folder: no broker, no store, so a
     # run folder's config.yaml (its secrets redacted) serves as it is
     cfg = load_config(args.config, list(args.override or []), needs_secrets=False)
@@ -153,8 +143,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from streamrft.infra.app.bench import BenchOptions, bench
+def cmd_score(args: argparse.Namespace) -> int:
+    if args.command == "bench":
+        print("streamrft: `bench` is now `streamrft score`; the old name goes away", file=sys.stderr)
+    from streamrft.app.score import ScoreOptions, score
     from streamrft.infra.config import load_config, with_run_id
 
     overrides = list(args.override or [])
@@ -164,10 +156,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not (args.run_id or cfg.run.id):
         raise StreamRFTError("--run-id is required (the run whose checkpoints to score)")
     cfg = with_run_id(cfg, args.run_id)
-    _setup_logging(cfg.monitor.log_level)
+    setup_logging(cfg.monitor.log_level)
     out = Path(args.out) if args.out else None
-    opts = BenchOptions(args.checkpoint, args.k, args.samples, args.require_publish, out)
-    print(f"results written to {bench(cfg, opts)}")
+    opts = ScoreOptions(args.checkpoint, args.k, args.samples, args.require_publish, out)
+    print(f"results written to {score(cfg, opts)}")
     return 0
 
 
@@ -175,7 +167,7 @@ def cmd_infra(args: argparse.Namespace) -> int:
     from streamrft.infra.config import REDACTED
     from streamrft.infra.local import services
 
-    _setup_logging()
+    setup_logging()
     state_dir = Path(args.dir)
     if args.action == "up":
         if args.broker_storage == "s3":
@@ -210,9 +202,9 @@ def cmd_infra(args: argparse.Namespace) -> int:
 
 def cmd_topics(args: argparse.Namespace) -> int:
     from streamrft.infra import admin
-    from streamrft.infra.app.endpoints import kafka_for_tools
+    from streamrft.infra.endpoints import kafka_for_tools
 
-    _setup_logging("WARNING")
+    setup_logging("WARNING")
     kafka_cfg = kafka_for_tools(args.config, args.bootstrap, args.dir)
     for name in asyncio.run(admin.list_topics(kafka_cfg)):
         print(name)
@@ -246,7 +238,7 @@ def _watcher_config(args: argparse.Namespace, run_id_required: bool):
 def _run_of(args: argparse.Namespace):
     """The config of a tool watching run ``--run-id`` and the broker that holds its topics
     (an error when none does, or when the run has no topics there)."""
-    from streamrft.infra.app.run_events import check_run_exists, need_broker
+    from streamrft.app.watch.run_events import check_run_exists, need_broker
 
     cfg = _watcher_config(args, run_id_required=True)
     broker = need_broker(cfg, args.bootstrap, Path(args.dir))
@@ -255,10 +247,10 @@ def _run_of(args: argparse.Namespace):
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    from streamrft.infra.app.endpoints import kafka_for_tools
-    from streamrft.infra.app.tail import parse_where, tail
+    from streamrft.app.watch.tail import parse_where, tail
+    from streamrft.infra.endpoints import kafka_for_tools
 
-    _setup_logging("WARNING")
+    setup_logging("WARNING")
     where = parse_where(args.where or [])
     if args.run_id:  # the target is a topic kind of that run
         cfg, broker = _run_of(args)
@@ -270,25 +262,25 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from streamrft.infra.app.run_status import status_table
+    from streamrft.app.watch.run_status import status_table
 
-    _setup_logging("WARNING")
+    setup_logging("WARNING")
     cfg, broker = _run_of(args)
     print(status_table(broker.kafka, cfg.topics()))
     return 0
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from streamrft.infra.app.publish import publish
+    from streamrft.app.publish import publish
 
-    _setup_logging("WARNING")
+    setup_logging("WARNING")
     return publish(args.kind, Path(args.file), args.run_id, args.config, args.bootstrap)
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from streamrft.infra.app.dashboard.server import main
+    from streamrft.app.watch.dashboard.server import main
 
-    _setup_logging("WARNING")
+    setup_logging("WARNING")
     cfg = _watcher_config(args, run_id_required=False)
     port = cfg.monitor.dashboard_port if args.port is None else args.port
     url_file = Path(args.url_file) if args.url_file else None
@@ -298,9 +290,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def cmd_export_metrics(args: argparse.Namespace) -> int:
-    from streamrft.infra.app.export_metrics import export_metrics
+    from streamrft.app.watch.export_metrics import export_metrics
 
-    _setup_logging("WARNING")
+    setup_logging("WARNING")
     cfg = _watcher_config(args, run_id_required=True)
     outcome = export_metrics(
         cfg,
@@ -384,7 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True, help="folder to write")
     sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
     sp.set_defaults(func=cmd_export)
-    sp = sub.add_parser("bench", help="score a run's checkpoints: greedy accuracy, pass@k")
+    sp = sub.add_parser(
+        "score",
+        aliases=["bench"],
+        help="score a run's checkpoints: greedy accuracy, pass@k (`bench`: an old name)",
+    )
     with_config(sp)
     sp.add_argument("--checkpoint", default="latest", help="latest (default), all, or a step")
     sp.add_argument("--k", type=int, default=4, help="pass@k for this k, and pass@1 (default 4)")
@@ -395,8 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="fail unless the results can go to the run's metrics topic (default: JSON only)",
     )
-    sp.add_argument("--out", help="JSON file to write (default <run dir>/bench.json)")
-    sp.set_defaults(func=cmd_bench)
+    sp.add_argument("--out", help="JSON file to write (default <run dir>/score.json)")
+    sp.set_defaults(func=cmd_score)
     sp = sub.add_parser("infra", help="start/stop/inspect the embedded broker and object store")
     sp.add_argument("action", choices=["up", "down", "status"])
     sp.add_argument(
@@ -495,14 +491,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-EXIT_CONFIG = 78
-"""Exit status of a run's child process (train, explore, feed) stopped by a configuration
-error (``ConfigError``, sysexits' EX_CONFIG): restarting it cannot help, and the supervisor
-does not."""
-EXIT_STALLED = 75
-"""Exit status of a trainer that stopped because nothing can make progress (``Stalled``:
-tasks left that no explorer works on; sysexits' EX_TEMPFAIL): ``streamrft run`` fails the
-run with the reason rather than restarting it."""
 CHILD_ROLES = ("train", "explore", "feed")
 
 

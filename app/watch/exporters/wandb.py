@@ -23,8 +23,8 @@ from pathlib import Path
 
 import wandb
 
-from streamrft.infra.app.exporters.marks import Watermarks
-from streamrft.infra.app.exporters.names import folder, points, step_metric
+from streamrft.app.watch.exporters.marks import Watermarks
+from streamrft.app.watch.exporters.names import folder, points, step_metric
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.events import MetricsEvent

@@ -35,8 +35,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from streamrft.infra.app.endpoints import of_run
 from streamrft.infra.config import Config, with_endpoints, with_run_id
+from streamrft.infra.endpoints import of_run
 from streamrft.schemas.errors import ConfigError, StreamRFTError
 from streamrft.schemas.topics import TopicNames
 
@@ -133,7 +133,7 @@ def _with_source_broker(cfg: Config, source: str) -> Config:
     servers = cfg.kafka.bootstrap_servers
     if not servers:
         raise StreamRFTError(f"no broker found for run {source}: {NEEDS_A_BROKER}")
-    from streamrft.infra.app.run_events import reachable  # aiokafka: only when used
+    from streamrft.app.watch.run_events import reachable  # aiokafka: only when used
 
     if not reachable(servers, timeout=2.0):
         raise StreamRFTError(

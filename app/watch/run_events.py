@@ -22,10 +22,10 @@ from typing import Any
 import msgspec
 
 from streamrft.infra import admin, kafka
-from streamrft.infra.app.endpoints import INFRA_DIR, infra_up, of_run, of_run_config
 from streamrft.infra.config import Config, KafkaConfig
 from streamrft.infra.consume import Record, consume
-from streamrft.infra.local.processes import port_open
+from streamrft.infra.endpoints import INFRA_DIR, infra_up, of_run, of_run_config
+from streamrft.infra.pids import port_open
 from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, Codec
 from streamrft.schemas.errors import StreamRFTError
 from streamrft.schemas.topics import TopicNames

@@ -196,7 +196,7 @@ def test_bench_reports_the_greedy_mean_reward_and_the_greedy_accuracy(
 ):
     """A model that always formats but is always wrong scores 0.1 by mean reward (the
     trainer's ``eval/accuracy``) and 0 by accuracy (``is_correct``, as pass@k)."""
-    from streamrft.infra.app.bench import CheckpointScorer
+    from streamrft.app.score import CheckpointScorer
 
     cfg = _bench_config(tmp_path, f"{__name__}:{reward}")
     _save(tmp_path / "ckpt", _tiny(seed=1), 5)
@@ -210,7 +210,7 @@ def test_bench_reports_the_greedy_mean_reward_and_the_greedy_accuracy(
 def test_the_scorer_builds_one_engine_and_pushes_each_checkpoint_into_it(tmp_path):
     """Checkpoints go into the engine built before the first one (the transformers engine:
     its model, in place); the greedy reward is the trainer's evaluator's on those weights."""
-    from streamrft.infra.app.bench import CheckpointScorer
+    from streamrft.app.score import CheckpointScorer
     from streamrft.producers.evaluation import GreedyEvaluator
 
     cfg = _bench_config(tmp_path, "exact_match")
@@ -309,8 +309,8 @@ def one_checkpoint_run(tmp_path):
     ],
 )
 def test_bad_bench_input_is_a_clear_error(one_checkpoint_run, capsys, flags, message):
-    from streamrft.infra.app.cli import main
+    from streamrft.app.cli import main
 
-    assert main(["bench", str(one_checkpoint_run), *flags]) == 2
+    assert main(["score", str(one_checkpoint_run), *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err

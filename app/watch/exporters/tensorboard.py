@@ -18,8 +18,8 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from streamrft.infra.app.exporters.marks import Watermarks
-from streamrft.infra.app.exporters.names import points
+from streamrft.app.watch.exporters.marks import Watermarks
+from streamrft.app.watch.exporters.names import points
 from streamrft.infra.config import Config
 from streamrft.schemas.events import MetricsEvent
 

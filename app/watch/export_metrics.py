@@ -1,7 +1,7 @@
 """``streamrft export-metrics``: a run's metrics into TensorBoard, W&B or MLflow, any time.
 
 The source is the run's metrics topic, read from the beginning on the broker found as
-``explore --run-id`` finds it (:func:`~streamrft.infra.app.run_events.find_broker`), with
+``explore --run-id`` finds it (:func:`~streamrft.app.watch.run_events.find_broker`), with
 ``--follow`` until Ctrl-C / SIGTERM (flushing after every poll); when no broker is
 reachable or it has no metrics topic of the run (a finished run's embedded broker stops
 with it), ``<run dir>/metrics.jsonl``; or a file given with ``--from-file``. The source is
@@ -28,10 +28,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamrft.app.watch.exporters import Backend, Exporter, backends, close_all, open_backend
+from streamrft.app.watch.metrics_log import iter_metrics, metrics_path
+from streamrft.app.watch.run_events import Broker, find_broker, read_events
 from streamrft.infra import admin
-from streamrft.infra.app.exporters import Backend, Exporter, backends, close_all, open_backend
-from streamrft.infra.app.metrics_log import iter_metrics, metrics_path
-from streamrft.infra.app.run_events import Broker, find_broker, read_events
 from streamrft.infra.config import Config
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.schemas.errors import ConfigError, StreamRFTError

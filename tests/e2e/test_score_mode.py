@@ -1,4 +1,4 @@
-"""``streamrft bench`` on the checkpoints of a real short run: results in ``bench.json`` and
+"""``streamrft bench`` on the checkpoints of a real short run: results in ``score.json`` and
 on the run's metrics topic, the greedy mean reward equal to the trainer's own evaluation
 (``eval/accuracy``) of the same steps; a run whose embedded broker has stopped still gets
 its file."""
@@ -23,7 +23,7 @@ K = 4
 
 
 def bench_argv(run_id: str, runs: Path, *flags: str) -> list[str]:
-    return streamrft_cmd("bench", str(EXAMPLE), "--run-id", run_id, "-o", f"run.dir={runs}", *flags)
+    return streamrft_cmd("score", str(EXAMPLE), "--run-id", run_id, "-o", f"run.dir={runs}", *flags)
 
 
 def test_bench_scores_every_checkpoint_and_publishes_them(services, make_config, tmp_path):
@@ -46,7 +46,7 @@ def test_bench_scores_every_checkpoint_and_publishes_them(services, make_config,
     proc = run_ok(bench_argv(run_id, runs, "--checkpoint", "all", "--k", str(K)), tmp_path, 300)
     assert len([ln for ln in proc.stdout.splitlines() if ln.startswith("step ")]) == 2
 
-    report = json.loads((runs / run_id / "bench.json").read_text())
+    report = json.loads((runs / run_id / "score.json").read_text())
     assert report["published"] is True and report["k"] == K and report["samples"] == K
     entries = report["checkpoints"]
     assert [e["step"] for e in entries] == [1, 2]  # one entry per checkpoint, in step order
@@ -95,12 +95,12 @@ def test_a_run_whose_embedded_broker_stopped_gets_its_file_without_publishing(tm
 
     proc = run_ok(bench_argv(run_id, runs, "--k", "2", "--samples", "3"), tmp_path, 300)
     assert "metrics not published" in proc.stderr and "Traceback" not in proc.stderr
-    report = json.loads((runs / run_id / "bench.json").read_text())
+    report = json.loads((runs / run_id / "score.json").read_text())
     assert report["published"] is False and "does not answer" in report["not_published"]
     [entry] = report["checkpoints"]
     assert entry["step"] == 1 and entry["k"] == 2 and entry["samples"] == 3
 
-    (runs / run_id / "bench.json").unlink()
+    (runs / run_id / "score.json").unlink()
     refused = subprocess.run(
         bench_argv(run_id, runs, "--require-publish"),
         env=env(),
@@ -111,4 +111,4 @@ def test_a_run_whose_embedded_broker_stopped_gets_its_file_without_publishing(tm
     )
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "metrics cannot be published" in refused.stderr and "Traceback" not in refused.stderr
-    assert not refused.stdout.strip() and not (runs / run_id / "bench.json").exists()
+    assert not refused.stdout.strip() and not (runs / run_id / "score.json").exists()

@@ -13,7 +13,7 @@ import queue
 import threading
 from typing import Any, Protocol
 
-from streamrft.infra.app.metrics_log import MetricsLog, metrics_path
+from streamrft.app.watch.metrics_log import MetricsLog, metrics_path
 from streamrft.infra.config import Config
 from streamrft.schemas.events import MetricsEvent
 
@@ -132,7 +132,7 @@ def open_sinks(cfg: Config) -> list[SinkWorker]:
     sinks = [SinkWorker(metrics_file, f"metrics file {metrics_file.path}")]
     if not cfg.monitor.exporters:
         return sinks
-    from streamrft.infra.app.exporters import open_exporters
+    from streamrft.app.watch.exporters import open_exporters
 
     try:
         exporters = open_exporters(cfg, cfg.monitor.exporters, strict=False)

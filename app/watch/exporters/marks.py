@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from streamrft.infra.app.exporters.names import Point
+from streamrft.app.watch.exporters.names import Point
 
 NEVER = float("-inf")
 """The mark of a metric nothing was written of yet."""

@@ -27,9 +27,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from streamrft.infra.app import run_events
-from streamrft.infra.app.dashboard.feed import LIST_S, Feed, topic_names
-from streamrft.infra.app.metrics_log import METRICS_FILE
+from streamrft.app.watch import run_events
+from streamrft.app.watch.dashboard.feed import LIST_S, Feed, topic_names
+from streamrft.app.watch.metrics_log import METRICS_FILE
 from streamrft.infra.config import Config, with_run_id
 from streamrft.infra.net import is_loopback
 from streamrft.infra.signals import install_stop_handlers

@@ -19,6 +19,7 @@ supervisor, a shell):
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import logging
 import os
@@ -26,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import cast
 
 from streamrft.infra.config import Config
 from streamrft.infra.net import free_port
@@ -144,7 +146,7 @@ def launch(argv: list[str], nproc: int, handle_signals: bool = True, cwd: str | 
 def launch_trainer(args: argparse.Namespace, cfg: Config) -> int:
     """``streamrft train`` with ``trainer.nproc`` > 1: the ranks run the same command
     (config file, overrides, the resolved run id, the rank count)."""
-    argv = [sys.executable, "-m", "streamrft.infra.app.cli", "train", args.config]
+    argv = [sys.executable, "-m", "streamrft.app.cli", "train", args.config]
     argv += ["--run-id", cfg.run.id, "--nproc", str(cfg.trainer.nproc)]
     for setting in args.override or []:
         argv += ["-o", setting]
@@ -152,10 +154,24 @@ def launch_trainer(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def run_trainer_rank(cfg: Config) -> int:
-    """One rank of the trainer (the launcher's environment is set)."""
+    """One rank of a ``trainer.nproc`` trainer (the launcher's environment is set): rank 0
+    the trainer, the others its engine's followers. A rank that fails raises; the launcher
+    then stops the others."""
     die_with_launcher()
-    from streamrft.consumers.fsdp_engine import run_rank
+    import torch
+
+    from streamrft.consumers.distributed import join_group, leave_group
+    from streamrft.consumers.fsdp_engine import FsdpTrainEngine
+    from streamrft.consumers.trainer import Trainer
     from streamrft.producers.evaluation import GreedyEvaluator
 
-    run_rank(cfg, GreedyEvaluator(cfg))  # used by rank 0
+    ranks = join_group(cfg.trainer.nproc, cfg.model.device)
+    torch.set_num_threads(cfg.trainer.threads)
+    if ranks.leader:
+        trainer = Trainer(cfg, GreedyEvaluator(cfg))
+        asyncio.run(trainer.run())
+        cast(FsdpTrainEngine, trainer.engine).release()
+    else:
+        FsdpTrainEngine(cfg).follow()
+    leave_group()  # not after a failure: the group may be broken, the launcher ends it
     return 0

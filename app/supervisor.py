@@ -20,14 +20,14 @@ import sys
 import time
 from pathlib import Path
 
+from streamrft.app.placement import check_gpu_shares, start_order
+from streamrft.app.process import EXIT_CONFIG, EXIT_STALLED
+from streamrft.app.resume import check_resume
+from streamrft.app.watch.curves import draw
+from streamrft.app.watch.metric_sinks import close_sinks, open_sinks
+from streamrft.app.watch.metrics_log import iter_metrics, metrics_path
+from streamrft.app.watch.monitor import RunMonitor
 from streamrft.infra import admin
-from streamrft.infra.app.cli import EXIT_CONFIG, EXIT_STALLED
-from streamrft.infra.app.curves import draw
-from streamrft.infra.app.metric_sinks import close_sinks, open_sinks
-from streamrft.infra.app.metrics_log import iter_metrics, metrics_path
-from streamrft.infra.app.monitor import RunMonitor
-from streamrft.infra.app.placement import check_gpu_shares, start_order
-from streamrft.infra.app.resume import check_resume
 from streamrft.infra.bus import EventSender
 from streamrft.infra.config import (
     Config,
@@ -38,9 +38,9 @@ from streamrft.infra.config import (
     with_endpoints,
     with_store_credentials,
 )
-from streamrft.infra.local.processes import log_tail, port_open
 from streamrft.infra.local.services import LocalServices
-from streamrft.infra.logfiles import rotate_all
+from streamrft.infra.logfiles import log_tail, rotate_all
+from streamrft.infra.pids import port_open
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.schemas.errors import ServiceError, StreamRFTError
 from streamrft.schemas.events import Shutdown
@@ -135,7 +135,7 @@ class Supervisor:
         """Wall time the children were started: later statuses are this attempt's."""
 
     def _spawn(self, name: str, role_args: list[str], threads: int, config_path: Path) -> None:
-        argv = [sys.executable, "-m", "streamrft.infra.app.cli", *role_args, str(config_path)]
+        argv = [sys.executable, "-m", "streamrft.app.cli", *role_args, str(config_path)]
         log_path = self.cfg.run_dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = child_env(threads, credentials_env(self.cfg))
@@ -271,7 +271,7 @@ class Supervisor:
         url_file = self.cfg.run_dir / "dashboard.url"
         url_file.unlink(missing_ok=True)
         argv = [
-            sys.executable, "-m", "streamrft.infra.app.cli", "dashboard", str(config_path),
+            sys.executable, "-m", "streamrft.app.cli", "dashboard", str(config_path),
             "--run-id", str(self.cfg.run.id), "--port", str(port), "--url-file", str(url_file),
         ]  # fmt: skip
         log_path = self.cfg.run_dir / "logs" / "dashboard.log"
@@ -433,7 +433,7 @@ def after_run_files(cfg: Config) -> dict:
 
 def start_embedded(cfg: Config) -> tuple[Config, LocalServices | None]:
     """Start the embedded broker and/or object store for what ``cfg`` names no endpoint of
-    (see ``infra.app.endpoints`` for where one is looked for first); ``cfg`` pointed at them.
+    (see ``infra.endpoints`` for where one is looked for first); ``cfg`` pointed at them.
 
     They are recorded in ``<run dir>/services`` so that a hand-started explorer finds them.
     """

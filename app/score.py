@@ -1,4 +1,4 @@
-"""``streamrft bench``: a run's checkpoints, scored on the eval taskset.
+"""``streamrft score``: a run's checkpoints, scored on the eval taskset.
 
 The policy is built once from the config's ``model`` section (with its LoRA adapter when
 ``model.lora.enabled``: a LoRA run checkpoints the wrapped model), and the engine
@@ -20,13 +20,13 @@ Then, on ``taskset.eval_path`` (else ``taskset.path``), scored with ``explorer.r
   (``producers.pass_at_k``); a sample is correct when the reward says so
   (``producers.evaluation.is_correct``).
 
-Results go to ``<run dir>/bench.json`` (rewritten after every checkpoint, so an interrupted
+Results go to ``<run dir>/score.json`` (rewritten after every checkpoint, so an interrupted
 bench keeps what it measured) and, as ``MetricsEvent`` records of component ``bench``
 (step and version of the checkpoint; ``bench/greedy_reward``, ``bench/greedy_accuracy``,
 ``bench/pass@1``,
 ``bench/pass@K``, ``bench/tasks``, ``bench/samples``, ``bench/seconds``), to the run's
 metrics topic. The broker is found as a process joining the run finds it
-(``infra.app.endpoints``). When there is none to reach (the embedded broker of a finished
+(``infra.endpoints``). When there is none to reach (the embedded broker of a finished
 run), the results go to the file only and one line says so; ``--require-publish`` makes
 that an error, checked before anything is evaluated.
 """
@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from streamrft.infra.app.run_events import reachable
+from streamrft.app.watch.run_events import reachable
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import ServiceError, StreamRFTError
 
@@ -52,15 +52,15 @@ if TYPE_CHECKING:  # heavy (torch): imported when a scorer is built
     from streamrft.producers.rewards import RewardFn
     from streamrft.schemas.experience import Task
 
-BENCH_FILE = "bench.json"
+SCORE_FILE = "score.json"
 """Written in the run's folder unless ``--out`` names another file."""
 COMPONENT = "bench"
 """Component id (and role) of the metrics events bench mode publishes."""
 
 
 @dataclass(frozen=True)
-class BenchOptions:
-    """What ``streamrft bench`` was asked (its command-line flags)."""
+class ScoreOptions:
+    """What ``streamrft score`` was asked (its command-line flags)."""
 
     checkpoint: str = "latest"
     """``latest``, ``all`` or a step number."""
@@ -71,7 +71,7 @@ class BenchOptions:
     require_publish: bool = False
     """Fail, before evaluating, when the metrics cannot be published."""
     out: Path | None = None
-    """The JSON file; None: ``<run dir>/bench.json``."""
+    """The JSON file; None: ``<run dir>/score.json``."""
 
     @property
     def n(self) -> int:
@@ -86,7 +86,7 @@ class BenchOptions:
 
 @dataclass(frozen=True)
 class BenchEntry:
-    """One checkpoint's results (one entry of ``bench.json``)."""
+    """One checkpoint's results (one entry of ``score.json``)."""
 
     step: int
     version: int
@@ -264,8 +264,8 @@ class MetricsOutlet:
     async def start(self) -> None:
         """Find the run's broker and connect, or give up (see :meth:`_give_up`)."""
         from streamrft.infra import admin
-        from streamrft.infra.app.endpoints import resolve
         from streamrft.infra.bus import EventSender
+        from streamrft.infra.endpoints import resolve
 
         try:
             cfg, _ = resolve(self.cfg, joining=True)
@@ -322,26 +322,26 @@ class MetricsOutlet:
             ) from exc
         self.not_published = str(exc)
         print(
-            f"streamrft bench: metrics not published, results go to the JSON file only "
+            f"streamrft score: metrics not published, results go to the JSON file only "
             f"(--require-publish makes this an error): {exc}",
             file=sys.stderr,
         )
 
 
 # -- the command -----------------------------------------------------------------------------
-def bench(cfg: Config, opts: BenchOptions) -> Path:
+def score(cfg: Config, opts: ScoreOptions) -> Path:
     """Score the checkpoints ``opts`` names; returns the JSON file written."""
     from streamrft.producers.engines import check_engine
 
     opts.check()
     check_engine(cfg.explorer.engine)
     paths = select_checkpoints(cfg, opts.checkpoint)
-    out = opts.out or cfg.run_dir / BENCH_FILE
-    asyncio.run(_bench(cfg, opts, paths, out))
+    out = opts.out or cfg.run_dir / SCORE_FILE
+    asyncio.run(_score(cfg, opts, paths, out))
     return out
 
 
-async def _bench(cfg: Config, opts: BenchOptions, paths: list[Path], out: Path) -> None:
+async def _score(cfg: Config, opts: ScoreOptions, paths: list[Path], out: Path) -> None:
     outlet = MetricsOutlet(cfg, opts.require_publish)
     await outlet.start()
     try:
@@ -358,7 +358,7 @@ async def _bench(cfg: Config, opts: BenchOptions, paths: list[Path], out: Path) 
 
 
 def _report(
-    cfg: Config, opts: BenchOptions, entries: list[BenchEntry], outlet: MetricsOutlet
+    cfg: Config, opts: ScoreOptions, entries: list[BenchEntry], outlet: MetricsOutlet
 ) -> dict[str, Any]:
     return {
         "run": cfg.run.id,

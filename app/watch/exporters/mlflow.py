@@ -27,8 +27,8 @@ from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from streamrft.infra.app.exporters.marks import Watermarks
-from streamrft.infra.app.exporters.names import points
+from streamrft.app.watch.exporters.marks import Watermarks
+from streamrft.app.watch.exporters.names import points
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import ConfigError, ServiceError
 from streamrft.schemas.events import MetricsEvent

@@ -29,7 +29,7 @@ import msgspec
 import yaml
 
 from streamrft.infra.config import Config, KafkaConfig, with_endpoints, with_store_credentials
-from streamrft.infra.local.services import status
+from streamrft.infra.service_state import status
 from streamrft.schemas.errors import StreamRFTError
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from streamrft.infra.app.run_events import read_events
+from streamrft.app.watch.run_events import read_events
 from streamrft.infra.config import KafkaConfig
 from streamrft.schemas.events import DeadLetter, ModelVersionReady, StatusEvent
 from streamrft.schemas.topics import TopicNames

@@ -1,0 +1,64 @@
+"""Whether a process or a port is there: pids checked across reuse, ports by a connect.
+Used by the local services, the endpoint resolver and the leftover cleanup."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from pathlib import Path
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs on this host (another user's counts; a zombie counts as dead,
+    and our own zombies are reaped)."""
+    if pid <= 0:
+        return False
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def proc_start_time(pid: int) -> str | None:
+    """Start time of ``pid`` in clock ticks since boot (Linux /proc), or None if unknown.
+
+    Identifies a process across pid reuse. (Its command line is no good for that: JuiceFS
+    rewrites its own argv.)
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def pid_is(pid: int, start_time: str | None) -> bool:
+    """Whether ``pid`` is alive and is still the process that started at ``start_time``."""
+    if not pid_alive(pid):
+        return False
+    if start_time is None:
+        return True
+    current = proc_start_time(pid)
+    return current is None or current == start_time
+
+
+def port_open(port: int, timeout: float = 0.5, host: str = "127.0.0.1") -> bool:
+    """Whether a TCP connect to ``host:port`` succeeds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
