@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup run smollm2 test test-unit test-kernels test-integration test-e2e test-vllm lint format bench infra-up infra-down docs
+.PHONY: setup run smollm2 typecheck test test-unit test-kernels test-integration test-e2e test-vllm lint format bench infra-up infra-down docs
 
 # The install is redone only when pyproject.toml changes.
 setup: $(VENV)/.installed
@@ -33,6 +33,7 @@ test: setup
 	$(BIN)/python -m tools.check_layers
 	$(BIN)/python -m tools.docgen --check README.md
 	$(BIN)/python -m tools.schemagen --check
+	$(MAKE) --no-print-directory typecheck
 	# the Node.js example's kafkajs (tests/integration/test_node_app.py; skipped without npm)
 	command -v npm >/dev/null && npm ci --prefix examples/node --no-audit --no-fund || true
 	# the browser tests' Chromium (CI installs it) and playwright-core (tests/e2e/test_dashboard.py;
@@ -41,6 +42,14 @@ test: setup
 	command -v npm >/dev/null && npm ci --prefix tests/browser --no-audit --no-fund || true
 	$(MAKE) --no-print-directory test-kernels
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -p no:cacheprovider
+
+# mypy over the product packages, through a link named streamrft to this folder (the
+# package's folders are mapped by package-dir, which mypy does not follow)
+PRODUCT_PACKAGES = schemas infra sync producers consumers app client
+typecheck: setup
+	mkdir -p build/typecheck && ln -sfn "$(CURDIR)" build/typecheck/streamrft
+	cd build/typecheck && "$(abspath $(BIN))/mypy" --config-file "$(CURDIR)/pyproject.toml" \
+		$(foreach p,$(PRODUCT_PACKAGES),-p streamrft.$(p))
 
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit -p no:cacheprovider

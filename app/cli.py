@@ -145,7 +145,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_score(args: argparse.Namespace) -> int:
     if args.command == "bench":
-        print("streamrft: `bench` is now `streamrft score`; the old name goes away", file=sys.stderr)
+        print(
+            "streamrft: `bench` is now `streamrft score`; the old name goes away", file=sys.stderr
+        )
     from streamrft.app.score import ScoreOptions, score
     from streamrft.infra.config import load_config, with_run_id
 

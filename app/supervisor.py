@@ -313,6 +313,7 @@ class Supervisor:
         statuses = [monitor.status.get(f"explorer-{i}") for i in range(self.cfg.explorer.count)]
         if all(s is not None and s.created_at >= self.started_at for s in statuses):
             log.info("explorers ready (engines built): starting the trainer")
+            assert self.config_path is not None  # set with the explorers
             self._spawn("trainer", ["train"], self.cfg.trainer.threads, self.config_path)
             self.trainer_waits = False
 
@@ -392,7 +393,9 @@ def header(cfg: Config, services: LocalServices | None) -> str:
     """The few lines the console shows when a run starts (the resolved config is in the run
     folder, and in the log at DEBUG)."""
     m = cfg.model
-    model = m.path if m.source == "path" else f"tiny ({m.num_layers} layers, {m.hidden_size} wide)"
+    model = (
+        str(m.path) if m.source == "path" else f"tiny ({m.num_layers} layers, {m.hidden_size} wide)"
+    )
     if m.lora.enabled:
         model += ", LoRA"
     broker_own = " (embedded)" if services is not None and services.broker else ""

@@ -55,12 +55,13 @@ class PolicyBatch:
         if self.input_ids.device == device:
             return self
         return PolicyBatch(
-            *(t.to(device) for t in (self.input_ids, self.attention_mask)),
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
             self.prompt_width,
-            *(
-                t.to(device)
-                for t in (self.response_mask, self.old_logprobs, self.rewards, self.versions)
-            ),
+            self.response_mask.to(device),
+            self.old_logprobs.to(device),
+            self.rewards.to(device),
+            self.versions.to(device),
         )
 
 

@@ -148,7 +148,8 @@ class ExperienceBuffer:
 
     def drop_stale(self, version: int) -> list[ExperienceGroup]:
         """Remove and return buffered groups older than ``version - max_staleness``."""
-        keep, dropped = deque(), []
+        keep: deque[Buffered] = deque()
+        dropped: list[ExperienceGroup] = []
         for item in self.queue:
             if version - item.group.model_version > self.max_staleness:
                 dropped.append(item.group)

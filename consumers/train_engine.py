@@ -50,6 +50,9 @@ class TrainEngine(abc.ABC):
     """The policy being trained: model, optimizer, precision, reference model, and the
     teacher of on-policy distillation."""
 
+    tokenizer: Any
+    """The policy's tokenizer (the expert data and the evaluator render prompts with it)."""
+
     @property
     @abc.abstractmethod
     def vocab_size(self) -> int:

@@ -29,10 +29,10 @@ from aiokafka.errors import KafkaError
 
 from streamrft.infra import kafka
 from streamrft.infra.config import Config
-from streamrft.infra.consume import Record, consume
+from streamrft.infra.consume import OnBad, Record, consume
 from streamrft.infra.retry import retrying
 from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, Codec, dead_letter_of
-from streamrft.schemas.errors import ServiceError, SyncTimeout
+from streamrft.schemas.errors import SchemaError, ServiceError, SyncTimeout
 from streamrft.schemas.events import (
     ControlEvent,
     MetricsEvent,
@@ -231,7 +231,7 @@ class EventSender:
             record.offset,
             record.key,
             record.value,
-            record.error,
+            record.error or SchemaError("dead-lettered with no reason given"),
             self.component,
             self.cfg.kafka.max_request_bytes,
         )
@@ -266,7 +266,7 @@ class ControlView:
         self,
         cfg: Config,
         component: str,
-        dead_letter: Callable[[Record], object],
+        dead_letter: OnBad,
         listen_status: bool = False,
     ) -> None:
         self.cfg = cfg
@@ -332,7 +332,7 @@ class ControlView:
         a broker outage (:meth:`EventSender.send`); any failure that reaches here is kept
         for :meth:`check` and ends the reader: the record it happened on was read and will
         not come again, so reading on would lose it silently."""
-        codecs = {self.topics.control: CONTROL, self.topics.status: STATUS}
+        codecs: dict[str, Codec | None] = {self.topics.control: CONTROL, self.topics.status: STATUS}
         assert self._reader is not None
         try:
             await consume(

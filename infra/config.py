@@ -55,7 +55,7 @@ class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
         return f"{type(self).__name__}({', '.join(parts)})"
 
 
-class RunSection(_Section):
+class RunSection(_Section, frozen=True):
     name: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")] = "streamrft"
     """Run name; the run id (and its topic namespace) is ``<name>-<timestamp>`` unless given."""
     id: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")] | None = None
@@ -80,7 +80,7 @@ class RunSection(_Section):
     ``cuda:N``, or ``auto`` where torch sees one), else ``trainer_first``."""
 
 
-class KafkaConfig(_Section):
+class KafkaConfig(_Section, frozen=True):
     bootstrap_servers: str | None = None
     """``host:port[,host:port]`` of an existing Kafka cluster; None starts the embedded broker."""
     topic_prefix: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")] = "streamrft"
@@ -147,7 +147,7 @@ class KafkaConfig(_Section):
     _secrets: ClassVar[tuple[str, ...]] = ("sasl_password",)
 
 
-class ObjectStoreConfig(_Section):
+class ObjectStoreConfig(_Section, frozen=True):
     endpoint: str | None = None
     """``host:port`` of an S3/MinIO server; None starts the embedded one."""
     access_key: str = "streamrft"
@@ -181,7 +181,7 @@ class ObjectStoreConfig(_Section):
     _secrets: ClassVar[tuple[str, ...]] = ("secret_key",)
 
 
-class LoraConfig(_Section):
+class LoraConfig(_Section, frozen=True):
     enabled: bool = False
     """Train a LoRA adapter (peft) instead of every weight; only the adapter is published."""
     rank: Pos = 8
@@ -202,7 +202,7 @@ class LoraConfig(_Section):
     """Names of the linear layers that get an adapter."""
 
 
-class ModelConfig(_Section):
+class ModelConfig(_Section, frozen=True):
     source: Literal["tiny", "path"] = "tiny"
     """``tiny``: a small Llama built from the fields below; ``path``: a local HF folder."""
     path: str | None = None
@@ -229,7 +229,7 @@ class ModelConfig(_Section):
     """LoRA adapter training (off by default)."""
 
 
-class TasksetConfig(_Section):
+class TasksetConfig(_Section, frozen=True):
     path: str = ""
     """JSONL file of training tasks, one object per line (relative to the config file)."""
     eval_path: str | None = None
@@ -261,7 +261,7 @@ class TasksetConfig(_Section):
     None: no system prompt."""
 
 
-class ExplorerConfig(_Section):
+class ExplorerConfig(_Section, frozen=True):
     count: Pos = 1
     """Explorer processes ``streamrft run`` starts."""
     engine: str = "transformers"
@@ -322,7 +322,7 @@ class ExplorerConfig(_Section):
     alone up to this many times, then dead-lettered with the reason."""
 
 
-class TrainerConfig(_Section):
+class TrainerConfig(_Section, frozen=True):
     engine: str = "torch"
     """What owns the model being trained, registered in ``consumers/train_engine.py``
     (checked when the trainer starts): ``torch`` (one model in one process, on
@@ -431,7 +431,7 @@ OffPolicyCorrection = Literal[
 ]
 
 
-class AlgorithmConfig(_Section):
+class AlgorithmConfig(_Section, frozen=True):
     """The RL algorithm: a preset (``type``) of parts, any of which a field below replaces.
 
     Every field left out (None) takes the preset's value; the presets and their parts are
@@ -559,7 +559,7 @@ class AlgorithmConfig(_Section):
     None: 0.1."""
 
 
-class SynchronizerConfig(_Section):
+class SynchronizerConfig(_Section, frozen=True):
     method: Literal["object_store", "filesystem", "nccl", "shared", "auto"] = "auto"
     """How weights travel: S3 objects, a shared folder, a torch.distributed broadcast
     (NCCL on GPUs, gloo on CPU) with the object store as fallback, shared memory on the
@@ -611,7 +611,7 @@ class SynchronizerConfig(_Section):
     version's."""
 
 
-class ServeConfig(_Section):
+class ServeConfig(_Section, frozen=True):
     """``streamrft serve``: the policy behind an OpenAI-compatible HTTP API that records
     every completion and publishes the rewarded ones to ``experiences``."""
 
@@ -682,7 +682,7 @@ class ServeConfig(_Section):
     the broker is back and the spool drains."""
 
 
-class WandbConfig(_Section):
+class WandbConfig(_Section, frozen=True):
     project: str = "streamrft"
     """W&B project the run's metrics go to (``monitor.exporters: [wandb]``)."""
     mode: Literal["offline", "online"] = "offline"
@@ -692,7 +692,7 @@ class WandbConfig(_Section):
     """Folder of W&B's files; empty: the run folder."""
 
 
-class MlflowConfig(_Section):
+class MlflowConfig(_Section, frozen=True):
     tracking_uri: str = ""
     """MLflow tracking URI (``monitor.exporters: [mlflow]``); empty: a local file store,
     ``file:<run dir>/mlruns``."""
@@ -700,7 +700,7 @@ class MlflowConfig(_Section):
     """MLflow experiment the run is logged under."""
 
 
-class MonitorConfig(_Section):
+class MonitorConfig(_Section, frozen=True):
     progress: bool = True
     """Show a live progress line during ``streamrft run``."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -731,7 +731,7 @@ class MonitorConfig(_Section):
     are folded into counters and an 8-byte digest per trained group."""
 
 
-class Config(_Section):
+class Config(_Section, frozen=True):
     """Everything a streamrft run needs; each process reads the sections it uses."""
 
     run: RunSection = RunSection()

@@ -38,10 +38,18 @@ from aiokafka.errors import KafkaConnectionError
 
 from streamrft.schemas.errors import ConfigError, ServiceError
 
-try:
-    import confluent_kafka
-except ImportError:  # optional: kafka.producer: confluent needs the kafka-fast extra
-    confluent_kafka = None
+
+
+def _optional_module() -> Any:
+    """librdkafka's Python module; None without the kafka-fast extra (``available()``)."""
+    try:
+        import confluent_kafka
+    except ImportError:
+        return None
+    return confluent_kafka
+
+
+confluent_kafka: Any = _optional_module()
 
 log = logging.getLogger(__name__)
 

@@ -76,7 +76,7 @@ def plan_calls(tasks: Sequence[Task], tasks_per_call: int, seed: int) -> list[Ca
     by_workflow: dict[str, list[Task]] = {}
     for task in tasks:
         by_workflow.setdefault(task.workflow, []).append(task)
-    calls = []
+    calls: list[Call] = []
     for name, group in by_workflow.items():
         size = tasks_per_call or len(group)
         for start in range(0, len(group), size):

@@ -86,7 +86,7 @@ class TaskIntake:
         self.events = events
         self.counters = counters
         self.cfg = cfg
-        self.consumer: kafka.TaskConsumer | None = None  # made in start(), inside the loop
+        self._consumer: kafka.TaskConsumer | None = None  # made in start(), inside the loop
         self.partitions: tuple[int, ...] = ()
         """Tasks partitions this explorer holds (from the newest rebalance)."""
         self.assignments = 0
@@ -99,17 +99,24 @@ class TaskIntake:
         """Per partition held: the highest batch index read from it."""
         self._to_report = False
 
+    @property
+    def consumer(self) -> kafka.TaskConsumer:
+        """The tasks group's consumer (started by :meth:`start`)."""
+        if self._consumer is None:
+            raise RuntimeError("TaskIntake.start() was not called")
+        return self._consumer
+
     async def start(self) -> None:
         topics = self.cfg.topics()
-        self.consumer = kafka.task_consumer(
+        self._consumer = kafka.task_consumer(
             self.cfg.kafka, topics.tasks, topics.explorers_group, self.name, self._on_assign
         )
-        await self.consumer.start()
+        await self._consumer.start()
 
     async def stop(self) -> None:
         """Leave the group; safe to call twice, and before start."""
-        if self.consumer is not None:
-            await self.consumer.stop()
+        if self._consumer is not None:
+            await self._consumer.stop()
 
     def _on_assign(self, partitions: tuple[int, ...]) -> None:
         """A rebalance gave this explorer ``partitions``: what was read from partitions it

@@ -127,7 +127,7 @@ class Codec(Generic[T]):
                 f"{self.name}: message of {len(value)} bytes is over the limit of "
                 f"{self.max_bytes} bytes"
             )
-        as_json = bool(headers) and self._check_headers(headers)
+        as_json = headers is not None and bool(headers) and self._check_headers(headers)
         try:
             obj = self._json_decode(value) if as_json else self._decoder.decode(value)
         # ValidationError is a DecodeError; msgspec lets invalid UTF-8 in a str through as

@@ -20,6 +20,7 @@ one warning.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from collections.abc import Sequence
@@ -31,6 +32,11 @@ from streamrft.sync.shared import SharedReceiver, SharedSender
 from streamrft.sync.transport import Announce, MakePayload, Payload, WeightSender
 
 log = logging.getLogger(__name__)
+
+
+def _given(payload: Payload, _full: bool) -> Payload:
+    """A :data:`MakePayload` that hands over a payload made already."""
+    return payload
 
 
 class AutoSender(WeightSender):
@@ -109,7 +115,7 @@ class AutoSender(WeightSender):
                 self._writing = True
                 while (payload := await self._next_for_store()) is not None:
                     assert self._announce is not None
-                    await self.store.send(lambda _full, p=payload: p, self._announce)
+                    await self.store.send(functools.partial(_given, payload), self._announce)
                     self.counters.add("store_copies")
                 self._writing = False
         except asyncio.CancelledError:

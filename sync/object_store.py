@@ -22,6 +22,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
+from typing import Any
 
 import torch
 import urllib3
@@ -40,7 +41,7 @@ PRESIGN_TTL = timedelta(hours=1)
 MAX_PARTS = 10_000
 
 
-def tls_options(cfg: ObjectStoreConfig) -> dict[str, str]:
+def tls_options(cfg: ObjectStoreConfig) -> dict[str, Any]:
     """urllib3 certificate options for https: the configured CA, or no check at all."""
     if not cfg.secure:
         return {}
@@ -219,8 +220,8 @@ def check_range_answer(
     if resp.status == 206:
         header = resp.headers.get("Content-Range", "")
         match = _CONTENT_RANGE.fullmatch(header.strip())
-        total = int(match[3]) if match else -1
-        if total != size:
+        if match is None or int(match[3]) != size:
+            total = int(match[3]) if match else -1
             raise IntegrityError(f"{where}: {total} bytes, the manifest says {size}")
         if (int(match[1]), int(match[2])) != (offset, offset + length - 1):
             raise SyncError(f"{where}: asked for bytes {offset}+{length}, got {header!r}")
@@ -266,8 +267,9 @@ class S3Store:
         stream: bool = False,
     ) -> urllib3.BaseHTTPResponse:
         """One presigned request; a failure raises the :func:`response_error` for it."""
+        params: dict[str, str | list[str] | tuple[str]] | None = dict(query) if query else None
         url = self.client.get_presigned_url(
-            method, self.cfg.bucket, key, PRESIGN_TTL, extra_query_params=query
+            method, self.cfg.bucket, key, PRESIGN_TTL, extra_query_params=params
         )
         try:
             resp = self.http.urlopen(
@@ -410,6 +412,8 @@ class S3Store:
                     upload_id_marker=upload_marker,
                 )
                 for upload in page.uploads:
+                    if upload.object_name is None or upload.upload_id is None:
+                        continue
                     self.client._abort_multipart_upload(
                         self.cfg.bucket, upload.object_name, upload.upload_id
                     )
@@ -431,10 +435,9 @@ class ObjectStorePublisher(StorePublisher):
     """Trainer side: versions under ``s3://<bucket>/<run id>/`` (bucket created if missing)."""
 
     def __init__(self, cfg: ObjectStoreConfig, run_id: str) -> None:
-        super().__init__(
-            S3Store(cfg, create_bucket=True), "object_store", run_id, cfg.shard_size_mb << 20
-        )
-        self.client = self.store.client
+        store = S3Store(cfg, create_bucket=True)
+        super().__init__(store, "object_store", run_id, cfg.shard_size_mb << 20)
+        self.client = store.client
 
 
 class ObjectStoreLoader(StoreLoader):

@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import torch
@@ -291,7 +292,7 @@ def check_fits(
     own: Mapping[str, torch.Tensor],
     tensors: Mapping[str, torch.Tensor],
     what: str,
-    optional: set[str] = frozenset(),
+    optional: AbstractSet[str] = frozenset(),
     hint: str = "",
     error: type[SyncError] = SyncError,
 ) -> None:
@@ -317,7 +318,7 @@ def copy_into(
     own: Mapping[str, torch.Tensor],
     tensors: Mapping[str, torch.Tensor],
     what: str,
-    optional: set[str] = frozenset(),
+    optional: AbstractSet[str] = frozenset(),
     hint: str = "",
 ) -> None:
     """Copy ``tensors`` into the live tensors ``own`` (views of a model) in place.

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from streamrft.app.watch.books import Books
 from streamrft.app.watch.metric_sinks import SinkWorker
@@ -42,7 +43,7 @@ class RunMonitor:
     status: dict[str, StatusEvent] = field(default_factory=dict)
     dead_letters: int = 0
     undecodable: int = 0
-    ledger: Books | None = None
+    ledger: Books = field(init=False)
     """The trainer's ledger as the books need it (:mod:`.books`: the newest steps whole, a
     step redone after a resume replacing its lost attempt; older ones folded)."""
     sinks: list[SinkWorker] = field(default_factory=list)
@@ -51,8 +52,7 @@ class RunMonitor:
     each on its own thread (``metric_sinks``), none able to stop the monitor."""
 
     def __post_init__(self) -> None:
-        if self.ledger is None:
-            self.ledger = Books(self.cfg.trainer.max_staleness, self.cfg.monitor.ledger_steps)
+        self.ledger = Books(self.cfg.trainer.max_staleness, self.cfg.monitor.ledger_steps)
 
     def on_metrics(self, ev: MetricsEvent) -> None:
         for sink in self.sinks:
@@ -74,7 +74,7 @@ class RunMonitor:
         """Consume the event topics until ``stop`` is set and they have gone quiet (1 s);
         every metrics event also goes to each of ``sinks`` (``metrics.jsonl``, exporters),
         which are flushed after each poll."""
-        handlers = {
+        handlers: dict[str, Callable[[Any], None]] = {
             "metrics": self.on_metrics,
             "status": self.on_status,
             "dead_letters": self.on_dead_letter,

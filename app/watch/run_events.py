@@ -92,7 +92,7 @@ def find_broker(
 
 
 def _search(cfg: Config, bootstrap: str | None, infra_dir: Path | None):
-    tried = []
+    tried: list[str] = []
     for servers, source in _candidates(cfg, bootstrap, infra_dir):
         if reachable(servers):
             return Broker(

@@ -22,7 +22,7 @@ def view(rec: Record, raw: bool) -> dict:
         "key": rec.key.decode(errors="replace") if rec.key else None,
     }
     if rec.error is not None:
-        body = {"undecodable": str(rec.error)}
+        body: dict[str, object] = {"undecodable": str(rec.error)}
     elif raw:
         body = {"raw_bytes": len(rec.value or b"")}
     else:

@@ -97,7 +97,7 @@ def aggregation_of(mode: str, length: int = 1) -> AggregateFn:
     """The :data:`LOSS_AGG` entry ``mode`` as ``(values, mask) -> scalar``, with ``length``
     bound for the :data:`LENGTH_NORMALISED` modes."""
     try:
-        fn = LOSS_AGG[mode]
+        fn: Callable[..., torch.Tensor] = LOSS_AGG[mode]
     except KeyError:
         raise ValueError(
             f"unknown loss aggregation mode {mode!r}; known: {', '.join(LOSS_AGG)}"

@@ -73,7 +73,11 @@ class Backend(Protocol):
     """The model's context length in tokens (None: unknown)."""
     prompts: PromptRenderer
     tokenizer: Any
-    recorder: Recorder
+
+    @property
+    def recorder(self) -> Recorder:
+        """Where responses wait for feedback and commit (read-only here: a subclass does)."""
+        ...
 
     @property
     def version(self) -> int: ...

@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from streamrft.infra.bus import ControlView, Counters, EventSender, Position
-from streamrft.infra.config import Config, ServeConfig
+from streamrft.infra.config import Config
 from streamrft.infra.net import is_loopback
 from streamrft.infra.produce import send_groups
 from streamrft.infra.signals import install_stop_handlers
+from streamrft.infra.web_server import quiet_server
 from streamrft.producers.engines.base import Rollout
 from streamrft.producers.policy import followed_policy, start_sampler
 from streamrft.producers.serving.api import Delivery
@@ -52,27 +53,6 @@ CLOSE_MIN_S = 2.0
 """After a stop, time to close the Kafka clients, at least (see :meth:`Server._close`)."""
 CANCEL_STEP_S = 0.2
 """Past that, how long each wait of the closing clients is given before it is cancelled."""
-
-
-def _http_server(app: Any, serve: ServeConfig) -> Any:
-    """A uvicorn server that leaves signals alone: this process's stop handlers set
-    :attr:`Server.stop`, and the server is told to exit from there (uvicorn's own
-    handling would re-raise the signal after serving and skip the final publication)."""
-    import uvicorn
-
-    class Quiet(uvicorn.Server):
-        def capture_signals(self) -> contextlib.AbstractContextManager:
-            return contextlib.nullcontext()
-
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        lifespan="off",
-        access_log=False,
-        limit_concurrency=serve.max_concurrency,  # beyond it: 503 at once
-        timeout_graceful_shutdown=serve.shutdown_timeout_s,
-    )
-    return Quiet(config)
 
 
 def spool_folder(cfg: Config) -> Path:
@@ -334,7 +314,10 @@ class Server:
             host = self.cfg.serve.host
             url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
             stack.callback(self._announce(url, key is not None))
-            http = _http_server(app, self.cfg.serve)
+            serve = self.cfg.serve  # beyond max_concurrency: 503 at once
+            http = quiet_server(
+                app, serve.shutdown_timeout_s, limit_concurrency=serve.max_concurrency
+            )
             loops = [
                 asyncio.create_task(self._follow(), name="the version follower"),
                 asyncio.create_task(self._flush(), name="the publisher"),

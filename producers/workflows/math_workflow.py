@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 
@@ -24,16 +25,18 @@ def math_workflow(
     )
     now = time.time()
     return [
-        task_group(
-            task,
-            spec,
-            now,
-            lambda gid, task=task, rollouts=rollouts: [
-                _experience(f"{gid}#{i}", r, task, reward, spec.model_version)
-                for i, r in enumerate(rollouts)
-            ],
-        )
+        task_group(task, spec, now, functools.partial(_experiences, rollouts, task, reward, spec))
         for task, rollouts in zip(tasks, batches, strict=True)
+    ]
+
+
+def _experiences(
+    rollouts: Sequence[Rollout], task: Task, reward: RewardFn, spec: RolloutSpec, gid: str
+) -> list[Experience]:
+    """The experiences of group ``gid``: one per rollout of ``task``."""
+    return [
+        _experience(f"{gid}#{i}", r, task, reward, spec.model_version)
+        for i, r in enumerate(rollouts)
     ]
 
 

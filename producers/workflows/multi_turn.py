@@ -31,6 +31,7 @@ environment's numbers, ``turns``, ``truncated``, ``response_length`` (policy tok
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -196,6 +197,13 @@ def experience(eid: str, e: Episode, reward: RewardFn, version: int, tokenizer) 
     )
 
 
+def _experiences(
+    group: list[Episode], reward: RewardFn, version: int, tokenizer, gid: str
+) -> list[Experience]:
+    """The experiences of group ``gid``: one per episode."""
+    return [experience(f"{gid}#{i}", e, reward, version, tokenizer) for i, e in enumerate(group)]
+
+
 def run_episodes(
     engine: RolloutEngine,
     tasks: Sequence[Task],
@@ -215,10 +223,7 @@ def run_episodes(
             task,
             spec,
             now,
-            lambda gid, group=group: [
-                experience(f"{gid}#{i}", e, reward, spec.model_version, engine.tokenizer)
-                for i, e in enumerate(group)
-            ],
+            functools.partial(_experiences, group, reward, spec.model_version, engine.tokenizer),
         )
         for task, group in zip(tasks, episodes, strict=True)
     ]

@@ -101,7 +101,11 @@ def parse_call(text: str) -> ToolCall | None:
 
 def _number(node: ast.AST) -> float:
     """The value of an arithmetic node; ValueError for anything that is not one."""
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, (int, float))
+        and not isinstance(node.value, bool)
+    ):
         value = float(node.value)
     elif isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         value = _BINARY[type(node.op)](_number(node.left), _number(node.right))

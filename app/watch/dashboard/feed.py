@@ -298,6 +298,7 @@ class Feed:
                 client_id="streamrft-dashboard",
             )
         )
+        assert broker.kafka.bootstrap_servers is not None  # found reachable
         watch = asyncio.create_task(self._watch(broker.kafka.bootstrap_servers, where))
         try:
             await asyncio.wait({reader, watch}, return_when=asyncio.FIRST_COMPLETED)

@@ -34,6 +34,7 @@ from streamrft.infra.config import Config, with_run_id
 from streamrft.infra.net import is_loopback
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.infra.web_guard import WebGuard
+from streamrft.infra.web_server import quiet_server
 from streamrft.schemas.errors import StreamRFTError
 
 log = logging.getLogger(__name__)
@@ -264,26 +265,6 @@ def build_app(dash: Dashboard, bound: str = "127.0.0.1") -> Any:
     return WebGuard(app, bound)
 
 
-def _http_server(app: Any) -> Any:
-    """A uvicorn server that leaves signals alone (as ``streamrft serve``'s does): the stop
-    handlers of this process set the stop flag, and the server is told to exit from there."""
-    import uvicorn
-
-    class Quiet(uvicorn.Server):
-        def capture_signals(self) -> contextlib.AbstractContextManager:
-            return contextlib.nullcontext()
-
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        lifespan="off",
-        access_log=False,
-        # longer than any request takes (a topic listing is cut at LIST_S)
-        timeout_graceful_shutdown=LIST_S + 5,
-    )
-    return Quiet(config)
-
-
 def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -311,7 +292,8 @@ async def serve(dash: Dashboard, host: str, port: int, url_file: Path | None = N
     url = url_of(host, sock.getsockname()[1], dash.default_run)
     stop = asyncio.Event()
     install_stop_handlers(stop, "dashboard")
-    http = _http_server(build_app(dash, host))
+    # longer than any request takes (a topic listing is cut at LIST_S)
+    http = quiet_server(build_app(dash, host), LIST_S + 5)
     serving = asyncio.create_task(http.serve(sockets=[sock]))
     print(f"dashboard: {url}", flush=True)
     if url_file is not None:

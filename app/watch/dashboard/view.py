@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,7 +224,7 @@ class RunView:
     def apply(self, kind: str, event: Any) -> None:
         """Fold one event of topic ``kind`` (``metrics``, ``status``, ``control``,
         ``dead_letters``) into the view."""
-        handlers = {
+        handlers: dict[str, Callable[[Any], None]] = {
             "metrics": self._metrics,
             "status": self._status,
             "control": self._control,
@@ -250,7 +251,9 @@ class RunView:
             comp.role = comp.role or _role_of(values)
         self.latest_version = max(self.latest_version, ev.version)
         if "train/reward_mean" in values:
-            self._series("trainer").add(ev.step, values["train/reward_mean"])
+            trainer = self._series("trainer")
+            assert trainer is not None  # the trainer's series is never refused
+            trainer.add(ev.step, values["train/reward_mean"])
             self.trainer_step = max(self.trainer_step, ev.step)
             self.trainer_latest = {k: v for k, v in values.items() if math.isfinite(v)}
         if "explorer/reward_mean" in values:
