@@ -39,7 +39,6 @@ from aiokafka.errors import KafkaConnectionError
 from streamrft.schemas.errors import ConfigError, ServiceError
 
 
-
 def _optional_module() -> Any:
     """librdkafka's Python module; None without the kafka-fast extra (``available()``)."""
     try:
