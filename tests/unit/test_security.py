@@ -386,7 +386,7 @@ def test_topics_and_tail_use_the_configs_security_settings(tmp_path, certs):
     k = _kafka_config(build_parser().parse_args(["topics", str(path)]))
     assert (k.bootstrap_servers, k.security_protocol) == ("k.example:9093", "SSL")
     assert k.ssl_cafile == str(certs.ca)
-    argv = ["tail", "a.topic", "--config", str(path), "--bootstrap", "other.example:9093"]
+    argv = ["tail", str(path), "a.topic", "--bootstrap", "other.example:9093"]
     k = _kafka_config(build_parser().parse_args(argv))
     assert (k.bootstrap_servers, k.security_protocol) == ("other.example:9093", "SSL")
 

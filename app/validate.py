@@ -1,0 +1,161 @@
+"""``streamrft validate CONFIG [-o KEY=VALUE ...] [--connect]``: check a config without
+starting anything.
+
+Loading the file checks every field and the rules between fields; then each thing the
+config names that a process would only find wrong once started: the taskset (and the eval
+set) read through, each task's workflow known, the reward, rollout engine, train engine,
+algorithm and sample strategy names, the model folder (its config and tokenizer files;
+the weights are not loaded) and the device's spelling. A device is resolved without being
+required: ``cuda:1`` on a machine without that GPU is reported, not refused, since the
+config may be meant for another machine. ``--connect`` also reaches the broker and the
+object store the config names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamrft.infra.config import Config
+from streamrft.schemas.errors import StreamRFTError
+
+CONNECT_TIMEOUT_S = 15.0
+"""Longest wait for the broker or the store with ``--connect``."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One thing checked: what, whether it passed, and what was found (or what is wrong)."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+def _taskset(cfg: Config) -> str:
+    from streamrft.infra.taskset import read_taskset
+    from streamrft.producers.workflows import check_workflow
+
+    tasks = read_taskset(cfg.taskset.path, cfg.taskset)
+    for workflow in sorted({t.workflow for t in tasks}):
+        check_workflow(workflow)
+    return f"{len(tasks)} tasks in {cfg.taskset.path}"
+
+
+def _eval_set(cfg: Config) -> str:
+    from streamrft.infra.taskset import read_taskset
+
+    if not cfg.taskset.eval_path:
+        return "none (evaluation uses the training taskset)"
+    return (
+        f"{len(read_taskset(cfg.taskset.eval_path, cfg.taskset))} tasks in {cfg.taskset.eval_path}"
+    )
+
+
+def _names(cfg: Config) -> str:
+    from streamrft.consumers.algorithms.presets import resolve_algorithm
+    from streamrft.consumers.strategies import check_strategy
+    from streamrft.consumers.train_engine import check_train_engine
+    from streamrft.producers.engines import check_engine
+    from streamrft.producers.rewards import get_reward
+
+    get_reward(cfg.explorer.reward)
+    check_engine(cfg.explorer.engine)
+    check_train_engine(cfg.trainer.engine)
+    check_strategy(resolve_algorithm(cfg).spec)
+    return (
+        f"reward {cfg.explorer.reward}, engine {cfg.explorer.engine}, trainer "
+        f"{cfg.trainer.engine}, algorithm {cfg.algorithm.type}"
+    )
+
+
+def _model(cfg: Config) -> str:
+    m = cfg.model
+    if m.source == "tiny":
+        return f"tiny ({m.num_layers} layers, {m.hidden_size} wide), built at start"
+    folder = Path(str(m.path))
+    if not folder.is_dir():
+        raise StreamRFTError(f"model.path: {folder} is not a folder")
+    if not (folder / "config.json").is_file():
+        raise StreamRFTError(f"model.path: {folder} has no config.json")
+    tokenizer = [n for n in ("tokenizer.json", "tokenizer_config.json") if (folder / n).is_file()]
+    if not tokenizer:
+        raise StreamRFTError(f"model.path: {folder} has no tokenizer (tokenizer.json)")
+    weights = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not weights:
+        raise StreamRFTError(f"model.path: {folder} has no *.safetensors weights")
+    return f"{folder}: config.json, {tokenizer[0]}, {len(weights)} safetensors file(s)"
+
+
+def _device(cfg: Config) -> str:
+    import torch
+
+    spec = cfg.model.device
+    if spec == "auto":
+        return f"auto: {'cuda' if torch.cuda.is_available() else 'cpu'} here"
+    device = torch.device(spec)
+    if device.type != "cuda":
+        return spec
+    if not torch.cuda.is_available():
+        return f"{spec} (no GPU visible here: fine for a config meant for another machine)"
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        return f"{spec} (only {count} GPU(s) visible here)"
+    return f"{spec} ({torch.cuda.get_device_name(device)})"
+
+
+def _broker(cfg: Config) -> str:
+    from streamrft.infra import admin
+
+    if not cfg.kafka.bootstrap_servers:
+        return "none named (`streamrft run` starts an embedded one)"
+
+    async def topics() -> list[str]:
+        return await asyncio.wait_for(admin.list_topics(cfg.kafka), CONNECT_TIMEOUT_S)
+
+    try:
+        found = asyncio.run(topics())
+    except TimeoutError as exc:
+        raise StreamRFTError(
+            f"{cfg.kafka.bootstrap_servers}: no answer in {CONNECT_TIMEOUT_S:.0f}s"
+        ) from exc
+    own = [t for t in found if t.startswith(f"{cfg.kafka.topic_prefix}.")]
+    return f"{cfg.kafka.bootstrap_servers}: reached, {len(own)} streamrft topics"
+
+
+def _store(cfg: Config) -> str:
+    from streamrft.sync.object_store import make_client, store_error
+
+    store = cfg.object_store
+    if not store.endpoint:
+        return "none named (`streamrft run` starts an embedded one)"
+    client = make_client(store)
+    try:
+        exists = client.bucket_exists(store.bucket)
+    except Exception as exc:  # the SDK's errors and urllib3's: all say the store is not usable
+        raise store_error(f"reaching {store.endpoint}", exc) from exc
+    state = "exists" if exists else "will be created by the trainer"
+    return f"{store.endpoint}: reached, bucket {store.bucket} {state}"
+
+
+def validate(cfg: Config, connect: bool = False) -> list[Check]:
+    """Every check of the module docstring on a loaded config (``connect``: the broker and
+    store too)."""
+    steps: list[tuple[str, Callable[[Config], str]]] = [
+        ("taskset", _taskset),
+        ("eval set", _eval_set),
+        ("names", _names),
+        ("model", _model),
+        ("device", _device),
+    ]
+    if connect:
+        steps += [("broker", _broker), ("object store", _store)]
+    out = []
+    for name, fn in steps:
+        try:
+            out.append(Check(name, True, fn(cfg)))
+        except (StreamRFTError, OSError, ValueError, RuntimeError) as exc:
+            out.append(Check(name, False, str(exc)))
+    return out
