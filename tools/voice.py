@@ -4,7 +4,8 @@
 
 A user page (``README.md`` and ``docs/**/*.md`` except the contributor pages) must not read
 like a lab notebook: no commit hashes, no "issue" (the history of the project's making),
-no "development machine" (a figure names its hardware), no "not met"; and no page is
+no "development machine" (a figure names its hardware), no "not met", no test files (test
+internals belong on the contributor pages); and no page is
 longer than :data:`MAX_LINES` lines (split it). Prints each finding as ``path:line: what``
 and exits 1 when there is one.
 """
@@ -24,6 +25,9 @@ MARKERS = {
     "an issue of the project": re.compile(r"\bissues?\b", re.IGNORECASE),
     "'development machine' (name the hardware)": re.compile(r"development machine", re.IGNORECASE),
     "'not met'": re.compile(r"\bnot met\b", re.IGNORECASE),
+    "a test file (test internals belong on Contributing)": re.compile(
+        r"\btests/[\w/.-]+|\btest_\w+\.py\b"
+    ),
 }
 FENCE = re.compile(r"^\s*(```|~~~)")
 

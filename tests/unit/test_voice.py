@@ -24,6 +24,7 @@ def test_the_repositorys_user_pages_pass(monkeypatch, capsys):
         ("as the issue asked, steps are faster", "an issue of the project"),
         ("Measured on the 2-core development machine", "'development machine'"),
         ("the goal of 0.5 is **not met** here", "'not met'"),
+        ("checked by `tests/e2e/test_serve.py`", "a test file"),
     ],
 )
 def test_each_marker_is_found(tmp_path, line, what):
