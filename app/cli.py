@@ -351,6 +351,14 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("config", nargs="?", help=f"{text} (optional)")
         sp.add_argument("--config", dest="config_flag", metavar="CONFIG", help=argparse.SUPPRESS)
 
+    def where_runs_are(sp: argparse.ArgumentParser) -> None:
+        """The options of a command that watches runs from outside: where their broker and
+        folders are, and overrides of its CONFIG."""
+        sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
+        sp.add_argument("--dir", metavar="INFRA_DIR", help="state folder of `infra up`")
+        sp.add_argument("--runs-dir", metavar="DIR", help="folder of the run folders (run.dir)")
+        sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
+
     def with_config(sp: argparse.ArgumentParser, run_id_help: str) -> None:
         sp.add_argument("config", help="YAML config file (see examples/)")
         sp.add_argument("--run-id", metavar="ID", help=run_id_help)
@@ -504,7 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
     sp.set_defaults(func=cmd_publish)
     sp = sub.add_parser("dashboard", help="a live page of runs: curves, components, dead letters")
-    sp.add_argument("config", nargs="?", help="config naming the broker and run.dir (optional)")
+    optional_config(sp, "config naming the broker and run.dir")
     sp.add_argument("--run-id", metavar="ID", help="the run shown first (any run can be chosen)")
     sp.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
     sp.add_argument(
@@ -513,16 +521,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve on a --host other machines reach (the page has no authentication)",
     )
     sp.add_argument("--port", type=int, help="port (default monitor.dashboard_port; 0: a free one)")
-    sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
-    sp.add_argument("--dir", metavar="INFRA_DIR", help="state folder of `infra up`")
-    sp.add_argument("--runs-dir", metavar="DIR", help="folder of the run folders (run.dir)")
     sp.add_argument("--url-file", metavar="PATH", help="write the page's URL here once serving")
-    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
+    where_runs_are(sp)
     sp.set_defaults(func=cmd_dashboard)
     sp = sub.add_parser(
         "export-metrics", help="send a run's metrics to TensorBoard, W&B or MLflow files"
     )
-    sp.add_argument("config", nargs="?", help="the run's config (monitor.*, broker; optional)")
+    optional_config(sp, "the run's config (monitor.*, broker)")
     sp.add_argument("--run-id", metavar="ID", help="the run whose metrics to export")
     sp.add_argument(
         "--to",
@@ -531,13 +536,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="tensorboard, wandb or mlflow (again for more); default: monitor.exporters",
     )
     sp.add_argument("--follow", action="store_true", help="keep exporting new metrics until Ctrl-C")
-    sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
-    sp.add_argument("--dir", metavar="INFRA_DIR", help="state folder of `infra up`")
     sp.add_argument(
         "--from-file", metavar="PATH", help="a metrics.jsonl to read instead of the broker"
     )
-    sp.add_argument("--runs-dir", metavar="DIR", help="folder of the run folders (run.dir)")
-    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
+    where_runs_are(sp)
     sp.set_defaults(func=cmd_export_metrics)
     add_tasks_parser(sub)
     add_models_parser(sub)
