@@ -37,9 +37,12 @@ def test_a_long_run_keeps_what_it_holds_bounded(tmp_path):
     assert [m["step"] for m in marks] == [100, 150, 200]
     for mark in marks:  # the newest, one retired a step ago (deleted after the next step)
         assert 1 <= mark["store_versions"] <= KEEP_VERSIONS + 2, mark  # and one on its way
-    # as many versions and checkpoints at 200 steps as at 150: the same bytes
-    ratios = result["ratio_last_two_marks"]
-    assert 0.9 <= ratios["store_mb"] <= 1.1 and 0.9 <= ratios["checkpoints_mb"] <= 1.1, ratios
+    # bytes that do not grow with the run: from step 100 to 200 a store or checkpoints folder
+    # that kept everything would double; a bounded one moves only with what is on its way
+    # (4 to 6 versions, a checkpoint being written)
+    for figure in ("store_mb", "checkpoints_mb"):
+        first, last = marks[0][figure], marks[-1][figure]
+        assert first > 0 and 2 / 3 <= last / first <= 1.5, (figure, first, last)
     checkpoints = list(tmp_path.glob("soak-*/checkpoints/step_*"))
     assert 1 <= len(checkpoints) <= KEEP_CHECKPOINTS, checkpoints
     # the supervisor's ledger: the newest steps whole (and one fold's worth), the rest
