@@ -104,6 +104,7 @@ class RecordingEndpoint:
         self._batcher: Batcher | None = None
         self.port = 0
         self._server: Any = None
+        self._thread: threading.Thread | None = None
 
     @property
     def version(self) -> int:
@@ -171,11 +172,20 @@ class RecordingEndpoint:
             daemon=True,
         )
         thread.start()
+        self._thread = thread
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._server.started:
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise ServiceError(f"{self.name}: the agent endpoint did not start")
             time.sleep(0.02)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop serving and wait for the server's thread (a process that ends needs not:
+        the thread is a daemon)."""
+        if self._thread is None:
+            return
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
 
 
 _ENDPOINTS: dict[int, RecordingEndpoint] = {}

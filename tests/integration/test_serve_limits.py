@@ -34,7 +34,7 @@ def endpoint():
     ep.prepare(version=0, temperature=1.0, max_tokens=4)
     ep.calls = calls
     yield ep
-    ep._server.should_exit = True
+    ep.stop()
 
 
 def _client(ep, conversation: str) -> openai.OpenAI:

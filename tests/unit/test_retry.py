@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 
 import pytest
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
@@ -34,8 +35,13 @@ def test_backoff_doubles_up_to_the_cap():
 
 def test_retries_until_the_service_is_back(monkeypatch):
     slept: list[float] = []
+    real_sleep, here = asyncio.sleep, threading.get_ident()
 
-    async def no_sleep(s: float) -> None:
+    async def no_sleep(s: float, *args, **kwargs):
+        # asyncio.sleep is patched for the whole process: a loop left running in another
+        # thread by an earlier test (a server's) must keep sleeping for real, not spin here
+        if threading.get_ident() != here:
+            return await real_sleep(s, *args, **kwargs)
         slept.append(s)
 
     monkeypatch.setattr(retry.asyncio, "sleep", no_sleep)
