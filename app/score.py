@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamrft.app.watch.run_events import reachable
 from streamrft.infra.config import Config
+from streamrft.infra.durable import replace_durably
 from streamrft.schemas.errors import ServiceError, StreamRFTError
 
 if TYPE_CHECKING:  # heavy (torch): imported when a scorer is built
@@ -375,6 +375,4 @@ def _report(
 
 def _write(path: Path, report: dict[str, Any]) -> None:
     """Replace ``path`` in one step (a reader never sees half a file)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, path)
+    replace_durably(path, (json.dumps(report, indent=2) + "\n").encode())

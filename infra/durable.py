@@ -17,12 +17,21 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def replace_durably(path: Path, data: bytes) -> None:
-    """Make ``path`` hold ``data``, atomically and durably (the folder is created)."""
+def temporary_name(path: Path) -> Path:
+    """Where :func:`replace_durably` writes ``path`` before renaming it into place
+    (``.<name>.tmp-<pid>``): a crashed writer's leftover matches ``.*.tmp-*``."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def replace_durably(path: Path, data: bytes, mode: int = 0o666) -> None:
+    """Make ``path`` hold ``data``, atomically and durably (the folder is created);
+    ``mode``: its permissions (less the umask), e.g. ``0o600`` for a file holding secrets
+    or user data."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_name(path)
     try:
-        with tmp.open("wb") as fh:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

@@ -6,10 +6,10 @@ them (the endpoint resolver, ``streamrft infra status``)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from streamrft.infra.durable import replace_durably
 from streamrft.infra.pids import pid_is, port_open
 from streamrft.schemas.errors import ServiceError
 
@@ -25,11 +25,7 @@ def state_file(state_dir: Path) -> Path:
 def write_state(state_dir: Path, state: dict[str, Any]) -> Path:
     """Write the state file atomically, readable by its owner only; returns its path."""
     path = state_file(state_dir)
-    tmp = path.with_suffix(".json.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(state, f, indent=2)
-    os.replace(tmp, path)
+    replace_durably(path, json.dumps(state, indent=2).encode(), mode=0o600)
     return path
 
 

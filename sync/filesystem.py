@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlsplit
 import torch
 
 from streamrft.infra.config import Config
+from streamrft.infra.durable import temporary_name
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.sync.versions import StoreLoader, StorePublisher
 
@@ -43,7 +44,7 @@ class FolderStore:
     def write(self, key: str, chunks: Sequence[memoryview], content_type: str) -> None:
         """Write the chunks to a temporary name, fsync, rename into place."""
         path = self.root / key
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp = temporary_name(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tmp.open("wb") as fh:

@@ -4,7 +4,7 @@ A folder (``serve.spool_dir``, default ``<run dir>/serve/spool``) of files, one 
 of groups, each a msgpack list of the groups' Kafka record values (the experience codec's
 encoding, :data:`~streamrft.schemas.codec.EXPERIENCE_GROUP`). Pure file I/O, no Kafka:
 
-- **Atomic.** A file is written under a temporary name (``.<name>.tmp``), fsynced, renamed
+- **Atomic.** A file is written under a temporary name (``.<name>.tmp-<pid>``), fsynced, renamed
   to its name and the folder fsynced: a file listed by :meth:`Spool.pending` is whole. A
   temporary file left by a crash is deleted by the next :class:`Spool` of the folder.
 - **Ordered.** Names start with the time they were written in nanoseconds
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import msgspec
 
-from streamrft.infra.durable import fsync_path
+from streamrft.infra.durable import fsync_path, replace_durably
 from streamrft.schemas.codec import EXPERIENCE_GROUP
 from streamrft.schemas.errors import SchemaError, StreamRFTError
 from streamrft.schemas.experience import ExperienceGroup
@@ -101,7 +101,7 @@ class Spool:
         self._seq = itertools.count()
         self.folder.mkdir(parents=True, exist_ok=True)
         with self._locked():  # no one writes: a temporary file now is a crashed writer's
-            for leftover in self.folder.glob(".*.tmp"):
+            for leftover in self.folder.glob(".*.tmp-*"):
                 leftover.unlink(missing_ok=True)
 
     @contextlib.contextmanager
@@ -143,17 +143,7 @@ class Spool:
                 )
             name = f"{time.time_ns():020d}-{self.owner}-{next(self._seq):06d}{SUFFIX}"
             path = self.folder / name
-            tmp = self.folder / f".{name}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, path)
-            fsync_path(self.folder)
+            replace_durably(path, data, mode=0o600)
         return path
 
     def take(self, path: Path) -> Taken | None:

@@ -63,7 +63,7 @@ def test_files_are_whole_or_absent(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == [".lock", path.name]
     # a writer that crashed before its rename leaves a temporary file: never listed, and
     # deleted by the next spool of the folder
-    (folder / f".{path.name[:-6]}x.spool.tmp").write_bytes(b"half a fi")
+    (folder / f".{path.name[:-6]}x.spool.tmp-4242").write_bytes(b"half a fi")
     assert spool.pending() == [path]
     Spool(folder, 1 << 20, "serve-2")
     assert sorted(p.name for p in folder.iterdir()) == [".lock", path.name]
