@@ -117,7 +117,7 @@ def _broker(cfg: Config) -> str:
 
     try:
         found = asyncio.run(topics())
-    except TimeoutError as exc:
+    except asyncio.TimeoutError as exc:  # not the builtin one before Python 3.11
         raise StreamRFTError(
             f"{cfg.kafka.bootstrap_servers}: no answer in {CONNECT_TIMEOUT_S:.0f}s"
         ) from exc
