@@ -549,9 +549,26 @@ def build_parser() -> argparse.ArgumentParser:
 CHILD_ROLES = ("train", "explore", "feed")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The command line read with options anywhere between the arguments: ``publish CONFIG
+    --run-id R tasks FILE`` gives CONFIG, not the kind, to the optional first argument (plain
+    argparse fills positionals chunk by chunk between options). Commands with their own
+    subcommands (``models``, ``tasks``) are read the plain way."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = commands.choices.get(argv[0]) if argv else None
+    if command is None or any(
+        isinstance(a, argparse._SubParsersAction) for a in command._actions
+    ):
+        return parser, parser.parse_args(argv)
+    args = command.parse_intermixed_args(argv[1:])
+    args.command = argv[0]
+    return command, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args = parse_args(argv)
     if getattr(args, "config_flag", None):
         if args.config:
             parser.error("give the config once: as CONFIG or (the old way) --config")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamrft.app.cli import build_parser, main
+from streamrft.app.cli import build_parser, main, parse_args
 
 pytestmark = pytest.mark.unit
 
@@ -21,13 +21,17 @@ pytestmark = pytest.mark.unit
         (["topics", "c.yaml"], "c.yaml", {}),
         (["publish", "c.yaml", "tasks", "f.jsonl", "--run-id", "r"], "c.yaml", {"kind": "tasks"}),
         (["publish", "tasks", "f.jsonl", "--run-id", "r"], None, {"file": "f.jsonl"}),
+        # options between the arguments: CONFIG is still the first of them
+        (["publish", "c.yaml", "--run-id", "r", "tasks", "f.jsonl"], "c.yaml", {"kind": "tasks"}),
+        (["tail", "c.yaml", "--run-id", "r", "metrics"], "c.yaml", {"target": "metrics"}),
+        (["tail", "--max", "3", "metrics"], None, {"target": "metrics", "max": 3}),
         (["dashboard", "c.yaml"], "c.yaml", {}),
         (["export-metrics", "c.yaml", "--run-id", "r"], "c.yaml", {}),
     ],
 )
 def test_the_config_is_the_first_argument_and_optional_where_it_can_be(argv, config, rest):
-    args = build_parser().parse_args(argv)
-    assert args.config == config
+    _, args = parse_args(argv)
+    assert args.config == config and args.command == argv[0]
     assert {k: getattr(args, k) for k in rest} == rest
 
 
