@@ -11,29 +11,35 @@ the simulated engine runs no model (random tokens at a fixed cost per token, for
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from streamrft.infra.config import ExplorerConfig
 from streamrft.producers.engines.base import Rollout, RolloutEngine
-from streamrft.producers.engines.simulated import SimulatedEngine, make_simulated_engine
-from streamrft.producers.engines.transformers_engine import (
-    TransformersEngine,
-    make_transformers_engine,
-)
-from streamrft.producers.engines.vllm_engine import make_vllm_engine
 from streamrft.schemas.errors import ConfigError
 
-EngineFactory = Callable[[torch.nn.Module, object, ExplorerConfig], RolloutEngine]
+if TYPE_CHECKING:
+    import torch
+
+    from streamrft.infra.config import ExplorerConfig
+    from streamrft.producers.engines.simulated import SimulatedEngine
+    from streamrft.producers.engines.transformers_engine import TransformersEngine
+
+EngineFactory = Callable[["torch.nn.Module", object, "ExplorerConfig"], RolloutEngine]
 """``(model, tokenizer, explorer_cfg) -> engine``."""
 
-ENGINES: dict[str, EngineFactory] = {
-    "transformers": make_transformers_engine,
-    "vllm": make_vllm_engine,
-    "simulated": make_simulated_engine,
+ENGINES: dict[str, str] = {
+    "transformers": "transformers_engine:make_transformers_engine",
+    "vllm": "vllm_engine:make_vllm_engine",
+    "simulated": "simulated:make_simulated_engine",
 }
-"""``explorer.engine`` name -> factory."""
+"""``explorer.engine`` name -> ``module:factory`` in this package, imported when chosen (a
+process that only names an engine, such as the feeder or ``validate``, loads no torch)."""
+
+_CLASSES = {
+    "TransformersEngine": "transformers_engine",
+    "SimulatedEngine": "simulated",
+}
 
 __all__ = [
     "ENGINES",
@@ -47,17 +53,27 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    """The engine classes, imported on first use (PEP 562)."""
+    if name in _CLASSES:
+        return getattr(importlib.import_module(f"{__name__}.{_CLASSES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def check_engine(name: str) -> EngineFactory:
     """The factory registered as ``name``; a :class:`ConfigError` naming the known ones if none."""
     try:
-        return ENGINES[name]
+        module, factory = ENGINES[name].split(":")
     except KeyError:
         raise ConfigError(
             f"explorer.engine: unknown engine {name!r}; known: {', '.join(ENGINES)}"
         ) from None
+    return getattr(importlib.import_module(f"{__name__}.{module}"), factory)
 
 
-def make_engine(name: str, model: torch.nn.Module, tokenizer, cfg: ExplorerConfig) -> RolloutEngine:
+def make_engine(
+    name: str, model: torch.nn.Module, tokenizer, cfg: ExplorerConfig
+) -> RolloutEngine:
     """The engine ``explorer.engine`` names, around ``model``, with its options from ``cfg``
     (the ``explorer`` section)."""
     return check_engine(name)(model, tokenizer, cfg)

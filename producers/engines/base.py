@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from streamrft.schemas.arrays import pack_f32, pack_i32, pack_u8
 from streamrft.schemas.experience import Experience
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass

@@ -9,7 +9,7 @@ import torch
 
 from streamrft.infra.config import ExplorerConfig, from_dict
 from streamrft.infra.modeling import build_char_tokenizer
-from streamrft.producers.engines import ENGINES, SimulatedEngine, make_engine
+from streamrft.producers.engines import ENGINES, SimulatedEngine, check_engine, make_engine
 from streamrft.producers.engines.simulated import make_simulated_engine
 from streamrft.producers.rewards import exact_match
 from streamrft.producers.workflows import RolloutSpec, math_workflow
@@ -57,7 +57,7 @@ def engine(tokenizer, sleeps):
 
 
 def test_registered_and_built_with_the_explorer_cost(tokenizer):
-    assert ENGINES["simulated"] is make_simulated_engine
+    assert check_engine("simulated") is make_simulated_engine
     cfg = ExplorerConfig(engine="simulated", simulated_seconds_per_token=0.125)
     model = torch.nn.Linear(1, 1)
     engine = make_engine("simulated", model, tokenizer, cfg)
