@@ -339,39 +339,38 @@ def cmd_export_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="streamrft", description="Event-driven reinforcement fine-tuning of LLMs."
+def _optional_config(sp: argparse.ArgumentParser, text: str) -> None:
+    """CONFIG as the first, optional positional; ``--config`` still read (it warns)."""
+    sp.add_argument("config", nargs="?", help=f"{text} (optional)")
+    sp.add_argument("--config", dest="config_flag", metavar="CONFIG", help=argparse.SUPPRESS)
+
+
+def _where_runs_are(sp: argparse.ArgumentParser) -> None:
+    """The options of a command that watches runs from outside: where their broker and
+    folders are, and overrides of its CONFIG."""
+    sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
+    sp.add_argument("--dir", metavar="INFRA_DIR", help="state folder of `infra up`")
+    sp.add_argument("--runs-dir", metavar="DIR", help="folder of the run folders (run.dir)")
+    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
+
+
+def _with_config(sp: argparse.ArgumentParser, run_id_help: str) -> None:
+    sp.add_argument("config", help="YAML config file (see examples/)")
+    sp.add_argument("--run-id", metavar="ID", help=run_id_help)
+    sp.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. trainer.lr=5e-4",
     )
-    p.add_argument("--version", action="version", version=f"streamrft {_version()}")
-    sub = p.add_subparsers(dest="command", required=True)
 
-    def optional_config(sp: argparse.ArgumentParser, text: str) -> None:
-        """CONFIG as the first, optional positional; ``--config`` still read (it warns)."""
-        sp.add_argument("config", nargs="?", help=f"{text} (optional)")
-        sp.add_argument("--config", dest="config_flag", metavar="CONFIG", help=argparse.SUPPRESS)
 
-    def where_runs_are(sp: argparse.ArgumentParser) -> None:
-        """The options of a command that watches runs from outside: where their broker and
-        folders are, and overrides of its CONFIG."""
-        sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
-        sp.add_argument("--dir", metavar="INFRA_DIR", help="state folder of `infra up`")
-        sp.add_argument("--runs-dir", metavar="DIR", help="folder of the run folders (run.dir)")
-        sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
-
-    def with_config(sp: argparse.ArgumentParser, run_id_help: str) -> None:
-        sp.add_argument("config", help="YAML config file (see examples/)")
-        sp.add_argument("--run-id", metavar="ID", help=run_id_help)
-        sp.add_argument(
-            "-o",
-            "--override",
-            action="append",
-            metavar="KEY=VALUE",
-            help="override a config field, e.g. trainer.lr=5e-4",
-        )
-
+def _add_run_commands(sub: argparse._SubParsersAction) -> None:
+    """``run`` and the processes it supervises, each also started by hand: ``train``,
+    ``explore``, ``feed``, ``serve``."""
     sp = sub.add_parser("run", help="feeder + explorers + trainer under one supervisor")
-    with_config(
+    _with_config(
         sp,
         "the run's id (its topics' namespace and folder): a new run gets "
         "<run.name>-<timestamp> when none is given; an existing run's id resumes it",
@@ -401,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", cmd_serve, "serve the policy on an OpenAI-compatible API; record experiences"),
     ):
         sp = sub.add_parser(name, help=helptext)
-        with_config(
+        _with_config(
             sp,
             "the run to join (required unless the config sets run.id; `streamrft run` prints it)"
             if name != "feed"
@@ -423,6 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
             )
             add_replay_arguments(sp)
         sp.set_defaults(func=func)
+
+
+def _add_checkpoint_commands(sub: argparse._SubParsersAction) -> None:
+    """What reads a config or a run's checkpoints without joining a run: ``export``,
+    ``score``, ``validate``."""
     sp = sub.add_parser("export", help="write a checkpoint (LoRA merged) as a Hugging Face folder")
     sp.add_argument("config", help="the run's config (model section)")
     sp.add_argument(
@@ -436,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
         aliases=["bench"],
         help="score a run's checkpoints: greedy accuracy, pass@k (`bench`: an old name)",
     )
-    with_config(sp, "the run whose checkpoints to score (required unless the config sets run.id)")
+    _with_config(sp, "the run whose checkpoints to score (required unless the config sets run.id)")
     sp.add_argument("--checkpoint", default="latest", help="latest (default), all, or a step")
     sp.add_argument("--k", type=int, default=4, help="pass@k for this k, and pass@1 (default 4)")
     sp.add_argument("--samples", type=int, metavar="N", help="samples per task, N >= k (default k)")
@@ -457,6 +461,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--connect", action="store_true", help="also reach the broker and object store it names"
     )
     sp.set_defaults(func=cmd_validate)
+
+
+def _add_watch_commands(sub: argparse._SubParsersAction) -> None:
+    """The local services and what looks at runs from outside: ``infra``, ``topics``,
+    ``tail``, ``status``, ``publish``, ``dashboard``, ``export-metrics``."""
     sp = sub.add_parser("infra", help="start/stop/inspect the embedded broker and object store")
     sp.add_argument("action", choices=["up", "down", "status"])
     sp.add_argument(
@@ -475,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", cmd_status, "a run's components: state, step, version, heartbeat, partitions"),
     ):
         sp = sub.add_parser(name, help=helptext)
-        optional_config(
+        _optional_config(
             sp, "config naming the broker" + ("" if name == "topics" else " and run.dir")
         )
         if name == "tail":
@@ -505,14 +514,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate a JSONL file of tasks or experience groups "
         "(their JSON form, schemas/json/) and publish the good lines to a run",
     )
-    optional_config(sp, "config naming the broker (default: found as `explore` finds it)")
+    _optional_config(sp, "config naming the broker (default: found as `explore` finds it)")
     sp.add_argument("kind", choices=["tasks", "experiences"], help="the run's topic to publish to")
     sp.add_argument("file", help="JSONL file: one JSON object per line")
     sp.add_argument("--run-id", required=True, metavar="ID", help="the run to publish to")
     sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
     sp.set_defaults(func=cmd_publish)
     sp = sub.add_parser("dashboard", help="a live page of runs: curves, components, dead letters")
-    optional_config(sp, "config naming the broker and run.dir")
+    _optional_config(sp, "config naming the broker and run.dir")
     sp.add_argument("--run-id", metavar="ID", help="the run shown first (any run can be chosen)")
     sp.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
     sp.add_argument(
@@ -522,12 +531,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--port", type=int, help="port (default monitor.dashboard_port; 0: a free one)")
     sp.add_argument("--url-file", metavar="PATH", help="write the page's URL here once serving")
-    where_runs_are(sp)
+    _where_runs_are(sp)
     sp.set_defaults(func=cmd_dashboard)
     sp = sub.add_parser(
         "export-metrics", help="send a run's metrics to TensorBoard, W&B or MLflow files"
     )
-    optional_config(sp, "the run's config (monitor.*, broker)")
+    _optional_config(sp, "the run's config (monitor.*, broker)")
     sp.add_argument("--run-id", metavar="ID", help="the run whose metrics to export")
     sp.add_argument(
         "--to",
@@ -539,8 +548,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--from-file", metavar="PATH", help="a metrics.jsonl to read instead of the broker"
     )
-    where_runs_are(sp)
+    _where_runs_are(sp)
     sp.set_defaults(func=cmd_export_metrics)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="streamrft", description="Event-driven reinforcement fine-tuning of LLMs."
+    )
+    p.add_argument("--version", action="version", version=f"streamrft {_version()}")
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_run_commands(sub)
+    _add_checkpoint_commands(sub)
+    _add_watch_commands(sub)
     add_tasks_parser(sub)
     add_models_parser(sub)
     return p
@@ -558,9 +578,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
     argv = sys.argv[1:] if argv is None else list(argv)
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     command = commands.choices.get(argv[0]) if argv else None
-    if command is None or any(
-        isinstance(a, argparse._SubParsersAction) for a in command._actions
-    ):
+    if command is None or any(isinstance(a, argparse._SubParsersAction) for a in command._actions):
         return parser, parser.parse_args(argv)
     args = command.parse_intermixed_args(argv[1:])
     args.command = argv[0]
