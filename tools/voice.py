@@ -4,7 +4,8 @@
 
 A user page (``README.md`` and ``docs/**/*.md`` except the contributor pages) must not read
 like a lab notebook: no commit hashes, no "issue" (the history of the project's making),
-no "development machine" (a figure names its hardware), no "not met", no test files (test
+no "development machine" or "this machine" (a figure names its hardware), no "this
+session", no "not met", no test files (test
 internals belong on the contributor pages); and no page is
 longer than :data:`MAX_LINES` lines (split it). Prints each finding as ``path:line: what``
 and exits 1 when there is one.
@@ -23,7 +24,12 @@ CONTRIBUTOR_PAGES = {"docs/contributing.md", "docs/architecture.md"}
 MARKERS = {
     "a commit hash": re.compile(r"(?<![\w/.#-])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,12}\b"),
     "an issue of the project": re.compile(r"\bissues?\b", re.IGNORECASE),
-    "'development machine' (name the hardware)": re.compile(r"development machine", re.IGNORECASE),
+    "'development machine' or 'this machine' (name the hardware)": re.compile(
+        r"\b(development|this) machine", re.IGNORECASE
+    ),
+    "'this session' or 'an earlier session' (the history of the project's making)": re.compile(
+        r"\b(this|earlier|previous|last) session\b", re.IGNORECASE
+    ),
     "'not met'": re.compile(r"\bnot met\b", re.IGNORECASE),
     "a test file (test internals belong on Contributing)": re.compile(
         r"\btests/[\w/.-]+|\btest_\w+\.py\b"

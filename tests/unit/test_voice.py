@@ -23,6 +23,8 @@ def test_the_repositorys_user_pages_pass(monkeypatch, capsys):
         ("measured on the code before (commit 41ac149)", "a commit hash"),
         ("as the issue asked, steps are faster", "an issue of the project"),
         ("Measured on the 2-core development machine", "'development machine'"),
+        ("No change measured here: on this machine the write", "'development machine' or 'this"),
+        ("(measured in an earlier session)", "'this session' or 'an earlier"),
         ("the goal of 0.5 is **not met** here", "'not met'"),
         ("checked by `tests/e2e/test_serve.py`", "a test file"),
     ],
