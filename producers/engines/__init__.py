@@ -33,8 +33,9 @@ ENGINES: dict[str, str] = {
     "vllm": "vllm_engine:make_vllm_engine",
     "simulated": "simulated:make_simulated_engine",
 }
-"""``explorer.engine`` name -> ``module:factory`` in this package, imported when chosen (a
-process that only names an engine, such as the feeder or ``validate``, loads no torch)."""
+"""``explorer.engine`` name -> ``module:factory`` (a module of this package, or a dotted
+module path), imported when chosen: a process that only names an engine, such as the
+feeder or ``validate``, loads no torch."""
 
 _CLASSES = {
     "TransformersEngine": "transformers_engine",
@@ -68,7 +69,8 @@ def check_engine(name: str) -> EngineFactory:
         raise ConfigError(
             f"explorer.engine: unknown engine {name!r}; known: {', '.join(ENGINES)}"
         ) from None
-    return getattr(importlib.import_module(f"{__name__}.{module}"), factory)
+    where = module if "." in module else f"{__name__}.{module}"  # dotted: outside this package
+    return getattr(importlib.import_module(where), factory)
 
 
 def make_engine(

@@ -85,11 +85,16 @@ def test_unknown_engine_is_a_config_error_naming_the_field_and_the_engines(model
         make_engine("tgi", model, tokenizer, EXPLORER)
 
 
-def test_registering_an_engine_is_one_line(monkeypatch, model, tokenizer):
-    class Echo(TransformersEngine):
-        pass
+class Echo(TransformersEngine):
+    pass
 
-    monkeypatch.setitem(ENGINES, "echo", lambda model, tokenizer, cfg: Echo(model, tokenizer))
+
+def make_echo(model, tokenizer, cfg) -> Echo:
+    return Echo(model, tokenizer)
+
+
+def test_registering_an_engine_is_one_line(monkeypatch, model, tokenizer):
+    monkeypatch.setitem(ENGINES, "echo", f"{__name__}:make_echo")
     assert type(make_engine("echo", model, tokenizer, EXPLORER)) is Echo
 
 
