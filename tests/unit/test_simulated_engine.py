@@ -9,7 +9,7 @@ import torch
 
 from streamrft.infra.config import ExplorerConfig, from_dict
 from streamrft.infra.modeling import build_char_tokenizer
-from streamrft.producers.engines import ENGINES, SimulatedEngine, check_engine, make_engine
+from streamrft.producers.engines import SimulatedEngine, check_engine, make_engine
 from streamrft.producers.engines.simulated import make_simulated_engine
 from streamrft.producers.rewards import exact_match
 from streamrft.producers.workflows import RolloutSpec, math_workflow
