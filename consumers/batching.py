@@ -133,9 +133,11 @@ def logprobs_and_entropy(
     prompt_width: int,
     temperature: float = 1.0,
     entropy: bool = False,
+    measure_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(B, R)`` log-probs of the response tokens and, with ``entropy``, the entropy of
-    the policy's distribution at each of them (both with grad if enabled)."""
+    the policy's distribution at each of them (both with grad if enabled); with
+    ``measure_entropy`` alone, the entropy without grad (a metric: no graph kept)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
@@ -144,6 +146,9 @@ def logprobs_and_entropy(
     targets = input_ids[:, prompt_width:]
     logp = torch.log_softmax(logits, dim=-1)
     chosen = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    if not entropy:
-        return chosen, None
-    return chosen, -(logp.exp() * logp).sum(-1)
+    if entropy:
+        return chosen, -(logp.exp() * logp).sum(-1)
+    if measure_entropy:
+        with torch.no_grad():
+            return chosen, -(logp.exp() * logp).sum(-1)
+    return chosen, None

@@ -99,6 +99,8 @@ class TrainStep(msgspec.Struct, tag="train_step", frozen=True):
 
     version: int
     groups: list[ExperienceGroup]
+    step: int = 0
+    """Rank 0's :attr:`~.train_engine.TorchTrainEngine.steps_trained`: the lr schedule's step."""
 
 
 class Gather(msgspec.Struct, tag="gather", frozen=True):

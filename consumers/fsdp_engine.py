@@ -187,7 +187,7 @@ class FsdpTrainEngine(TorchTrainEngine):
     retries_steps = False  # every rank takes part in a step: a failure ends the group
 
     def train_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
-        self._command(TrainStep(version, groups))
+        self._command(TrainStep(version, groups, self.steps_trained))
         self._fresh = False
         return super().train_step(groups, version)
 
@@ -228,6 +228,7 @@ class FsdpTrainEngine(TorchTrainEngine):
         set_model_state_dict(self.model, full, options=FROM_RANK0)
         set_optimizer_state_dict(self.model, self.optimizer, optim, options=FROM_RANK0)
         self._fresh = self.replica is not None
+        self.steps_trained = state.step  # rank 0's; the others take it from each TrainStep
         return state
 
     def _param_names(self) -> list[str]:
@@ -244,7 +245,8 @@ class FsdpTrainEngine(TorchTrainEngine):
             match receive_command(self.ranks):
                 case Prepare():
                     self.prepare()
-                case TrainStep(version=version, groups=groups):
+                case TrainStep(version=version, groups=groups, step=step):
+                    self.steps_trained = step
                     self.train_step(groups, version)
                 case Gather():
                     self.gather()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,11 @@ from streamrft.consumers.checkpoint import (
     save_checkpoint,
 )
 from streamrft.consumers.critic import Critic, ValueModel
+from streamrft.consumers.lr_schedule import lr_factor, set_lr
 from streamrft.consumers.precision import Precision
 from streamrft.consumers.state import TrainerState
 from streamrft.consumers.teacher import load_teacher
+from streamrft.consumers.throughput import peak_tflops, step_flops, throughput_metrics
 from streamrft.consumers.warmup import sft_warmup
 from streamrft.infra.config import Config
 from streamrft.infra.modeling import DTYPES, load_policy, resolve_device
@@ -115,6 +118,9 @@ class TorchTrainEngine(TrainEngine):
 
     share: BatchShare | None = None
     """The rows of each step this process trains (None: all; ``fsdp2`` sets its own)."""
+    steps_trained = 0
+    """RL steps this engine's model has taken in the run (restored by :meth:`load`): the
+    learning-rate schedule's step (``trainer.lr_schedule``)."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -122,6 +128,8 @@ class TorchTrainEngine(TrainEngine):
         self.algo = resolve_algorithm(cfg)  # a bad name fails at start-up, naming the field
         torch.manual_seed(cfg.run.seed)
         self.model, self.tokenizer = load_policy(cfg.model, dtype=torch.float32)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        """The policy's parameters, before any adapter or sharding (the FLOPs estimate)."""
         self.precision = Precision.of(resolve_device(cfg.model.device), DTYPES[cfg.model.dtype])
         if self.precision.device.type == "cuda" and self.tcfg.gpu_memory_fraction > 0:
             torch.cuda.set_per_process_memory_fraction(
@@ -185,6 +193,41 @@ class TorchTrainEngine(TrainEngine):
         return ModelWeights(self.model, lora, DTYPES[self.cfg.model.dtype], delta=delta)
 
     def train_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
+        lr = self._schedule()
+        device = self.precision.device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        started = time.perf_counter()
+        metrics = self._train_step(groups, version)
+        seconds = time.perf_counter() - started
+        self.steps_trained += 1
+        tokens = sum(e.num_tokens for g in groups for e in g.experiences)
+        flops = step_flops(self.params, tokens, self.tcfg.ppo_epochs, self._frozen_passes())
+        peak = peak_tflops(device, self.tcfg.peak_tflops)
+        peak_bytes = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        ranks = self.tcfg.nproc
+        speed = throughput_metrics(
+            tokens, seconds, flops, None if peak is None else peak * ranks, peak_bytes
+        )
+        return {**metrics, **speed, "train/lr": lr}
+
+    def _frozen_passes(self) -> int:
+        """Forward passes without grad a step makes besides the policy's own."""
+        spec = self.algo.spec
+        ref = self.ref_model is not None and spec.needs_reference
+        return int(ref) + int(spec.needs_proximal) + int(self.teacher is not None)
+
+    def _schedule(self) -> float:
+        """The learning rates of this step (``trainer.lr_schedule``): the policy's, which
+        it returns, and the critic's, by the same factor."""
+        assert self.optimizer is not None, "prepare() first"
+        factor = lr_factor(self.steps_trained, self.tcfg)
+        set_lr(self.optimizer, self.tcfg.lr * factor)
+        if self.critic is not None:
+            set_lr(self.critic.optimizer, self.algo.spec.critic_lr * factor)
+        return self.tcfg.lr * factor
+
+    def _train_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
         assert self.optimizer is not None, "prepare() first"
         if self.algo.spec.pairs:  # DPO: a loss of preference pairs, with its own step
             return dpo_step(
@@ -252,7 +295,9 @@ class TorchTrainEngine(TrainEngine):
         """Also the critic's weights and optimizer when the checkpoint has them; one
         without (a run that trained none) leaves the fresh critic ``prepare`` made."""
         assert self.optimizer is not None, "prepare() first"
-        return load_checkpoint(path, self.model, self.optimizer, self._extras())
+        state = load_checkpoint(path, self.model, self.optimizer, self._extras())
+        self.steps_trained = state.step
+        return state
 
     def _extras(self) -> Extras:
         """What is checkpointed beside the policy: the critic, if any."""

@@ -231,13 +231,27 @@ class ModelConfig(_Section, frozen=True):
 
 class TasksetConfig(_Section, frozen=True):
     path: str = ""
-    """JSONL file of training tasks, one object per line (relative to the config file)."""
+    """Training tasks (relative to the config file): a JSONL file (one object per line), a
+    Parquet file (``.parquet``, needs ``pyarrow``) or a folder written by Hugging Face
+    ``datasets``' ``save_to_disk`` (needs ``datasets``; both: ``pip install -e
+    '.[data]'``), read offline."""
     eval_path: str | None = None
-    """JSONL file of evaluation tasks; None evaluates on the training taskset."""
+    """Evaluation tasks, in any of those forms; None evaluates on the training taskset."""
+    split: str = "train"
+    """The split of a saved dataset dict (a folder holding ``dataset_dict.json``)."""
     prompt_key: str = "prompt"
     answer_key: str = "answer"
     id_key: str = "id"
-    """Field names in the JSONL objects (a missing id becomes the line number)."""
+    """Field names in the rows, each a dotted path into nested fields (``extra_info.answer``);
+    a missing id becomes the row number."""
+    prompt_template: str | None = None
+    """The prompt built from the row's fields by name, in place of ``prompt_key``:
+    ``"{question}\nPut the final answer in \\boxed{}."`` (a nested field as
+    ``{extra_info[question]}``; literal braces doubled, ``{{`` and ``}}``)."""
+    answer_extract: str | None = None
+    """How the answer field becomes the reference answer: ``gsm8k`` (what follows the last
+    ``####``, commas dropped), ``boxed`` (the last ``\\boxed{...}``), or a regular
+    expression with one group. A row it finds no answer in is skipped (counted in the log)."""
     messages_key: str = "messages"
     """Field of a chat task: a list of ``{"role": ..., "content": ...}`` objects, used in
     place of the prompt. A line has a prompt or messages, not both."""
@@ -345,8 +359,13 @@ class TrainerConfig(_Section, frozen=True):
     """Experience groups per training step."""
     ppo_epochs: Pos = 1
     """Optimizer passes over each batch."""
+    mini_batch_size: NonNeg = 0
+    """Experience groups per optimizer update: each of the ``ppo_epochs`` passes makes
+    ``batch_size / mini_batch_size`` updates (rounded up), each on its own groups with its
+    loss normalised over them alone (verl's ``ppo_mini_batch_size``, in groups). 0: one
+    update per pass over the whole batch."""
     micro_batch_size: NonNeg = 0
-    """Sequences per forward/backward (0: the whole batch at once)."""
+    """Sequences per forward/backward (0: the whole batch, or mini-batch, at once)."""
     max_tokens_per_micro_batch: NonNeg = 32768
     """Token budget of one forward/backward: consecutive sequences are packed while
     rows x (longest prompt + longest response among them) stays within it, each micro-batch
@@ -367,7 +386,21 @@ class TrainerConfig(_Section, frozen=True):
     """Recompute each decoder layer's activations in the backward pass instead of keeping
     them: less memory for long sequences, about a third more compute."""
     lr: PosF = 1e-3
-    """AdamW learning rate of the RL steps."""
+    """AdamW learning rate of the RL steps (the peak of ``lr_schedule``)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """The learning rate over the run, moved once per training step
+    (``consumers/lr_schedule.py`` has the formulas): after the warm-up, ``constant`` keeps
+    ``lr``; ``linear`` and ``cosine`` decay it towards ``lr x min_lr_ratio`` at
+    ``max_steps`` (which they need: not 0). A resumed run continues the curve."""
+    lr_warmup_steps: NonNeg = 0
+    """Steps of linear warm-up: step i (from 0) trains at ``lr x (i + 1) / lr_warmup_steps``."""
+    lr_warmup_ratio: Frac = 0.0
+    """The warm-up as a share of ``max_steps`` (rounded up), instead of ``lr_warmup_steps``."""
+    min_lr_ratio: Frac = 0.0
+    """Floor of the ``linear`` and ``cosine`` decay, as a share of ``lr``."""
+    peak_tflops: NonNegF = 0.0
+    """Peak dense TFLOPS of one accelerator for the ``train/mfu`` metric; 0: looked up by
+    the GPU's name (H100, H200, A100, ... in ``consumers/throughput.py``), none on a CPU."""
     weight_decay: NonNegF = 0.0
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -557,6 +590,20 @@ class AlgorithmConfig(_Section, frozen=True):
     started from) to separate a pair: the loss is ``-log sigmoid(beta x ((log pi - log
     ref)(chosen) - (log pi - log ref)(rejected)))`` of each pair's sequence log-probs.
     None: 0.1."""
+    mask_truncated: bool | None = None
+    """Responses cut at ``explorer.max_new_tokens`` (no EOS: the experience's
+    ``info.truncated`` is 1) get no gradient: their tokens are left out of the loss; their
+    rewards still count in their group's baseline (Trinity-RFT's
+    ``mask_response_truncated``). None: off."""
+    overlong_buffer: NonNeg | None = None
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13), added
+    to each response's reward before advantages: with ``L = explorer.max_new_tokens``, a
+    response of ``n`` policy tokens gets ``-overlong_penalty x (n - (L -
+    overlong_buffer)) / overlong_buffer`` once ``n`` passes ``L - overlong_buffer`` (0
+    below; ``-overlong_penalty`` at ``L``). The length of this last stretch in tokens;
+    None or 0: off."""
+    overlong_penalty: NonNegF | None = None
+    """The penalty at ``explorer.max_new_tokens`` (see ``overlong_buffer``). None: 1.0."""
 
 
 class SynchronizerConfig(_Section, frozen=True):
@@ -799,6 +846,25 @@ def from_dict(data: dict[str, Any]) -> Config:
     return cfg
 
 
+def _validate_lr_schedule(t: TrainerConfig) -> None:
+    if t.lr_warmup_steps and t.lr_warmup_ratio:
+        raise ConfigError(
+            "trainer.lr_warmup_ratio: set either it or trainer.lr_warmup_steps, not both"
+        )
+    if t.lr_schedule != "constant" and not t.max_steps:
+        raise ConfigError(
+            f"trainer.lr_schedule: {t.lr_schedule!r} decays over trainer.max_steps, which is 0 "
+            f"(until the stream ends); set max_steps or use 'constant'"
+        )
+    if t.lr_warmup_ratio and not t.max_steps:
+        raise ConfigError("trainer.lr_warmup_ratio: a share of trainer.max_steps, which is 0")
+    if t.max_steps and t.lr_warmup_steps >= t.max_steps:
+        raise ConfigError(
+            f"trainer.lr_warmup_steps: {t.lr_warmup_steps} leaves no step of the run's "
+            f"{t.max_steps} (trainer.max_steps) after the warm-up"
+        )
+
+
 def validate(cfg: Config) -> None:
     """Rules that relate several fields, checked once at start-up."""
     if not cfg.taskset.path:
@@ -822,6 +888,13 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"algorithm.is_mask_low: {cfg.algorithm.is_mask_low} is not below "
             f"algorithm.is_mask_high {cfg.algorithm.is_mask_high}"
+        )
+    _validate_lr_schedule(cfg.trainer)
+    buffer = cfg.algorithm.overlong_buffer or 0
+    if buffer > cfg.explorer.max_new_tokens:
+        raise ConfigError(
+            f"algorithm.overlong_buffer: {buffer} is longer than the responses may be "
+            f"(explorer.max_new_tokens {cfg.explorer.max_new_tokens})"
         )
     if cfg.explorer.repeat_times < 2:
         raise ConfigError(
@@ -981,8 +1054,8 @@ def load_config(
         ("taskset.path", cfg.taskset.path),
         ("taskset.eval_path", cfg.taskset.eval_path),
     ):
-        if value and not Path(value).is_file():
-            raise ConfigError(f"{field}: file {value!r} does not exist")
+        if value and not Path(value).exists():
+            raise ConfigError(f"{field}: {value!r} does not exist")
     return cfg
 
 

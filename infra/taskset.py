@@ -1,27 +1,84 @@
-"""Read a JSONL taskset into :class:`Task` objects, with errors that name the line.
+"""Read a taskset into :class:`Task` objects, with errors that name the row.
 
-A line is an object with a prompt (``taskset.prompt_key``) or a chat
+``taskset.path`` (and ``eval_path``) is a JSONL file (one object per line), a Parquet
+file (read in record batches, with ``pyarrow``), or a folder a Hugging Face ``datasets``
+``save_to_disk`` wrote (``taskset.split`` of a dataset dict), read with the hub off.
+A row has a prompt (``taskset.prompt_key``, a dotted path into nested fields, or
+``taskset.prompt_template`` filled with the row's fields by name) or a chat
 (``taskset.messages_key``: a list of ``{"role", "content"}`` objects), not both; an
-answer, an id and a workflow are optional; every other field is kept as a metadata string.
+answer (``taskset.answer_key``, read through ``taskset.answer_extract`` when set), an id
+and a workflow are optional; every other top-level field is kept as a metadata string.
+A row whose answer the extractor cannot read is skipped and counted.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from streamrft.infra.answer_extract import answer_extractor
 from streamrft.infra.config import TasksetConfig
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import ChatMessage, Task
 
+log = logging.getLogger(__name__)
+
+PARQUET_BATCH_ROWS = 1024
+"""Rows read from a Parquet file at a time."""
+DATA_EXTRA = "pip install -e '.[data]'"
+
 
 def read_taskset(path: str | Path, cfg: TasksetConfig) -> list[Task]:
+    """Every task of ``path`` (see the module docstring)."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"taskset: file {str(path)!r} does not exist")
+    if not path.exists():
+        raise ConfigError(f"taskset: {str(path)!r} does not exist")
+    extract = answer_extractor(cfg.answer_extract) if cfg.answer_extract else None
     tasks: list[Task] = []
     seen: set[str] = set()
+    unanswered = 0
+    for where, index, row in read_rows(path, cfg):
+        task = _task(row, cfg, where, f"line{index:06d}")
+        if extract is not None:
+            answer = extract(task.answer)
+            if answer is None:
+                unanswered += 1
+                continue
+            task = msgspec.structs.replace(task, answer=answer)
+        if task.id in seen:
+            raise ConfigError(f"taskset {where}: duplicate task id {task.id!r}")
+        seen.add(task.id)
+        tasks.append(task)
+    if unanswered:
+        log.warning(
+            "taskset %s: %d rows skipped: taskset.answer_extract %r found no answer in them",
+            path,
+            unanswered,
+            cfg.answer_extract,
+        )
+    if not tasks:
+        raise ConfigError(f"taskset {path}: no tasks")
+    return tasks
+
+
+def read_rows(path: Path, cfg: TasksetConfig) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """``(where, 1-based index, row)`` of each row of a JSONL or Parquet file or a saved
+    dataset folder."""
+    if path.is_dir():
+        yield from _dataset_rows(path, cfg.split)
+    elif path.suffix == ".parquet":
+        yield from _parquet_rows(path)
+    else:
+        yield from _jsonl_rows(path)
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
@@ -33,18 +90,77 @@ def read_taskset(path: str | Path, cfg: TasksetConfig) -> list[Task]:
                 raise ConfigError(f"taskset {where}: not valid JSON: {exc}") from exc
             if not isinstance(obj, dict):
                 raise ConfigError(f"taskset {where}: expected an object, got {type(obj).__name__}")
-            task = _task(obj, cfg, where, f"line{lineno:06d}")
-            if task.id in seen:
-                raise ConfigError(f"taskset {where}: duplicate task id {task.id!r}")
-            seen.add(task.id)
-            tasks.append(task)
-    if not tasks:
-        raise ConfigError(f"taskset {path}: no tasks")
-    return tasks
+            yield where, lineno, obj
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError(
+            f"taskset {path}: reading Parquet needs pyarrow: {DATA_EXTRA}"
+        ) from None
+    try:
+        reader = pq.ParquetFile(path)
+        index = 0
+        for batch in reader.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            for row in batch.to_pylist():
+                index += 1
+                yield f"{path} row {index}", index, row
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise ConfigError(f"taskset {path}: not a readable Parquet file: {exc}") from exc
+
+
+def _dataset_rows(path: Path, split: str) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    if not (path / "dataset_info.json").is_file() and not (path / "dataset_dict.json").is_file():
+        raise ConfigError(
+            f"taskset {path}: a folder must be a dataset saved with datasets' save_to_disk "
+            f"(no dataset_info.json or dataset_dict.json in it)"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder: never the network
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(
+            f"taskset {path}: reading a datasets folder needs datasets: {DATA_EXTRA}"
+        ) from None
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise ConfigError(
+                f"taskset.split: {split!r} is not a split of {path} "
+                f"(it has {', '.join(sorted(loaded))})"
+            )
+        loaded = loaded[split]
+    for index, row in enumerate(loaded, start=1):
+        yield f"{path} row {index}", index, dict(row)
+
+
+def field(row: dict[str, Any], dotted: str) -> Any:
+    """The value at ``dotted`` (``a.b.c``: nested objects) in ``row``; KeyError if absent.
+    A key holding a dot itself is found as it is first."""
+    if dotted in row:
+        return row[dotted]
+    value: Any = row
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(dotted)
+        value = value[part]
+    return value
+
+
+def _has(row: dict[str, Any], dotted: str) -> bool:
+    try:
+        field(row, dotted)
+    except KeyError:
+        return False
+    return True
 
 
 def _task(obj: dict[str, Any], cfg: TasksetConfig, where: str, default_id: str) -> Task:
-    has_prompt, has_messages = cfg.prompt_key in obj, cfg.messages_key in obj
+    has_messages = _has(obj, cfg.messages_key)
+    has_prompt = cfg.prompt_template is not None or _has(obj, cfg.prompt_key)
     fields = (
         f"{cfg.prompt_key!r} (taskset.prompt_key) or {cfg.messages_key!r} (taskset.messages_key)"
     )
@@ -53,32 +169,58 @@ def _task(obj: dict[str, Any], cfg: TasksetConfig, where: str, default_id: str) 
     if has_prompt and has_messages:
         raise ConfigError(f"taskset {where}: has both fields {fields}; give one")
     known = (cfg.prompt_key, cfg.messages_key, cfg.answer_key, cfg.id_key, "workflow")
+    answer = field(obj, cfg.answer_key) if _has(obj, cfg.answer_key) else ""
     return Task(
-        id=str(obj.get(cfg.id_key, default_id)),
-        prompt=str(obj[cfg.prompt_key]) if has_prompt else "",
-        answer=str(obj.get(cfg.answer_key, "")),
+        id=str(field(obj, cfg.id_key)) if _has(obj, cfg.id_key) else default_id,
+        prompt=_prompt(obj, cfg, where) if has_prompt else "",
+        answer=str(answer),
         workflow=str(obj.get("workflow", cfg.workflow)),
-        metadata={k: str(v) for k, v in obj.items() if k not in known},
-        messages=_messages(obj[cfg.messages_key], cfg, where) if has_messages else [],
+        metadata={k: _text(v) for k, v in obj.items() if k not in known},
+        messages=_messages(field(obj, cfg.messages_key), cfg, where) if has_messages else [],
     )
 
 
+def _prompt(obj: dict[str, Any], cfg: TasksetConfig, where: str) -> str:
+    """``taskset.prompt_template`` filled with the row's fields, or the prompt field."""
+    if cfg.prompt_template is None:
+        return str(field(obj, cfg.prompt_key))
+    try:
+        return cfg.prompt_template.format_map(obj)
+    except KeyError as exc:
+        raise ConfigError(
+            f"taskset {where}: taskset.prompt_template names {exc} , which the row lacks "
+            f"(it has {', '.join(sorted(obj))})"
+        ) from None
+    except (IndexError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"taskset.prompt_template: {exc}") from None
+
+
+def _text(value: Any) -> str:
+    """A metadata value as a string: a nested object or list as JSON, anything else as
+    ``str`` gives it."""
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return str(value)
+
+
 def _messages(value: Any, cfg: TasksetConfig, where: str) -> list[ChatMessage]:
-    """The chat of a line: a non-empty list of objects with string ``role`` and ``content``."""
-    field = f"{cfg.messages_key!r} (taskset.messages_key)"
+    """The chat of a row: a non-empty list of objects with string ``role`` and ``content``."""
+    field_name = f"{cfg.messages_key!r} (taskset.messages_key)"
     if not isinstance(value, list) or not value:
         raise ConfigError(
-            f"taskset {where}: {field} must be a non-empty list of "
+            f"taskset {where}: {field_name} must be a non-empty list of "
             '{"role": ..., "content": ...} objects'
         )
     messages = []
     for i, item in enumerate(value):
         if not isinstance(item, dict):
-            raise ConfigError(f"taskset {where}: {field}[{i}] is not an object")
+            raise ConfigError(f"taskset {where}: {field_name}[{i}] is not an object")
         role, content = item.get("role"), item.get("content")
         if not isinstance(role, str) or not role:
-            raise ConfigError(f"taskset {where}: {field}[{i}] needs a non-empty string 'role'")
+            raise ConfigError(
+                f"taskset {where}: {field_name}[{i}] needs a non-empty string 'role'"
+            )
         if not isinstance(content, str):
-            raise ConfigError(f"taskset {where}: {field}[{i}] needs a string 'content'")
+            raise ConfigError(f"taskset {where}: {field_name}[{i}] needs a string 'content'")
         messages.append(ChatMessage(role=role, content=content))
     return messages

@@ -19,34 +19,19 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from streamrft.infra.answer_extract import boxed_contents
+
 REL_TOL = 1e-6
 """Relative tolerance of numeric equality."""
 MAX_NUMBER_CHARS = 100
 """Longer text is never parsed as a number (:func:`parse_number` returns None)."""
 
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_BOXED = "\\boxed{"
 _PLAIN = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
 _GROUPED = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d*)?")
 _FRAC = re.compile(r"\\d?frac\{([^{}]*)\}\{([^{}]*)\}")
 # thousands groups first (``1,234.5``; not ``1,2345``, which is 1 and 2345), else plain digits
 _LAST_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?")
-
-
-def boxed_contents(text: str) -> list[str]:
-    """What every balanced ``\\boxed{...}`` of ``text`` holds, in order (nested braces
-    kept; an unclosed one is skipped)."""
-    found = []
-    start = text.find(_BOXED)
-    while start != -1:
-        depth, i = 1, start + len(_BOXED)
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            found.append(text[start + len(_BOXED) : i - 1])
-        start = text.find(_BOXED, start + 1)
-    return found
 
 
 def tagged_contents(text: str) -> list[str]:

@@ -2,7 +2,10 @@
 
 ``explorer.reward`` names one: a key of :data:`REWARDS`, or a user function as
 ``"package.module:function"``, imported when the explorer starts. Adding a built-in reward is
-a function here and a line in :data:`REWARDS`.
+a function here and a line in :data:`REWARDS`. The rewards that read an answer out of
+the response (``last_number``, ``math_answer``, ``format``, ``math_answer_format``) never
+read it inside a ``<think>...</think>`` segment (a reasoning model's scratch work, a
+segment never closed running to the end); ``exact_match`` compares the whole response.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import inspect
 import re
 from collections.abc import Callable
 
+from streamrft.infra.answer_extract import without_thinking
 from streamrft.producers import answers
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import Task
@@ -31,7 +35,7 @@ def exact_match(response: str, task: Task) -> tuple[float, dict[str, float]]:
 def last_number(response: str, task: Task) -> tuple[float, dict[str, float]]:
     """1.0 when the last number in the response (``1,234`` read as 1234) matches the answer
     (:func:`~streamrft.producers.answers.answers_match`: numerically when both are numbers)."""
-    found = answers.last_number(response)
+    found = answers.last_number(without_thinking(response))
     ok = found is not None and answers.answers_match(found, task.answer)
     return float(ok), {"correct": float(ok), "has_number": float(found is not None)}
 
@@ -41,6 +45,7 @@ def math_answer(response: str, task: Task) -> tuple[float, dict[str, float]]:
     ``<answer>`` tags or ``\\boxed{}`` (the last one), else the last number written,
     compared numerically (relative tolerance 1e-6; fractions, ``1,234``, ``$12``) or as
     normalized text (:mod:`~streamrft.producers.answers`)."""
+    response = without_thinking(response)
     marked = answers.extract_answer(response)
     given = marked if marked is not None else answers.last_number(response)
     ok = given is not None and answers.answers_match(given, task.answer)
@@ -50,7 +55,7 @@ def math_answer(response: str, task: Task) -> tuple[float, dict[str, float]]:
 def answer_format(response: str, task: Task) -> tuple[float, dict[str, float]]:
     """1.0 when the response marks an answer (an ``<answer>...</answer>`` pair or a
     ``\\boxed{...}``), right or wrong; else 0.0."""
-    ok = answers.has_answer_format(response)
+    ok = answers.has_answer_format(without_thinking(response))
     return float(ok), {"format": float(ok)}
 
 

@@ -144,11 +144,34 @@ class ResolvedAlgorithm:
 def algorithm_spec(acfg: AlgorithmConfig, max_new_tokens: int) -> AlgorithmSpec:
     """The preset's values with every field ``acfg`` sets in their place."""
     preset = _lookup(ALGORITHMS, acfg.type, "algorithm.type", "")
-    values: dict[str, Any] = {"name": acfg.type, "norm_length": max_new_tokens, **preset.parts}
+    values: dict[str, Any] = {
+        "name": acfg.type,
+        "norm_length": max_new_tokens,
+        "max_new_tokens": max_new_tokens,
+        **preset.parts,
+    }
     for name, value in msgspec.structs.asdict(acfg).items():
         if name != "type" and value is not None:
             values[name] = value
     return AlgorithmSpec(**values)
+
+
+def check_mini_batches(spec: AlgorithmSpec, cfg: Config) -> None:
+    """``trainer.mini_batch_size`` splits a batch of policy-gradient groups; DPO's pairs
+    and the ``mix`` strategy's expert share are weighed over the whole batch."""
+    t = cfg.trainer
+    if not t.mini_batch_size or t.mini_batch_size >= t.batch_size:
+        return
+    if spec.pairs:
+        raise ConfigError(
+            "trainer.mini_batch_size: DPO (algorithm.policy_loss_fn dpo) "
+            "trains a batch of pairs in one update; leave it 0"
+        )
+    if spec.sample_strategy == "mix":
+        raise ConfigError(
+            "trainer.mini_batch_size: the mix strategy (chord) weighs its "
+            "expert groups over the whole batch; leave it 0"
+        )
 
 
 def resolve_algorithm(cfg: Config) -> ResolvedAlgorithm:
@@ -157,6 +180,7 @@ def resolve_algorithm(cfg: Config) -> ResolvedAlgorithm:
     spec = algorithm_spec(cfg.algorithm, cfg.explorer.max_new_tokens)
     check_critic(spec, cfg)
     check_pairs(spec, cfg)
+    check_mini_batches(spec, cfg)
     return resolve_spec(spec, explicit=cfg.algorithm)
 
 

@@ -56,6 +56,14 @@ class AlgorithmSpec:
     """The critic's clip range around its values before the step (``gae``)."""
     dpo_beta: float = 0.1
     """``dpo``: beta, the weight of the log-ratios to the reference in the implicit reward."""
+    mask_truncated: bool = False
+    """Rows whose response hit ``max_new_tokens`` without an EOS get no gradient."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment: the last stretch of tokens before
+    ``max_new_tokens`` over which the reward falls by up to ``overlong_penalty`` (0: off)."""
+    overlong_penalty: float = 1.0
+    max_new_tokens: int = 0
+    """The explorer's ``max_new_tokens`` (the overlong punishment's full length)."""
 
     def sft_weight_at(self, version: int | None) -> float:
         """mu at ``version``: from ``sft_weight`` to ``sft_weight_end`` linearly over the

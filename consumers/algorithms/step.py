@@ -25,6 +25,7 @@ from streamrft.consumers.algorithms.aggregation import normaliser
 from streamrft.consumers.algorithms.corrections import correct
 from streamrft.consumers.algorithms.policy_losses import LossInputs, masked_mean
 from streamrft.consumers.algorithms.presets import ResolvedAlgorithm
+from streamrft.consumers.algorithms.shaping import shape_batch, truncated_rows
 from streamrft.consumers.batching import (
     PolicyBatch,
     collate,
@@ -120,6 +121,8 @@ def policy_step(
     share = share or BatchShare(algo.spec.loss_agg_mode)
     device = model_device(model)
     batch = collate([e for g in groups for e in g.experiences], pad_id).to(device)
+    lengths = length_metrics(batch.response_mask.sum(1))
+    batch, shaping = shape_batch(batch, truncated_rows(groups), algo.spec)
     slices = micro_slices(
         batch.prompt_lengths(),
         batch.response_lengths(),
@@ -140,11 +143,14 @@ def policy_step(
         algo.spec.sft_weight_at(version),
         None if critic is None else critic.values(batch, slices),
     )
+    minis = mini_batches([len(g.experiences) for g in groups], cfg.mini_batch_size)
     stats, grad_norm, first_logp_diff, mismatch = optimise(
-        algo, model, optimizer, inputs, slices, cfg, temperature, version, precision, share
+        algo, model, optimizer, inputs, slices, cfg, temperature, version, precision, share, minis
     )
     stats, first_logp_diff = share.combine(stats, first_logp_diff, mismatch)
     metrics = step_metrics(inputs, stats, grad_norm, first_logp_diff, len(groups))
+    metrics.update(shaping)
+    metrics.update(lengths)
     metrics["train/micro_batches"] = float(len(slices))
     if inputs.expert is not None:
         metrics["train/expert_groups"] = float(sum(g.workflow == EXPERT_WORKFLOW for g in groups))
@@ -165,32 +171,65 @@ def optimise(
     version: int | None,
     precision: Precision,
     share: BatchShare,
+    minis: list[tuple[int, int]] | None = None,
 ) -> tuple[dict[str, float], torch.Tensor, float, Mismatch]:
-    """``ppo_epochs`` passes, one optimizer step each over the micro-batches: this
-    process's statistics (weighed by each micro-batch's share), the last grad norm, the
-    first pass's log-prob drift and the rollout/trainer mismatch."""
+    """``ppo_epochs`` passes; in each, one optimizer step per mini-batch (``minis``: row
+    ranges; None or one: the whole batch, over ``slices``), its loss normalised over the
+    mini-batch alone and accumulated over its micro-batches. Returns this process's
+    statistics (weighed by each micro-batch's share, averaged over the updates), the last
+    grad norm, the first pass's log-prob drift and the rollout/trainer mismatch."""
     model.train()
     stats: dict[str, float] = {}
     first_logp_diff = 0.0
     mismatch = Mismatch()
+    if minis is None or len(minis) == 1:
+        updates = [(inputs, slices)]
+    else:
+        parts = [inputs.rows(lo, hi) for lo, hi in minis]
+        updates = [(mini, _micro_slices(mini.batch, cfg)) for mini in parts]
     for epoch in range(cfg.ppo_epochs):
-        optimizer.zero_grad(set_to_none=True)
-        for lo, hi in slices:
-            lo, hi, part, whole = share.rows(inputs.batch, lo, hi)
-            micro = inputs.rows(lo, hi)
-            with precision.autocast():
-                loss, info, logp = micro_batch_loss(algo, model, micro, temperature)
-            precision.backward(loss * part / whole)
-            if epoch == 0 and part:
-                first_logp_diff = max(
-                    first_logp_diff, logprob_drift(micro.batch, logp, micro.rl_mask)
-                )
-                mismatch.add(micro.batch, logp, version, micro.rl_mask)
-            for k, v in {"loss": float(loss.detach()), **info}.items():
-                stats[k] = stats.get(k, 0.0) + v * part / whole / cfg.ppo_epochs
-        grad_norm = precision.step(model, optimizer, cfg.grad_clip)
+        for part_of, micro_slices_of in updates:
+            optimizer.zero_grad(set_to_none=True)
+            for lo, hi in micro_slices_of:
+                lo, hi, part, whole = share.rows(part_of.batch, lo, hi)
+                micro = part_of.rows(lo, hi)
+                with precision.autocast():
+                    loss, info, logp = micro_batch_loss(algo, model, micro, temperature)
+                precision.backward(loss * part / whole)
+                if epoch == 0 and part:
+                    first_logp_diff = max(
+                        first_logp_diff, logprob_drift(micro.batch, logp, micro.rl_mask)
+                    )
+                    mismatch.add(micro.batch, logp, version, micro.rl_mask)
+                weight = part / whole / cfg.ppo_epochs / len(updates)
+                for k, v in {"loss": float(loss.detach()), **info}.items():
+                    stats[k] = stats.get(k, 0.0) + v * weight
+            grad_norm = precision.step(model, optimizer, cfg.grad_clip)
     model.eval()
     return stats, grad_norm, first_logp_diff, mismatch
+
+
+def mini_batches(group_sizes: list[int], groups_per_update: int) -> list[tuple[int, int]]:
+    """Row ranges of the optimizer updates of one pass (``trainer.mini_batch_size``):
+    consecutive groups, ``groups_per_update`` at a time (the last may hold fewer); 0 or
+    more than the batch: one, the whole batch."""
+    if not groups_per_update or groups_per_update >= len(group_sizes):
+        return [(0, sum(group_sizes))]
+    out, lo = [], 0
+    for start in range(0, len(group_sizes), groups_per_update):
+        hi = lo + sum(group_sizes[start : start + groups_per_update])
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def _micro_slices(batch: PolicyBatch, cfg: TrainerConfig) -> Slices:
+    return micro_slices(
+        batch.prompt_lengths(),
+        batch.response_lengths(),
+        cfg.micro_batch_size,
+        cfg.max_tokens_per_micro_batch,
+    )
 
 
 def prepare_inputs(
@@ -315,6 +354,7 @@ def micro_batch_loss(
         batch.prompt_width,
         temperature,
         entropy=spec.entropy_coef > 0,
+        measure_entropy=True,
     )
     mask = batch.response_mask
     per_token, info = algo.policy_loss(LossInputs(logp, micro.base, micro.advantages, mask), spec)
@@ -330,10 +370,10 @@ def micro_batch_loss(
         kl = algo.aggregate(algo.kl_loss(logp, micro.ref_logprobs), mask)
         loss = loss + spec.kl_loss_coef * kl
         info = {**info, "kl_ref": float(kl.detach())}
-    if entropy is not None:
-        mean_entropy = algo.aggregate(entropy, mask)
-        loss = loss - spec.entropy_coef * mean_entropy
-        info = {**info, "entropy": float(mean_entropy.detach())}
+    if entropy is not None:  # the metric: per token; the bonus: aggregated as the loss
+        if spec.entropy_coef > 0:
+            loss = loss - spec.entropy_coef * algo.aggregate(entropy, mask)
+        info = {**info, "entropy": masked_mean(entropy.detach(), mask)}
     return loss, info, logp
 
 
@@ -402,6 +442,17 @@ class BatchShare:
         """The step's statistics and log-prob drift over every process (and ``mismatch``
         updated in place); here this process's own."""
         return stats, drift
+
+
+def length_metrics(lengths: torch.Tensor) -> dict[str, float]:
+    """Percentiles of the batch's response lengths (trained tokens per row, before any
+    masking of truncated rows)."""
+    q = torch.quantile(lengths.float(), torch.tensor([0.5, 0.9], device=lengths.device))
+    return {
+        "train/response_length_p50": float(q[0]),
+        "train/response_length_p90": float(q[1]),
+        "train/response_length_max": float(lengths.max()),
+    }
 
 
 def step_metrics(

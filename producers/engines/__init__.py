@@ -73,9 +73,7 @@ def check_engine(name: str) -> EngineFactory:
     return getattr(importlib.import_module(where), factory)
 
 
-def make_engine(
-    name: str, model: torch.nn.Module, tokenizer, cfg: ExplorerConfig
-) -> RolloutEngine:
+def make_engine(name: str, model: torch.nn.Module, tokenizer, cfg: ExplorerConfig) -> RolloutEngine:
     """The engine ``explorer.engine`` names, around ``model``, with its options from ``cfg``
     (the ``explorer`` section)."""
     return check_engine(name)(model, tokenizer, cfg)

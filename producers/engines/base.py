@@ -22,12 +22,14 @@ class Rollout:
     logprobs: list[float]
     text: str
     """Decoded response without special tokens."""
+    truncated: bool = False
+    """Cut at ``max_new_tokens`` before an EOS came."""
 
     def experience(
         self, eid: str, reward: float, version: int, info: dict[str, float]
     ) -> Experience:
         """This rollout as an experience: every response token trained (mask 1), with
-        ``info`` and its ``response_length``."""
+        ``info``, its ``response_length`` and ``truncated`` (1: cut at ``max_new_tokens``)."""
         return Experience(
             id=eid,
             tokens=pack_i32(self.prompt_ids + self.response_ids),
@@ -37,8 +39,18 @@ class Rollout:
             reward=reward,
             model_version=version,
             response_text=self.text,
-            info={**info, "response_length": float(len(self.response_ids))},
+            info={
+                **info,
+                "response_length": float(len(self.response_ids)),
+                "truncated": float(self.truncated),
+            },
         )
+
+
+def ends_without_eos(response_ids: list[int], eos_id: int | None) -> bool:
+    """Whether a response cut after its first EOS (or at ``max_new_tokens``) was cut
+    short: it does not end with the EOS."""
+    return not response_ids or response_ids[-1] != eos_id
 
 
 class RolloutEngine(Protocol):

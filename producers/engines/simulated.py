@@ -77,6 +77,7 @@ class SimulatedEngine(ModuleTarget):
                         response_ids=resp,
                         logprobs=[self.logprob] * len(resp),
                         text=self.tokenizer.decode(resp, skip_special_tokens=True),
+                        truncated=True,  # ordinary tokens up to max_new_tokens, never an EOS
                     )
                 )
             groups.append(group)

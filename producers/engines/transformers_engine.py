@@ -7,7 +7,7 @@ import torch
 from streamrft.infra.config import ExplorerConfig
 from streamrft.infra.modeling import model_device
 from streamrft.producers.decoding import sample
-from streamrft.producers.engines.base import Rollout
+from streamrft.producers.engines.base import Rollout, ends_without_eos
 from streamrft.sync.payload import ModuleTarget
 
 
@@ -74,6 +74,7 @@ class TransformersEngine(ModuleTarget):
                 response_ids=resp,
                 logprobs=logprobs[i][: len(resp)],
                 text=texts[i],
+                truncated=ends_without_eos(resp, self.tokenizer.eos_token_id),
             )
             for i, resp in enumerate(responses)
         ]

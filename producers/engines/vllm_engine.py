@@ -45,7 +45,7 @@ import torch
 from streamrft.infra.config import ExplorerConfig
 from streamrft.infra.logfiles import remove_dead_leftovers
 from streamrft.infra.modeling import save_policy
-from streamrft.producers.engines.base import Rollout
+from streamrft.producers.engines.base import Rollout, ends_without_eos
 from streamrft.schemas.errors import ConfigError
 from streamrft.sync.lora import PEFT_PREFIX
 from streamrft.sync.weights import apply_state_dict
@@ -225,7 +225,10 @@ class VLLMEngine:
             )
         )
         return [
-            [Rollout(p, tokens, logps, next(texts)) for tokens, logps in group]
+            [
+                Rollout(p, tokens, logps, next(texts), ends_without_eos(tokens, self.eos_id))
+                for tokens, logps in group
+            ]
             for p, group in zip(ids, sampled, strict=True)
         ]
 

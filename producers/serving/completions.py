@@ -57,6 +57,7 @@ def _cut_at_stop(rollout: Rollout, tokenizer: Any, stops: list[str]) -> Choice:
         response_ids=ids[:high],
         logprobs=rollout.logprobs[:high],
         text=cut_text[: min(cut_text.index(s) for s in stops if s in cut_text)],
+        truncated=False,  # it stopped at a stop string
     )
     return Choice(cut, "stop")
 

@@ -31,6 +31,17 @@ CASES: dict[str, dict] = {
         "trainer": {"grad_clip": 0.0},
         "algorithm": {"loss_agg_mode": "seq-mean-token-mean"},
     },
+    # two optimizer updates of 3 groups each, at the cosine schedule's warm-up lr (step 0
+    # of 2 warm-up steps: half of lr); resumed, the next step is at the full lr
+    "mini_batches_schedule": {
+        "trainer": {
+            "mini_batch_size": 3,
+            "micro_batch_size": 5,
+            "lr_schedule": "cosine",
+            "lr_warmup_steps": 2,
+            "max_steps": 6,
+        },
+    },
     # LoRA: only the adapter trains; KL against the base (adapter off)
     "lora_kl": {
         "model": {"lora": {"enabled": True, "rank": 4}},

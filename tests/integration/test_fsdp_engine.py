@@ -65,7 +65,7 @@ def test_two_ranks_step_equals_the_single_process_step(case, two_ranks, tmp_path
     print(f"{case}: |loss diff| {loss_diff:.2e}, max |weight diff| {weight_diff:.2e}")
     assert loss_diff <= TOLERANCE, (sharded["train/loss"], metrics["train/loss"])
     assert weight_diff <= TOLERANCE
-    same = ["train/grad_norm", "train/reward_mean", "train/advantage_abs_mean"]
+    same = ["train/grad_norm", "train/reward_mean", "train/advantage_abs_mean", "train/lr"]
     if resolve_algorithm(case_config(case, tmp_path, 1)).spec.loss_agg_mode == "token-mean":
         same += ["train/clip_frac", "train/approx_kl_old"]  # token means, weighed alike
     for key in same:

@@ -12,6 +12,7 @@ checked against its new definition computed from the frozen math.
 
 from __future__ import annotations
 
+import math
 import re
 import types
 import typing
@@ -49,6 +50,7 @@ from streamrft.infra.config import (
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.producers.engines import TransformersEngine
 from streamrft.producers.workflows import RolloutSpec, get_workflow
+from streamrft.schemas.arrays import unpack_u8
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import ExperienceGroup, Task
 
@@ -336,6 +338,17 @@ def test_policy_step_gives_the_old_grpo_step_numbers(tokenizer, groups, name):
     rows = sum(len(g.experiences) for g in batch)
     micro = cfg.trainer.micro_batch_size or rows
     assert new_stats.pop("train/micro_batches") == -(-rows // micro)
+    # what the step reports beside the old step's metrics
+    truncated = [e.info.get("truncated", 0.0) for g in batch for e in g.experiences]
+    assert new_stats.pop("train/truncated_share") == pytest.approx(sum(truncated) / rows)
+    lengths = sorted(sum(unpack_u8(e.action_mask)) for g in batch for e in g.experiences)
+    assert new_stats.pop("train/response_length_max") == lengths[-1]
+    p50, p90 = (
+        new_stats.pop("train/response_length_p50"),
+        new_stats.pop("train/response_length_p90"),
+    )
+    assert lengths[0] <= p50 <= p90 <= lengths[-1]
+    assert 0 < new_stats.pop("train/entropy") < math.log(len(tokenizer))
     assert list(new_stats) == list(old_stats)
     # the one metric whose definition changed: the mean |advantage| over trained tokens
     # (each rollout weighed by its trained tokens), where the old step took it per rollout
@@ -351,6 +364,60 @@ def test_policy_step_gives_the_old_grpo_step_numbers(tokenizer, groups, name):
     assert ("train/kl_ref" in new_stats) == with_ref
     if cfg.trainer.ppo_epochs > 1:
         assert new_stats["train/clip_frac"] > 0
+
+
+@pytest.mark.parametrize(
+    ("epochs", "mode", "uneven"),
+    [(1, "token-mean", False), (2, "seq-mean-token-sum", True), (2, "token-mean", True)],
+)
+def test_two_mini_batches_are_two_optimizer_steps_by_hand(tokenizer, groups, epochs, mode, uneven):
+    """``trainer.mini_batch_size`` 2 on 4 groups: each pass makes two updates, each on
+    two groups with its loss normalised over them alone, accumulated over micro-batches of
+    3 rows. The frozen step of the old code (an independent transcription of the GRPO
+    math) taken on the first two groups whole, then on the last two, pass after pass,
+    ends with the same weights; and with
+    ``mini_batch_size`` equal to the batch the step is bit for bit today's."""
+    batch = unequal(groups) if uneven else groups
+    algo = AlgorithmConfig(loss_agg_mode=mode)
+    split = config(algo, ppo_epochs=epochs, mini_batch_size=2, micro_batch_size=3)
+    by_hand = config(algo, ppo_epochs=1)  # each mini-batch in one pass
+    # plain SGD: each update is the gradient itself (Adam's g / sqrt(v) would turn the
+    # float32 noise of near-zero gradients, summed in another order, into whole steps)
+    model = tiny_model(tokenizer, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    stats = new_step(model, optimizer, batch, split, tokenizer.pad_token_id, 1.0, None)
+    hand = tiny_model(tokenizer, 1)
+    hand_optimizer = torch.optim.SGD(hand.parameters(), lr=0.5)
+    for _ in range(epochs):
+        for part in (batch[:2], batch[2:]):
+            old_step(hand, hand_optimizer, part, by_hand, tokenizer.pad_token_id, 1.0, None)
+    hand_params = dict(hand.named_parameters())
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param, hand_params[name], rtol=0, atol=SAME_STEP_REL, msg=name)
+    assert stats["train/clip_frac"] > 0 or epochs == 1  # later updates moved off the rollout
+    # a single update on the whole batch (today's step): the same as mini_batch_size 0
+    whole, today = (config(algo, mini_batch_size=n, ppo_epochs=epochs) for n in (4, 0))
+    a, b = (run_step(new_step, tokenizer, batch, c, False)[1] for c in (whole, today))
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    # and the split step is not the whole-batch one: the test can tell them apart
+    whole_sgd = tiny_model(tokenizer, 1)
+    one = config(algo, ppo_epochs=epochs, micro_batch_size=3)
+    pad = tokenizer.pad_token_id
+    new_step(whole_sgd, torch.optim.SGD(whole_sgd.parameters(), lr=0.5), batch, one, pad, 1.0, None)
+    far = max(
+        float((p - q).abs().max())
+        for p, q in zip(model.parameters(), whole_sgd.parameters(), strict=True)
+    )
+    assert far > 100 * SAME_STEP_REL
+
+
+def test_mini_batches_are_refused_where_the_loss_needs_the_whole_batch():
+    for algorithm, what in (
+        (AlgorithmConfig(type="dpo"), "DPO"),
+        (AlgorithmConfig(type="chord", expert_data="x.jsonl"), "mix"),
+    ):
+        with pytest.raises(ConfigError, match=f"trainer.mini_batch_size: .*{what}"):
+            resolve_algorithm(config(algorithm, mini_batch_size=2, batch_size=8))
 
 
 def test_registering_an_advantage_is_one_line_and_the_step_uses_it(tokenizer, groups):
@@ -397,7 +464,8 @@ def test_grpo_preset_resolves_to_todays_parts():
     assert algo.aggregate is token_mean
     assert ALGORITHMS["grpo"].parts == {"advantage_fn": "grpo", "policy_loss_fn": "ppo_clip"}
     # every other setting is the spec's default; the length bound is the explorer's
-    assert algo.spec == AlgorithmSpec(name="grpo", norm_length=Config().explorer.max_new_tokens)
+    longest = Config().explorer.max_new_tokens
+    assert algo.spec == AlgorithmSpec(name="grpo", norm_length=longest, max_new_tokens=longest)
     assert not algo.spec.needs_reference and not algo.spec.needs_proximal
 
 

@@ -140,7 +140,7 @@ def test_load_config_keeps_absolute_paths(tmp_path):
 
 def test_load_config_missing_taskset_file(tmp_path):
     path = write_config(tmp_path, {"taskset": {"path": "data/nope.jsonl"}})
-    with pytest.raises(ConfigError, match=r"^taskset\.path: file .*nope\.jsonl.* does not exist"):
+    with pytest.raises(ConfigError, match=r"^taskset\.path: .*nope\.jsonl.* does not exist"):
         load_config(path)
 
 

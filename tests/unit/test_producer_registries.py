@@ -10,6 +10,7 @@ import torch
 from streamrft.infra.config import ExplorerConfig, ModelConfig, from_dict
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.producers.engines import ENGINES, TransformersEngine, check_engine, make_engine
+from streamrft.producers.engines.base import ends_without_eos
 from streamrft.producers.engines.transformers_engine import make_transformers_engine
 from streamrft.producers.rewards import REWARDS, exact_match, get_reward, last_number
 from streamrft.producers.workflows import (
@@ -19,6 +20,7 @@ from streamrft.producers.workflows import (
     get_workflow,
     math_workflow,
 )
+from streamrft.schemas.arrays import unpack_i32
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import Task
 from tests.helpers import rewards_example
@@ -181,6 +183,10 @@ def test_unknown_reward_names_the_field_the_rewards_and_the_import_form():
         get_reward("nope")
 
 
+def response_ids(e) -> list[int]:
+    return unpack_i32(e.tokens)[e.prompt_length :]
+
+
 def test_reward_by_import_path(engine):
     fn = get_reward(f"{EXAMPLE}:short_answer")
     assert fn is rewards_example.short_answer
@@ -196,6 +202,9 @@ def test_reward_by_import_path(engine):
                 "short": short,
                 "chars": float(len(e.response_text)),
                 "response_length": e.response_length,
+                "truncated": float(
+                    ends_without_eos(response_ids(e), engine.tokenizer.eos_token_id)
+                ),
             }
 
 
