@@ -67,7 +67,9 @@ def test_jsonl_parquet_and_a_saved_dataset_give_the_same_tasks(tmp_path):
         "gsm-1",
         "gsm-2",
     ]
-    with pytest.raises(ConfigError, match=r"taskset\.split: 'validation' is not a split .*test, train"):
+    with pytest.raises(
+        ConfigError, match=r"taskset\.split: 'validation' is not a split .*test, train"
+    ):
         read_taskset(tmp_path / "dict", cfg(split="validation"))
 
 

@@ -1,0 +1,97 @@
+"""Does the new data path and its training controls learn like the default example?
+
+For each seed, two ``streamrft run`` jobs of the default example (``examples/arithmetic.yaml``,
+its own 150 steps, warm-up and peak rate), each with its own embedded services:
+
+- ``jsonl`` (the baseline): the example as it is (JSONL taskset, constant learning rate,
+  one optimizer update per pass);
+- ``parquet``: the same tasks as a GSM8K-shaped Parquet file (``question``, a rationale
+  ending ``#### N``) read through ``taskset.prompt_template`` and ``answer_extract:
+  gsm8k``, a cosine schedule (5 warm-up steps, floor 0.1) and ``mini_batch_size: 16``
+  (two updates per pass).
+
+Per run: greedy accuracy at each evaluation, the mean sampled reward of the first and last
+steps, wall seconds. The final JSON line holds both arms' mean final accuracy and the ratio
+parquet / jsonl (a learning benchmark, not a speed one: the wall times are this machine's).
+
+    OMP_NUM_THREADS=1 python bench/data_path_learn.py --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.gsm8k_shape import OVERRIDES, write_gsm8k_shaped  # noqa: E402
+
+EXAMPLE = ROOT / "examples" / "arithmetic.yaml"
+CONTROLS = (
+    "trainer.lr_schedule=cosine",
+    "trainer.lr_warmup_steps=5",
+    "trainer.min_lr_ratio=0.1",
+    "trainer.mini_batch_size=16",
+)
+
+
+def run(arm: str, seed: int, work: Path, data: Path) -> dict:
+    summary = work / f"{arm}-{seed}.json"
+    settings = [f"run.seed={seed}", f"model.seed={seed}", "trainer.eval_interval=50"]
+    if arm == "parquet":
+        settings += [f"taskset.path={data}", *OVERRIDES, *CONTROLS]
+    argv = [sys.executable, "-m", "streamrft.app.cli", "run", str(EXAMPLE), "--no-progress"]
+    argv += ["--summary", str(summary), "-o", f"run.dir={work / 'runs'}"]
+    for s in settings:
+        argv += ["-o", s]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"{arm} seed {seed} failed:\n{done.stderr[-3000:]}")
+    s = json.loads(summary.read_text())
+    row = {
+        "arm": arm,
+        "seed": seed,
+        "eval_accuracy": s["eval_accuracy"],
+        "accuracy_first": s["eval_accuracy_first"],
+        "accuracy_last": s["eval_accuracy_last"],
+        "reward_first": round(s["mean_reward_first"], 4),
+        "reward_last": round(s["mean_reward_last"], 4),
+        "wall_s": s.get("wall_s"),
+    }
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="data-path-learn-") as tmp:
+        work = Path(tmp)
+        data = write_gsm8k_shaped(work / "addition.parquet")
+        rows = [run(arm, seed, work, data) for seed in args.seeds for arm in ("jsonl", "parquet")]
+
+    def mean_last(arm: str) -> float:
+        last = [r["accuracy_last"] for r in rows if r["arm"] == arm]
+        return sum(last) / len(last)
+
+    result = {
+        "bench": "data_path_learn",
+        "seeds": args.seeds,
+        "runs": rows,
+        "jsonl_accuracy_last_mean": round(mean_last("jsonl"), 4),
+        "parquet_accuracy_last_mean": round(mean_last("parquet"), 4),
+        "parquet_over_jsonl": round(mean_last("parquet") / mean_last("jsonl"), 4),
+    }
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
