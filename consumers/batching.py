@@ -146,9 +146,7 @@ def logprobs_and_entropy(
     targets = input_ids[:, prompt_width:]
     logp = torch.log_softmax(logits, dim=-1)
     chosen = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    if entropy:
+    if not (entropy or measure_entropy):
+        return chosen, None
+    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy):
         return chosen, -(logp.exp() * logp).sum(-1)
-    if measure_entropy:
-        with torch.no_grad():
-            return chosen, -(logp.exp() * logp).sum(-1)
-    return chosen, None

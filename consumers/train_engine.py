@@ -131,6 +131,9 @@ class TorchTrainEngine(TrainEngine):
         self.params = sum(p.numel() for p in self.model.parameters())
         """The policy's parameters, before any adapter or sharding (the FLOPs estimate)."""
         self.precision = Precision.of(resolve_device(cfg.model.device), DTYPES[cfg.model.dtype])
+        peak = peak_tflops(self.precision.device, self.tcfg.peak_tflops)
+        self.peak_tflops = None if peak is None else peak * self.tcfg.nproc
+        """Of every rank together (the MFU's denominator); None: no MFU reported."""
         if self.precision.device.type == "cuda" and self.tcfg.gpu_memory_fraction > 0:
             torch.cuda.set_per_process_memory_fraction(
                 self.tcfg.gpu_memory_fraction, self.precision.device
@@ -203,12 +206,8 @@ class TorchTrainEngine(TrainEngine):
         self.steps_trained += 1
         tokens = sum(e.num_tokens for g in groups for e in g.experiences)
         flops = step_flops(self.params, tokens, self.tcfg.ppo_epochs, self._frozen_passes())
-        peak = peak_tflops(device, self.tcfg.peak_tflops)
         peak_bytes = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-        ranks = self.tcfg.nproc
-        speed = throughput_metrics(
-            tokens, seconds, flops, None if peak is None else peak * ranks, peak_bytes
-        )
+        speed = throughput_metrics(tokens, seconds, flops, self.peak_tflops, peak_bytes)
         return {**metrics, **speed, "train/lr": lr}
 
     def _frozen_passes(self) -> int:

@@ -97,9 +97,7 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ConfigError(
-            f"taskset {path}: reading Parquet needs pyarrow: {DATA_EXTRA}"
-        ) from None
+        raise ConfigError(f"taskset {path}: reading Parquet needs pyarrow: {DATA_EXTRA}") from None
     try:
         reader = pq.ParquetFile(path)
         index = 0
@@ -137,15 +135,20 @@ def _dataset_rows(path: Path, split: str) -> Iterator[tuple[str, int, dict[str, 
         yield f"{path} row {index}", index, dict(row)
 
 
-def field(row: dict[str, Any], dotted: str) -> Any:
-    """The value at ``dotted`` (``a.b.c``: nested objects) in ``row``; KeyError if absent.
-    A key holding a dot itself is found as it is first."""
+_ABSENT = object()
+
+
+def field(row: dict[str, Any], dotted: str, default: Any = _ABSENT) -> Any:
+    """The value at ``dotted`` (``a.b.c``: nested objects) in ``row``, else ``default``
+    (KeyError without one). A key holding a dot itself is found as it is first."""
     if dotted in row:
         return row[dotted]
     value: Any = row
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:
-            raise KeyError(dotted)
+            if default is _ABSENT:
+                raise KeyError(dotted)
+            return default
         value = value[part]
     return value
 
@@ -169,11 +172,10 @@ def _task(obj: dict[str, Any], cfg: TasksetConfig, where: str, default_id: str) 
     if has_prompt and has_messages:
         raise ConfigError(f"taskset {where}: has both fields {fields}; give one")
     known = (cfg.prompt_key, cfg.messages_key, cfg.answer_key, cfg.id_key, "workflow")
-    answer = field(obj, cfg.answer_key) if _has(obj, cfg.answer_key) else ""
     return Task(
-        id=str(field(obj, cfg.id_key)) if _has(obj, cfg.id_key) else default_id,
+        id=str(field(obj, cfg.id_key, default_id)),
         prompt=_prompt(obj, cfg, where) if has_prompt else "",
-        answer=str(answer),
+        answer=str(field(obj, cfg.answer_key, "")),
         workflow=str(obj.get("workflow", cfg.workflow)),
         metadata={k: _text(v) for k, v in obj.items() if k not in known},
         messages=_messages(field(obj, cfg.messages_key), cfg, where) if has_messages else [],
@@ -217,9 +219,7 @@ def _messages(value: Any, cfg: TasksetConfig, where: str) -> list[ChatMessage]:
             raise ConfigError(f"taskset {where}: {field_name}[{i}] is not an object")
         role, content = item.get("role"), item.get("content")
         if not isinstance(role, str) or not role:
-            raise ConfigError(
-                f"taskset {where}: {field_name}[{i}] needs a non-empty string 'role'"
-            )
+            raise ConfigError(f"taskset {where}: {field_name}[{i}] needs a non-empty string 'role'")
         if not isinstance(content, str):
             raise ConfigError(f"taskset {where}: {field_name}[{i}] needs a string 'content'")
         messages.append(ChatMessage(role=role, content=content))

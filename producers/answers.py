@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from streamrft.infra.answer_extract import boxed_contents
+from streamrft.infra.answer_extract import boxed_contents, last_boxed
 
 REL_TOL = 1e-6
 """Relative tolerance of numeric equality."""
@@ -46,8 +46,7 @@ def extract_answer(text: str) -> str | None:
     if tags:
         inner = boxed_contents(tags[-1])
         return (inner[-1] if inner else tags[-1]).strip()
-    boxed = boxed_contents(text)
-    return boxed[-1].strip() if boxed else None
+    return last_boxed(text)
 
 
 def has_answer_format(text: str) -> bool:

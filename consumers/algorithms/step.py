@@ -123,12 +123,7 @@ def policy_step(
     batch = collate([e for g in groups for e in g.experiences], pad_id).to(device)
     lengths = length_metrics(batch.response_mask.sum(1))
     batch, shaping = shape_batch(batch, truncated_rows(groups), algo.spec)
-    slices = micro_slices(
-        batch.prompt_lengths(),
-        batch.response_lengths(),
-        cfg.micro_batch_size,
-        cfg.max_tokens_per_micro_batch,
-    )
+    slices = _micro_slices(batch, cfg)
     inputs = prepare_inputs(
         algo,
         batch,
@@ -171,10 +166,10 @@ def optimise(
     version: int | None,
     precision: Precision,
     share: BatchShare,
-    minis: list[tuple[int, int]] | None = None,
+    minis: list[tuple[int, int]],
 ) -> tuple[dict[str, float], torch.Tensor, float, Mismatch]:
     """``ppo_epochs`` passes; in each, one optimizer step per mini-batch (``minis``: row
-    ranges; None or one: the whole batch, over ``slices``), its loss normalised over the
+    ranges; one: the whole batch, over ``slices``), its loss normalised over the
     mini-batch alone and accumulated over its micro-batches. Returns this process's
     statistics (weighed by each micro-batch's share, averaged over the updates), the last
     grad norm, the first pass's log-prob drift and the rollout/trainer mismatch."""
@@ -182,7 +177,7 @@ def optimise(
     stats: dict[str, float] = {}
     first_logp_diff = 0.0
     mismatch = Mismatch()
-    if minis is None or len(minis) == 1:
+    if len(minis) == 1:
         updates = [(inputs, slices)]
     else:
         parts = [inputs.rows(lo, hi) for lo, hi in minis]
@@ -224,6 +219,8 @@ def mini_batches(group_sizes: list[int], groups_per_update: int) -> list[tuple[i
 
 
 def _micro_slices(batch: PolicyBatch, cfg: TrainerConfig) -> Slices:
+    """The micro-batches of ``batch`` (``trainer.micro_batch_size``,
+    ``max_tokens_per_micro_batch``)."""
     return micro_slices(
         batch.prompt_lengths(),
         batch.response_lengths(),
