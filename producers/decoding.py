@@ -7,7 +7,10 @@ temperature, and the completion of each row ends at its first EOS.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 import torch
 
@@ -20,6 +23,21 @@ class SampleOutput:
     """``(batch, steps)`` log-prob of each sampled token under ``logits / temperature``."""
     lengths: torch.Tensor
     """``(batch,)`` response length of each row, its first EOS included."""
+
+
+def cache_keyword(model: Any) -> str:
+    """The forward's name for the KV cache of ``model`` (a PEFT wrapper: of its base
+    model): ``cache`` in newer transformers (``past_key_values`` is deprecated there and
+    removed in 5.40), ``past_key_values`` in older ones (the vLLM tier's pin). The model's
+    output carries the cache under the same name."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _keyword_of(type(base))
+
+
+@cache
+def _keyword_of(model_cls: type) -> str:
+    params = inspect.signature(model_cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 @torch.no_grad()
@@ -39,6 +57,7 @@ def sample(
     ``input_ids`` (the model's; ``generator`` must be on it too). Log-probs are computed in
     float32 whatever the model's dtype."""
     batch = input_ids.shape[0]
+    keyword = cache_keyword(model)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
     out = model(
         input_ids=input_ids,
@@ -47,7 +66,7 @@ def sample(
         use_cache=True,
         logits_to_keep=1,  # the last position's logits only: the others are never read
     )
-    past = out.past_key_values
+    past = getattr(out, keyword)
     logits = out.logits[:, -1, :]
     next_pos = position_ids[:, -1] + 1
     device = input_ids.device
@@ -75,10 +94,10 @@ def sample(
             input_ids=tok.unsqueeze(-1),
             attention_mask=mask,
             position_ids=next_pos.unsqueeze(-1),
-            past_key_values=past,
             use_cache=True,
+            **{keyword: past},
         )
-        past = out.past_key_values
+        past = getattr(out, keyword)
         logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
     return SampleOutput(torch.stack(tokens, dim=1), torch.stack(logps, dim=1), lengths)

@@ -118,3 +118,44 @@ def test_greedy_texts_are_the_argmax_rows_decoded(tokenizer):
         for i in range(len(prompts))
     ]
     assert engine.greedy(prompts, 8) == expected
+
+
+def test_the_kv_cache_is_used_under_the_installed_transformers_name(tokenizer):
+    """Greedy sampling through the cache equals greedy decoding by full forward passes
+    (a cache passed under a name the model ignores would decode one token without its
+    context and differ), with no deprecation warning from transformers; a PEFT adapter's
+    wrapper names the cache as its base model does."""
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    from streamrft.producers.decoding import cache_keyword
+
+    model = tiny_model(tokenizer, eos_bias=-1e4)
+    engine = TransformersEngine(model, tokenizer)
+    ids, mask = engine.encode_prompts(prompt_ids(tokenizer))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        out = sample(
+            model,
+            ids,
+            mask,
+            max_new_tokens=5,
+            eos_id=tokenizer.eos_token_id,
+            pad_id=tokenizer.pad_token_id,
+            greedy=True,
+        )
+    seq, full_mask = ids, mask
+    expected = []
+    with torch.no_grad():
+        for _ in range(5):
+            positions = (full_mask.cumsum(-1) - 1).clamp_min(0)
+            logits = model(input_ids=seq, attention_mask=full_mask, position_ids=positions).logits
+            tok = logits[:, -1, :].argmax(-1)
+            expected.append(tok)
+            seq = torch.cat([seq, tok.unsqueeze(-1)], dim=1)
+            full_mask = torch.cat([full_mask, torch.ones_like(tok).unsqueeze(-1)], dim=1)
+    assert out.tokens.tolist() == torch.stack(expected, dim=1).tolist()
+    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    assert cache_keyword(wrapped) == cache_keyword(model)
+    assert cache_keyword(model) in ("cache", "past_key_values")
