@@ -1,4 +1,5 @@
-"""``streamrft tasks make NAME --n N --seed S --out FILE``: write a generated task set.
+"""``streamrft tasks make NAME --n N --seed S --out FILE``: write a generated task set
+(JSONL, or Parquet where ``FILE`` ends ``.parquet``; ``--shape gsm8k`` for GSM8K's columns).
 
 The generators live in :mod:`streamrft.producers.tasksets`; this command writes the
 training split to ``--out`` and the eval split (``--eval-n`` tasks none of the training
@@ -13,17 +14,23 @@ from pathlib import Path
 
 
 def cmd_tasks_make(args: argparse.Namespace) -> int:
-    from streamrft.producers.tasksets import eval_path_for, make_splits, write_jsonl
+    from streamrft.producers.tasksets import eval_path_for, make_splits, write_rows
 
     kinds = args.kinds.split(",") if args.kinds else None
     train, evals = make_splits(
-        args.name, args.n, args.eval_n, args.seed, max_number=args.max_number, kinds=kinds
+        args.name,
+        args.n,
+        args.eval_n,
+        args.seed,
+        max_number=args.max_number,
+        kinds=kinds,
+        shape=args.shape,
     )
     out = Path(args.out)
-    print(f"{len(train)} tasks written to {write_jsonl(train, out)}")
+    print(f"{len(train)} tasks written to {write_rows(train, out)}")
     if evals:
         eval_out = Path(args.eval_out) if args.eval_out else eval_path_for(out)
-        print(f"{len(evals)} eval tasks written to {write_jsonl(evals, eval_out)}")
+        print(f"{len(evals)} eval tasks written to {write_rows(evals, eval_out)}")
     return 0
 
 
@@ -44,6 +51,17 @@ def add_tasks_parser(sub: argparse._SubParsersAction) -> None:
         help="comma-separated templates (default all): add, sub, mul, div, add_sub, sub_sub, "
         "mul_add",
     )
-    sp.add_argument("--out", required=True, help="JSONL file of the training tasks")
-    sp.add_argument("--eval-out", help="JSONL file of the eval tasks (default <out>.eval.jsonl)")
+    sp.add_argument(
+        "--shape",
+        default="chat",
+        choices=("chat", "gsm8k"),
+        help="rows: chat (messages + answer, default) or gsm8k (question + a rationale "
+        "ending '#### N', GSM8K's columns)",
+    )
+    sp.add_argument(
+        "--out", required=True, help="file of the training tasks: JSONL, or Parquet (.parquet)"
+    )
+    sp.add_argument(
+        "--eval-out", help="file of the eval tasks (default <out>.eval.jsonl or .eval.parquet)"
+    )
     sp.set_defaults(func=cmd_tasks_make)

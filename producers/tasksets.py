@@ -27,25 +27,33 @@ INSTRUCTION = "Give the final answer, a number only, between <answer> and </answ
 NAMES = ("Tom", "Ann", "Sam", "Lily", "Max", "Mia", "Ben", "Zoe", "Leo", "Eva")
 ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "shells", "cards")
 
-Problem = tuple[str, int]
-"""(question, answer)."""
+Problem = tuple[str, int, str]
+"""(question, answer, rationale): the rationale is GSM8K's kind of worked solution, each
+calculation written ``a + b = <<a+b=c>>c``, without the final ``#### answer`` line."""
+
+
+def _calc(expr: str, value: int) -> str:
+    """A calculation as GSM8K writes it: ``7 + 5 = <<7+5=12>>12``."""
+    return f"{expr} = <<{expr.replace(' ', '')}={value}>>{value}"
 
 
 def _add(r: random.Random, who: str, friend: str, item: str, hi: int) -> Problem:
     a, b = r.randint(1, hi), r.randint(1, hi)
-    return f"{who} has {a} {item} and buys {b} more. How many {item} does {who} have now?", a + b
+    q = f"{who} has {a} {item} and buys {b} more. How many {item} does {who} have now?"
+    return q, a + b, f"{who} has {_calc(f'{a} + {b}', a + b)} {item} now."
 
 
 def _sub(r: random.Random, who: str, friend: str, item: str, hi: int) -> Problem:
     a = r.randint(2, hi)
     b = r.randint(1, a - 1)
     q = f"{who} has {a} {item} and gives {b} to {friend}. How many {item} does {who} have left?"
-    return q, a - b
+    return q, a - b, f"{who} has {_calc(f'{a} - {b}', a - b)} {item} left."
 
 
 def _mul(r: random.Random, who: str, friend: str, item: str, hi: int) -> Problem:
     a, b = r.randint(2, min(9, hi)), r.randint(2, min(12, hi))
-    return f"{who} buys {a} bags with {b} {item} in each bag. How many {item} is that?", a * b
+    q = f"{who} buys {a} bags with {b} {item} in each bag. How many {item} is that?"
+    return q, a * b, f"{a} bags of {b} make {_calc(f'{a} * {b}', a * b)} {item}."
 
 
 def _div(r: random.Random, who: str, friend: str, item: str, hi: int) -> Problem:
@@ -55,6 +63,7 @@ def _div(r: random.Random, who: str, friend: str, item: str, hi: int) -> Problem
         f"{who} shares {b * q} {item} equally among {b} friends. "
         f"How many {item} does each friend get?",
         q,
+        f"Each friend gets {_calc(f'{b * q} / {b}', q)} {item}.",
     )
 
 
@@ -65,6 +74,8 @@ def _add_sub(r: random.Random, who: str, friend: str, item: str, hi: int) -> Pro
         f"{who} has {a} {item}, buys {b} more and then gives {c} to {friend}. "
         f"How many {item} does {who} have now?",
         a + b - c,
+        f"After buying, {who} has {_calc(f'{a} + {b}', a + b)} {item}.\n"
+        f"After giving some away, {who} has {_calc(f'{a + b} - {c}', a + b - c)} {item}.",
     )
 
 
@@ -76,6 +87,8 @@ def _sub_sub(r: random.Random, who: str, friend: str, item: str, hi: int) -> Pro
         f"{who} has {a} {item}, loses {b} and gives {c} to {friend}. "
         f"How many {item} does {who} have left?",
         a - b - c,
+        f"After losing some, {who} has {_calc(f'{a} - {b}', a - b)} {item}.\n"
+        f"After giving some away, {who} has {_calc(f'{a - b} - {c}', a - b - c)} {item} left.",
     )
 
 
@@ -85,6 +98,8 @@ def _mul_add(r: random.Random, who: str, friend: str, item: str, hi: int) -> Pro
         f"{who} has {a} boxes of {b} {item} and {c} more {item}. "
         f"How many {item} does {who} have in all?",
         a * b + c,
+        f"The boxes hold {_calc(f'{a} * {b}', a * b)} {item}.\n"
+        f"In all, {who} has {_calc(f'{a * b} + {c}', a * b + c)} {item}.",
     )
 
 
@@ -101,6 +116,29 @@ KINDS: dict[str, Callable[[random.Random, str, str, str, int], Problem]] = {
 template is ``(rng, name, friend's name, item, largest number) -> (question, answer)``;
 factors stay at most 9 and 12 (a quotient's dividend at most the largest number)."""
 
+SHAPES = ("chat", "gsm8k")
+"""Row shapes of ``word_problems``: ``chat`` — ``{"id", "messages": [one user message:
+the question and :data:`INSTRUCTION`], "answer": "12", "kind"}``; ``gsm8k`` — GSM8K's own
+columns, ``{"question", "answer": "<rationale>\\n#### 12"}`` plus ``"id"`` and ``"kind"``,
+read with ``taskset.prompt_template`` and ``taskset.answer_extract: gsm8k``."""
+
+
+def _line(shape: str, id: str, question: str, answer: int, rationale: str, kind: str) -> dict:
+    if shape == "gsm8k":
+        return {
+            "id": id,
+            "question": question,
+            "answer": f"{rationale}\n#### {answer}",
+            "kind": kind,
+        }
+    return {
+        "id": id,
+        "messages": [{"role": "user", "content": f"{question}\n{INSTRUCTION}"}],
+        "answer": str(answer),
+        "kind": kind,
+    }
+
+
 MAX_NUMBER = 49
 """Default largest number written in a question ("numbers under 50")."""
 
@@ -111,9 +149,14 @@ def word_problems(
     prefix: str = "wp",
     max_number: int = MAX_NUMBER,
     kinds: Sequence[str] | None = None,
+    shape: str = "chat",
 ) -> list[dict]:
     """``n`` distinct word problems as taskset lines, the same for the same arguments:
-    numbers from 1 to ``max_number``, templates ``kinds`` (default all of :data:`KINDS`)."""
+    numbers from 1 to ``max_number``, templates ``kinds`` (default all of :data:`KINDS`),
+    rows of ``shape`` (:data:`SHAPES`). The same seed draws the same problems in every
+    shape."""
+    if shape not in SHAPES:
+        raise ConfigError(f"tasks: unknown shape {shape!r}; known: {', '.join(SHAPES)}")
     chosen = list(kinds or KINDS)
     unknown = [k for k in chosen if k not in KINDS]
     if unknown or max_number < 3:
@@ -129,19 +172,11 @@ def word_problems(
             break
         kind = rng.choice(chosen)
         who, friend = rng.sample(NAMES, 2)
-        question, answer = KINDS[kind](rng, who, friend, rng.choice(ITEMS), max_number)
+        question, answer, rationale = KINDS[kind](rng, who, friend, rng.choice(ITEMS), max_number)
         if question in seen:
             continue
         seen.add(question)
-        content = f"{question}\n{INSTRUCTION}"
-        lines.append(
-            {
-                "id": f"{prefix}-{len(lines):05d}",
-                "messages": [{"role": "user", "content": content}],
-                "answer": str(answer),
-                "kind": kind,
-            }
-        )
+        lines.append(_line(shape, f"{prefix}-{len(lines):05d}", question, answer, rationale, kind))
     if len(lines) < n:
         raise ConfigError(f"tasks: could not draw {n} distinct word problems")
     return lines
@@ -174,8 +209,19 @@ def eval_path_for(out: Path) -> Path:
     return out.with_name(f"{out.stem}.eval{out.suffix or '.jsonl'}")
 
 
-def write_jsonl(lines: list[dict], path: Path) -> Path:
-    """Write one JSON object per line (folders created); returns ``path``."""
+def write_rows(lines: list[dict], path: Path) -> Path:
+    """Write ``lines`` as a Parquet file when ``path`` ends ``.parquet`` (needs
+    ``pyarrow``), else one JSON object per line (folders created); returns ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    if path.suffix != ".parquet":
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+        return path
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError(
+            "tasks: writing Parquet needs pyarrow: pip install -e '.[data]'"
+        ) from None
+    pq.write_table(pa.Table.from_pylist(lines), path)
     return path

@@ -16,7 +16,7 @@ from streamrft.producers.tasksets import (
     KINDS,
     make_splits,
     word_problems,
-    write_jsonl,
+    write_rows,
 )
 from streamrft.schemas.errors import ConfigError
 
@@ -73,7 +73,7 @@ def test_splits_are_distinct_and_numbered():
 
 def test_the_reward_scores_a_right_tagged_answer_fully(tmp_path):
     lines = word_problems(20, seed=1)
-    path = write_jsonl(lines, tmp_path / "wp.jsonl")
+    path = write_rows(lines, tmp_path / "wp.jsonl")
     for line, task in zip(lines, read_taskset(path, TasksetConfig()), strict=True):
         assert math_answer_format(f"<answer>{line['answer']}</answer>", task)[0] == 1.0
         assert math_answer_format("<answer>-1</answer>", task)[0] == pytest.approx(0.1)
