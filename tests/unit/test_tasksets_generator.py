@@ -34,6 +34,7 @@ RECOMPUTE = {
     "mul_add": lambda a, b, c: a * b + c,
 }
 ONE_OPERATION = {"add", "sub", "mul", "div"}
+OPERATIONS = {"+": int.__add__, "-": int.__sub__, "*": int.__mul__, "/": int.__floordiv__}
 
 
 def question_of(line: dict) -> str:
@@ -111,3 +112,49 @@ def test_the_command_writes_a_taskset_and_its_eval_split(tmp_path, capsys):
     other = tmp_path / "only.jsonl"
     assert main([*argv[:3], "--n", "3", "--eval-n", "0", "--out", str(other)]) == 0
     assert not (tmp_path / "only.eval.jsonl").exists()
+
+
+def test_the_gsm8k_shape_holds_the_same_problems_with_rationales_that_compute_the_answer():
+    chat = word_problems(300, seed=5)
+    gsm8k = word_problems(300, seed=5, shape="gsm8k")
+    assert [question_of(c) for c in chat] == [g["question"] for g in gsm8k]
+    for c, g in zip(chat, gsm8k, strict=True):
+        rationale, final = g["answer"].rsplit("\n#### ", 1)
+        assert final == c["answer"] and g["kind"] == c["kind"] and g["id"] == c["id"]
+        calculations = re.findall(r"<<([^=]+)=(-?\d+)>>(-?\d+)", rationale)
+        assert len(calculations) == (1 if g["kind"] in ONE_OPERATION else 2), g
+        for expr, inside, written in calculations:
+            a, op, b = re.fullmatch(r"(\d+)([-+*/])(\d+)", expr).groups()
+            assert OPERATIONS[op](int(a), int(b)) == int(inside) == int(written), g
+        assert calculations[-1][2] == final  # the last calculation is the answer
+    with pytest.raises(ConfigError, match=r"unknown shape 'csv'; known: chat, gsm8k"):
+        word_problems(5, 0, shape="csv")
+
+
+def test_the_gsm8k_shape_through_a_template_and_the_extractor_is_the_chat_taskset(tmp_path):
+    train, _ = make_splits("word_problems", 40, 0, 3)
+    rows, _ = make_splits("word_problems", 40, 0, 3, shape="gsm8k")
+    chat = read_taskset(write_rows(train, tmp_path / "chat.jsonl"), TasksetConfig())
+    cfg = TasksetConfig(prompt_template="{question}\n" + INSTRUCTION, answer_extract="gsm8k")
+    parquet = read_taskset(write_rows(rows, tmp_path / "g.parquet"), cfg)
+    assert [(t.id, t.answer) for t in parquet] == [(t.id, t.answer) for t in chat]
+    assert [t.prompt for t in parquet] == [t.messages[0].content for t in chat]
+    for task in parquet:
+        assert math_answer_format(f"<answer>{task.answer}</answer>", task)[0] == 1.0
+
+
+def test_the_reference_parquet_files_are_what_the_command_makes(tmp_path):
+    """examples/data/gsm8k_format_sample*.parquet: the line in the SmolLM2 example's header
+    makes them again, byte for byte the same rows."""
+    import pyarrow.parquet as pq
+
+    from tests.helpers.paths import ROOT
+
+    out = tmp_path / "g.parquet"
+    argv = ["tasks", "make", "word_problems", "--n", "512", "--eval-n", "48", "--seed", "0"]
+    assert main([*argv, "--max-number", "9", "--kinds", "add,sub", "--shape", "gsm8k",
+                 "--out", str(out)]) == 0  # fmt: skip
+    data = ROOT / "examples" / "data"
+    for made, kept in ((out, "gsm8k_format_sample.parquet"),
+                       (tmp_path / "g.eval.parquet", "gsm8k_format_sample.eval.parquet")):  # fmt: skip
+        assert pq.read_table(made).to_pylist() == pq.read_table(data / kept).to_pylist()
