@@ -24,6 +24,9 @@ FIXED_ON_RESUME = (
     "model",
     "run.seed",
     "taskset.path",
+    "taskset.sources",
+    "taskset.epoch_tasks",
+    "taskset.max_prompt_tokens",
     "taskset.id_key",
     "taskset.shuffle",
     "trainer.batch_size",  # the feeder stamps batches of this many tasks (Task.batch)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamrft.infra.config import Config
-from streamrft.schemas.errors import StreamRFTError
+from streamrft.schemas.errors import ConfigError, StreamRFTError
 
 CONNECT_TIMEOUT_S = 15.0
 """Longest wait for the broker or the store with ``--connect``."""
@@ -35,13 +35,26 @@ class Check:
 
 
 def _taskset(cfg: Config) -> str:
-    from streamrft.infra.taskset import read_taskset
+    from streamrft.infra.taskset import training_tasks
     from streamrft.producers.workflows import check_workflow
 
-    tasks = read_taskset(cfg.taskset.path, cfg.taskset)
-    for workflow in sorted({t.workflow for t in tasks}):
+    counts = [0] * max(len(cfg.taskset.sources), 1)
+    seen: set[str] = set()
+    workflows: set[str] = set()
+    for source, where, task in training_tasks(cfg.taskset):
+        if task.id in seen:
+            raise ConfigError(f"taskset {where}: duplicate task id {task.id!r}")
+        seen.add(task.id)
+        counts[source] += 1
+        workflows.add(task.workflow)
+    for workflow in sorted(workflows):
         check_workflow(workflow)
-    return f"{len(tasks)} tasks in {cfg.taskset.path}"
+    if not cfg.taskset.sources:
+        return f"{counts[0]} tasks in {cfg.taskset.path}"
+    return "; ".join(
+        f"{n} tasks in {s.path} (weight {s.weight:g})"
+        for s, n in zip(cfg.taskset.sources, counts, strict=True)
+    )
 
 
 def _eval_set(cfg: Config) -> str:

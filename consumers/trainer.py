@@ -40,7 +40,7 @@ from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender,
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
 from streamrft.infra.signals import install_stop_handlers
-from streamrft.infra.taskset import read_taskset
+from streamrft.infra.taskset import read_training_set
 from streamrft.schemas.codec import EXPERIENCE_GROUP
 from streamrft.schemas.errors import SchemaError, Stalled, StreamRFTError, SyncError
 from streamrft.schemas.events import RunState, Shutdown, TrainedGroup, VersionsRetired
@@ -214,7 +214,7 @@ class Trainer:
     async def _warmup(self) -> None:
         steps = self.tcfg.warmup_sft_steps
         await self.events.status(RunState.RUNNING, f"SFT warm-up, {steps} steps")
-        tasks = read_taskset(self.cfg.taskset.path, self.cfg.taskset)
+        tasks = read_training_set(self.cfg.taskset)
         losses = await asyncio.to_thread(self.engine.warmup, tasks)
         await self.events.metrics(
             {"warmup/sft_loss_first": losses[0], "warmup/sft_loss_last": losses[-1]}

@@ -229,12 +229,51 @@ class ModelConfig(_Section, frozen=True):
     """LoRA adapter training (off by default)."""
 
 
+class TaskSource(_Section, frozen=True):
+    """One task set of a mix (``taskset.sources``): its file, its weight, and where its rows
+    differ from the ``taskset`` section's reading of them."""
+
+    path: str
+    """A JSONL or Parquet file or a saved ``datasets`` folder (relative to the config file)."""
+    weight: PosF = 1.0
+    """Its share of every epoch, relative to the other sources' weights."""
+    name: str = ""
+    """Prefix of its task ids (``<name>/<id>``, keeping ids of two sources apart); default:
+    the file's name without its extension."""
+    split: str | None = None
+    prompt_key: str | None = None
+    answer_key: str | None = None
+    id_key: str | None = None
+    messages_key: str | None = None
+    prompt_template: str | None = None
+    answer_extract: str | None = None
+    workflow: str | None = None
+    """The ``taskset`` field of the same name, for this source only (None: the section's)."""
+
+    @property
+    def label(self) -> str:
+        """Its ``name``, or its file's name up to the first dot."""
+        return self.name or Path(self.path).name.split(".")[0]
+
+
 class TasksetConfig(_Section, frozen=True):
     path: str = ""
     """Training tasks (relative to the config file): a JSONL file (one object per line), a
     Parquet file (``.parquet``, needs ``pyarrow``) or a folder written by Hugging Face
     ``datasets``' ``save_to_disk`` (needs ``datasets``; both: ``pip install -e
-    '.[data]'``), read offline."""
+    '.[data]'``), read offline. Either this or ``sources``."""
+    sources: list[TaskSource] = []
+    """Several task sets mixed by weight, in place of ``path``: every epoch holds
+    ``epoch_tasks`` tasks, each source's share ``weight / sum of weights`` of them (rounded
+    to whole tasks). A source's tasks are taken in passes over it (each pass shuffled when
+    ``shuffle``), continued from one epoch to the next, so a source smaller than its share
+    is repeated and a larger one is covered over several epochs."""
+    epoch_tasks: NonNeg = 0
+    """Tasks in an epoch of ``sources``; 0: as many as the sources hold together."""
+    max_prompt_tokens: NonNeg = 0
+    """The feeder skips tasks whose prompt (rendered as the explorer renders it, with the
+    model's tokenizer) is longer than this many tokens, and reports how many at start; 0:
+    no limit (the explorer still refuses a prompt that leaves no room to sample)."""
     eval_path: str | None = None
     """Evaluation tasks, in any of those forms; None evaluates on the training taskset."""
     split: str = "train"
@@ -865,10 +904,25 @@ def _validate_lr_schedule(t: TrainerConfig) -> None:
         )
 
 
+def _check_taskset(t: TasksetConfig) -> None:
+    if bool(t.path) == bool(t.sources):
+        raise ConfigError(
+            "taskset.path: a taskset is required: give taskset.path (one file or dataset "
+            "folder) or taskset.sources (several, mixed by weight), not both"
+        )
+    if t.epoch_tasks and not t.sources:
+        raise ConfigError("taskset.epoch_tasks: sizes an epoch of taskset.sources; none given")
+    names = [s.label for s in t.sources]
+    if len(set(names)) != len(names):
+        raise ConfigError(
+            f"taskset.sources: two sources named alike ({', '.join(names)}); give each a "
+            "name (its task ids' prefix)"
+        )
+
+
 def validate(cfg: Config) -> None:
     """Rules that relate several fields, checked once at start-up."""
-    if not cfg.taskset.path:
-        raise ConfigError("taskset.path: a JSONL taskset is required")
+    _check_taskset(cfg.taskset)
     if cfg.model.source == "path" and not cfg.model.path:
         raise ConfigError("model.path: required when model.source is 'path'")
     if cfg.model.source == "tiny" and cfg.model.hidden_size % cfg.model.num_heads:
@@ -1041,6 +1095,11 @@ def load_config(
         value = (data.get(section) or {}).get(key)
         if isinstance(value, str) and value and not Path(value).is_absolute():
             data[section][key] = str((base / value).resolve())
+    sources = (data.get("taskset") or {}).get("sources")
+    for source in sources if isinstance(sources, list) else ():
+        value = source.get("path") if isinstance(source, dict) else None
+        if isinstance(value, str) and value:
+            source["path"] = str((base / value).resolve())
     for section, key in _secret_fields():
         if (data.get(section) or {}).get(key) == REDACTED:
             if needs_secrets is not True and section not in (needs_secrets or ()):
@@ -1053,6 +1112,7 @@ def load_config(
     for field, value in (
         ("taskset.path", cfg.taskset.path),
         ("taskset.eval_path", cfg.taskset.eval_path),
+        *((f"taskset.sources[{i}].path", s.path) for i, s in enumerate(cfg.taskset.sources)),
     ):
         if value and not Path(value).exists():
             raise ConfigError(f"{field}: {value!r} does not exist")

@@ -109,6 +109,25 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerFast:
+    """The tokenizer of the model ``cfg`` names (left padding; the EOS token pads where
+    the tokenizer has no pad token), without loading the model."""
+    if cfg.source == "tiny":
+        return build_char_tokenizer(cfg.charset)
+    if cfg.source != "path":  # guarded by config validation
+        raise ConfigError(f"model.source: unknown source {cfg.source!r}")
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(cfg.path, local_files_only=True)
+    except OSError as exc:
+        raise ConfigError(f"model.path: cannot load a tokenizer from {cfg.path!r}: {exc}") from exc
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def load_policy(
     cfg: ModelConfig, dtype: torch.dtype | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
@@ -119,25 +138,19 @@ def load_policy(
     """
     device = resolve_device(cfg.device)
     dtype = dtype or DTYPES[cfg.dtype]
+    tokenizer = load_tokenizer(cfg)
     if cfg.source == "tiny":
-        tokenizer = build_char_tokenizer(cfg.charset)
         model = build_tiny_model(cfg, tokenizer)
-    elif cfg.source == "path":
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    else:
+        from transformers import AutoModelForCausalLM
 
         try:
-            tokenizer = AutoTokenizer.from_pretrained(cfg.path, local_files_only=True)
             # safetensors only: a pickled pytorch_model.bin is refused, never unpickled
             model = AutoModelForCausalLM.from_pretrained(
                 cfg.path, local_files_only=True, dtype=dtype, use_safetensors=True
             )
         except OSError as exc:
             raise ConfigError(f"model.path: cannot load a model from {cfg.path!r}: {exc}") from exc
-        tokenizer.padding_side = "left"
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-    else:  # guarded by config validation
-        raise ConfigError(f"model.source: unknown source {cfg.source!r}")
     model.to(device=device)
     cast_parameters(model, dtype)
     model.eval()

@@ -107,6 +107,12 @@ class PromptRenderer:
         """The prompt's token ids, special tokens added once (see the module's BOS note)."""
         return list(self.tokenizer(self.text(task), add_special_tokens=not self.chat).input_ids)
 
+    def lengths(self, tasks: Sequence[Task]) -> list[int]:
+        """How many tokens each task's prompt holds (:meth:`ids`, in one tokenizer call)."""
+        texts = [self.text(t) for t in tasks]
+        encoded = self.tokenizer(texts, add_special_tokens=not self.chat).input_ids
+        return [len(ids) for ids in encoded]
+
     def batch(self, tasks: Sequence[Task]) -> list[list[int]]:
         """:meth:`ids` of each task, in order."""
         return [self.ids(t) for t in tasks]

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from streamrft.infra.answer_extract import answer_extractor
-from streamrft.infra.config import TasksetConfig
+from streamrft.infra.config import TasksetConfig, TaskSource
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import ChatMessage, Task
 
@@ -35,13 +35,54 @@ DATA_EXTRA = "pip install -e '.[data]'"
 
 
 def read_taskset(path: str | Path, cfg: TasksetConfig) -> list[Task]:
-    """Every task of ``path`` (see the module docstring)."""
+    """Every task of ``path`` (see the module docstring), ids checked to be distinct."""
+    return read_training_set(msgspec.structs.replace(cfg, path=str(path), sources=[]))
+
+
+def read_training_set(cfg: TasksetConfig) -> list[Task]:
+    """Every training task: of ``taskset.path``, or of each of ``taskset.sources`` in turn
+    (once each, ids prefixed), ids checked to be distinct."""
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    for _source, where, task in training_tasks(cfg):
+        if task.id in seen:
+            raise ConfigError(f"taskset {where}: duplicate task id {task.id!r}")
+        seen.add(task.id)
+        tasks.append(task)
+    return tasks
+
+
+def training_tasks(cfg: TasksetConfig) -> Iterator[tuple[int, str, Task]]:
+    """``(source, where, task)`` of ``taskset.path`` (source 0), or of every source of
+    ``taskset.sources`` in order, with ids ``<source name>/<id>``; a file without a task
+    is a :class:`ConfigError`."""
+    if not cfg.sources:
+        for where, task in _non_empty(cfg.path, iter_tasks(cfg.path, cfg)):
+            yield 0, where, task
+        return
+    for index, source in enumerate(cfg.sources):
+        rows = iter_tasks(source.path, source_config(cfg, source))
+        for where, task in _non_empty(source.path, rows):
+            yield index, where, msgspec.structs.replace(task, id=f"{source.label}/{task.id}")
+
+
+def _non_empty(path: str | Path, rows: Iterator[tuple[str, Task]]) -> Iterator[tuple[str, Task]]:
+    empty = True
+    for row in rows:
+        empty = False
+        yield row
+    if empty:
+        raise ConfigError(f"taskset {path}: no tasks")
+
+
+def iter_tasks(path: str | Path, cfg: TasksetConfig) -> Iterator[tuple[str, Task]]:
+    """``(where, task)`` of each row of ``path`` in order, one row in memory at a time (a
+    Parquet file: one record batch). Rows whose answer ``taskset.answer_extract`` cannot
+    read are skipped, and their count logged at the end; ids are not checked here."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"taskset: {str(path)!r} does not exist")
     extract = answer_extractor(cfg.answer_extract) if cfg.answer_extract else None
-    tasks: list[Task] = []
-    seen: set[str] = set()
     unanswered = 0
     for where, index, row in read_rows(path, cfg):
         task = _task(row, cfg, where, f"line{index:06d}")
@@ -51,10 +92,7 @@ def read_taskset(path: str | Path, cfg: TasksetConfig) -> list[Task]:
                 unanswered += 1
                 continue
             task = msgspec.structs.replace(task, answer=answer)
-        if task.id in seen:
-            raise ConfigError(f"taskset {where}: duplicate task id {task.id!r}")
-        seen.add(task.id)
-        tasks.append(task)
+        yield where, task
     if unanswered:
         log.warning(
             "taskset %s: %d rows skipped: taskset.answer_extract %r found no answer in them",
@@ -62,9 +100,18 @@ def read_taskset(path: str | Path, cfg: TasksetConfig) -> list[Task]:
             unanswered,
             cfg.answer_extract,
         )
-    if not tasks:
-        raise ConfigError(f"taskset {path}: no tasks")
-    return tasks
+
+
+def source_config(cfg: TasksetConfig, source: TaskSource) -> TasksetConfig:
+    """How the rows of ``source`` are read: the ``taskset`` section with the fields the
+    source sets itself."""
+    names = [f.name for f in msgspec.structs.fields(TaskSource)]
+    own = {
+        name: getattr(source, name)
+        for name in names
+        if name not in ("path", "weight", "name") and getattr(source, name) is not None
+    }
+    return msgspec.structs.replace(cfg, path=source.path, sources=[], **own)
 
 
 def read_rows(path: Path, cfg: TasksetConfig) -> Iterator[tuple[str, int, dict[str, Any]]]:

@@ -31,11 +31,11 @@ def cache_keyword(model: Any) -> str:
     removed in 5.40), ``past_key_values`` in older ones (the vLLM tier's pin). The model's
     output carries the cache under the same name."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _keyword_of(type(base))
+    return _keyword_of(base.__class__)
 
 
 @cache
-def _keyword_of(model_cls: type) -> str:
+def _keyword_of(model_cls: Any) -> str:
     params = inspect.signature(model_cls.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 

@@ -14,7 +14,7 @@ import torch
 
 from streamrft.infra.config import Config
 from streamrft.infra.prompts import PromptRenderer
-from streamrft.infra.taskset import read_taskset
+from streamrft.infra.taskset import read_taskset, read_training_set
 from streamrft.producers.engines import RolloutEngine, TransformersEngine
 from streamrft.producers.rewards import RewardFn, get_reward
 from streamrft.schemas.experience import Task
@@ -46,8 +46,8 @@ class GreedyEvaluator:
     (the training taskset when none is given), scored with ``explorer.reward``."""
 
     def __init__(self, cfg: Config) -> None:
-        path = cfg.taskset.eval_path or cfg.taskset.path
-        self.tasks = read_taskset(path, cfg.taskset)
+        t = cfg.taskset
+        self.tasks = read_taskset(t.eval_path, t) if t.eval_path else read_training_set(t)
         self.taskset = cfg.taskset
         self.reward = get_reward(cfg.explorer.reward)
         self.max_new_tokens = cfg.explorer.max_new_tokens

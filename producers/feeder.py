@@ -1,4 +1,10 @@
-"""The task feeder: publishes a JSONL taskset to ``<ns>.tasks`` for ``total_epochs`` passes.
+"""The task feeder: publishes the taskset to ``<ns>.tasks`` for ``total_epochs`` epochs.
+
+When it starts it reads the taskset once (``taskset.path``, or every one of
+``taskset.sources``), checks every row, skips prompts longer than
+``taskset.max_prompt_tokens`` (counted and reported), and keeps the tasks in a file of its
+own (:class:`TaskFile`, ``<run dir>/feeder/tasks.bin``), not in memory; each epoch's order
+(:mod:`streamrft.producers.task_mix`) is then read from it chunk by chunk.
 
 Its progress is kept durably in ``<run dir>/feeder/progress.json`` (the epoch, and how many
 of its tasks were acknowledged), written after every chunk of :data:`FEED_CHUNK` tasks, so
@@ -9,13 +15,16 @@ retention of the status topic (its statuses are read too, for a feeder on a new 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
-import random
+from array import array
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from streamrft.infra import kafka
 from streamrft.infra.bus import Counters, EventSender, Position
@@ -23,11 +32,14 @@ from streamrft.infra.config import Config
 from streamrft.infra.consume import ever_held_records, read_history
 from streamrft.infra.durable import replace_durably
 from streamrft.infra.produce import OutRecord, send_all
-from streamrft.infra.taskset import read_taskset
+from streamrft.infra.taskset import training_tasks
+from streamrft.producers.task_file import TaskFile
+from streamrft.producers.task_mix import epoch_order, mixed_epoch, split_item
 from streamrft.producers.workflows import check_workflow
 from streamrft.schemas.codec import STATUS, TASK
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.events import RunState
+from streamrft.schemas.experience import Task
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +47,99 @@ FEED_CHUNK = 1000
 """Tasks sent (and acknowledged) at once: what is held in memory as records, what is sent
 again after an outage, and how often the progress file is written."""
 
+SCREEN_BATCH = 512
+"""Prompts measured in one tokenizer call against ``taskset.max_prompt_tokens``."""
 
-def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
-    order = list(range(n))
-    if shuffle:
-        random.Random(seed * 7919 + epoch).shuffle(order)
-    return order
+
+class TaskBook:
+    """The run's tasks in a :class:`TaskFile`, written once at start: every row checked
+    (workflow, distinct ids), prompts longer than ``taskset.max_prompt_tokens`` left out."""
+
+    def __init__(self, cfg: Config, path: Path) -> None:
+        self.file = TaskFile(path)
+        self.sizes = [0] * max(len(cfg.taskset.sources), 1)
+        """Tasks kept per source."""
+        self.too_long = 0
+        """Tasks left out for their prompt's length."""
+        digests = array("Q")
+        screen = _prompt_screen(cfg)
+        pending: list[tuple[int, Task]] = []
+        workflows: set[str] = set()
+        try:
+            for source, _where, task in training_tasks(cfg.taskset):
+                if task.workflow not in workflows:
+                    check_workflow(task.workflow)
+                    workflows.add(task.workflow)
+                pending.append((source, task))
+                if len(pending) == SCREEN_BATCH:
+                    self._keep(pending, screen, digests)
+            self._keep(pending, screen, digests)
+            self.file.seal()
+            self._check_ids(digests)
+        except BaseException:
+            self.file.close()
+            raise
+        empty = [s.path for s, n in zip(cfg.taskset.sources, self.sizes, strict=False) if not n]
+        if not len(self.file) or empty:
+            raise ConfigError(
+                f"taskset {', '.join(empty) or cfg.taskset.path}: no task left with a prompt "
+                f"of at most {cfg.taskset.max_prompt_tokens} tokens (taskset.max_prompt_tokens)"
+            )
+
+    def _keep(self, pending: list[tuple[int, Task]], screen: Any, digests: array) -> None:
+        lengths = screen([t for _, t in pending]) if screen else [0] * len(pending)
+        for (source, task), length in zip(pending, lengths, strict=True):
+            if screen and length > screen.limit:
+                self.too_long += 1
+                continue
+            self.file.append(task)
+            self.sizes[source] += 1
+            digests.append(_digest(task.id))
+        pending.clear()
+
+    def _check_ids(self, digests: array) -> None:
+        """A :class:`ConfigError` naming a task id two rows share (found by 8-byte digests,
+        8 bytes a task, then confirmed on the rows themselves)."""
+        values = np.frombuffer(digests, dtype=np.uint64)
+        order = np.argsort(values, kind="stable")
+        same = np.flatnonzero(values[order][1:] == values[order][:-1])
+        for k in same:
+            first, second = self.file[int(order[k])], self.file[int(order[k + 1])]
+            if first.id == second.id:
+                raise ConfigError(
+                    f"taskset: duplicate task id {first.id!r} (tasks {int(order[k]) + 1} "
+                    f"and {int(order[k + 1]) + 1} of {len(self.file)})"
+                )
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+class _Screen:
+    """Token counts of prompts, rendered as the explorer renders them."""
+
+    def __init__(self, renderer: Any, limit: int) -> None:
+        self.renderer = renderer
+        self.limit = limit
+
+    def __call__(self, tasks: Sequence[Task]) -> list[int]:
+        return self.renderer.lengths(tasks)
+
+
+def _prompt_screen(cfg: Config) -> _Screen | None:
+    """The length check of ``taskset.max_prompt_tokens`` (None: no limit). Loads the
+    model's tokenizer (transformers, only then)."""
+    if not cfg.taskset.max_prompt_tokens:
+        return None
+    from streamrft.infra.modeling import load_tokenizer
+    from streamrft.infra.prompts import PromptRenderer
+
+    renderer = PromptRenderer.from_config(cfg.taskset, load_tokenizer(cfg.model))
+    return _Screen(renderer, cfg.taskset.max_prompt_tokens)
 
 
 async def epochs_already_published(cfg: Config) -> int:
@@ -93,9 +192,12 @@ class Feeder:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.topics = cfg.topics()
-        self.tasks = read_taskset(cfg.taskset.path, cfg.taskset)
-        for t in self.tasks:
-            check_workflow(t.workflow)
+        self.book = TaskBook(cfg, Path(cfg.run_dir) / "feeder" / "tasks.bin")
+        self.rows = len(self.book.file)
+        self.epoch_size = (
+            (cfg.taskset.epoch_tasks or self.rows) if cfg.taskset.sources else self.rows
+        )
+        """Tasks per epoch: every row once, or ``taskset.epoch_tasks`` of a mix."""
         self.epochs_done = 0
         self.counters = Counters()
         self.events = EventSender(
@@ -112,7 +214,8 @@ class Feeder:
         try:
             await kafka.start_client(self.producer, "feeder producer")
             total = cfg.taskset.total_epochs
-            await self.events.status(RunState.RUNNING, f"{len(self.tasks)} tasks x {total} epochs")
+            self.counters.set("prompts_too_long", self.book.too_long)
+            await self.events.status(RunState.RUNNING, self.describe())
             partitions = sorted(await self.producer.partitions_for(self.topics.tasks))
             epoch, start = await self.resume_at()
             self.epochs_done = epoch
@@ -129,11 +232,53 @@ class Feeder:
         finally:
             await self.producer.stop()
             await self.events.stop()
+            self.book.close()
+
+    def describe(self) -> str:
+        """What the feeder publishes, for its first status and the log."""
+        total = self.cfg.taskset.total_epochs
+        text = f"{self.epoch_size} tasks x {total} epochs"
+        if self.cfg.taskset.sources:
+            parts = ", ".join(
+                f"{s.label} {n} rows weight {s.weight:g}"
+                for s, n in zip(self.cfg.taskset.sources, self.book.sizes, strict=True)
+            )
+            text += f" mixed from {parts}"
+        if self.book.too_long:
+            text += (
+                f"; {self.book.too_long} tasks left out with prompts over "
+                f"{self.cfg.taskset.max_prompt_tokens} tokens"
+            )
+        log.info("feeder: %s", text)
+        return text
+
+    def epoch_tasks(self, epoch: int) -> list[Task]:
+        """The tasks of epoch ``epoch`` in the order they are published."""
+        plan, task_of = self._plan(epoch)
+        return [task_of(int(item)) for item in plan]
+
+    def _plan(self, epoch: int) -> tuple[Sequence[int] | np.ndarray, Callable[[int], Task]]:
+        """Epoch ``epoch``'s items in order, and the task of an item."""
+        t = self.cfg.taskset
+        if not t.sources:
+            return epoch_order(
+                self.rows, epoch, self.cfg.run.seed, t.shuffle
+            ), self.book.file.__getitem__
+        weights = [s.weight for s in t.sources]
+        plan = mixed_epoch(
+            self.book.sizes, weights, self.epoch_size, epoch, self.cfg.run.seed, t.shuffle
+        )
+        return plan, self._mixed_task
+
+    def _mixed_task(self, item: int) -> Task:
+        row, repeat = split_item(item, self.rows)
+        task = self.book.file[row]
+        return msgspec.structs.replace(task, id=f"{task.id}#{repeat}") if repeat else task
 
     async def resume_at(self) -> tuple[int, int]:
         """Where a previous feeder of this run stopped: its progress file, or its statuses
         (whole epochs only), whichever is further."""
-        n = len(self.tasks)
+        n = self.epoch_size
         kept = load_progress(progress_path(self.cfg), n)
         if kept != (0, 0) and not await ever_held_records(
             self.cfg.kafka, self.topics.tasks, "feeder"
@@ -158,16 +303,16 @@ class Feeder:
         index (:attr:`Task.batch`). After a broker outage the chunk is sent again, with the
         same stamps: explorers then see some tasks twice, and the trainer keeps one group
         per (task, epoch)."""
-        n = len(self.tasks)
-        order = epoch_order(n, epoch, self.cfg.run.seed, self.cfg.taskset.shuffle)
+        n = self.epoch_size
         first = epoch * n  # position in the run's task stream
         per_batch = self.cfg.trainer.batch_size
+        plan, task_of = self._plan(epoch)
         sent = 0
         for lo in range(start, n, FEED_CHUNK):
             records = []
             for k in range(lo, min(lo + FEED_CHUNK, n)):
                 task = msgspec.structs.replace(
-                    self.tasks[order[k]], epoch=epoch, batch=(first + k) // per_batch
+                    task_of(int(plan[k])), epoch=epoch, batch=(first + k) // per_batch
                 )
                 part = partitions[(first + k) % len(partitions)]
                 records.append(

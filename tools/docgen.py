@@ -251,23 +251,32 @@ def config_reference() -> str:
         cls = section.type
         if not _is_struct(cls):
             raise TypeError(f"Config.{section.name}: not a section struct ({cls!r})")
-        docs = field_docs(cls, grouped=True)
-        out += [f"### {section.encode_name}", ""]
-        if doc := class_doc(cls):
-            out += [_prose(doc), ""]
-        rows = [
-            [
-                code(f.encode_name),
-                code(type_name(f.type)),
-                format_default(f),
-                bounds(f.type),
-                cell(docs.get(f.name, "")),
-            ]
-            for f in msgspec.structs.fields(cls)
-        ]
-        out += _table(["field", "type", "default", "bounds", "description"], rows)
-        out.append("")
+        out += _field_table(f"### {section.encode_name}", cls)
+        for f in msgspec.structs.fields(cls):
+            for inner in _nested_structs(f.type):
+                many = typing.get_origin(f.type) is list
+                title = f"#### {section.encode_name}.{f.encode_name}{'[]' if many else ''}"
+                out += _field_table(title, inner)
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _field_table(title: str, cls: type) -> list[str]:
+    """A heading, the class's docstring, and a table of its fields."""
+    docs = field_docs(cls, grouped=True)
+    out = [title, ""]
+    if doc := class_doc(cls):
+        out += [_prose(doc), ""]
+    rows = [
+        [
+            code(f.encode_name),
+            code(type_name(f.type)),
+            format_default(f),
+            bounds(f.type),
+            cell(docs.get(f.name, "")),
+        ]
+        for f in msgspec.structs.fields(cls)
+    ]
+    return [*out, *_table(["field", "type", "default", "bounds", "description"], rows), ""]
 
 
 # -- schemas ------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 
 from streamrft.infra import admin
 from streamrft.infra.bus import Counters, EventSender
-from streamrft.producers.feeder import Feeder, epoch_order
+from streamrft.producers.feeder import Feeder
 from streamrft.producers.task_intake import TaskIntake
 
 pytestmark = pytest.mark.integration
@@ -38,7 +38,7 @@ async def _take(intake: TaskIntake, n: int):
 def test_batches_are_taken_whole_in_order_and_committed_up_to_the_backlog(make_config):
     cfg = make_config(kafka={"partitions": 4}, trainer={"batch_size": PER_BATCH})
     feeder = Feeder(cfg)
-    ids = [feeder.tasks[i].id for i in epoch_order(len(feeder.tasks), 0, cfg.run.seed, True)]
+    ids = [task.id for task in feeder.epoch_tasks(0)]
     expected = [ids[b * PER_BATCH : (b + 1) * PER_BATCH] for b in range(len(ids) // PER_BATCH)]
 
     async def scenario():

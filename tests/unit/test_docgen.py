@@ -93,12 +93,23 @@ def test_config_reference_has_every_field_with_its_default():
     sections = split_sections(docgen.config_reference(), "###")
     assert list(sections) == [f.name for f in msgspec.structs.fields(Config)]
     for section in msgspec.structs.fields(Config):
-        table = rows(sections[section.name])
+        own, *_nested = sections[section.name].split("\n#### ")
+        table = rows(own)
         fields = msgspec.structs.fields(section.type)
         assert list(table) == [f.name for f in fields], section.name
         for f in fields:
             assert table[f.name][2] == expected_default(f), f"{section.name}.{f.name}"
             assert table[f.name][4], f"{section.name}.{f.name} has no description"
+
+
+def test_structs_inside_a_section_have_tables_of_their_own():
+    from streamrft.infra.config import LoraConfig, TaskSource
+
+    nested = split_sections(docgen.config_reference(), "####")
+    for title, cls in (("model.lora", LoraConfig), ("taskset.sources[]", TaskSource)):
+        table = rows(nested[title].split("\n### ")[0])
+        assert list(table) == [f.name for f in msgspec.structs.fields(cls)], title
+        assert all(cells[4] for cells in table.values()), title
 
 
 def test_config_reference_types_bounds_and_descriptions():

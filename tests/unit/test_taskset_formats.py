@@ -146,3 +146,65 @@ def test_answers_inside_thinking_are_never_read():
     assert math_answer("<think>the answer is \\boxed{12} and", task)[0] == 0.0
     assert last_number("<think>12</think> I say 11", task)[0] == 0.0
     assert answer_format("<think>\\boxed{12}</think>", task)[0] == 0.0
+
+
+def test_sources_in_a_config_file_resolve_read_each_their_own_way_and_validate(tmp_path, capsys):
+    """``taskset.sources`` relative to the config, per-source reading rules over the
+    section's, ids prefixed by the source's name; ``streamrft validate`` counts each."""
+    from streamrft.app.cli import main
+    from streamrft.infra.config import load_config
+    from streamrft.infra.taskset import read_training_set
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_parquet(data / "gsm.parquet", ROWS)
+    write_jsonl(data / "plain.jsonl", [{"id": "a", "prompt": "1+1=", "answer": "2"}])
+    config = tmp_path / "mix.yaml"
+    config.write_text(
+        "taskset:\n"
+        "  sources:\n"
+        "    - {path: data/gsm.parquet, weight: 3, prompt_template: '{question}',"
+        " answer_extract: gsm8k}\n"
+        "    - {path: data/plain.jsonl, name: plain}\n"
+    )
+    cfg = load_config(config)
+    assert [s.path for s in cfg.taskset.sources] == [
+        str(data / "gsm.parquet"),
+        str(data / "plain.jsonl"),
+    ]
+    tasks = read_training_set(cfg.taskset)
+    assert [t.id for t in tasks] == [f"gsm/gsm-{i}" for i in range(1, 13)] + ["plain/a"]
+    assert tasks[0].prompt == ROWS[0]["question"] and tasks[0].answer == "101"
+    assert (tasks[-1].prompt, tasks[-1].answer) == ("1+1=", "2")  # the section's own reading
+    assert main(["validate", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"12 tasks in {data / 'gsm.parquet'} (weight 3); 1 tasks in" in out
+
+
+@pytest.mark.parametrize(
+    ("taskset", "message"),
+    [
+        ({"path": "x.jsonl", "sources": [{"path": "y.jsonl"}]}, "give taskset.path .* not both"),
+        ({}, r"taskset.path: a taskset is required"),
+        ({"path": "x.jsonl", "epoch_tasks": 10}, "sizes an epoch of taskset.sources"),
+        (
+            {"sources": [{"path": "a/t.jsonl"}, {"path": "b/t.parquet"}]},
+            r"two sources named alike \(t, t\); give each a name",
+        ),
+        ({"sources": [{"path": "t.jsonl", "weight": 0}]}, r"sources\[0\]\.weight: Expected"),
+        ({"sources": [{"path": "t.jsonl", "prompt": "p"}]}, r"unknown field .prompt."),
+    ],
+)
+def test_a_wrong_mix_is_named(taskset, message):
+    from streamrft.infra.config import from_dict
+
+    with pytest.raises(ConfigError, match=message):
+        from_dict({"taskset": taskset})
+
+
+def test_a_missing_source_file_is_named(tmp_path):
+    from streamrft.infra.config import load_config
+
+    (tmp_path / "c.yaml").write_text("taskset:\n  sources:\n    - {path: here.jsonl}\n")
+    with pytest.raises(ConfigError, match=r"taskset.sources\[0\].path: '.*here.jsonl' does not"):
+        load_config(tmp_path / "c.yaml")
