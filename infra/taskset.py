@@ -9,6 +9,12 @@ A row has a prompt (``taskset.prompt_key``, a dotted path into nested fields, or
 answer (``taskset.answer_key``, read through ``taskset.answer_extract`` when set), an id
 and a workflow are optional; every other top-level field is kept as a metadata string.
 A row whose answer the extractor cannot read is skipped and counted.
+
+``taskset.sources`` lists several such files in place of ``path``, each read with the
+section's rules where it sets none of its own (:func:`source_config`), its ids prefixed
+with its name (:func:`training_tasks`). Rows are read one at a time (:func:`iter_tasks`):
+the feeder never holds a whole taskset; :func:`read_taskset` and
+:func:`read_training_set` make lists for the smaller uses (evaluation, SFT warm-up).
 """
 
 from __future__ import annotations
