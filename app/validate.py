@@ -74,7 +74,7 @@ def _names(cfg: Config) -> str:
     from streamrft.producers.engines import check_engine
     from streamrft.producers.rewards import get_reward
 
-    get_reward(cfg.explorer.reward)
+    get_reward(cfg.explorer.reward, cfg.explorer.reward_skips_thinking)
     check_engine(cfg.explorer.engine)
     check_train_engine(cfg.trainer.engine)
     check_strategy(resolve_algorithm(cfg).spec)

@@ -347,6 +347,11 @@ class ExplorerConfig(_Section, frozen=True):
     ``math_answer``, ``format``, ``math_answer_format``; see ``producers/rewards.py``) or a function of yours as ``"package.module:function"``,
     importable by the explorer and callable as ``(response_text, task) -> (reward, info)``
     with ``info`` a ``dict[str, float]``."""
+    reward_skips_thinking: bool = True
+    """The built-in rewards that read an answer out of the response (all but
+    ``exact_match``) skip ``<think>...</think>`` segments (a segment never closed runs to
+    the end), so a reasoning model's scratch work is never taken for its answer; false:
+    they read the whole response. Your own reward gets the whole response either way."""
     threads: Pos = 1
     """torch threads of an explorer process."""
     max_steps: NonNeg = 0

@@ -49,7 +49,7 @@ class GreedyEvaluator:
         t = cfg.taskset
         self.tasks = read_taskset(t.eval_path, t) if t.eval_path else read_training_set(t)
         self.taskset = cfg.taskset
-        self.reward = get_reward(cfg.explorer.reward)
+        self.reward = get_reward(cfg.explorer.reward, cfg.explorer.reward_skips_thinking)
         self.max_new_tokens = cfg.explorer.max_new_tokens
 
     def __call__(self, model: torch.nn.Module, tokenizer: Any) -> dict[str, float]:

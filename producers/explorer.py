@@ -81,7 +81,7 @@ class Explorer:
                 cfg.explorer.task_retries,
             ),
         )
-        self.reward = get_reward(cfg.explorer.reward)
+        self.reward = get_reward(cfg.explorer.reward, cfg.explorer.reward_skips_thinking)
         self.intake = TaskIntake(cfg, self.name, self.events, self.counters)
         self.producer: Any = None  # made in _start(), inside the event loop
 

@@ -5,11 +5,13 @@
 a function here and a line in :data:`REWARDS`. The rewards that read an answer out of
 the response (``last_number``, ``math_answer``, ``format``, ``math_answer_format``) never
 read it inside a ``<think>...</think>`` segment (a reasoning model's scratch work, a
-segment never closed running to the end); ``exact_match`` compares the whole response.
+segment never closed running to the end) unless ``explorer.reward_skips_thinking`` is off;
+``exact_match`` compares the whole response.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import re
@@ -32,30 +34,44 @@ def exact_match(response: str, task: Task) -> tuple[float, dict[str, float]]:
     return float(ok), {"correct": float(ok)}
 
 
+def _skips_thinking(fn: RewardFn) -> RewardFn:
+    """``fn`` given the response without its ``<think>`` segments; ``fn`` itself, reading
+    the whole response, stays reachable as the result's ``whole_response``."""
+
+    @functools.wraps(fn)
+    def reward(response: str, task: Task) -> tuple[float, dict[str, float]]:
+        return fn(without_thinking(response), task)
+
+    reward.whole_response = fn  # type: ignore[attr-defined]
+    return reward
+
+
+@_skips_thinking
 def last_number(response: str, task: Task) -> tuple[float, dict[str, float]]:
     """1.0 when the last number in the response (``1,234`` read as 1234) matches the answer
     (:func:`~streamrft.producers.answers.answers_match`: numerically when both are numbers)."""
-    found = answers.last_number(without_thinking(response))
+    found = answers.last_number(response)
     ok = found is not None and answers.answers_match(found, task.answer)
     return float(ok), {"correct": float(ok), "has_number": float(found is not None)}
 
 
+@_skips_thinking
 def math_answer(response: str, task: Task) -> tuple[float, dict[str, float]]:
     """1.0 when the response's answer matches the task's: the answer marked with
     ``<answer>`` tags or ``\\boxed{}`` (the last one), else the last number written,
     compared numerically (relative tolerance 1e-6; fractions, ``1,234``, ``$12``) or as
     normalized text (:mod:`~streamrft.producers.answers`)."""
-    response = without_thinking(response)
     marked = answers.extract_answer(response)
     given = marked if marked is not None else answers.last_number(response)
     ok = given is not None and answers.answers_match(given, task.answer)
     return float(ok), {"correct": float(ok), "format": float(marked is not None)}
 
 
+@_skips_thinking
 def answer_format(response: str, task: Task) -> tuple[float, dict[str, float]]:
     """1.0 when the response marks an answer (an ``<answer>...</answer>`` pair or a
     ``\\boxed{...}``), right or wrong; else 0.0."""
-    ok = answers.has_answer_format(without_thinking(response))
+    ok = answers.has_answer_format(response)
     return float(ok), {"format": float(ok)}
 
 
@@ -63,11 +79,12 @@ MATH_ANSWER_WEIGHT = 0.9
 """Share of ``math_answer_format`` given for a correct answer; the rest is for the format."""
 
 
+@_skips_thinking
 def math_answer_format(response: str, task: Task) -> tuple[float, dict[str, float]]:
     """``0.9 * math_answer + 0.1 * format``: a right answer counts most, marking it
     (``<answer>`` tags or ``\\boxed{}``) earns a little on its own, which a small model
     learns first."""
-    correct, info = math_answer(response, task)
+    correct, info = math_answer.whole_response(response, task)  # type: ignore[attr-defined]
     value = MATH_ANSWER_WEIGHT * correct + (1 - MATH_ANSWER_WEIGHT) * info["format"]
     return value, info
 
@@ -82,17 +99,20 @@ REWARDS: dict[str, RewardFn] = {
 """Built-in rewards by ``explorer.reward`` name."""
 
 
-def get_reward(name: str) -> RewardFn:
-    """The reward ``explorer.reward`` names: a registered name or ``"module:function"``."""
+def get_reward(name: str, skips_thinking: bool = True) -> RewardFn:
+    """The reward ``explorer.reward`` names: a registered name or ``"module:function"``;
+    a built-in answer reader reads the whole response when not ``skips_thinking``
+    (``explorer.reward_skips_thinking``)."""
     if ":" in name:
         return _import_reward(name)
     try:
-        return REWARDS[name]
+        fn = REWARDS[name]
     except KeyError:
         raise ConfigError(
             f"explorer.reward: unknown reward {name!r}; known: {', '.join(REWARDS)}, "
             "or a function as 'package.module:function'"
         ) from None
+    return fn if skips_thinking else getattr(fn, "whole_response", fn)
 
 
 def _import_reward(path: str) -> RewardFn:

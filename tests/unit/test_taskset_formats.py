@@ -148,6 +148,19 @@ def test_answers_inside_thinking_are_never_read():
     assert answer_format("<think>\\boxed{12}</think>", task)[0] == 0.0
 
 
+def test_explorer_reward_skips_thinking_off_reads_the_whole_response():
+    from streamrft.producers.rewards import REWARDS, get_reward
+
+    task = Task(id="t", prompt="?", answer="12")
+    cut = "<think>the answer is \\boxed{12} and"  # cut off while thinking
+    for name in ("last_number", "math_answer", "format", "math_answer_format"):
+        assert get_reward(name) is REWARDS[name]
+        assert get_reward(name, skips_thinking=False)(cut, task)[0] > 0.5, name
+        assert get_reward(name)(cut, task)[0] == 0.0, name
+    assert get_reward("math_answer_format", False)("<think>x</think> \\boxed{12}", task)[0] == 1.0
+    assert get_reward("exact_match", False) is REWARDS["exact_match"]
+
+
 def test_sources_in_a_config_file_resolve_read_each_their_own_way_and_validate(tmp_path, capsys):
     """``taskset.sources`` relative to the config, per-source reading rules over the
     section's, ids prefixed by the source's name; ``streamrft validate`` counts each."""
