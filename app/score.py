@@ -8,7 +8,7 @@ version, through the hook an explorer's versions take (``consumers.checkpoint.lo
 with the engine as its ``sync.payload.WeightTarget``): the transformers engine copies it
 into the model in place, vLLM into its own weights (and the adapter as a new LoRA request),
 so every engine scores the checkpoint's weights and one vLLM instance serves them all.
-Then, on ``taskset.eval_path`` (else ``taskset.path``), scored with ``explorer.reward``:
+Then, on ``taskset.eval_path`` (else the training taskset), scored with ``explorer.reward``:
 
 - greedy reward: the mean reward of greedy responses, by the evaluator the trainer uses
   for ``eval/accuracy`` (``producers.evaluation``), so the two agree for one checkpoint
@@ -363,7 +363,9 @@ def _report(
     return {
         "run": cfg.run.id,
         "engine": cfg.explorer.engine,
-        "eval_path": str(cfg.taskset.eval_path or cfg.taskset.path),
+        "eval_path": cfg.taskset.eval_path
+        or cfg.taskset.path
+        or ", ".join(source.path for source in cfg.taskset.sources),
         "k": opts.k,
         "samples": opts.n,
         "temperature": cfg.explorer.temperature,
