@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamrft.infra.config import Config
-from streamrft.schemas.errors import ConfigError, StreamRFTError
+from streamrft.schemas.errors import StreamRFTError
 
 CONNECT_TIMEOUT_S = 15.0
 """Longest wait for the broker or the store with ``--connect``."""
@@ -35,25 +35,27 @@ class Check:
 
 
 def _taskset(cfg: Config) -> str:
-    from streamrft.infra.taskset import training_tasks
-    from streamrft.producers.workflows import check_workflow
+    import tempfile
 
-    counts = [0] * max(len(cfg.taskset.sources), 1)
-    seen: set[str] = set()
-    workflows: set[str] = set()
-    for source, where, task in training_tasks(cfg.taskset):
-        if task.id in seen:
-            raise ConfigError(f"taskset {where}: duplicate task id {task.id!r}")
-        seen.add(task.id)
-        counts[source] += 1
-        workflows.add(task.workflow)
-    for workflow in sorted(workflows):
-        check_workflow(workflow)
-    if not cfg.taskset.sources:
-        return f"{counts[0]} tasks in {cfg.taskset.path}"
-    return "; ".join(
-        f"{n} tasks in {s.path} (weight {s.weight:g})"
-        for s, n in zip(cfg.taskset.sources, counts, strict=True)
+    from streamrft.producers.task_book import TaskBook
+
+    with tempfile.TemporaryDirectory(prefix="streamrft-validate-") as folder:
+        book = TaskBook(cfg, Path(folder))  # what the feeder reads, checked as it checks
+        book.close()
+    t = cfg.taskset
+    left_out = (
+        f"; {book.too_long} left out with prompts over {t.max_prompt_tokens} tokens"
+        if book.too_long
+        else ""
+    )
+    if not t.sources:
+        return f"{book.sizes[0]} tasks in {t.path}{left_out}"
+    return (
+        "; ".join(
+            f"{n} tasks in {s.path} (weight {s.weight:g})"
+            for s, n in zip(t.sources, book.sizes, strict=True)
+        )
+        + left_out
     )
 
 

@@ -239,7 +239,7 @@ class TaskSource(_Section, frozen=True):
     """Its share of every epoch, relative to the other sources' weights."""
     name: str = ""
     """Prefix of its task ids (``<name>/<id>``, keeping ids of two sources apart); default:
-    the file's name without its extension."""
+    the file's name up to its first dot."""
     split: str | None = None
     prompt_key: str | None = None
     answer_key: str | None = None

@@ -1,9 +1,9 @@
 """The task feeder: publishes the taskset to ``<ns>.tasks`` for ``total_epochs`` epochs.
 
-When it starts it reads the taskset once (``taskset.path``, or every one of
-``taskset.sources``), checks every row, skips prompts longer than
-``taskset.max_prompt_tokens`` (counted and reported), and keeps the tasks in a file of its
-own (:class:`TaskFile`, ``<run dir>/feeder/tasks.bin``), not in memory; each epoch's order
+When it starts it reads the taskset once into a :class:`TaskBook` (``taskset.path``, or
+every one of ``taskset.sources``; every row checked, prompts longer than
+``taskset.max_prompt_tokens`` left out and reported), kept in a file of its own under
+``<run dir>/feeder/``, not in memory; each epoch's order
 (:mod:`streamrft.producers.task_mix`) is then read from it chunk by chunk.
 
 Its progress is kept durably in ``<run dir>/feeder/progress.json`` (the epoch, and how many
@@ -15,10 +15,8 @@ retention of the status topic (its statuses are read too, for a feeder on a new 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,10 +30,8 @@ from streamrft.infra.config import Config
 from streamrft.infra.consume import ever_held_records, read_history
 from streamrft.infra.durable import replace_durably
 from streamrft.infra.produce import OutRecord, send_all
-from streamrft.infra.taskset import training_tasks
-from streamrft.producers.task_file import TaskFile
-from streamrft.producers.task_mix import epoch_order, mixed_epoch, split_item
-from streamrft.producers.workflows import check_workflow
+from streamrft.producers.task_book import TaskBook, check_shares
+from streamrft.producers.task_mix import epoch_order, mixed_epoch, shares, split_item
 from streamrft.schemas.codec import STATUS, TASK
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.events import RunState
@@ -46,100 +42,6 @@ log = logging.getLogger(__name__)
 FEED_CHUNK = 1000
 """Tasks sent (and acknowledged) at once: what is held in memory as records, what is sent
 again after an outage, and how often the progress file is written."""
-
-SCREEN_BATCH = 512
-"""Prompts measured in one tokenizer call against ``taskset.max_prompt_tokens``."""
-
-
-class TaskBook:
-    """The run's tasks in a :class:`TaskFile`, written once at start: every row checked
-    (workflow, distinct ids), prompts longer than ``taskset.max_prompt_tokens`` left out."""
-
-    def __init__(self, cfg: Config, path: Path) -> None:
-        self.file = TaskFile(path)
-        self.sizes = [0] * max(len(cfg.taskset.sources), 1)
-        """Tasks kept per source."""
-        self.too_long = 0
-        """Tasks left out for their prompt's length."""
-        digests = array("Q")
-        screen = _prompt_screen(cfg)
-        pending: list[tuple[int, Task]] = []
-        workflows: set[str] = set()
-        try:
-            for source, _where, task in training_tasks(cfg.taskset):
-                if task.workflow not in workflows:
-                    check_workflow(task.workflow)
-                    workflows.add(task.workflow)
-                pending.append((source, task))
-                if len(pending) == SCREEN_BATCH:
-                    self._keep(pending, screen, digests)
-            self._keep(pending, screen, digests)
-            self.file.seal()
-            self._check_ids(digests)
-        except BaseException:
-            self.file.close()
-            raise
-        empty = [s.path for s, n in zip(cfg.taskset.sources, self.sizes, strict=False) if not n]
-        if not len(self.file) or empty:
-            raise ConfigError(
-                f"taskset {', '.join(empty) or cfg.taskset.path}: no task left with a prompt "
-                f"of at most {cfg.taskset.max_prompt_tokens} tokens (taskset.max_prompt_tokens)"
-            )
-
-    def _keep(self, pending: list[tuple[int, Task]], screen: Any, digests: array) -> None:
-        lengths = screen([t for _, t in pending]) if screen else [0] * len(pending)
-        for (source, task), length in zip(pending, lengths, strict=True):
-            if screen and length > screen.limit:
-                self.too_long += 1
-                continue
-            self.file.append(task)
-            self.sizes[source] += 1
-            digests.append(_digest(task.id))
-        pending.clear()
-
-    def _check_ids(self, digests: array) -> None:
-        """A :class:`ConfigError` naming a task id two rows share (found by 8-byte digests,
-        8 bytes a task, then confirmed on the rows themselves)."""
-        values = np.frombuffer(digests, dtype=np.uint64)
-        order = np.argsort(values, kind="stable")
-        same = np.flatnonzero(values[order][1:] == values[order][:-1])
-        for k in same:
-            first, second = self.file[int(order[k])], self.file[int(order[k + 1])]
-            if first.id == second.id:
-                raise ConfigError(
-                    f"taskset: duplicate task id {first.id!r} (tasks {int(order[k]) + 1} "
-                    f"and {int(order[k + 1]) + 1} of {len(self.file)})"
-                )
-
-    def close(self) -> None:
-        self.file.close()
-
-
-def _digest(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
-
-
-class _Screen:
-    """Token counts of prompts, rendered as the explorer renders them."""
-
-    def __init__(self, renderer: Any, limit: int) -> None:
-        self.renderer = renderer
-        self.limit = limit
-
-    def __call__(self, tasks: Sequence[Task]) -> list[int]:
-        return self.renderer.lengths(tasks)
-
-
-def _prompt_screen(cfg: Config) -> _Screen | None:
-    """The length check of ``taskset.max_prompt_tokens`` (None: no limit). Loads the
-    model's tokenizer (transformers, only then)."""
-    if not cfg.taskset.max_prompt_tokens:
-        return None
-    from streamrft.infra.modeling import load_tokenizer
-    from streamrft.infra.prompts import PromptRenderer
-
-    renderer = PromptRenderer.from_config(cfg.taskset, load_tokenizer(cfg.model))
-    return _Screen(renderer, cfg.taskset.max_prompt_tokens)
 
 
 async def epochs_already_published(cfg: Config) -> int:
@@ -153,13 +55,15 @@ def progress_path(cfg: Config) -> Path:
     return Path(cfg.run_dir) / "feeder" / "progress.json"
 
 
-def load_progress(path: Path, tasks: int) -> tuple[int, int]:
+def load_progress(path: Path, tasks: int, rows: list[int]) -> tuple[int, int]:
     """``(epoch, tasks of it acknowledged)`` from the progress file; (0, 0) when there is
-    none. A file that cannot be read is a :class:`ConfigError` (publishing again from the
-    start would train every task twice)."""
+    none. A file that cannot be read, or written for an epoch of another size or sources
+    of other sizes (``rows``), is a :class:`ConfigError` (publishing again from the start
+    would train every task twice)."""
     try:
         data = json.loads(path.read_text())
         epoch, sent, size = int(data["epoch"]), int(data["sent"]), int(data["tasks"])
+        kept_rows = [int(n) for n in data.get("rows", rows)]  # older files have no rows
     except FileNotFoundError:
         return 0, 0
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -167,17 +71,19 @@ def load_progress(path: Path, tasks: int) -> tuple[int, int]:
             f"{path}: the feeder's progress cannot be read ({exc}); remove the file to "
             "publish the whole taskset again"
         ) from exc
-    if size != tasks or not 0 <= sent < max(tasks, 1) or epoch < 0:
+    if size != tasks or kept_rows != rows or not 0 <= sent < max(tasks, 1) or epoch < 0:
         raise ConfigError(
-            f"{path}: progress for a taskset of {size} tasks (epoch {epoch}, {sent} sent); "
-            f"this one has {tasks}: a resumed run must keep its taskset"
+            f"{path}: progress for a taskset of {size} tasks an epoch from sources of "
+            f"{kept_rows} rows (epoch {epoch}, {sent} sent); this one has {tasks} from "
+            f"{rows}: a resumed run must keep its taskset"
         )
     return epoch, sent
 
 
-def save_progress(path: Path, epoch: int, sent: int, tasks: int) -> None:
+def save_progress(path: Path, epoch: int, sent: int, tasks: int, rows: list[int]) -> None:
     """Write the progress file atomically and durably."""
-    replace_durably(path, json.dumps({"epoch": epoch, "sent": sent, "tasks": tasks}).encode())
+    record = {"epoch": epoch, "sent": sent, "tasks": tasks, "rows": rows}
+    replace_durably(path, json.dumps(record).encode())
 
 
 class Feeder:
@@ -192,12 +98,17 @@ class Feeder:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.topics = cfg.topics()
-        self.book = TaskBook(cfg, Path(cfg.run_dir) / "feeder" / "tasks.bin")
+        self.book = TaskBook(cfg, Path(cfg.run_dir) / "feeder")
         self.rows = len(self.book.file)
-        self.epoch_size = (
-            (cfg.taskset.epoch_tasks or self.rows) if cfg.taskset.sources else self.rows
-        )
+        t = cfg.taskset
+        self.epoch_size = (t.epoch_tasks or self.rows) if t.sources else self.rows
         """Tasks per epoch: every row once, or ``taskset.epoch_tasks`` of a mix."""
+        if t.sources:
+            try:
+                check_shares(t, self.book, shares([s.weight for s in t.sources], self.epoch_size))
+            except ConfigError:
+                self.book.close()
+                raise
         self.epochs_done = 0
         self.counters = Counters()
         self.events = EventSender(
@@ -208,10 +119,10 @@ class Feeder:
     async def run(self) -> int:
         """Publish what is left to publish; returns how many tasks were acknowledged."""
         cfg = self.cfg
-        await self.events.start()
         sent = 0
-        self.producer = kafka.data_producer(cfg.kafka, "feeder")
         try:
+            await self.events.start()
+            self.producer = kafka.data_producer(cfg.kafka, "feeder")
             await kafka.start_client(self.producer, "feeder producer")
             total = cfg.taskset.total_epochs
             self.counters.set("prompts_too_long", self.book.too_long)
@@ -230,9 +141,10 @@ class Feeder:
             log.info("feeder: %d tasks published", sent)
             return sent
         finally:
-            await self.producer.stop()
-            await self.events.stop()
             self.book.close()
+            if self.producer is not None:
+                await self.producer.stop()
+            await self.events.stop()
 
     def describe(self) -> str:
         """What the feeder publishes, for its first status and the log."""
@@ -279,7 +191,7 @@ class Feeder:
         """Where a previous feeder of this run stopped: its progress file, or its statuses
         (whole epochs only), whichever is further."""
         n = self.epoch_size
-        kept = load_progress(progress_path(self.cfg), n)
+        kept = load_progress(progress_path(self.cfg), n, self.book.sizes)
         if kept != (0, 0) and not await ever_held_records(
             self.cfg.kafka, self.topics.tasks, "feeder"
         ):
@@ -306,7 +218,7 @@ class Feeder:
         n = self.epoch_size
         first = epoch * n  # position in the run's task stream
         per_batch = self.cfg.trainer.batch_size
-        plan, task_of = self._plan(epoch)
+        plan, task_of = await asyncio.to_thread(self._plan, epoch)  # a mix's: seconds at 1M
         sent = 0
         for lo in range(start, n, FEED_CHUNK):
             records = []
@@ -329,7 +241,7 @@ class Feeder:
             )
             done = lo + len(records)
             at = (epoch + 1, 0) if done == n else (epoch, done)
-            await asyncio.to_thread(save_progress, progress_path(self.cfg), *at, n)
+            await asyncio.to_thread(save_progress, progress_path(self.cfg), *at, n, self.book.sizes)
             self.counters.set("tasks_published", first + done)
         return sent
 

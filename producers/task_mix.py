@@ -12,9 +12,9 @@ several epochs, and no row comes twice before every row has come once. The epoch
 are then shuffled together (or, without shuffling, interleaved evenly by position).
 
 An item of a mixed epoch is one integer: ``row + repeat * rows``, where ``row`` indexes
-the sources' rows laid end to end (source 0's first) and ``repeat`` counts the passes of
-the times its row came earlier in this epoch, so that a row taken twice in one epoch
-carries two different task ids (:func:`split_item`).
+the sources' rows laid end to end (source 0's first) and ``repeat`` is how many times that
+row came earlier in the same epoch, so that a row taken twice in one epoch carries two
+different task ids (:func:`split_item`).
 """
 
 from __future__ import annotations
@@ -46,10 +46,15 @@ def shares(weights: Sequence[float], total: int) -> list[int]:
     return counts
 
 
+def _rng(*key: int) -> np.random.Generator:
+    """A generator seeded by ``key`` (the run's seed may be negative: taken modulo 2^64)."""
+    return np.random.default_rng([k % 2**64 for k in key])
+
+
 def _pass(size: int, seed: int, source: int, number: int, shuffle: bool) -> np.ndarray:
     if not shuffle:
         return np.arange(size, dtype=np.int64)
-    return np.random.default_rng([seed, source, number]).permutation(size)
+    return _rng(seed, 1, source, number).permutation(size)
 
 
 def _repeats(items: np.ndarray, numbers: np.ndarray) -> np.ndarray:
@@ -78,18 +83,21 @@ def mixed_epoch(
     starts = np.cumsum([0, *sizes[:-1]])
     parts, keys = [], []
     for s, (size, count) in enumerate(zip(sizes, shares(weights, total), strict=True)):
-        first = epoch * count  # position in the source's stream of passes
-        positions = np.arange(first, first + count, dtype=np.int64)
-        numbers = positions // size
-        items = np.empty(count, dtype=np.int64)
-        for number in np.unique(numbers):
-            taken = numbers == number
-            items[taken] = _pass(size, seed, s, int(number), shuffle)[positions[taken] % size]
-        parts.append(starts[s] + items + _repeats(items, numbers) * rows)
+        first, end = epoch * count, (epoch + 1) * count  # positions in the source's stream
+        pieces, numbers = [], []
+        for number in range(first // size, -(-end // size)):  # the passes the share touches
+            lo, hi = max(first, number * size), min(end, (number + 1) * size)
+            pieces.append(
+                _pass(size, seed, s, number, shuffle)[lo - number * size : hi - number * size]
+            )
+            numbers.append(np.full(hi - lo, number, dtype=np.int64))
+        items = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+        passes = np.concatenate(numbers) if numbers else np.empty(0, dtype=np.int64)
+        parts.append(starts[s] + items + _repeats(items, passes) * rows)
         keys.append((np.arange(count) + 0.5) / count)
     merged = np.concatenate(parts)
     if shuffle:
-        return merged[np.random.default_rng([seed, epoch, len(sizes)]).permutation(len(merged))]
+        return merged[_rng(seed, 2, epoch).permutation(len(merged))]
     return merged[np.argsort(np.concatenate(keys), kind="stable")]
 
 

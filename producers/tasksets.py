@@ -113,7 +113,7 @@ KINDS: dict[str, Callable[[random.Random, str, str, str, int], Problem]] = {
     "mul_add": _mul_add,
 }
 """Templates of ``word_problems`` (``kind``): four of one operation, three of two. A
-template is ``(rng, name, friend's name, item, largest number) -> (question, answer)``;
+template is ``(rng, name, friend's name, item, largest number) -> (question, answer, rationale)``;
 factors stay at most 9 and 12 (a quotient's dividend at most the largest number)."""
 
 SHAPES = ("chat", "gsm8k")

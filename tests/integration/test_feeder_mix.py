@@ -96,7 +96,12 @@ def test_sources_are_mixed_by_weight_each_read_its_own_way(make_config, tmp_path
         )
     # 30 arithmetic tasks at 10 an epoch: every one exactly once over the 3 epochs
     assert sorted(arith_seen) == sorted(f"arith/{line['id']}" for line in arith_lines)
-    assert json.loads(progress_path(cfg).read_text()) == {"epoch": 3, "sent": 0, "tasks": 40}
+    assert json.loads(progress_path(cfg).read_text()) == {
+        "epoch": 3,
+        "sent": 0,
+        "tasks": 40,
+        "rows": [30, 10],
+    }
 
 
 def test_prompts_over_the_token_limit_are_left_out_and_counted(make_config, tmp_path):

@@ -56,12 +56,22 @@ def test_a_feeder_killed_mid_epoch_goes_on_from_its_last_chunk(make_config, monk
         _feed(cfg)
     # 100 tasks: chunks of 30, 30, 30, 10 (epoch 0), 30 of epoch 1, then the kill
     assert calls == [30, 30, 30, 10, 30, 30]
-    assert json.loads(progress_path(cfg).read_text()) == {"epoch": 1, "sent": 30, "tasks": 100}
+    assert json.loads(progress_path(cfg).read_text()) == {
+        "epoch": 1,
+        "sent": 30,
+        "tasks": 100,
+        "rows": [100],
+    }
     monkeypatch.setattr(feeder_module, "send_all", real_send)
     assert _feed(cfg) == 70  # the rest of epoch 1, no more
     published = _published(cfg)
     assert len(published) == 100 * EPOCHS and set(published.values()) == {1}
-    assert json.loads(progress_path(cfg).read_text()) == {"epoch": 2, "sent": 0, "tasks": 100}
+    assert json.loads(progress_path(cfg).read_text()) == {
+        "epoch": 2,
+        "sent": 0,
+        "tasks": 100,
+        "rows": [100],
+    }
 
 
 def test_a_resumed_run_whose_statuses_expired_publishes_nothing_again(make_config, monkeypatch):

@@ -95,3 +95,9 @@ def test_without_shuffling_the_sources_are_interleaved_evenly_in_file_order():
     assert [row for row, _ in items] == [0, 8, 1, 2, 9, 3, 4, 10, 5, 6, 11, 7]
     for k in range(1, 13):  # every prefix holds source 0's share within one task
         assert abs(sum(row < 8 for row, _ in items[:k]) - 2 * k / 3) <= 1
+
+
+def test_a_negative_seed_mixes_like_any_other():
+    items = _items([6, 4], [6, 4], 10, 0, seed=-3)
+    assert sorted(items) == [(row, 0) for row in range(10)]
+    assert items != _items([6, 4], [6, 4], 10, 0, seed=3)
