@@ -37,6 +37,12 @@ def tiny_model(tokenizer, eos_bias: float) -> torch.nn.Module:
     return model
 
 
+def greedy(model, tokenizer, ids, mask, steps: int):
+    """:func:`sample` greedily for ``steps`` tokens."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    return sample(model, ids, mask, max_new_tokens=steps, eos_id=eos, pad_id=pad, greedy=True)
+
+
 def prompt_ids(tokenizer) -> list[list[int]]:
     return [tokenizer(p).input_ids for p in PROMPTS]
 
@@ -104,15 +110,7 @@ def test_greedy_texts_are_the_argmax_rows_decoded(tokenizer):
     engine = TransformersEngine(model, tokenizer)
     prompts = prompt_ids(tokenizer)
     ids, mask = engine.encode_prompts(prompts)
-    out = sample(
-        model,
-        ids,
-        mask,
-        max_new_tokens=8,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
-        greedy=True,
-    )
+    out = greedy(model, tokenizer, ids, mask, 8)
     expected = [
         tokenizer.decode(out.tokens[i, : int(out.lengths[i])].tolist(), skip_special_tokens=True)
         for i in range(len(prompts))
@@ -136,15 +134,7 @@ def test_the_kv_cache_is_used_under_the_installed_transformers_name(tokenizer):
     ids, mask = engine.encode_prompts(prompt_ids(tokenizer))
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        out = sample(
-            model,
-            ids,
-            mask,
-            max_new_tokens=5,
-            eos_id=tokenizer.eos_token_id,
-            pad_id=tokenizer.pad_token_id,
-            greedy=True,
-        )
+        out = greedy(model, tokenizer, ids, mask, 5)
     seq, full_mask = ids, mask
     expected = []
     with torch.no_grad():
