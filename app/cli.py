@@ -9,6 +9,7 @@ streamrft feed CONFIG --run-id ID           (publish the taskset)
 streamrft serve CONFIG --run-id ID [--host H] [--port P]   (OpenAI-compatible API; records experiences)
 streamrft infra up|down|status [--dir DIR]
 streamrft validate CONFIG [-o k=v ...] [--connect]   (check a config, start nothing)
+streamrft plan CONFIG [--device-memory 80GiB] [--prompt-tokens N] [--json]   (memory per process)
 streamrft topics [CONFIG]
 streamrft tail [CONFIG] TOPIC [--max N] [--follow] [--where FIELD=VALUE]
 streamrft tail [CONFIG] --run-id ID KIND [--follow] [--where FIELD=VALUE]   (KIND: status, metrics, ...)
@@ -193,6 +194,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     failed = [c.name for c in checks if not c.ok]
     print("config ok" if not failed else f"{len(failed)} check(s) failed: {', '.join(failed)}")
     return 1 if failed else 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Print the accelerator memory each process of the run needs; 1 when it does not fit."""
+    from streamrft.app.plan import as_json, cuda_memory, make_plan, render
+    from streamrft.infra.config import load_config
+    from streamrft.infra.memory_plan import parse_size
+
+    setup_logging("WARNING")
+    cfg = load_config(args.config, args.override, needs_secrets=False)
+    size = parse_size(args.device_memory) if args.device_memory else cuda_memory()
+    plan = make_plan(cfg, args.prompt_tokens, size)
+    print(json.dumps(as_json(plan)) if args.json else render(plan))
+    return 1 if plan.fits() is False else 0
 
 
 def cmd_infra(args: argparse.Namespace) -> int:
@@ -426,7 +441,7 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
 
 def _add_checkpoint_commands(sub: argparse._SubParsersAction) -> None:
     """What reads a config or a run's checkpoints without joining a run: ``export``,
-    ``score``, ``validate``."""
+    ``score``, ``validate``, ``plan``."""
     sp = sub.add_parser("export", help="write a checkpoint (LoRA merged) as a Hugging Face folder")
     sp.add_argument("config", help="the run's config (model section)")
     sp.add_argument(
@@ -461,6 +476,22 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction) -> None:
         "--connect", action="store_true", help="also reach the broker and object store it names"
     )
     sp.set_defaults(func=cmd_validate)
+    from streamrft.app.plan import DEFAULT_PROMPT_TOKENS
+
+    sp = sub.add_parser("plan", help="estimate the accelerator memory each process needs")
+    sp.add_argument("config", help="YAML config file")
+    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
+    sp.add_argument(
+        "--device-memory", help="each device's memory, e.g. 80GiB (default: the GPU torch sees)"
+    )
+    sp.add_argument(
+        "--prompt-tokens",
+        type=int,
+        help=f"prompt length to plan for (default: taskset.max_prompt_tokens, else "
+        f"{DEFAULT_PROMPT_TOKENS})",
+    )
+    sp.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    sp.set_defaults(func=cmd_plan)
 
 
 def _add_watch_commands(sub: argparse._SubParsersAction) -> None:

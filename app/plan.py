@@ -1,0 +1,241 @@
+"""``streamrft plan CONFIG [--device-memory 80GiB]``: the accelerator memory each process of
+a run needs, estimated before anything starts (the arithmetic: :mod:`infra.memory_plan`).
+
+The model's shape comes from the config (the tiny model) or from the model folder's
+``config.json`` and the headers of its safetensors files (the exact parameter count; no
+weight is read). Processes are placed as ``streamrft run`` places them today: the trainer's
+rank r of ``trainer.nproc`` on ``cuda:r`` under FSDP2, else on ``model.device``, and every
+explorer on ``model.device``; each device's total is compared with ``--device-memory``
+(else the size of the GPU torch sees, where there is one).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from streamrft.infra.config import Config, ModelConfig
+from streamrft.infra.memory_plan import (
+    DTYPE_BYTES,
+    GIB,
+    Estimate,
+    ModelShape,
+    Workload,
+    explorer_estimate,
+    llama_shape,
+    lora_params,
+    trainer_estimate,
+    vllm_estimate,
+)
+from streamrft.schemas.errors import ConfigError
+
+DEFAULT_PROMPT_TOKENS = 512
+"""Prompt length assumed when ``taskset.max_prompt_tokens`` is 0 and none is given."""
+SPECIAL_TOKENS = 4
+"""The tiny model's tokenizer: pad, BOS, EOS and unknown before its characters
+(``infra.modeling.build_char_tokenizer``)."""
+COLUMNS = ("weights", "gradients", "optimizer", "reference", "kv_cache", "logits", "vllm_share")
+
+
+@dataclass
+class Plan:
+    shape: ModelShape
+    work: Workload
+    processes: list[tuple[str, str, Estimate]]
+    """(name, device, estimate)."""
+    device_bytes: int | None
+
+    def by_device(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for _, device, est in self.processes:
+            totals[device] = totals.get(device, 0) + est.total
+        return totals
+
+    def fits(self) -> bool | None:
+        if self.device_bytes is None:
+            return None
+        return all(t <= self.device_bytes for t in self.by_device().values())
+
+
+def model_shape(cfg: ModelConfig) -> ModelShape:
+    """The shape of the model ``cfg`` names, without loading it."""
+    if cfg.source == "tiny":
+        vocab = SPECIAL_TOKENS + len(dict.fromkeys(cfg.charset))
+        return llama_shape(
+            vocab,
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_layers,
+            cfg.num_heads,
+            cfg.num_heads,
+            tied=True,
+        )
+    folder = Path(str(cfg.path))
+    try:
+        conf = json.loads((folder / "config.json").read_text())
+        heads = int(conf["num_attention_heads"])
+        shape = llama_shape(
+            int(conf["vocab_size"]),
+            int(conf["hidden_size"]),
+            int(conf["intermediate_size"]),
+            int(conf["num_hidden_layers"]),
+            heads,
+            int(conf.get("num_key_value_heads") or heads),
+            tied=bool(conf.get("tie_word_embeddings", False)),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"model.path: cannot read the shape of {folder}/config.json: {exc}"
+        ) from exc
+    counted = safetensors_params(folder)
+    return ModelShape(counted or shape.params, *_rest(shape))
+
+
+def _rest(shape: ModelShape) -> tuple[int, int, int, int, int]:
+    return shape.layers, shape.hidden, shape.intermediate, shape.kv_width, shape.vocab
+
+
+def safetensors_params(folder: Path) -> int:
+    """Parameters in the folder's ``*.safetensors`` files, from their headers only (0 when
+    there is none)."""
+    total = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                count = 1
+                for dim in entry["shape"]:
+                    count *= int(dim)
+                total += count
+    return total
+
+
+def make_plan(
+    cfg: Config,
+    prompt_tokens: int | None = None,
+    device_bytes: int | None = None,
+) -> Plan:
+    """The estimate of every process of ``cfg``'s run."""
+    from streamrft.consumers.algorithms.presets import resolve_algorithm
+
+    shape = model_shape(cfg.model)
+    spec = resolve_algorithm(cfg).spec
+    lora = cfg.model.lora
+    t, e = cfg.trainer, cfg.explorer
+    prompt = prompt_tokens or cfg.taskset.max_prompt_tokens or DEFAULT_PROMPT_TOKENS
+    sequence = prompt + e.max_new_tokens
+    rows = t.micro_batch_size or t.batch_size * e.repeat_times
+    tokens = rows * sequence
+    if t.max_tokens_per_micro_batch:
+        tokens = min(tokens, max(t.max_tokens_per_micro_batch, sequence))
+    ranks = t.nproc if t.engine == "fsdp2" or t.nproc > 1 else 1
+    trainable = lora_params(shape, lora.rank, lora.target_modules) if lora.enabled else shape.params
+    work = Workload(
+        dtype_bytes=DTYPE_BYTES[cfg.model.dtype],
+        trainable=trainable,
+        micro_batch_tokens=tokens,
+        prompt_tokens=prompt,
+        response_tokens=e.max_new_tokens,
+        rows_sampled=e.batch_size * e.repeat_times,
+        ranks=ranks,
+        reference=spec.needs_reference and not lora.enabled,
+        critic=spec.needs_critic,
+    )
+    device = cfg.model.device
+    processes = []
+    trainer = trainer_estimate(shape, work, t.gradient_checkpointing)
+    for r in range(ranks):
+        processes.append(
+            (f"trainer rank {r}" if ranks > 1 else "trainer", _rank(device, r, ranks), trainer)
+        )
+    for i in range(e.count):
+        est = (
+            vllm_estimate(e.gpu_memory_utilization, device_bytes)
+            if e.engine == "vllm"
+            else explorer_estimate(shape, work)
+        )
+        processes.append((f"explorer-{i}", device, est))
+    return Plan(shape, work, processes, device_bytes)
+
+
+def _rank(device: str, rank: int, ranks: int) -> str:
+    return f"cuda:{rank}" if ranks > 1 else device
+
+
+def cuda_memory() -> int | None:
+    """The first GPU's memory in bytes, where torch sees one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(0).total_memory)
+
+
+def render(plan: Plan) -> str:
+    """The table ``streamrft plan`` prints."""
+    w, s = plan.work, plan.shape
+    lines = [
+        f"model: {s.params / 1e6:,.1f}M parameters ({w.trainable / 1e6:,.2f}M trained), "
+        f"{s.layers} layers of {s.hidden}, vocabulary {s.vocab:,}; values of {w.dtype_bytes} bytes",
+        f"step: micro-batches of {w.micro_batch_tokens:,} tokens; explorers sample "
+        f"{w.rows_sampled} rows of {w.prompt_tokens} + {w.response_tokens} tokens",
+        "",
+    ]
+    header = ["process", "device", *COLUMNS, "activations", "(ckpt on/off)", "total"]
+    rows = [header]
+    for name, device, est in plan.processes:
+        acts = est.activations_checkpointed if est.checkpointing else est.activations
+        other = est.activations if est.checkpointing else est.activations_checkpointed
+        rows.append(
+            [name, device]
+            + [_gib(est.parts[c]) if c in est.parts else "" for c in COLUMNS]
+            + [_gib(acts) if est.activations else "", f"({_gib(other)})" if est.activations else ""]
+            + [_gib(est.total)]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines += [
+        "  ".join(c.ljust(wd) for c, wd in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+    lines.append("")
+    size = plan.device_bytes
+    for device, total in plan.by_device().items():
+        if size is None:
+            verdict = "device size unknown: give --device-memory"
+        else:
+            verdict = f"of {_gib(size)}: {'fits' if total <= size else 'does NOT fit'}"
+        lines.append(f"{device}: {_gib(total)} {verdict}")
+    lines.append(
+        "GiB; estimates without the CUDA context and allocator slack (add ~0.5 GiB a process)"
+    )
+    return "\n".join(lines)
+
+
+def as_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "params": plan.shape.params,
+        "trainable": plan.work.trainable,
+        "micro_batch_tokens": plan.work.micro_batch_tokens,
+        "processes": [
+            {
+                "name": n,
+                "device": d,
+                "parts": est.parts,
+                "activations": est.activations,
+                "activations_checkpointed": est.activations_checkpointed,
+                "total": est.total,
+            }
+            for n, d, est in plan.processes
+        ],
+        "devices": plan.by_device(),
+        "device_memory": plan.device_bytes,
+        "fits": plan.fits(),
+    }
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f}"

@@ -1,0 +1,142 @@
+"""``streamrft plan``'s arithmetic: the model's size counted as torch counts it, each part
+of a process's memory as the formulas in ``infra/memory_plan.py`` say, computed here by
+hand, and the command's verdict."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from streamrft.app.cli import main
+from streamrft.app.plan import make_plan, model_shape, safetensors_params
+from streamrft.infra.config import LoraConfig, ModelConfig, from_dict
+from streamrft.infra.memory_plan import (
+    GIB,
+    ModelShape,
+    Workload,
+    explorer_estimate,
+    llama_shape,
+    lora_params,
+    parse_size,
+    trainer_estimate,
+)
+from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model, save_policy
+from streamrft.schemas.errors import ConfigError
+from tests.helpers.paths import EXAMPLE
+
+pytestmark = pytest.mark.unit
+
+TINY = ModelConfig(hidden_size=48, intermediate_size=96, num_layers=3, num_heads=4)
+
+
+def _tiny():
+    tokenizer = build_char_tokenizer(TINY.charset)
+    return build_tiny_model(TINY, tokenizer), tokenizer
+
+
+def test_the_shape_counts_parameters_as_torch_does(tmp_path):
+    model, tokenizer = _tiny()
+    real = sum(p.numel() for p in model.parameters())
+    assert model_shape(TINY).params == real
+    assert model_shape(TINY).vocab == len(tokenizer)
+    folder = save_policy(model, tokenizer, tmp_path / "m")
+    assert safetensors_params(folder) == real  # tied embeddings are stored once
+    from_folder = model_shape(ModelConfig(source="path", path=str(folder)))
+    assert from_folder == model_shape(TINY)
+    # grouped-query attention and an untied head, against torch's count
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    gqa = LlamaConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    expected = sum(p.numel() for p in LlamaForCausalLM(gqa).parameters())
+    assert llama_shape(100, 64, 160, 2, 8, 2, tied=False).params == expected
+
+
+def test_a_lora_adapter_counts_as_peft_makes_it():
+    from streamrft.sync.lora import attach_lora
+
+    model, _ = _tiny()
+    lora = LoraConfig(enabled=True, rank=4)
+    wrapped = attach_lora(model, lora)
+    trained = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    assert lora_params(model_shape(TINY), 4, lora.target_modules) == trained
+    with pytest.raises(ConfigError, match="not lm_head"):
+        lora_params(model_shape(TINY), 4, ("q_proj", "lm_head"))
+
+
+SHAPE = ModelShape(params=1000, layers=2, hidden=10, intermediate=20, kv_width=5, vocab=50)
+WORK = Workload(
+    dtype_bytes=2, trainable=1000, micro_batch_tokens=7, prompt_tokens=3, response_tokens=4,
+    rows_sampled=6,
+)  # fmt: skip
+
+
+def test_a_trainer_rank_by_hand():
+    est = trainer_estimate(SHAPE, WORK, checkpointing=False)
+    assert est.parts == {"weights": 4000, "gradients": 4000, "optimizer": 8000}
+    layer = 2 * 7 * (6 * 10 + 2 * 5 + 4 * 20)  # 2100
+    logits = 7 * 50 * (2 + 4 + 4)  # 3500
+    assert est.activations == 2 * layer + logits == 7700
+    assert est.activations_checkpointed == layer + 2 * (2 * 7 * 10) + logits == 5880
+    assert est.total == 16000 + 7700
+    assert trainer_estimate(SHAPE, WORK, checkpointing=True).total == 16000 + 5880
+    # two FSDP2 ranks halve the states, a reference copy in 2 bytes, LoRA's 40 trained
+    two = trainer_estimate(SHAPE, replace(WORK, ranks=2, reference=True), False)
+    assert two.parts == {"weights": 2000, "gradients": 2000, "optimizer": 4000, "reference": 1000}
+    adapter = trainer_estimate(SHAPE, replace(WORK, trainable=40), False)
+    assert adapter.parts == {"weights": 4000, "gradients": 160, "optimizer": 320}
+    critic = trainer_estimate(SHAPE, replace(WORK, critic=True), False)
+    assert critic.parts["optimizer"] == 16000 and critic.activations == 2 * 7700
+
+
+def test_an_explorer_by_hand():
+    est = explorer_estimate(SHAPE, WORK)
+    kv = 2 * 2 * 5 * 2 * 6 * (3 + 4)  # K and V, layers, width, bytes, rows, length
+    assert est.parts == {"weights": 2000, "kv_cache": kv, "logits": 8 * 6 * 50}
+    assert est.activations == 0 and est.total == 2000 + kv + 2400
+
+
+def test_the_plan_of_a_config_places_and_sums_processes():
+    cfg = from_dict(
+        {
+            "taskset": {"path": "x.jsonl"},
+            "explorer": {"count": 2, "batch_size": 4, "repeat_times": 2, "max_new_tokens": 8},
+            "trainer": {"batch_size": 4, "micro_batch_size": 2, "max_tokens_per_micro_batch": 0},
+        }
+    )
+    plan = make_plan(cfg, prompt_tokens=24, device_bytes=GIB)
+    assert [(n, d) for n, d, _ in plan.processes] == [
+        ("trainer", "cpu"), ("explorer-0", "cpu"), ("explorer-1", "cpu")
+    ]  # fmt: skip
+    assert plan.work.micro_batch_tokens == 2 * (24 + 8) and plan.work.rows_sampled == 8
+    assert plan.by_device() == {"cpu": sum(e.total for _, _, e in plan.processes)}
+    assert plan.fits() is True
+    assert make_plan(cfg, 24, 1000).fits() is False
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("80GiB", 80 * GIB), ("80 GB", 80 * 10**9), ("81920MiB", 80 * GIB), ("1.5GiB", 3 * GIB // 2),
+     ("4096", 4096)],
+)  # fmt: skip
+def test_sizes(text, size):
+    assert parse_size(text) == size
+
+
+def test_a_size_that_is_none_is_named():
+    with pytest.raises(ConfigError, match="'80 apples' is not a size"):
+        parse_size("80 apples")
+
+
+def test_the_command_says_whether_it_fits(capsys):
+    assert main(["plan", str(EXAMPLE), "--device-memory", "1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "trainer" in out and "explorer-0" in out and ": fits" in out
+    assert main(["plan", str(EXAMPLE), "--device-memory", "1MiB", "--json"]) == 1
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["fits"] is False and plan["device_memory"] == 1 << 20
+    assert plan["devices"]["cpu"] == sum(p["total"] for p in plan["processes"])
