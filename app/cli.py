@@ -36,12 +36,16 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streamrft.app.models import add_models_parser
 from streamrft.app.process import EXIT_CONFIG, EXIT_STALLED, setup_logging
 from streamrft.app.replay_source import add_replay_arguments
 from streamrft.app.tasks import add_tasks_parser
 from streamrft.schemas.errors import ConfigError, Stalled, StreamRFTError
+
+if TYPE_CHECKING:
+    from streamrft.infra.config import Config
 
 log = logging.getLogger("streamrft")
 DEFAULT_INFRA_DIR = "runs/infra"
@@ -80,6 +84,20 @@ def _load(args: argparse.Namespace, joining: bool):
     return cfg
 
 
+def _placed(cfg: Config, role: str, index: int = 0) -> Config:
+    """``cfg`` for the process of ``role`` on its own device (``explorer.device`` /
+    ``devices``, ``trainer.device``); a GPU that is not there is a start-up error naming
+    the field that chose it."""
+    from streamrft.infra.config import for_role, role_device
+
+    device, field = role_device(cfg, role, index)
+    if device != "cpu":  # torch only for a GPU
+        from streamrft.infra.modeling import resolve_device
+
+        resolve_device(device, field)
+    return for_role(cfg, role, index)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from streamrft.app.supervisor import run_with_services
     from streamrft.infra.config import to_yaml
@@ -101,6 +119,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from streamrft.app.replay_source import prepare_replay
 
     cfg, replay = prepare_replay(_load(args, joining=True), args)  # replay: --from-* flags
+    cfg = _placed(cfg, "trainer")
     if cfg.trainer.nproc > 1:  # this process launches the ranks, or is one of them
         from streamrft.app.launch import launch_trainer, run_trainer_rank
 
@@ -115,7 +134,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_explore(args: argparse.Namespace) -> int:
     from streamrft.producers.explorer import main
 
-    cfg = _load(args, joining=True)
+    cfg = _placed(_load(args, joining=True), "explorer", args.index)
     main(cfg, args.index)
     return 0
 
@@ -126,7 +145,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for field in ("host", "port"):
         if getattr(args, field, None) is not None:
             args.override = [*(args.override or []), f"serve.{field}={getattr(args, field)}"]
-    cfg = _load(args, joining=True)
+    cfg = _placed(_load(args, joining=True), "explorer")  # serve samples as an explorer does
     main(cfg)
     return 0
 

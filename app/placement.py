@@ -1,7 +1,9 @@
-"""One GPU box: how ``streamrft run`` fits vLLM explorers and the trainer on one device.
+"""Where ``streamrft run``'s processes go, and how vLLM explorers and the trainer fit on
+one device.
 
-Every process ``streamrft run`` starts places its model on ``model.device``, so on a GPU
-they share it. vLLM takes a fixed share of the GPU's memory when it starts
+Every process places its model on its role's device: ``trainer.device``,
+``explorer.device`` or ``explorer.devices[i]``, else ``model.device`` (:func:`placement`).
+Where explorers share the trainer's GPU: vLLM takes a fixed share of the GPU's memory when it starts
 (``explorer.gpu_memory_utilization``) and sizes its KV cache from what is free then; the
 trainer's caching allocator grows as it needs. So when vLLM explorers share the GPU:
 
@@ -17,19 +19,49 @@ Pure rules here; the supervisor applies them.
 
 from __future__ import annotations
 
-from streamrft.infra.config import Config
+from streamrft.infra.config import Config, role_device
 from streamrft.schemas.errors import ConfigError
 
 GPU_BUDGET = 0.95
 """Share of a GPU's memory the processes may claim together."""
 
 
+def placement(cfg: Config) -> list[tuple[str, str, str]]:
+    """``(role, device, the field that chose it)`` of the trainer and of the explorers
+    ``streamrft run`` starts (explorers on one device listed together)."""
+    rows = [("trainer", *role_device(cfg, "trainer"))]
+    explorers: dict[tuple[str, str], list[int]] = {}
+    for i in range(cfg.explorer.count):
+        explorers.setdefault(role_device(cfg, "explorer", i), []).append(i)
+    for (device, field), indexes in explorers.items():
+        rows.append((f"explorer {','.join(map(str, indexes))}", device, field))
+    return rows
+
+
+def _gpu(spec: str) -> str | None:
+    """The GPU ``spec`` resolves to (``cuda`` is ``cuda:0``), None for the CPU."""
+    if spec == "auto":
+        spec = "cuda" if gpu_visible() else "cpu"
+    if spec == "cpu":
+        return None
+    return spec if ":" in spec else f"{spec}:0"
+
+
+def explorers_on_trainer_gpu(cfg: Config) -> int:
+    """How many of ``streamrft run``'s vLLM explorers share the trainer's GPU."""
+    if cfg.explorer.engine != "vllm":
+        return 0
+    trainer = _gpu(role_device(cfg, "trainer")[0])
+    if trainer is None:
+        return 0
+    devices = (role_device(cfg, "explorer", i)[0] for i in range(cfg.explorer.count))
+    return sum(1 for d in devices if _gpu(d) == trainer)
+
+
 def vllm_shares_gpu(cfg: Config) -> bool:
     """Whether ``streamrft run`` puts vLLM explorers on the trainer's GPU (``auto`` counts
     when torch sees a GPU)."""
-    if cfg.explorer.engine != "vllm" or cfg.model.device == "cpu":
-        return False
-    return cfg.model.device != "auto" or gpu_visible()
+    return explorers_on_trainer_gpu(cfg) > 0
 
 
 def gpu_visible() -> bool:
@@ -48,19 +80,20 @@ def start_order(cfg: Config) -> str:
 def check_gpu_shares(cfg: Config) -> None:
     """A :class:`ConfigError` naming the fields when vLLM explorers and the trainer would
     not fit on their shared GPU."""
-    if not vllm_shares_gpu(cfg):
+    shared = explorers_on_trainer_gpu(cfg)
+    if not shared:
         return
     e, t = cfg.explorer, cfg.trainer
-    where = f"explorer.engine vllm on model.device {cfg.model.device!r}"
+    where = f"explorer.engine vllm on the trainer's device {role_device(cfg, 'trainer')[0]!r}"
     if t.gpu_memory_fraction == 0:
         raise ConfigError(
             f"trainer.gpu_memory_fraction: required when vLLM explorers share the trainer's "
             f"GPU ({where}); e.g. 0.5 with explorer.gpu_memory_utilization 0.4"
         )
-    total = e.count * e.gpu_memory_utilization + t.gpu_memory_fraction
+    total = shared * e.gpu_memory_utilization + t.gpu_memory_fraction
     if total > GPU_BUDGET + 1e-9:
         raise ConfigError(
-            f"explorer.gpu_memory_utilization: {e.count} explorer(s) x "
+            f"explorer.gpu_memory_utilization: {shared} explorer(s) x "
             f"{e.gpu_memory_utilization} + trainer.gpu_memory_fraction "
             f"{t.gpu_memory_fraction} = {total:.2f} of one GPU ({where}); keep it within "
             f"{GPU_BUDGET}"

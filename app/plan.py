@@ -3,9 +3,9 @@ a run needs, estimated before anything starts (the arithmetic: :mod:`infra.memor
 
 The model's shape comes from the config (the tiny model) or from the model folder's
 ``config.json`` and the headers of its safetensors files (the exact parameter count; no
-weight is read). Processes are placed as ``streamrft run`` places them today: the trainer's
-rank r of ``trainer.nproc`` on ``cuda:r`` under FSDP2, else on ``model.device``, and every
-explorer on ``model.device``; each device's total is compared with ``--device-memory``
+weight is read). Processes are placed as ``streamrft run`` places them: the trainer's
+rank r of ``trainer.nproc`` on ``cuda:r`` under FSDP2, else on its role's device, each
+explorer on its own (``app/placement.py``); each device's total is compared with ``--device-memory``
 (else the size of the GPU torch sees, where there is one).
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamrft.infra.config import Config, ModelConfig
+from streamrft.infra.config import Config, ModelConfig, role_device
 from streamrft.infra.memory_plan import (
     DTYPE_BYTES,
     GIB,
@@ -159,7 +159,7 @@ def make_plan(
             if e.engine == "vllm"
             else explorer_estimate(shape, work)
         )
-        processes.append((f"explorer-{i}", device, est))
+        processes.append((f"explorer-{i}", role_device(cfg, "explorer", i)[0], est))
     return Plan(shape, work, processes, device_bytes)
 
 

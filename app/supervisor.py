@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from streamrft.app.placement import check_gpu_shares, start_order
+from streamrft.app.placement import check_gpu_shares, placement, start_order
 from streamrft.app.process import EXIT_CONFIG, EXIT_STALLED
 from streamrft.app.resume import check_resume
 from streamrft.app.watch.curves import draw
@@ -406,7 +406,8 @@ def header(cfg: Config, services: LocalServices | None) -> str:
             f"run {cfg.run.id}",
             f"  services  broker {cfg.kafka.bootstrap_servers}{broker_own}, "
             f"object store {cfg.object_store.endpoint or 'none'}{store_own}",
-            f"  model     {model}, {m.dtype} on {m.device}; explorer engine {cfg.explorer.engine}",
+            f"  model     {model}, {m.dtype}; explorer engine {cfg.explorer.engine}",
+            f"  placement {'; '.join(f'{role} on {device}' for role, device, _ in placement(cfg))}",
             f"  training  {cfg.algorithm.type}, {steps} steps, {cfg.explorer.count} explorer(s), "
             f"sync {cfg.synchronizer.method} / {cfg.synchronizer.style}",
             f"  files     {cfg.run_dir}/ (config.yaml, logs/, metrics.jsonl)",

@@ -105,9 +105,15 @@ def _model(cfg: Config) -> str:
 
 
 def _device(cfg: Config) -> str:
+    """Where each role goes (:func:`placement`), each device described as seen here."""
+    from streamrft.app.placement import placement
+
+    return "; ".join(f"{role} {_describe(device)}" for role, device, _ in placement(cfg))
+
+
+def _describe(spec: str) -> str:
     import torch
 
-    spec = cfg.model.device
     if spec == "auto":
         return f"auto: {'cuda' if torch.cuda.is_available() else 'cpu'} here"
     device = torch.device(spec)

@@ -22,6 +22,8 @@ from streamrft.schemas.topics import TopicNames
 Pos = Annotated[int, msgspec.Meta(gt=0)]
 NonNeg = Annotated[int, msgspec.Meta(ge=0)]
 PosF = Annotated[float, msgspec.Meta(gt=0)]
+Device = Annotated[str, msgspec.Meta(pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")]
+"""A torch device as the config spells one: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
 NonNegF = Annotated[float, msgspec.Meta(ge=0)]
 Frac = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
@@ -217,10 +219,11 @@ class ModelConfig(_Section, frozen=True):
     """Tiny model shape."""
     seed: int = 0
     """Seed of the tiny model's initial weights."""
-    device: Annotated[str, msgspec.Meta(pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")] = "cpu"
+    device: Device = "cpu"
     """Where explorer and trainer place the model: ``cpu``, ``cuda``, ``cuda:N``, or
     ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``). A GPU that is not there is a
-    start-up error, never a silent fall-back."""
+    start-up error, never a silent fall-back. ``explorer.device``/``devices`` and
+    ``trainer.device`` place a role elsewhere."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Precision. Explorers hold and sample with weights of this dtype (versions are sent
     to them in it); the trainer keeps float32 master weights and optimizer state and
@@ -317,6 +320,12 @@ class TasksetConfig(_Section, frozen=True):
 class ExplorerConfig(_Section, frozen=True):
     count: Pos = 1
     """Explorer processes ``streamrft run`` starts."""
+    device: Device | None = None
+    """Where explorers place their model (and serve mode its engine); None: ``model.device``."""
+    devices: list[Device] = []
+    """One device per explorer index: explorer ``i`` on ``devices[i % len(devices)]``
+    (``[cuda:0, cuda:1]``: explorers 0, 2, 4 on the first GPU, 1, 3, 5 on the second); in
+    place of ``device``."""
     engine: str = "transformers"
     """Rollout engine, a name registered in ``producers/engines`` (checked when the explorer
     starts): ``transformers`` (CPU/GPU), ``vllm`` (vLLM in the explorer process:
@@ -391,6 +400,9 @@ class TrainerConfig(_Section, frozen=True):
     """Cap of the trainer's CUDA memory as a share of its GPU
     (``torch.cuda.set_per_process_memory_fraction``); 0: no cap. Required when vLLM
     explorers share the GPU under ``streamrft run`` (see ``run.start_order``)."""
+    device: Device | None = None
+    """Where the trainer places its model (its evaluation too); None: ``model.device``.
+    With ``nproc`` above 1 the ranks take ``cuda:0`` to ``cuda:nproc-1``."""
     nproc: Pos = 1
     """Ranks of the trainer (``streamrft train --nproc`` overrides it). Above 1, the trainer
     is a launcher of that many processes (torchrun's environment; gloo on the CPU, nccl on
@@ -925,9 +937,39 @@ def _check_taskset(t: TasksetConfig) -> None:
         )
 
 
+def role_device(cfg: Config, role: str, index: int = 0) -> tuple[str, str]:
+    """``(device, the field that chose it)`` of ``role`` (``explorer``, with its index, or
+    ``trainer``)."""
+    if role == "explorer":
+        e = cfg.explorer
+        if e.devices:
+            return e.devices[index % len(e.devices)], f"explorer.devices[{index % len(e.devices)}]"
+        if e.device is not None:
+            return e.device, "explorer.device"
+    elif role == "trainer" and cfg.trainer.device is not None:
+        return cfg.trainer.device, "trainer.device"
+    return cfg.model.device, "model.device"
+
+
+def for_role(cfg: Config, role: str, index: int = 0) -> Config:
+    """``cfg`` as the process of ``role`` (and ``index``) reads it: ``model.device`` is its
+    own device (see :func:`role_device`)."""
+    device, _field = role_device(cfg, role, index)
+    if device == cfg.model.device:
+        return cfg
+    return msgspec.structs.replace(cfg, model=msgspec.structs.replace(cfg.model, device=device))
+
+
 def validate(cfg: Config) -> None:
     """Rules that relate several fields, checked once at start-up."""
     _check_taskset(cfg.taskset)
+    if cfg.explorer.device is not None and cfg.explorer.devices:
+        raise ConfigError("explorer.devices: give explorer.device or explorer.devices, not both")
+    if cfg.trainer.device not in (None, "cpu", "cuda", "auto") and cfg.trainer.nproc > 1:
+        raise ConfigError(
+            f"trainer.device: {cfg.trainer.device!r} names one device; with trainer.nproc "
+            f"{cfg.trainer.nproc} the ranks take cuda:0 to cuda:{cfg.trainer.nproc - 1}"
+        )
     if cfg.model.source == "path" and not cfg.model.path:
         raise ConfigError("model.path: required when model.source is 'path'")
     if cfg.model.source == "tiny" and cfg.model.hidden_size % cfg.model.num_heads:

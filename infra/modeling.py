@@ -81,10 +81,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 """``model.dtype`` -> torch dtype."""
 
 
-def resolve_device(spec: str) -> torch.device:
-    """The torch device ``model.device`` names (``auto``: the GPU when torch sees one).
+def resolve_device(spec: str, field: str = "model.device") -> torch.device:
+    """The torch device ``spec`` names (``auto``: the GPU when torch sees one).
 
-    A GPU asked for but absent is a :class:`ConfigError`, never a silent fall-back to CPU.
+    A GPU asked for but absent is a :class:`ConfigError` naming ``field`` (the setting that
+    chose ``spec``), never a silent fall-back to CPU.
     """
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -92,12 +93,12 @@ def resolve_device(spec: str) -> torch.device:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(
-                f"model.device: {spec!r} but torch sees no GPU (torch {torch.__version__}); "
+                f"{field}: {spec!r} but torch sees no GPU (torch {torch.__version__}); "
                 "use cpu or auto"
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(
-                f"model.device: {spec!r} but only {torch.cuda.device_count()} GPU(s) are visible"
+                f"{field}: {spec!r} but only {torch.cuda.device_count()} GPU(s) are visible"
             )
     return device
 

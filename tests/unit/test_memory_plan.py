@@ -140,3 +140,17 @@ def test_the_command_says_whether_it_fits(capsys):
     plan = json.loads(capsys.readouterr().out)
     assert plan["fits"] is False and plan["device_memory"] == 1 << 20
     assert plan["devices"]["cpu"] == sum(p["total"] for p in plan["processes"])
+
+
+def test_processes_are_summed_on_the_devices_their_roles_name():
+    cfg = from_dict(
+        {
+            "taskset": {"path": "x.jsonl"},
+            "model": {"device": "cuda:0"},
+            "explorer": {"count": 3, "devices": ["cuda:1", "cuda:0"]},
+        }
+    )
+    plan = make_plan(cfg, 16, 80 * GIB)
+    assert [d for _, d, _ in plan.processes] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    trainer, explorer = plan.processes[0][2].total, plan.processes[1][2].total
+    assert plan.by_device() == {"cuda:0": trainer + explorer, "cuda:1": 2 * explorer}

@@ -72,3 +72,72 @@ def test_bad_values_are_refused_by_the_config():
         config(util=1.5)
     with pytest.raises(ConfigError, match=r"run\.start_order"):
         config(order="sideways")
+
+
+def placed(**sections):
+    return from_dict({"taskset": {"path": "tasks.jsonl"}, **sections})
+
+
+def test_each_role_takes_its_own_device_else_the_models():
+    from streamrft.app.placement import placement
+    from streamrft.infra.config import for_role, role_device
+
+    cfg = placed(
+        model={"device": "cuda"},
+        explorer={"count": 5, "devices": ["cuda:0", "cuda:1", "cpu"]},
+        trainer={"device": "cuda:2"},
+    )
+    assert role_device(cfg, "trainer") == ("cuda:2", "trainer.device")
+    assert [role_device(cfg, "explorer", i) for i in (0, 1, 2, 3)] == [
+        ("cuda:0", "explorer.devices[0]"),
+        ("cuda:1", "explorer.devices[1]"),
+        ("cpu", "explorer.devices[2]"),
+        ("cuda:0", "explorer.devices[0]"),
+    ]
+    assert placement(cfg) == [
+        ("trainer", "cuda:2", "trainer.device"),
+        ("explorer 0,3", "cuda:0", "explorer.devices[0]"),
+        ("explorer 1,4", "cuda:1", "explorer.devices[1]"),
+        ("explorer 2", "cpu", "explorer.devices[2]"),
+    ]
+    assert for_role(cfg, "explorer", 1).model.device == "cuda:1"
+    assert for_role(cfg, "trainer").model.device == "cuda:2"
+    plain = placed(explorer={"device": "cuda:1"})
+    assert role_device(plain, "explorer", 7) == ("cuda:1", "explorer.device")
+    assert role_device(plain, "trainer") == ("cpu", "model.device")
+    assert for_role(plain, "trainer") is plain
+
+
+def test_vllm_shares_only_count_explorers_on_the_trainers_gpu():
+    two_gpus = placed(
+        model={"device": "cuda"},
+        explorer={"engine": "vllm", "count": 3, "devices": ["cuda:1", "cuda:0"]},
+        trainer={"device": "cuda:0", "gpu_memory_fraction": 0.5},
+    )
+    assert vllm_shares_gpu(two_gpus) and start_order(two_gpus) == "explorers_first"
+    # explorer 1 on cuda:0 (= "cuda", the trainer's): 1 x 0.9 + 0.5 does not fit
+    with pytest.raises(ConfigError, match=r"1 explorer\(s\) x 0.9 \+ .* 'cuda:0'"):
+        check_gpu_shares(two_gpus)
+    apart = placed(explorer={"engine": "vllm", "device": "cuda:1"}, trainer={"device": "cuda:0"})
+    assert not vllm_shares_gpu(apart) and start_order(apart) == "trainer_first"
+    check_gpu_shares(apart)  # nothing shared: no trainer share needed
+
+
+def test_wrong_placements_are_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"explorer.device or explorer.devices, not both"):
+        placed(explorer={"device": "cpu", "devices": ["cpu"]})
+    with pytest.raises(ConfigError, match=r"trainer.device: 'cuda:1' names one device"):
+        placed(trainer={"device": "cuda:1", "nproc": 2})
+    with pytest.raises(ConfigError, match=r"explorer.devices\[1\]: Expected `str` matching"):
+        placed(explorer={"devices": ["cpu", "gpu0"]})
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 3, reason="needs a machine with at most 3 GPUs")
+def test_a_device_that_is_not_there_is_a_start_up_error_naming_its_field(capsys):
+    from streamrft.app.cli import main
+    from tests.helpers.paths import EXAMPLE
+
+    argv = ["explore", str(EXAMPLE), "--run-id", "r", "--index", "1"]
+    setting = ["-o", "explorer.devices=[cpu, 'cuda:3']"]
+    assert main([*argv, *setting]) != 0
+    assert "explorer.devices[1]: 'cuda:3' but" in capsys.readouterr().err
