@@ -414,7 +414,8 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
         "--explorers",
         type=int,
         metavar="N",
-        help="override explorer.count (the tasks topic gets at least N partitions)",
+        help="override explorer.count (the tasks topic gets at least N partitions); 0: "
+        "trainer and feeder only, explorers started elsewhere",
     )
     sp.add_argument(
         "--summary", help="write the JSON run summary here (default <run dir>/summary.json)"

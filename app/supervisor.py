@@ -298,6 +298,12 @@ class Supervisor:
         self.started_at = time.time()
         if not self.trainer_waits:
             self._spawn("trainer", ["train"], cfg.trainer.threads, config_path)
+        if not cfg.explorer.count:
+            log.info(
+                "no explorer started (explorer.count 0): start them with "
+                "`streamrft explore CONFIG --run-id %s [--index I]`",
+                cfg.run.id,
+            )
         for i in range(cfg.explorer.count):
             role_args = ["explore", "--index", str(i)]
             self._spawn(f"explorer-{i}", role_args, cfg.explorer.threads, config_path)

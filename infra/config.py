@@ -318,8 +318,9 @@ class TasksetConfig(_Section, frozen=True):
 
 
 class ExplorerConfig(_Section, frozen=True):
-    count: Pos = 1
-    """Explorer processes ``streamrft run`` starts."""
+    count: NonNeg = 1
+    """Explorer processes ``streamrft run`` starts; 0: none (trainer and feeder only, the
+    explorers started elsewhere with ``streamrft explore --run-id``)."""
     device: Device | None = None
     """Where explorers place their model (and serve mode its engine); None: ``model.device``."""
     devices: list[Device] = []
