@@ -91,10 +91,13 @@ def _placed(cfg: Config, role: str, index: int = 0) -> Config:
     from streamrft.infra.config import for_role, role_device
 
     device, field = role_device(cfg, role, index)
+    listed = cfg.trainer.devices if role == "trainer" and "RANK" not in os.environ else []
     if device != "cpu":  # torch only for a GPU
         from streamrft.infra.modeling import resolve_device
 
         resolve_device(device, field)
+        for i, gpu in enumerate(listed):  # the launcher sees them all; each rank its own
+            resolve_device(gpu, f"trainer.devices[{i}]")
     return for_role(cfg, role, index)
 
 

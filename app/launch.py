@@ -51,9 +51,17 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
-def rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
+def rank_env(rank: int, nproc: int, port: int, gpus: list[int] | None = None) -> dict[str, str]:
+    """Torchrun's environment for ``rank``; ``gpus``: the GPU indexes (of those this process
+    sees) the ranks may see, rank r's ``cuda:r`` being ``gpus[r]``."""
+    visible = {}
+    if gpus:
+        seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+        names = [n.strip() for n in seen.split(",")] if seen else None
+        visible["CUDA_VISIBLE_DEVICES"] = ",".join(names[g] if names else str(g) for g in gpus)
     return {
         **os.environ,
+        **visible,
         "RANK": str(rank),
         "LOCAL_RANK": str(rank),
         "WORLD_SIZE": str(nproc),
@@ -72,12 +80,14 @@ def _status(code: int) -> int:
 class Launcher:
     """``nproc`` ranks of ``argv`` on this machine (see the module docstring)."""
 
-    def __init__(self, argv: list[str], nproc: int, cwd: str | None = None) -> None:
+    def __init__(
+        self, argv: list[str], nproc: int, cwd: str | None = None, gpus: list[int] | None = None
+    ) -> None:
         port = free_port()
         self.procs = [
             subprocess.Popen(
                 argv,
-                env=rank_env(rank, nproc, port),
+                env=rank_env(rank, nproc, port, gpus),
                 cwd=cwd,
                 start_new_session=True,  # a terminal's Ctrl-C reaches the launcher alone
             )
@@ -133,10 +143,17 @@ class Launcher:
             self.kill_all()
 
 
-def launch(argv: list[str], nproc: int, handle_signals: bool = True, cwd: str | None = None) -> int:
-    """Run ``argv`` as ``nproc`` ranks (in ``cwd``) until they end; the exit status (module
-    docstring). ``handle_signals``: install the SIGTERM/SIGINT handling (main thread only)."""
-    launcher = Launcher(argv, nproc, cwd)
+def launch(
+    argv: list[str],
+    nproc: int,
+    handle_signals: bool = True,
+    cwd: str | None = None,
+    gpus: list[int] | None = None,
+) -> int:
+    """Run ``argv`` as ``nproc`` ranks (in ``cwd``; ``gpus``: see :func:`rank_env`) until
+    they end; the exit status (module docstring). ``handle_signals``: install the
+    SIGTERM/SIGINT handling (main thread only)."""
+    launcher = Launcher(argv, nproc, cwd, gpus)
     if handle_signals:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, launcher.on_signal)
@@ -150,7 +167,8 @@ def launch_trainer(args: argparse.Namespace, cfg: Config) -> int:
     argv += ["--run-id", cfg.run.id, "--nproc", str(cfg.trainer.nproc)]
     for setting in args.override or []:
         argv += ["-o", setting]
-    return launch(argv, cfg.trainer.nproc)
+    gpus = [int(d.split(":")[1]) for d in cfg.trainer.devices] or None
+    return launch(argv, cfg.trainer.nproc, gpus=gpus)
 
 
 def run_trainer_rank(cfg: Config) -> int:

@@ -29,7 +29,11 @@ GPU_BUDGET = 0.95
 def placement(cfg: Config) -> list[tuple[str, str, str]]:
     """``(role, device, the field that chose it)`` of the trainer and of the explorers
     ``streamrft run`` starts (explorers on one device listed together)."""
-    rows = [("trainer", *role_device(cfg, "trainer"))]
+    t = cfg.trainer
+    if t.devices:
+        rows = [(f"trainer ranks 0-{t.nproc - 1}", ",".join(t.devices), "trainer.devices")]
+    else:
+        rows = [("trainer", *role_device(cfg, "trainer"))]
     explorers: dict[tuple[str, str], list[int]] = {}
     for i in range(cfg.explorer.count):
         explorers.setdefault(role_device(cfg, "explorer", i), []).append(i)
@@ -51,11 +55,10 @@ def explorers_on_trainer_gpu(cfg: Config) -> int:
     """How many of ``streamrft run``'s vLLM explorers share the trainer's GPU."""
     if cfg.explorer.engine != "vllm":
         return 0
-    trainer = _gpu(role_device(cfg, "trainer")[0])
-    if trainer is None:
-        return 0
+    trainer = {_gpu(d) for d in cfg.trainer.devices} or {_gpu(role_device(cfg, "trainer")[0])}
+    trainer.discard(None)
     devices = (role_device(cfg, "explorer", i)[0] for i in range(cfg.explorer.count))
-    return sum(1 for d in devices if _gpu(d) == trainer)
+    return sum(1 for d in devices if _gpu(d) in trainer)
 
 
 def vllm_shares_gpu(cfg: Config) -> bool:

@@ -146,13 +146,13 @@ def make_plan(
         reference=spec.needs_reference and not lora.enabled,
         critic=spec.needs_critic,
     )
-    device = cfg.model.device
+    device = role_device(cfg, "trainer")[0]
     processes = []
     trainer = trainer_estimate(shape, work, t.gradient_checkpointing)
     for r in range(ranks):
-        processes.append(
-            (f"trainer rank {r}" if ranks > 1 else "trainer", _rank(device, r, ranks), trainer)
-        )
+        name = f"trainer rank {r}" if ranks > 1 else "trainer"
+        where = t.devices[r] if t.devices else _rank(device, r, ranks)
+        processes.append((name, where, trainer))
     for i in range(e.count):
         est = (
             vllm_estimate(e.gpu_memory_utilization, device_bytes)

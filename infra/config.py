@@ -403,7 +403,10 @@ class TrainerConfig(_Section, frozen=True):
     explorers share the GPU under ``streamrft run`` (see ``run.start_order``)."""
     device: Device | None = None
     """Where the trainer places its model (its evaluation too); None: ``model.device``.
-    With ``nproc`` above 1 the ranks take ``cuda:0`` to ``cuda:nproc-1``."""
+    With ``nproc`` above 1 the ranks take ``cuda:0`` to ``cuda:nproc-1`` (or ``devices``)."""
+    devices: list[Device] = []
+    """One GPU per rank of an ``nproc`` trainer, rank r on ``devices[r]``
+    (``[cuda:6, cuda:7]``); the launcher shows each rank only these GPUs."""
     nproc: Pos = 1
     """Ranks of the trainer (``streamrft train --nproc`` overrides it). Above 1, the trainer
     is a launcher of that many processes (torchrun's environment; gloo on the CPU, nccl on
@@ -947,6 +950,8 @@ def role_device(cfg: Config, role: str, index: int = 0) -> tuple[str, str]:
             return e.devices[index % len(e.devices)], f"explorer.devices[{index % len(e.devices)}]"
         if e.device is not None:
             return e.device, "explorer.device"
+    elif role == "trainer" and cfg.trainer.devices:
+        return "cuda", "trainer.devices"  # each rank sees only its GPUs: cuda:r is devices[r]
     elif role == "trainer" and cfg.trainer.device is not None:
         return cfg.trainer.device, "trainer.device"
     return cfg.model.device, "model.device"
@@ -966,10 +971,21 @@ def validate(cfg: Config) -> None:
     _check_taskset(cfg.taskset)
     if cfg.explorer.device is not None and cfg.explorer.devices:
         raise ConfigError("explorer.devices: give explorer.device or explorer.devices, not both")
-    if cfg.trainer.device not in (None, "cpu", "cuda", "auto") and cfg.trainer.nproc > 1:
+    t = cfg.trainer
+    if t.device not in (None, "cpu", "cuda", "auto") and t.nproc > 1:
         raise ConfigError(
-            f"trainer.device: {cfg.trainer.device!r} names one device; with trainer.nproc "
-            f"{cfg.trainer.nproc} the ranks take cuda:0 to cuda:{cfg.trainer.nproc - 1}"
+            f"trainer.device: {t.device!r} names one device; with trainer.nproc {t.nproc} the "
+            f"ranks take cuda:0 to cuda:{t.nproc - 1}, or the GPUs trainer.devices lists"
+        )
+    if t.devices and (
+        len(t.devices) != t.nproc
+        or len(set(t.devices)) != len(t.devices)
+        or not all(d.startswith("cuda:") for d in t.devices)
+        or t.device is not None
+    ):
+        raise ConfigError(
+            f"trainer.devices: {t.devices} must list trainer.nproc ({t.nproc}) different GPUs "
+            "as cuda:N, one per rank, without trainer.device"
         )
     if cfg.model.source == "path" and not cfg.model.path:
         raise ConfigError("model.path: required when model.source is 'path'")

@@ -146,8 +146,9 @@ def test_processes_are_summed_on_the_devices_their_roles_name():
     cfg = from_dict(
         {
             "taskset": {"path": "x.jsonl"},
-            "model": {"device": "cuda:0"},
+            "model": {"device": "cuda:1"},
             "explorer": {"count": 3, "devices": ["cuda:1", "cuda:0"]},
+            "trainer": {"device": "cuda:0"},
         }
     )
     plan = make_plan(cfg, 16, 80 * GIB)

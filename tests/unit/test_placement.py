@@ -141,3 +141,32 @@ def test_a_device_that_is_not_there_is_a_start_up_error_naming_its_field(capsys)
     setting = ["-o", "explorer.devices=[cpu, 'cuda:3']"]
     assert main([*argv, *setting]) != 0
     assert "explorer.devices[1]: 'cuda:3' but" in capsys.readouterr().err
+
+
+def test_trainer_ranks_on_listed_gpus_see_only_theirs():
+    from streamrft.app.launch import rank_env
+    from streamrft.app.placement import placement
+
+    cfg = placed(
+        model={"device": "cuda"},
+        explorer={"count": 6, "devices": [f"cuda:{i}" for i in range(6)]},
+        trainer={"nproc": 2, "devices": ["cuda:6", "cuda:7"]},
+    )
+    assert placement(cfg)[0] == ("trainer ranks 0-1", "cuda:6,cuda:7", "trainer.devices")
+    env = rank_env(1, 2, 29500, [6, 7])
+    assert (env["CUDA_VISIBLE_DEVICES"], env["LOCAL_RANK"]) == ("6,7", "1")  # cuda:1 is GPU 7
+    import os
+
+    os.environ["CUDA_VISIBLE_DEVICES"] = "3,4,5,9,10,11,12,13"
+    try:  # indexes of what the launcher itself sees
+        assert rank_env(0, 2, 29500, [6, 7])["CUDA_VISIBLE_DEVICES"] == "12,13"
+    finally:
+        del os.environ["CUDA_VISIBLE_DEVICES"]
+    assert "CUDA_VISIBLE_DEVICES" not in rank_env(0, 2, 29500, None)
+    for bad in (["cuda:6"], ["cuda:6", "cuda:6"], ["cuda:6", "cpu"]):
+        with pytest.raises(ConfigError, match=r"trainer.devices: .* one per rank"):
+            placed(trainer={"nproc": 2, "devices": bad})
+    from streamrft.app.plan import make_plan
+
+    plan = make_plan(cfg, 16, None)
+    assert [d for n, d, _ in plan.processes if n.startswith("trainer")] == ["cuda:6", "cuda:7"]
