@@ -108,7 +108,10 @@ def _device(cfg: Config) -> str:
     """Where each role goes (:func:`placement`), each device described as seen here."""
     from streamrft.app.placement import placement
 
-    return "; ".join(f"{role} {_describe(device)}" for role, device, _ in placement(cfg))
+    rows = placement(cfg)
+    return "; ".join(
+        f"{role} {', '.join(_describe(d) for d in devices.split(','))}" for role, devices, _ in rows
+    )
 
 
 def _describe(spec: str) -> str:

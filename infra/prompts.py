@@ -109,6 +109,8 @@ class PromptRenderer:
 
     def lengths(self, tasks: Sequence[Task]) -> list[int]:
         """How many tokens each task's prompt holds (:meth:`ids`, in one tokenizer call)."""
+        if not tasks:
+            return []
         texts = [self.text(t) for t in tasks]
         encoded = self.tokenizer(texts, add_special_tokens=not self.chat).input_ids
         return [len(ids) for ids in encoded]

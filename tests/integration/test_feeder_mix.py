@@ -118,3 +118,15 @@ def test_prompts_over_the_token_limit_are_left_out_and_counted(make_config, tmp_
     assert _feed(feeder) == 6
     assert {t.id for t in _published(cfg)} == fitting
     assert feeder.counters.snapshot()["prompts_too_long"] == 6
+
+
+def test_a_taskset_of_a_whole_number_of_screening_batches_is_screened(make_config, tmp_path):
+    from streamrft.producers.task_book import SCREEN_BATCH
+
+    rows = [{"id": f"q{i}", "prompt": "1+1=" if i % 2 else "1+1+1+1+1=", "answer": "2"}
+            for i in range(2 * SCREEN_BATCH)]  # fmt: skip
+    path = tmp_path / "even.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    feeder = Feeder(make_config(taskset={"path": str(path), "max_prompt_tokens": 6}))
+    assert (feeder.book.too_long, feeder.epoch_size) == (SCREEN_BATCH, SCREEN_BATCH)
+    feeder.book.close()
