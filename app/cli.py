@@ -38,6 +38,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from streamrft.app.models import add_models_parser
 from streamrft.app.process import EXIT_CONFIG, EXIT_STALLED, setup_logging
 from streamrft.app.replay_source import add_replay_arguments
@@ -86,19 +88,51 @@ def _load(args: argparse.Namespace, joining: bool):
 
 def _placed(cfg: Config, role: str, index: int = 0) -> Config:
     """``cfg`` for the process of ``role`` on its own device (``explorer.device`` /
-    ``devices``, ``trainer.device``); a GPU that is not there is a start-up error naming
-    the field that chose it."""
+    ``devices``, ``trainer.device``; a GPU that is not there is a start-up error naming the
+    field that chose it). A process on one GPU ``cuda:N`` is shown only that GPU
+    (``CUDA_VISIBLE_DEVICES``) and uses it as ``cuda``: vLLM and the broadcast's device
+    checks see the GPU the config names, not the first one."""
     from streamrft.infra.config import for_role, role_device
+    from streamrft.infra.modeling import resolve_device
 
     device, field = role_device(cfg, role, index)
-    listed = cfg.trainer.devices if role == "trainer" and "RANK" not in os.environ else []
-    if device != "cpu":  # torch only for a GPU
-        from streamrft.infra.modeling import resolve_device
-
+    ranks = role == "trainer" and cfg.trainer.nproc > 1
+    if device.startswith("cuda:") and not ranks:
+        device = _only_gpu(device, field)
+    elif device != "cpu":  # torch only for a GPU
         resolve_device(device, field)
-        for i, gpu in enumerate(listed):  # the launcher sees them all; each rank its own
-            resolve_device(gpu, f"trainer.devices[{i}]")
-    return for_role(cfg, role, index)
+    for i, gpu in enumerate(cfg.trainer.devices if ranks and "RANK" not in os.environ else []):
+        resolve_device(gpu, f"trainer.devices[{i}]")  # the launcher sees them all
+    placed = for_role(cfg, role, index)
+    if placed.model.device == device:
+        return placed
+    return msgspec.structs.replace(
+        placed, model=msgspec.structs.replace(placed.model, device=device)
+    )
+
+
+def _only_gpu(spec: str, field: str) -> str:
+    """Show this process only the GPU ``spec`` (``cuda:N``) names, counted among those it
+    sees; ``cuda``, its name inside the process."""
+    from streamrft.infra.modeling import resolve_device
+
+    index = int(spec.split(":")[1])
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [n.strip() for n in seen.split(",") if n.strip()] if seen is not None else None
+    if names is not None and index >= len(names):
+        raise ConfigError(
+            f"{field}: {spec!r} but only {len(names)} GPU(s) are visible "
+            f"(CUDA_VISIBLE_DEVICES={seen!r})"
+        )
+    os.environ["CUDA_VISIBLE_DEVICES"] = names[index] if names is not None else str(index)
+    try:
+        resolve_device("cuda", field)
+    except ConfigError:
+        raise ConfigError(
+            f"{field}: {spec!r} but torch sees no GPU there "
+            f"(CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']})"
+        ) from None
+    return "cuda"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -194,7 +228,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     if not (args.run_id or cfg.run.id):
         raise StreamRFTError("--run-id is required (the run whose checkpoints to score)")
-    cfg = with_run_id(cfg, args.run_id)
+    cfg = _placed(with_run_id(cfg, args.run_id), "explorer")  # it samples as an explorer
     setup_logging(cfg.monitor.log_level)
     out = Path(args.out) if args.out else None
     opts = ScoreOptions(args.checkpoint, args.k, args.samples, args.require_publish, out)

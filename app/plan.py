@@ -11,6 +11,7 @@ explorer on its own (``app/placement.py``); each device's total is compared with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from dataclasses import dataclass
@@ -37,7 +38,16 @@ DEFAULT_PROMPT_TOKENS = 512
 SPECIAL_TOKENS = 4
 """The tiny model's tokenizer: pad, BOS, EOS and unknown before its characters
 (``infra.modeling.build_char_tokenizer``)."""
-COLUMNS = ("weights", "gradients", "optimizer", "reference", "kv_cache", "logits", "vllm_share")
+COLUMNS = (
+    "weights",
+    "gradients",
+    "optimizer",
+    "reference",
+    "critic",
+    "kv_cache",
+    "logits",
+    "vllm_share",
+)
 
 
 @dataclass
@@ -47,17 +57,29 @@ class Plan:
     processes: list[tuple[str, str, Estimate]]
     """(name, device, estimate)."""
     device_bytes: int | None
+    trainer_share: float = 0.0
+    """``trainer.gpu_memory_fraction``: the trainer's cap on its GPU (0: none)."""
 
     def by_device(self) -> dict[str, int]:
+        """Each device's total (``cuda`` and ``cuda:0`` are one)."""
         totals: dict[str, int] = {}
         for _, device, est in self.processes:
-            totals[device] = totals.get(device, 0) + est.total
+            key = _same_gpu(device)
+            totals[key] = totals.get(key, 0) + est.total
         return totals
+
+    def trainer_over_cap(self) -> bool:
+        """Whether a trainer rank needs more than ``trainer.gpu_memory_fraction`` of its GPU."""
+        if not (self.trainer_share and self.device_bytes):
+            return False
+        cap = self.trainer_share * self.device_bytes
+        return any(n.startswith("trainer") and e.total > cap for n, _, e in self.processes)
 
     def fits(self) -> bool | None:
         if self.device_bytes is None:
             return None
-        return all(t <= self.device_bytes for t in self.by_device().values())
+        size = self.device_bytes
+        return all(t <= size for t in self.by_device().values()) and not self.trainer_over_cap()
 
 
 def model_shape(cfg: ModelConfig) -> ModelShape:
@@ -85,17 +107,14 @@ def model_shape(cfg: ModelConfig) -> ModelShape:
             heads,
             int(conf.get("num_key_value_heads") or heads),
             tied=bool(conf.get("tie_word_embeddings", False)),
+            head_dim=int(conf["head_dim"]) if conf.get("head_dim") else None,
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(
             f"model.path: cannot read the shape of {folder}/config.json: {exc}"
         ) from exc
     counted = safetensors_params(folder)
-    return ModelShape(counted or shape.params, *_rest(shape))
-
-
-def _rest(shape: ModelShape) -> tuple[int, int, int, int, int]:
-    return shape.layers, shape.hidden, shape.intermediate, shape.kv_width, shape.vocab
+    return dataclasses.replace(shape, params=counted or shape.params)
 
 
 def safetensors_params(folder: Path) -> int:
@@ -160,11 +179,16 @@ def make_plan(
             else explorer_estimate(shape, work)
         )
         processes.append((f"explorer-{i}", role_device(cfg, "explorer", i)[0], est))
-    return Plan(shape, work, processes, device_bytes)
+    return Plan(shape, work, processes, device_bytes, t.gpu_memory_fraction)
 
 
 def _rank(device: str, rank: int, ranks: int) -> str:
-    return f"cuda:{rank}" if ranks > 1 else device
+    """Where rank ``rank`` of ``ranks`` trains: ``cuda:rank`` on GPUs, else ``device``."""
+    return f"cuda:{rank}" if ranks > 1 and device.startswith("cuda") else device
+
+
+def _same_gpu(device: str) -> str:
+    return "cuda:0" if device == "cuda" else device
 
 
 def cuda_memory() -> int | None:
@@ -209,6 +233,11 @@ def render(plan: Plan) -> str:
         else:
             verdict = f"of {_gib(size)}: {'fits' if total <= size else 'does NOT fit'}"
         lines.append(f"{device}: {_gib(total)} {verdict}")
+    if plan.trainer_over_cap():
+        lines.append(
+            f"the trainer needs more than its trainer.gpu_memory_fraction "
+            f"({plan.trainer_share:g} of the GPU): does NOT fit"
+        )
     lines.append(
         "GiB; estimates without the CUDA context and allocator slack (add ~0.5 GiB a process)"
     )

@@ -228,9 +228,17 @@ class Trainer:
             lambda: self.version,
             self.stop,
             self._answer_requests,
-            lambda: bool(self.view.working_peers(3 * HEARTBEAT_S)),
+            self._explorers_working,
         )
         return None if groups is None else (groups, time.perf_counter() - t0)
+
+    def _explorers_working(self) -> bool:
+        """What keeps the idle clock from running out: an explorer or serve process at work,
+        or, in a run that starts no explorer of its own (``explorer.count`` 0), none heard
+        from yet (explorers started elsewhere may take minutes to load a model)."""
+        if self.view.working_peers(3 * HEARTBEAT_S):
+            return True
+        return self.cfg.explorer.count == 0 and not self.view.heard_from("explorer")
 
     async def _train(
         self, groups: list[ExperienceGroup], wait_s: float

@@ -510,6 +510,11 @@ class ControlView:
             if self._peers[name].state == RunState.RUNNING and self._peers[name].working
         ]
 
+    def heard_from(self, role: str) -> bool:
+        """Whether any component of ``role`` has ever sent a status (this run's history
+        included)."""
+        return any(event.role == role for event in self._peers.values())
+
     def live_peers(self, role: str, within_s: float) -> list[str]:
         """Components of ``role`` heard from within ``within_s`` seconds and not STOPPED."""
         now = time.monotonic()

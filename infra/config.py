@@ -972,20 +972,22 @@ def validate(cfg: Config) -> None:
     if cfg.explorer.device is not None and cfg.explorer.devices:
         raise ConfigError("explorer.devices: give explorer.device or explorer.devices, not both")
     t = cfg.trainer
-    if t.device not in (None, "cpu", "cuda", "auto") and t.nproc > 1:
+    device, field = role_device(cfg, "trainer")
+    if device not in ("cpu", "cuda", "auto") and t.nproc > 1:
         raise ConfigError(
-            f"trainer.device: {t.device!r} names one device; with trainer.nproc {t.nproc} the "
-            f"ranks take cuda:0 to cuda:{t.nproc - 1}, or the GPUs trainer.devices lists"
+            f"{field}: {device!r} names one device; with trainer.nproc {t.nproc} the ranks "
+            f"take cuda:0 to cuda:{t.nproc - 1}, or the GPUs trainer.devices lists"
         )
     if t.devices and (
-        len(t.devices) != t.nproc
+        t.nproc == 1
+        or len(t.devices) != t.nproc
         or len(set(t.devices)) != len(t.devices)
         or not all(d.startswith("cuda:") for d in t.devices)
         or t.device is not None
     ):
         raise ConfigError(
             f"trainer.devices: {t.devices} must list trainer.nproc ({t.nproc}) different GPUs "
-            "as cuda:N, one per rank, without trainer.device"
+            "as cuda:N, one per rank, without trainer.device (one process: trainer.device)"
         )
     if cfg.model.source == "path" and not cfg.model.path:
         raise ConfigError("model.path: required when model.source is 'path'")

@@ -9,8 +9,9 @@ width ``K`` (heads x head size); ``V`` vocabulary):
   computes in), gradients ``4n`` and AdamW's two moments ``8n`` of the ``n`` trainable
   parameters (all, or the LoRA adapter's), each divided over the FSDP2 ranks; a frozen
   reference copy in ``b`` (``bN``) when a KL term or DPO needs one without LoRA (with LoRA
-  the base with the adapter off serves); PPO's critic as a second trained model.
-  Activations of one micro-batch: ``b T (6H + 2K + 4I)`` a layer (what a decoder layer with
+  the base with the adapter off serves); PPO's critic, a whole model trained (``16N``) with
+  the policy's activations again but no logits. Activations of one micro-batch (split over
+  the ranks): ``b T (6H + 2K + 4I)`` a layer (what a decoder layer with
   SDPA attention keeps for backward: the normed inputs, q/k/v, the attention output, the
   MLP's gate, up and product), all layers without gradient checkpointing, one layer's plus
   ``b T H`` a layer (the inputs kept) with it; and the logits: ``T V (b + 4 + 4)`` (the
@@ -53,6 +54,12 @@ class ModelShape:
     kv_width: int
     """Key (or value) width: key/value heads x head size."""
     vocab: int
+    q_width: int = 0
+    """Query (and attention output) width: heads x head size; 0: ``hidden``."""
+
+    @property
+    def query(self) -> int:
+        return self.q_width or self.hidden
 
 
 @dataclass(frozen=True)
@@ -95,25 +102,28 @@ def layer_activations(shape: ModelShape, tokens: int, dtype_bytes: int) -> int:
 
 
 def trainer_estimate(shape: ModelShape, work: Workload, checkpointing: bool) -> Estimate:
-    """The memory of one trainer rank."""
+    """The memory of one trainer rank (``work.micro_batch_tokens`` are split over the ranks,
+    as the FSDP2 engine splits each micro-batch)."""
     b, ranks = work.dtype_bytes, work.ranks
-    models = 2 if work.critic else 1  # PPO's critic: a second trained model of the same size
     parts = {
-        "weights": models * MASTER_BYTES * shape.params // ranks,
-        "gradients": models * GRAD_BYTES * work.trainable // ranks,
-        "optimizer": models * ADAM_BYTES * work.trainable // ranks,
+        "weights": MASTER_BYTES * shape.params // ranks,
+        "gradients": GRAD_BYTES * work.trainable // ranks,
+        "optimizer": ADAM_BYTES * work.trainable // ranks,
     }
     if work.reference:
         parts["reference"] = b * shape.params // ranks
-    tokens = work.micro_batch_tokens
+    if work.critic:  # PPO's value model: all of it trained, a value head in place of logits
+        parts["critic"] = (MASTER_BYTES + GRAD_BYTES + ADAM_BYTES) * shape.params // ranks
+    tokens = -(-work.micro_batch_tokens // ranks)
     layer = layer_activations(shape, tokens, b)
+    kept = shape.layers * b * tokens * shape.hidden  # the layer inputs checkpointing keeps
     logits = tokens * shape.vocab * (b + 4 + 4)
+    models = 2 if work.critic else 1
     return Estimate(
         role="trainer",
         parts=parts,
-        activations=models * (shape.layers * layer + logits),
-        activations_checkpointed=models
-        * (layer + shape.layers * b * tokens * shape.hidden + logits),
+        activations=models * shape.layers * layer + logits,
+        activations_checkpointed=models * (layer + kept) + logits,
         checkpointing=checkpointing,
     )
 
@@ -141,12 +151,12 @@ def vllm_estimate(utilization: float, device_bytes: int | None) -> Estimate:
 def lora_params(shape: ModelShape, rank: int, targets: Sequence[str]) -> int:
     """Parameters of a rank-``rank`` LoRA adapter on the decoder's ``targets`` (``r (in +
     out)`` a module a layer)."""
-    h, k, i = shape.hidden, shape.kv_width, shape.intermediate
+    h, k, i, q = shape.hidden, shape.kv_width, shape.intermediate, shape.query
     widths = {
-        "q_proj": (h, h),
+        "q_proj": (h, q),
         "k_proj": (h, k),
         "v_proj": (h, k),
-        "o_proj": (h, h),
+        "o_proj": (q, h),
         "gate_proj": (h, i),
         "up_proj": (h, i),
         "down_proj": (i, h),
@@ -161,14 +171,22 @@ def lora_params(shape: ModelShape, rank: int, targets: Sequence[str]) -> int:
 
 
 def llama_shape(
-    vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, tied: bool
+    vocab: int,
+    hidden: int,
+    intermediate: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    tied: bool,
+    head_dim: int | None = None,
 ) -> ModelShape:
-    """The shape, parameters counted, of a Llama-style decoder (RMSNorm, gated MLP)."""
-    head = hidden // heads
-    kv = kv_heads * head
-    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * intermediate + 2 * hidden
+    """The shape, parameters counted, of a Llama-style decoder (RMSNorm, gated MLP);
+    ``head_dim``: the head size where it is not ``hidden / heads`` (Qwen3, Gemma)."""
+    head = head_dim or hidden // heads
+    kv, q = kv_heads * head, heads * head
+    per_layer = 2 * hidden * q + 2 * hidden * kv + 3 * hidden * intermediate + 2 * hidden
     params = layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
-    return ModelShape(params, layers, hidden, intermediate, kv, vocab)
+    return ModelShape(params, layers, hidden, intermediate, kv, vocab, q if q != hidden else 0)
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)

@@ -95,6 +95,7 @@ def test_the_one_gpu_recipe_runs_shrunken_on_the_cpu(smollm2, tmp_path):
             "trainer.eval_interval=0",
             "trainer.batch_size=2",
             "trainer.mini_batch_size=1",
+            "trainer.lr_warmup_steps=1",  # of the two steps
             "trainer.micro_batch_size=4",
             "explorer.batch_size=2",
             "explorer.repeat_times=4",

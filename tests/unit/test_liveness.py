@@ -49,3 +49,24 @@ def test_a_rejection_carries_at_most_500_characters_of_reason():
     assert len(r.reason) == REJECTION_TEXT_CHARS + 3 and r.reason.endswith("...")
     assert len(r.method) == REJECTION_TEXT_CHARS and r.kind == "refused"
     assert _rejection(event, "short", "integrity").reason == "short"
+
+
+def test_a_run_without_explorers_of_its_own_waits_for_the_first_one():
+    """``explorer.count`` 0: until an explorer is heard from, the idle clock never runs out
+    (one started elsewhere may take minutes to load a model); after that, the rule is the
+    usual one. A run that starts explorers itself waits for none."""
+    from types import SimpleNamespace
+
+    from streamrft.consumers.trainer import Trainer
+
+    for count, waits in ((0, True), (1, False)):
+        cfg = with_run_id(from_dict(cfg_of(explorer={"count": count})), "live")
+        view = ControlView(cfg, "trainer", lambda _r: None)
+        trainer = SimpleNamespace(view=view, cfg=cfg)
+        assert Trainer._explorers_working(trainer) is waits
+        view._on_status(_status("feeder", RunState.RUNNING, True, role="feeder"))
+        assert Trainer._explorers_working(trainer) is waits  # a feeder is no explorer
+        view._on_status(_status("explorer-x", RunState.RUNNING, False))  # between steps
+        assert view.heard_from("explorer") and not Trainer._explorers_working(trainer)
+        view._on_status(_status("explorer-x", RunState.RUNNING, True))
+        assert Trainer._explorers_working(trainer)

@@ -54,6 +54,14 @@ def test_the_shape_counts_parameters_as_torch_does(tmp_path):
     )  # fmt: skip
     expected = sum(p.numel() for p in LlamaForCausalLM(gqa).parameters())
     assert llama_shape(100, 64, 160, 2, 8, 2, tied=False).params == expected
+    # a head size that is not hidden / heads (as Qwen3 and Gemma have)
+    wide = LlamaConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+    )  # fmt: skip
+    expected = sum(p.numel() for p in LlamaForCausalLM(wide).parameters())
+    shape = llama_shape(100, 64, 160, 2, 8, 2, tied=True, head_dim=16)
+    assert (shape.params, shape.query, shape.kv_width) == (expected, 128, 32)
 
 
 def test_a_lora_adapter_counts_as_peft_makes_it():
@@ -89,8 +97,13 @@ def test_a_trainer_rank_by_hand():
     assert two.parts == {"weights": 2000, "gradients": 2000, "optimizer": 4000, "reference": 1000}
     adapter = trainer_estimate(SHAPE, replace(WORK, trainable=40), False)
     assert adapter.parts == {"weights": 4000, "gradients": 160, "optimizer": 320}
-    critic = trainer_estimate(SHAPE, replace(WORK, critic=True), False)
-    assert critic.parts["optimizer"] == 16000 and critic.activations == 2 * 7700
+    # PPO's critic: a whole model trained (16 bytes a parameter) and its layers' activations
+    # again, no logits; with LoRA it is still all trained
+    critic = trainer_estimate(SHAPE, replace(WORK, trainable=40, critic=True), False)
+    assert critic.parts["critic"] == 16000 and critic.activations == 2 * 2 * 2100 + 3500
+    # two ranks split each micro-batch: 4 tokens each (7 rounded up)
+    halves = trainer_estimate(SHAPE, replace(WORK, ranks=2), False)
+    assert halves.activations == 2 * (2 * 4 * 150) + 4 * 50 * 10
 
 
 def test_an_explorer_by_hand():
@@ -155,3 +168,21 @@ def test_processes_are_summed_on_the_devices_their_roles_name():
     assert [d for _, d, _ in plan.processes] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
     trainer, explorer = plan.processes[0][2].total, plan.processes[1][2].total
     assert plan.by_device() == {"cuda:0": trainer + explorer, "cuda:1": 2 * explorer}
+
+
+def test_cuda_and_cuda_0_are_one_gpu_and_the_trainer_cap_counts():
+    cfg = from_dict(
+        {
+            "taskset": {"path": "x.jsonl"},
+            "model": {"device": "cuda"},
+            "explorer": {"device": "cuda:0"},
+            "trainer": {"gpu_memory_fraction": 0.5},
+        }
+    )
+    plan = make_plan(cfg, 16, GIB)
+    assert list(plan.by_device()) == ["cuda:0"]
+    trainer = plan.processes[0][2].total
+    assert plan.fits() is True
+    assert make_plan(cfg, 16, int(trainer * 1.5)).fits() is False  # over half: its cap
+    cpu = from_dict({"taskset": {"path": "x.jsonl"}, "trainer": {"nproc": 2}})
+    assert [d for _, d, _ in make_plan(cpu, 16, None).processes][:2] == ["cpu", "cpu"]

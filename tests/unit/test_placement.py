@@ -133,17 +133,50 @@ def test_wrong_placements_are_refused_naming_the_field():
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 3, reason="needs a machine with at most 3 GPUs")
-def test_a_device_that_is_not_there_is_a_start_up_error_naming_its_field(capsys):
+def test_a_device_that_is_not_there_is_a_start_up_error_naming_its_field(capsys, monkeypatch):
     from streamrft.app.cli import main
     from tests.helpers.paths import EXAMPLE
 
     argv = ["explore", str(EXAMPLE), "--run-id", "r", "--index", "1"]
     setting = ["-o", "explorer.devices=[cpu, 'cuda:3']"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # so that what the code sets is undone
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert main([*argv, *setting]) != 0
     assert "explorer.devices[1]: 'cuda:3' but" in capsys.readouterr().err
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")  # the process may see two GPUs
+    assert main([*argv, *setting]) != 0
+    assert "'cuda:3' but only 2 GPU(s) are visible (CUDA_VISIBLE_DEVICES='4,5')" in (
+        capsys.readouterr().err
+    )
 
 
-def test_trainer_ranks_on_listed_gpus_see_only_theirs():
+def test_a_process_on_one_gpu_is_shown_only_that_gpu(monkeypatch):
+    """``cuda:N`` becomes the only GPU the process sees (counted among those it may see),
+    called ``cuda`` inside it, so vLLM and the broadcast's checks see the named GPU."""
+    import os
+
+    from streamrft.app import cli
+
+    checked = []
+    monkeypatch.setattr(
+        "streamrft.infra.modeling.resolve_device", lambda spec, field: checked.append(spec)
+    )
+    cfg = placed(
+        explorer={"count": 2, "devices": ["cuda:1", "cuda:0"]}, trainer={"device": "cuda:2"}
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")  # undone after the test, as set here
+    assert cli._placed(cfg, "explorer", 0).model.device == "cuda"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert cli._placed(cfg, "trainer").model.device == "cuda"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    cpu = placed(explorer={"device": "cpu"})
+    assert cli._placed(cpu, "explorer").model.device == "cpu"
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ and checked == ["cuda", "cuda"]
+
+
+def test_trainer_ranks_on_listed_gpus_see_only_theirs(monkeypatch):
     from streamrft.app.launch import rank_env
     from streamrft.app.placement import placement
 
@@ -153,19 +186,21 @@ def test_trainer_ranks_on_listed_gpus_see_only_theirs():
         trainer={"nproc": 2, "devices": ["cuda:6", "cuda:7"]},
     )
     assert placement(cfg)[0] == ("trainer ranks 0-1", "cuda:6,cuda:7", "trainer.devices")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     env = rank_env(1, 2, 29500, [6, 7])
     assert (env["CUDA_VISIBLE_DEVICES"], env["LOCAL_RANK"]) == ("6,7", "1")  # cuda:1 is GPU 7
-    import os
-
-    os.environ["CUDA_VISIBLE_DEVICES"] = "3,4,5,9,10,11,12,13"
-    try:  # indexes of what the launcher itself sees
-        assert rank_env(0, 2, 29500, [6, 7])["CUDA_VISIBLE_DEVICES"] == "12,13"
-    finally:
-        del os.environ["CUDA_VISIBLE_DEVICES"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4,5,9,10,11,12,13")
+    # indexes of what the launcher itself sees
+    assert rank_env(0, 2, 29500, [6, 7])["CUDA_VISIBLE_DEVICES"] == "12,13"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert "CUDA_VISIBLE_DEVICES" not in rank_env(0, 2, 29500, None)
     for bad in (["cuda:6"], ["cuda:6", "cuda:6"], ["cuda:6", "cpu"]):
         with pytest.raises(ConfigError, match=r"trainer.devices: .* one per rank"):
             placed(trainer={"nproc": 2, "devices": bad})
+    with pytest.raises(ConfigError, match=r"one process: trainer.device"):
+        placed(trainer={"devices": ["cuda:3"]})
+    with pytest.raises(ConfigError, match=r"model.device: 'cuda:0' names one device"):
+        placed(model={"device": "cuda:0"}, trainer={"nproc": 2})
     from streamrft.app.plan import make_plan
 
     plan = make_plan(cfg, 16, None)
