@@ -33,6 +33,7 @@ pytestmark = [
 EXAMPLE = ROOT / "examples" / "smollm2_gsm8k_format.yaml"
 RECIPE = ROOT / "examples" / "gsm8k" / "one_gpu_lora.yaml"
 SAMPLE = ROOT / "examples" / "data" / "gsm8k_format_sample.parquet"
+EVAL_SAMPLE = ROOT / "examples" / "data" / "gsm8k_format_sample.eval.parquet"
 STEPS = 2
 
 
@@ -91,7 +92,7 @@ def test_the_one_gpu_recipe_runs_shrunken_on_the_cpu(smollm2, tmp_path):
             "model.device=cpu",
             "model.dtype=float32",
             f"taskset.path={SAMPLE}",
-            f"taskset.eval_path={SAMPLE}",
+            f"taskset.eval_path={EVAL_SAMPLE}",  # 48 tasks, evaluated at the first and last step
             "trainer.eval_interval=0",
             "trainer.batch_size=2",
             "trainer.mini_batch_size=1",

@@ -9,12 +9,13 @@ from tests.helpers.paths import ROOT
 
 RECIPES = sorted((ROOT / "examples" / "gsm8k").glob("*.yaml"))
 SAMPLE = ROOT / "examples" / "data" / "gsm8k_format_sample.parquet"
+EVAL_SAMPLE = ROOT / "examples" / "data" / "gsm8k_format_sample.eval.parquet"
 PLAN_MARK = "# `streamrft plan`"
 
 
 def local_overrides(model: Path) -> list[str]:
     """``-o`` settings that point a recipe at the local sample and ``model``."""
-    settings = [f"model.path={model}", f"taskset.path={SAMPLE}", f"taskset.eval_path={SAMPLE}"]
+    settings = [f"model.path={model}", f"taskset.path={SAMPLE}", f"taskset.eval_path={EVAL_SAMPLE}"]
     return [arg for s in settings for arg in ("-o", s)]
 
 
