@@ -8,6 +8,7 @@ streamrft explore CONFIG --run-id ID [--index I]   (one explorer; joins a runnin
 streamrft feed CONFIG --run-id ID           (publish the taskset)
 streamrft serve CONFIG --run-id ID [--host H] [--port P]   (OpenAI-compatible API; records experiences)
 streamrft infra up|down|status [--dir DIR]
+streamrft init [--out FILE] [--expert] [--yes] [--model M] [--data F] ...   (write a config)
 streamrft validate CONFIG [-o k=v ...] [--connect]   (check a config, start nothing)
 streamrft plan CONFIG [--device-memory 80GiB] [--prompt-tokens N] [--json]   (memory per process)
 streamrft topics [CONFIG]
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from streamrft.app.init import add_init_parser
 from streamrft.app.models import add_models_parser
 from streamrft.app.process import EXIT_CONFIG, EXIT_STALLED, setup_logging
 from streamrft.app.replay_source import add_replay_arguments
@@ -651,6 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_watch_commands(sub)
     add_tasks_parser(sub)
     add_models_parser(sub)
+    add_init_parser(sub)
     return p
 
 

@@ -1,0 +1,275 @@
+"""``streamrft init [--expert] [--out FILE]``: a config written from a few questions.
+
+It asks for the model, the task file (and shows its first row), the prompt and answer
+fields, how the answer is read and scored, the algorithm preset and the device; every
+question has a flag (``--model``, ``--data``, ...) and ``--yes`` takes the suggested
+answer of any question not given, so scripts run it without a terminal. The file it
+writes holds the choices that matter with a comment on each (``--expert``: every field of
+every section, each with its documentation), is checked as ``streamrft validate`` checks,
+and ``plan``'s memory table is printed after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from streamrft.infra.config import Config, from_dict
+from streamrft.infra.source_docs import field_docs
+from streamrft.schemas.errors import ConfigError
+
+SAMPLE_CHARS = 400
+"""Most characters of the first row shown."""
+
+
+@dataclass
+class Answers:
+    """What ``init`` asks, by question (None: not answered yet)."""
+
+    model: str | None = None
+    data: str | None = None
+    prompt: str | None = None
+    answer_key: str | None = None
+    answer_extract: str | None = None
+    reward: str | None = None
+    algorithm: str | None = None
+    device: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+Ask = Callable[[str, str], str]
+"""``ask(question, suggestion) -> answer`` (the suggestion when the answer is empty)."""
+
+
+def ask_stdin(question: str, suggestion: str) -> str:
+    """A question on stderr, the answer from stdin (end of input: the suggestion)."""
+    print(f"{question} [{suggestion}]: ", end="", file=sys.stderr, flush=True)
+    line = sys.stdin.readline()
+    return line.strip() or suggestion
+
+
+def first_row(path: str) -> dict[str, Any]:
+    """The first row of a task file, as the taskset reader reads it."""
+    from streamrft.infra.config import TasksetConfig
+    from streamrft.infra.taskset import read_rows
+
+    for _where, _index, row in read_rows(Path(path), TasksetConfig(path=path)):
+        return row
+    raise ConfigError(f"--data: {path} holds no row")
+
+
+def suggest_prompt(row: dict[str, Any]) -> str:
+    """The prompt field of ``row``, or a template for the usual names of question columns."""
+    for key in ("prompt", "messages"):
+        if key in row:
+            return key
+    for key in ("question", "problem", "query", "instruction"):
+        if key in row:
+            return "{" + key + "}"
+    return "prompt"
+
+
+def suggest_extract(answer: Any) -> str:
+    """``gsm8k`` for ``... #### 72``, ``boxed`` for a ``\\boxed{}``, else ``none``."""
+    text = str(answer)
+    if re.search(r"####\s*\S", text):
+        return "gsm8k"
+    if "\\boxed{" in text:
+        return "boxed"
+    return "none"
+
+
+def collect(given: Answers, ask: Ask | None) -> Answers:
+    """Every answer: ``given``, else asked with ``ask`` (None: the suggestion)."""
+
+    def answer(name: str, question: str, suggestion: str) -> str:
+        value = getattr(given, name)
+        if value is not None:
+            return value
+        return ask(question, suggestion) if ask else suggestion
+
+    out = Answers(extra=given.extra)
+    out.model = answer(
+        "model", "Model: a Hugging Face folder (config.json, safetensors), or tiny", "tiny"
+    )
+    default_data = "examples/data/addition.jsonl" if out.model == "tiny" else "data/train.parquet"
+    out.data = answer("data", "Task file: JSONL, Parquet, or a saved datasets folder", default_data)
+    row = first_row(out.data)
+    shown = json.dumps(row, ensure_ascii=False, default=str)
+    print(f"first row of {out.data}: {shown[:SAMPLE_CHARS]}", file=sys.stderr)
+    out.prompt = answer(
+        "prompt", "Prompt: a field, or a template with {fields}", suggest_prompt(row)
+    )
+    out.answer_key = answer("answer_key", "Field holding the reference answer", "answer")
+    extract = suggest_extract(row.get(out.answer_key, ""))
+    out.answer_extract = answer(
+        "answer_extract", "Reading the answer: none, gsm8k, boxed, or a pattern", extract
+    )
+    math = out.answer_extract != "none"
+    out.reward = answer(
+        "reward",
+        "Reward: exact_match, last_number, math_answer, math_answer_format, or module:function",
+        "math_answer" if math else "exact_match",
+    )
+    out.algorithm = answer(
+        "algorithm", "Algorithm preset (grpo, dapo, gspo, rloo, ppo, ...)", "grpo"
+    )
+    out.device = answer(
+        "device", "Device: cpu, cuda, cuda:N or auto", "cpu" if out.model == "tiny" else "auto"
+    )
+    return out
+
+
+def config_data(a: Answers, out: Path) -> dict[str, Any]:
+    """The config the answers make (paths relative to the file written at ``out``)."""
+    assert a.model and a.data and a.prompt and a.answer_key and a.algorithm and a.device
+    taskset: dict[str, Any] = {"path": _relative(a.data, out), "answer_key": a.answer_key}
+    if "{" in a.prompt:
+        taskset["prompt_template"] = a.prompt
+    elif a.prompt == "messages":
+        taskset["messages_key"] = a.prompt
+    else:
+        taskset["prompt_key"] = a.prompt
+    if a.answer_extract and a.answer_extract != "none":
+        taskset["answer_extract"] = a.answer_extract
+    model: dict[str, Any] = {"device": a.device}
+    if a.model == "tiny":
+        model["source"] = "tiny"
+    else:
+        model.update(source="path", path=_relative(a.model, out))
+        model["dtype"] = "float32" if a.device == "cpu" else "bfloat16"
+    data = {
+        "run": {"name": out.stem.replace(".", "-") or "run"},
+        "model": model,
+        "taskset": taskset,
+        "explorer": {"reward": a.reward},
+        "algorithm": {"type": a.algorithm},
+    }
+    for dotted, value in a.extra.items():
+        section, key = dotted.split(".", 1)
+        data.setdefault(section, {})[key] = value
+    return data
+
+
+def _relative(path: str, out: Path) -> str:
+    """``path`` as the config file at ``out`` reads it: relative to its folder when inside
+    it, else absolute."""
+    target = Path(path).resolve()
+    try:
+        return str(target.relative_to(out.resolve().parent))
+    except ValueError:
+        return str(target)
+
+
+def render(data: dict[str, Any], cfg: Config, expert: bool) -> str:
+    """The YAML to write: the chosen fields, each after the first sentence of its
+    documentation; ``expert``: every field of every section, its whole documentation."""
+    lines = [
+        "# Written by `streamrft init`"
+        + (" --expert: every field, with its documentation." if expert else "."),
+        "# Check: streamrft validate THIS_FILE   Memory: streamrft plan THIS_FILE",
+        "# Every field: docs/reference/configuration.md",
+    ]
+    for section in msgspec.structs.fields(Config):
+        chosen = data.get(section.name, {})
+        if not chosen and not expert:
+            continue
+        value = getattr(cfg, section.name)
+        docs = field_docs(type(value), grouped=True)
+        lines += ["", f"{section.name}:"]
+        for f in msgspec.structs.fields(type(value)):
+            if f.name not in chosen and not expert:
+                continue
+            doc = " ".join(docs.get(f.name, "").split()).replace("``", "`")
+            if doc:
+                text = doc if expert else doc.split(". ")[0].rstrip(".") + "."
+                lines += [f"  # {w}" for w in _wrap(text, 86)]
+            shown = (
+                chosen[f.name] if f.name in chosen else msgspec.to_builtins(getattr(value, f.name))
+            )
+            dumped = yaml.safe_dump({f.name: shown}, default_flow_style=True, width=1000).strip()
+            lines.append("  " + dumped.removeprefix("{").removesuffix("}"))
+    return "\n".join(lines) + "\n"
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    out, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            out.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return [*out, line] if line else out
+
+
+def init(given: Answers, out: Path, expert: bool, ask: Ask | None) -> Config:
+    """Ask, write ``out``, and return the config read back from it."""
+    from streamrft.infra.config import load_config
+
+    answers = collect(given, ask)
+    data = config_data(answers, out)
+    base = Path(out).resolve().parent
+    resolved = json.loads(json.dumps(data))  # the same, paths taken from out's folder
+    for section, key in (("taskset", "path"), ("model", "path")):
+        if key in resolved.get(section, {}):
+            resolved[section][key] = str(base / resolved[section][key])
+    cfg = from_dict(resolved)  # a mistake stops here, before anything is written
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(data, cfg, expert))
+    return load_config(out)
+
+
+def add_init_parser(sub: argparse._SubParsersAction) -> None:
+    """``init`` under the ``streamrft`` parser's subcommands ``sub``."""
+    sp = sub.add_parser("init", help="write a config from a few questions (flags answer them)")
+    sp.add_argument(
+        "--out", default="streamrft.yaml", help="file to write (default streamrft.yaml)"
+    )
+    sp.add_argument("--expert", action="store_true", help="every field, each documented")
+    sp.add_argument(
+        "--yes", action="store_true", help="take the suggestion of every question not given"
+    )
+    sp.add_argument("--force", action="store_true", help="replace an existing --out file")
+    sp.add_argument("--model", help="model folder, or tiny")
+    sp.add_argument("--data", help="task file: JSONL, Parquet, or a saved datasets folder")
+    sp.add_argument("--prompt", help="prompt field, or a template with {fields}")
+    sp.add_argument("--answer-key", help="field of the reference answer")
+    sp.add_argument("--answer-extract", help="none, gsm8k, boxed, or a pattern with one group")
+    sp.add_argument("--reward", help="reward name, or package.module:function")
+    sp.add_argument("--algorithm", help="algorithm preset (algorithm.type)")
+    sp.add_argument("--device", help="cpu, cuda, cuda:N or auto")
+    sp.set_defaults(func=cmd_init)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from streamrft.app.plan import make_plan
+    from streamrft.app.plan import render as render_plan
+    from streamrft.app.process import setup_logging
+    from streamrft.app.validate import validate
+
+    setup_logging("WARNING")
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise ConfigError(f"--out: {out} exists; give another file or --force")
+    given = Answers(
+        args.model, args.data, args.prompt, args.answer_key, args.answer_extract,
+        args.reward, args.algorithm, args.device,
+    )  # fmt: skip
+    cfg = init(given, out, args.expert, None if args.yes else ask_stdin)
+    print(f"written: {out}")
+    checks = validate(cfg, False)
+    for c in checks:
+        print(f"{c.name:<13} {'ok' if c.ok else 'FAILED'}: {c.detail}")
+    if cfg.model.source == "tiny" or (Path(str(cfg.model.path)) / "config.json").is_file():
+        print(render_plan(make_plan(cfg)))
+    return 1 if any(not c.ok for c in checks) else 0
