@@ -16,7 +16,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,6 @@ class Answers:
     reward: str | None = None
     algorithm: str | None = None
     device: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 Ask = Callable[[str, str], str]
@@ -97,7 +96,7 @@ def collect(given: Answers, ask: Ask | None) -> Answers:
             return value
         return ask(question, suggestion) if ask else suggestion
 
-    out = Answers(extra=given.extra)
+    out = Answers()
     out.model = answer(
         "model", "Model: a Hugging Face folder (config.json, safetensors), or tiny", "tiny"
     )
@@ -154,9 +153,6 @@ def config_data(a: Answers, out: Path) -> dict[str, Any]:
         "explorer": {"reward": a.reward},
         "algorithm": {"type": a.algorithm},
     }
-    for dotted, value in a.extra.items():
-        section, key = dotted.split(".", 1)
-        data.setdefault(section, {})[key] = value
     return data
 
 
