@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -43,6 +44,7 @@ class Answers:
     reward: str | None = None
     algorithm: str | None = None
     device: str | None = None
+    split: str | None = None
 
 
 Ask = Callable[[str, str], str]
@@ -53,17 +55,38 @@ def ask_stdin(question: str, suggestion: str) -> str:
     """A question on stderr, the answer from stdin (end of input: the suggestion)."""
     print(f"{question} [{suggestion}]: ", end="", file=sys.stderr, flush=True)
     line = sys.stdin.readline()
+    if not line:  # end of input: not an answer
+        print(file=sys.stderr)
+        raise ConfigError("init: input ended before every question was answered; answer with "
+                          "flags, or take the suggestions with --yes")  # fmt: skip
     return line.strip() or suggestion
 
 
-def first_row(path: str) -> dict[str, Any]:
+def first_row(path: str, split: str) -> dict[str, Any]:
     """The first row of a task file, as the taskset reader reads it."""
     from streamrft.infra.config import TasksetConfig
     from streamrft.infra.taskset import read_rows
 
-    for _where, _index, row in read_rows(Path(path), TasksetConfig(path=path)):
+    if not Path(path).exists():
+        raise ConfigError(f"--data: {path!r} does not exist")
+    for _where, _index, row in read_rows(Path(path), TasksetConfig(path=path, split=split)):
         return row
     raise ConfigError(f"--data: {path} holds no row")
+
+
+def splits_of(path: str) -> list[str]:
+    """The splits of a saved dataset dict (a folder with ``dataset_dict.json``), else []."""
+    index = Path(path) / "dataset_dict.json"
+    if not index.is_file():
+        return []
+    try:
+        return [str(name) for name in json.loads(index.read_text())["splits"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--data: {index} cannot be read: {exc}") from exc
+
+
+ANSWER_KEYS = ("answer", "solution", "target", "ground_truth", "label", "output")
+"""Column names a reference answer usually has, in the order they are suggested."""
 
 
 def suggest_prompt(row: dict[str, Any]) -> str:
@@ -100,15 +123,21 @@ def collect(given: Answers, ask: Ask | None) -> Answers:
     out.model = answer(
         "model", "Model: a Hugging Face folder (config.json, safetensors), or tiny", "tiny"
     )
-    default_data = "examples/data/addition.jsonl" if out.model == "tiny" else "data/train.parquet"
-    out.data = answer("data", "Task file: JSONL, Parquet, or a saved datasets folder", default_data)
-    row = first_row(out.data)
+    example = Path(__file__).resolve().parents[1] / "examples" / "data" / "addition.jsonl"
+    suggested = str(example) if out.model == "tiny" and example.is_file() else "data/train.parquet"
+    out.data = answer("data", "Task file: JSONL, Parquet, or a saved datasets folder", suggested)
+    splits = splits_of(out.data)
+    if splits:
+        pick = "train" if "train" in splits else splits[0]
+        out.split = answer("split", f"Split ({', '.join(splits)})", pick)
+    row = first_row(out.data, out.split or "train")
     shown = json.dumps(row, ensure_ascii=False, default=str)
     print(f"first row of {out.data}: {shown[:SAMPLE_CHARS]}", file=sys.stderr)
     out.prompt = answer(
         "prompt", "Prompt: a field, or a template with {fields}", suggest_prompt(row)
     )
-    out.answer_key = answer("answer_key", "Field holding the reference answer", "answer")
+    key = next((k for k in ANSWER_KEYS if k in row), "answer")
+    out.answer_key = answer("answer_key", "Field holding the reference answer", key)
     extract = suggest_extract(row.get(out.answer_key, ""))
     out.answer_extract = answer(
         "answer_extract", "Reading the answer: none, gsm8k, boxed, or a pattern", extract
@@ -132,6 +161,8 @@ def config_data(a: Answers, out: Path) -> dict[str, Any]:
     """The config the answers make (paths relative to the file written at ``out``)."""
     assert a.model and a.data and a.prompt and a.answer_key and a.algorithm and a.device
     taskset: dict[str, Any] = {"path": _relative(a.data, out), "answer_key": a.answer_key}
+    if a.split:
+        taskset["split"] = a.split
     if "{" in a.prompt:
         taskset["prompt_template"] = a.prompt
     elif a.prompt == "messages":
@@ -147,7 +178,7 @@ def config_data(a: Answers, out: Path) -> dict[str, Any]:
         model.update(source="path", path=_relative(a.model, out))
         model["dtype"] = "float32" if a.device == "cpu" else "bfloat16"
     data = {
-        "run": {"name": out.stem.replace(".", "-") or "run"},
+        "run": {"name": re.sub(r"[^A-Za-z0-9_-]+", "-", out.stem).strip("-") or "run"},
         "model": model,
         "taskset": taskset,
         "explorer": {"reward": a.reward},
@@ -159,9 +190,9 @@ def config_data(a: Answers, out: Path) -> dict[str, Any]:
 def _relative(path: str, out: Path) -> str:
     """``path`` as the config file at ``out`` reads it: relative to its folder when inside
     it, else absolute."""
-    target = Path(path).resolve()
+    target = Path(os.path.abspath(path))  # a symbolic link stays itself
     try:
-        return str(target.relative_to(out.resolve().parent))
+        return str(target.relative_to(Path(os.path.abspath(out)).parent))
     except ValueError:
         return str(target)
 
@@ -180,21 +211,28 @@ def render(data: dict[str, Any], cfg: Config, expert: bool) -> str:
         if not chosen and not expert:
             continue
         value = getattr(cfg, section.name)
-        docs = field_docs(type(value), grouped=True)
+        docs = field_docs(type(value), grouped=expert)
         lines += ["", f"{section.name}:"]
         for f in msgspec.structs.fields(type(value)):
             if f.name not in chosen and not expert:
                 continue
             doc = " ".join(docs.get(f.name, "").split()).replace("``", "`")
             if doc:
-                text = doc if expert else doc.split(". ")[0].rstrip(".") + "."
+                text = doc if expert else _first_sentence(doc)
                 lines += [f"  # {w}" for w in _wrap(text, 86)]
             shown = (
                 chosen[f.name] if f.name in chosen else msgspec.to_builtins(getattr(value, f.name))
             )
-            dumped = yaml.safe_dump({f.name: shown}, default_flow_style=True, width=1000).strip()
+            dumped = yaml.safe_dump(
+                {f.name: shown}, default_flow_style=True, width=1000, allow_unicode=True
+            ).strip()
             lines.append("  " + dumped.removeprefix("{").removesuffix("}"))
     return "\n".join(lines) + "\n"
+
+
+def _first_sentence(text: str) -> str:
+    """Up to the first full stop followed by a capital (so not at "e.g. x")."""
+    return re.split(r"(?<=\.)\s+(?=[A-Z`])", text, maxsplit=1)[0]
 
 
 def _wrap(text: str, width: int) -> list[str]:
@@ -214,11 +252,11 @@ def init(given: Answers, out: Path, expert: bool, ask: Ask | None) -> Config:
 
     answers = collect(given, ask)
     data = config_data(answers, out)
-    base = Path(out).resolve().parent
+    base = Path(os.path.abspath(out)).parent
     resolved = json.loads(json.dumps(data))  # the same, paths taken from out's folder
     for section, key in (("taskset", "path"), ("model", "path")):
         if key in resolved.get(section, {}):
-            resolved[section][key] = str(base / resolved[section][key])
+            resolved[section][key] = os.path.join(base, resolved[section][key])
     cfg = from_dict(resolved)  # a mistake stops here, before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(data, cfg, expert))
@@ -238,6 +276,7 @@ def add_init_parser(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--force", action="store_true", help="replace an existing --out file")
     sp.add_argument("--model", help="model folder, or tiny")
     sp.add_argument("--data", help="task file: JSONL, Parquet, or a saved datasets folder")
+    sp.add_argument("--split", help="split of a saved dataset dict (taskset.split)")
     sp.add_argument("--prompt", help="prompt field, or a template with {fields}")
     sp.add_argument("--answer-key", help="field of the reference answer")
     sp.add_argument("--answer-extract", help="none, gsm8k, boxed, or a pattern with one group")
@@ -258,9 +297,16 @@ def cmd_init(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         raise ConfigError(f"--out: {out} exists; give another file or --force")
     given = Answers(
-        args.model, args.data, args.prompt, args.answer_key, args.answer_extract,
-        args.reward, args.algorithm, args.device,
-    )  # fmt: skip
+        model=args.model,
+        data=args.data,
+        prompt=args.prompt,
+        answer_key=args.answer_key,
+        answer_extract=args.answer_extract,
+        reward=args.reward,
+        algorithm=args.algorithm,
+        device=args.device,
+        split=args.split,
+    )
     cfg = init(given, out, args.expert, None if args.yes else ask_stdin)
     print(f"written: {out}")
     checks = validate(cfg, False)
@@ -268,4 +314,6 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"{c.name:<13} {'ok' if c.ok else 'FAILED'}: {c.detail}")
     if cfg.model.source == "tiny" or (Path(str(cfg.model.path)) / "config.json").is_file():
         print(render_plan(make_plan(cfg)))
+    else:
+        print("plan: skipped (the model folder has no config.json to size it from)")
     return 1 if any(not c.ok for c in checks) else 0

@@ -96,3 +96,32 @@ def test_wrong_answers_are_named_and_an_existing_file_is_kept(tmp_path, capsys):
     assert main(argv) != 0
     assert out.read_text() == "mine\n"
     assert "exists; give another file or --force" in capsys.readouterr().err
+
+
+def test_a_saved_dataset_dict_asks_for_its_split_and_names_are_made_valid(tmp_path, capsys):
+    import datasets
+
+    rows = {"problem": ["1+1?", "2+2?"], "solution": ["\\boxed{2}", "\\boxed{4}"]}
+    datasets.DatasetDict({"test": datasets.Dataset.from_dict(rows)}).save_to_disk(tmp_path / "dd")
+    out = tmp_path / "my run.yaml"
+    assert main(["init", "--yes", "--data", str(tmp_path / "dd"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    cfg = load_config(out)
+    t = cfg.taskset
+    assert (t.split, t.prompt_template, t.answer_key, t.answer_extract) == (
+        "test", "{problem}", "solution", "boxed"
+    )  # fmt: skip
+    assert cfg.run.name == "my-run"
+
+
+def test_input_that_ends_early_is_no_answer(tmp_path):
+    done = subprocess.run(
+        streamrft_cmd("init", "--out", str(tmp_path / "x.yaml")),
+        input="tiny\n",
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=300,
+    )
+    assert done.returncode == 2 and "input ended before every question" in done.stderr
+    assert not (tmp_path / "x.yaml").exists()
