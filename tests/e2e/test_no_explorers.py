@@ -5,11 +5,10 @@ be the same command) does all the exploring."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from tests.helpers.cli import env, explore_argv, run_argv, start_piped
+from tests.helpers.cli import explore_argv, run_argv, start_logged, start_piped
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.processes import log_has, wait_for
 
@@ -31,14 +30,11 @@ def test_a_run_without_explorers_trains_on_a_hand_started_one(services, tmp_path
         supervisor_log = runs / run_id / "logs" / "trainer.log"
         wait_for(lambda: supervisor_log.exists(), run, 240, "the trainer to start")
         assert not (runs / run_id / "logs" / "explorer-0.log").exists()
-        with (tmp_path / "hand.log").open("w") as out:
-            hand = subprocess.Popen(
-                explore_argv(EXAMPLE, run_id, runs, services, *settings, index=0),
-                env=env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=tmp_path,
-            )
+        hand = start_logged(
+            explore_argv(EXAMPLE, run_id, runs, services, *settings, index=0),
+            tmp_path / "hand.log",
+            tmp_path,
+        )
         wait_for(lambda: log_has(supervisor_log, "trainer: step 1 "), run, 240, "a first step")
         _, err = run.communicate(timeout=500)
         assert run.returncode == 0, err[-3000:]
