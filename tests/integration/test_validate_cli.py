@@ -44,7 +44,9 @@ def test_each_mistake_is_named_and_a_missing_gpu_only_reported(capsys, tmp_path)
     assert checks["names"].startswith("FAILED: explorer.reward: unknown reward 'no_such_reward'")
     assert checks["eval set"].startswith("FAILED") and "eval.jsonl" in checks["eval set"]
     assert checks["model"] == f"FAILED: model.path: {folder} has no config.json"
-    assert checks["device"].startswith("ok: cuda:3")  # a config for another machine
+    # a config for another machine: each role's device reported, not refused
+    assert checks["device"].startswith("ok: trainer cuda:3 (no GPU visible here")
+    assert "; explorer 0 cuda:3 (no GPU visible here" in checks["device"]
     assert checks["taskset"].startswith("ok:")
 
 
