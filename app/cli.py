@@ -116,17 +116,10 @@ def _placed(cfg: Config, role: str, index: int = 0) -> Config:
 def _only_gpu(spec: str, field: str) -> str:
     """Show this process only the GPU ``spec`` (``cuda:N``) names, counted among those it
     sees; ``cuda``, its name inside the process."""
+    from streamrft.app.placement import visible_gpus
     from streamrft.infra.modeling import resolve_device
 
-    index = int(spec.split(":")[1])
-    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
-    names = [n.strip() for n in seen.split(",") if n.strip()] if seen is not None else None
-    if names is not None and index >= len(names):
-        raise ConfigError(
-            f"{field}: {spec!r} but only {len(names)} GPU(s) are visible "
-            f"(CUDA_VISIBLE_DEVICES={seen!r})"
-        )
-    os.environ["CUDA_VISIBLE_DEVICES"] = names[index] if names is not None else str(index)
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus([int(spec.split(":")[1])], field)
     try:
         resolve_device("cuda", field)
     except ConfigError:

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from streamrft.infra.config import Config, from_dict
+from streamrft.infra.config import Config, from_dict, resolve_paths
 from streamrft.infra.source_docs import field_docs
 from streamrft.schemas.errors import ConfigError
 
@@ -252,11 +252,8 @@ def init(given: Answers, out: Path, expert: bool, ask: Ask | None) -> Config:
 
     answers = collect(given, ask)
     data = config_data(answers, out)
-    base = Path(os.path.abspath(out)).parent
-    resolved = json.loads(json.dumps(data))  # the same, paths taken from out's folder
-    for section, key in (("taskset", "path"), ("model", "path")):
-        if key in resolved.get(section, {}):
-            resolved[section][key] = os.path.join(base, resolved[section][key])
+    resolved = json.loads(json.dumps(data))  # a copy, its paths taken from out's folder
+    resolve_paths(resolved, Path(os.path.abspath(out)).parent)
     cfg = from_dict(resolved)  # a mistake stops here, before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(data, cfg, expert))

@@ -29,6 +29,7 @@ import sys
 import time
 from typing import cast
 
+from streamrft.app.placement import visible_gpus
 from streamrft.infra.config import Config
 from streamrft.infra.net import free_port
 
@@ -54,11 +55,7 @@ def die_with_launcher() -> None:
 def rank_env(rank: int, nproc: int, port: int, gpus: list[int] | None = None) -> dict[str, str]:
     """Torchrun's environment for ``rank``; ``gpus``: the GPU indexes (of those this process
     sees) the ranks may see, rank r's ``cuda:r`` being ``gpus[r]``."""
-    visible = {}
-    if gpus:
-        seen = os.environ.get("CUDA_VISIBLE_DEVICES")
-        names = [n.strip() for n in seen.split(",")] if seen else None
-        visible["CUDA_VISIBLE_DEVICES"] = ",".join(names[g] if names else str(g) for g in gpus)
+    visible = {"CUDA_VISIBLE_DEVICES": visible_gpus(gpus, "trainer.devices")} if gpus else {}
     return {
         **os.environ,
         **visible,

@@ -19,6 +19,8 @@ Pure rules here; the supervisor applies them.
 
 from __future__ import annotations
 
+import os
+
 from streamrft.infra.config import Config, role_device
 from streamrft.schemas.errors import ConfigError
 
@@ -42,13 +44,18 @@ def placement(cfg: Config) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _gpu(spec: str) -> str | None:
-    """The GPU ``spec`` resolves to (``cuda`` is ``cuda:0``), None for the CPU."""
+def physical_device(spec: str) -> str:
+    """The device ``spec`` resolves to, one spelling per device: ``cuda`` is ``cuda:0``,
+    ``auto`` the first GPU where torch sees one, else ``cpu``."""
     if spec == "auto":
         spec = "cuda" if gpu_visible() else "cpu"
-    if spec == "cpu":
-        return None
-    return spec if ":" in spec else f"{spec}:0"
+    return f"{spec}:0" if spec == "cuda" else spec
+
+
+def _gpu(spec: str) -> str | None:
+    """The GPU ``spec`` resolves to, None for the CPU."""
+    device = physical_device(spec)
+    return None if device == "cpu" else device
 
 
 def explorers_on_trainer_gpu(cfg: Config) -> int:
@@ -65,6 +72,21 @@ def vllm_shares_gpu(cfg: Config) -> bool:
     """Whether ``streamrft run`` puts vLLM explorers on the trainer's GPU (``auto`` counts
     when torch sees a GPU)."""
     return explorers_on_trainer_gpu(cfg) > 0
+
+
+def visible_gpus(indexes: list[int], field: str) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` that shows a child (or this process) the GPUs
+    ``cuda:i`` for each of ``indexes``, counted among the GPUs this process sees; a
+    :class:`ConfigError` naming ``field`` for one it does not see."""
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [n.strip() for n in seen.split(",") if n.strip()] if seen is not None else None
+    for i in indexes:
+        if names is not None and i >= len(names):
+            raise ConfigError(
+                f"{field}: 'cuda:{i}' but only {len(names)} GPU(s) are visible "
+                f"(CUDA_VISIBLE_DEVICES={seen!r})"
+            )
+    return ",".join(names[i] if names is not None else str(i) for i in indexes)
 
 
 def gpu_visible() -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamrft.app.placement import physical_device
 from streamrft.infra.config import Config, ModelConfig, role_device
 from streamrft.infra.memory_plan import (
     DTYPE_BYTES,
@@ -64,7 +65,7 @@ class Plan:
         """Each device's total (``cuda`` and ``cuda:0`` are one)."""
         totals: dict[str, int] = {}
         for _, device, est in self.processes:
-            key = _same_gpu(device)
+            key = physical_device(device)
             totals[key] = totals.get(key, 0) + est.total
         return totals
 
@@ -185,10 +186,6 @@ def make_plan(
 def _rank(device: str, rank: int, ranks: int) -> str:
     """Where rank ``rank`` of ``ranks`` trains: ``cuda:rank`` on GPUs, else ``device``."""
     return f"cuda:{rank}" if ranks > 1 and device.startswith("cuda") else device
-
-
-def _same_gpu(device: str) -> str:
-    return "cuda:0" if device == "cuda" else device
 
 
 def cuda_memory() -> int | None:

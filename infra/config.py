@@ -1120,6 +1120,21 @@ def _secret_fields() -> list[tuple[str, str]]:
     ]
 
 
+def resolve_paths(data: dict[str, Any], base: Path) -> None:
+    """Make the file paths of config tree ``data`` (:data:`_RELATIVE_PATHS`, each of
+    ``taskset.sources``) absolute, relative ones taken from ``base`` (the config file's
+    folder), in place."""
+    for section, key in _RELATIVE_PATHS:
+        value = (data.get(section) or {}).get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            data[section][key] = str((base / value).resolve())
+    sources = (data.get("taskset") or {}).get("sources")
+    for source in sources if isinstance(sources, list) else ():
+        value = source.get("path") if isinstance(source, dict) else None
+        if isinstance(value, str) and value:
+            source["path"] = str((base / value).resolve())
+
+
 def load_config(
     path: str | Path,
     overrides: list[str] | None = None,
@@ -1156,16 +1171,7 @@ def load_config(
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {k} is not a section")
         node[keys[-1]] = value
-    base = path.resolve().parent
-    for section, key in _RELATIVE_PATHS:
-        value = (data.get(section) or {}).get(key)
-        if isinstance(value, str) and value and not Path(value).is_absolute():
-            data[section][key] = str((base / value).resolve())
-    sources = (data.get("taskset") or {}).get("sources")
-    for source in sources if isinstance(sources, list) else ():
-        value = source.get("path") if isinstance(source, dict) else None
-        if isinstance(value, str) and value:
-            source["path"] = str((base / value).resolve())
+    resolve_paths(data, path.resolve().parent)
     for section, key in _secret_fields():
         if (data.get(section) or {}).get(key) == REDACTED:
             if needs_secrets is not True and section not in (needs_secrets or ()):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,8 @@ class TaskBook:
 
     def _read(self, cfg: Config) -> None:
         digests = array("Q")
-        screen = _prompt_screen(cfg)
+        renderer = _renderer(cfg)
+        limit = cfg.taskset.max_prompt_tokens
         pending: list[tuple[int, Task]] = []
         workflows: set[str] = set()
         for source, _where, task in training_tasks(cfg.taskset):
@@ -57,8 +57,8 @@ class TaskBook:
                 workflows.add(task.workflow)
             pending.append((source, task))
             if len(pending) == SCREEN_BATCH:
-                self._keep(pending, screen, digests)
-        self._keep(pending, screen, digests)
+                self._keep(pending, renderer, limit, digests)
+        self._keep(pending, renderer, limit, digests)
         self.file.seal()
         self._check_ids(digests)
         t = cfg.taskset
@@ -69,10 +69,15 @@ class TaskBook:
                 f"{t.max_prompt_tokens} tokens (taskset.max_prompt_tokens)"
             )
 
-    def _keep(self, pending: list[tuple[int, Task]], screen: Any, digests: array) -> None:
-        lengths = screen([t for _, t in pending]) if screen else [0] * len(pending)
+    def _keep(
+        self, pending: list[tuple[int, Task]], renderer: Any, limit: int, digests: array
+    ) -> None:
+        """Append ``pending`` but the tasks whose prompt (``renderer``: measured) is longer
+        than ``limit`` tokens; empties ``pending``."""
+        tasks = [t for _, t in pending]
+        lengths = renderer.lengths(tasks) if renderer else [0] * len(pending)
         for (source, task), length in zip(pending, lengths, strict=True):
-            if screen and length > screen.limit:
+            if renderer and length > limit:
                 self.too_long += 1
                 continue
             self.file.append(task)
@@ -99,27 +104,15 @@ def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
-class _Screen:
-    """Token counts of prompts, rendered as the explorer renders them."""
-
-    def __init__(self, renderer: Any, limit: int) -> None:
-        self.renderer = renderer
-        self.limit = limit
-
-    def __call__(self, tasks: Sequence[Task]) -> list[int]:
-        return self.renderer.lengths(tasks)
-
-
-def _prompt_screen(cfg: Config) -> _Screen | None:
-    """The length check of ``taskset.max_prompt_tokens`` (None: no limit). Loads the
-    model's tokenizer (transformers, only then)."""
+def _renderer(cfg: Config) -> Any:
+    """The prompt renderer that measures prompts against ``taskset.max_prompt_tokens``
+    (None: no limit). Loads the model's tokenizer (transformers, only then)."""
     if not cfg.taskset.max_prompt_tokens:
         return None
     from streamrft.infra.modeling import load_tokenizer
     from streamrft.infra.prompts import PromptRenderer
 
-    renderer = PromptRenderer.from_config(cfg.taskset, load_tokenizer(cfg.model))
-    return _Screen(renderer, cfg.taskset.max_prompt_tokens)
+    return PromptRenderer.from_config(cfg.taskset, load_tokenizer(cfg.model))
 
 
 def check_shares(taskset: TasksetConfig, book: TaskBook, shares: list[int]) -> None:
