@@ -5,6 +5,7 @@ streamrft train CONFIG --run-id ID [--nproc N]   (the trainer, N ranks)
 streamrft train CONFIG --run-id ID --from-beginning | --from-offsets FILE | --from-run OTHER
     (a replay: train from a recorded experience stream, no explorers; app/replay_source.py)
 streamrft explore CONFIG --run-id ID [--index I]   (one explorer; joins a running run)
+streamrft evaluate CONFIG --run-id ID [--index I]   (one evaluator; joins a running run)
 streamrft feed CONFIG --run-id ID           (publish the taskset)
 streamrft serve CONFIG --run-id ID [--host H] [--port P]   (OpenAI-compatible API; records experiences)
 streamrft infra up|down|status [--dir DIR]
@@ -157,9 +158,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         return run_trainer_rank(cfg) if "RANK" in os.environ else launch_trainer(args, cfg)
     from streamrft.consumers.trainer import main
-    from streamrft.producers.evaluation import GreedyEvaluator
+    from streamrft.producers.evaluation import trainer_evaluator
 
-    main(cfg, GreedyEvaluator(cfg), replay)
+    main(cfg, trainer_evaluator(cfg), replay)
     return 0
 
 
@@ -168,6 +169,14 @@ def cmd_explore(args: argparse.Namespace) -> int:
 
     cfg = _placed(_load(args, joining=True), "explorer", args.index)
     main(cfg, args.index)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from streamrft.producers.evaluator import main
+
+    cfg = _placed(_load(args, joining=True), "evaluator")
+    main(cfg, args.index, args.run_goes_on)
     return 0
 
 
@@ -435,7 +444,9 @@ def _with_config(sp: argparse.ArgumentParser, run_id_help: str) -> None:
 def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     """``run`` and the processes it supervises, each also started by hand: ``train``,
     ``explore``, ``feed``, ``serve``."""
-    sp = sub.add_parser("run", help="feeder + explorers + trainer under one supervisor")
+    sp = sub.add_parser(
+        "run", help="feeder + explorers + trainer (+ evaluators) under one supervisor"
+    )
     _with_config(
         sp,
         "the run's id (its topics' namespace and folder): a new run gets "
@@ -463,6 +474,7 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     for name, func, helptext in (
         ("train", cmd_train, "run one trainer process"),
         ("explore", cmd_explore, "run one explorer process"),
+        ("evaluate", cmd_evaluate, "run one evaluator process: evaluate the run's versions"),
         ("feed", cmd_feed, "publish the taskset to the tasks topic"),
         ("serve", cmd_serve, "serve the policy on an OpenAI-compatible API; record experiences"),
     ):
@@ -479,6 +491,21 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
                 type=int,
                 help="explorer index, id explorer-<index> (as `run` numbers them); default: "
                 "an id of its own, explorer-<pid>-<4 hex>",
+            )
+        if name == "evaluate":
+            sp.add_argument(
+                "--index",
+                type=int,
+                default=0,
+                help="evaluator index, id evaluator-<index>: of eval.count evaluators, this one "
+                "takes every eval.count-th due version from its index (default 0)",
+            )
+            sp.add_argument(
+                "--run-goes-on",
+                action="store_true",
+                help="the run is being started or resumed: wait for its next Shutdown even "
+                "when the last one ended it (default: on an ended run, evaluate its last "
+                "version and stop)",
             )
         if name == "serve":
             sp.add_argument("--host", help="override serve.host (default 127.0.0.1)")
@@ -650,7 +677,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-CHILD_ROLES = ("train", "explore", "feed")
+CHILD_ROLES = ("train", "explore", "evaluate", "feed")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:

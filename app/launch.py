@@ -178,12 +178,12 @@ def run_trainer_rank(cfg: Config) -> int:
     from streamrft.consumers.distributed import join_group, leave_group
     from streamrft.consumers.fsdp_engine import FsdpTrainEngine
     from streamrft.consumers.trainer import Trainer
-    from streamrft.producers.evaluation import GreedyEvaluator
+    from streamrft.producers.evaluation import trainer_evaluator
 
     ranks = join_group(cfg.trainer.nproc, cfg.model.device)
     torch.set_num_threads(cfg.trainer.threads)
     if ranks.leader:
-        trainer = Trainer(cfg, GreedyEvaluator(cfg))
+        trainer = Trainer(cfg, trainer_evaluator(cfg))
         asyncio.run(trainer.run())
         cast(FsdpTrainEngine, trainer.engine).release()
     else:

@@ -29,8 +29,8 @@ GPU_BUDGET = 0.95
 
 
 def placement(cfg: Config) -> list[tuple[str, str, str]]:
-    """``(role, device, the field that chose it)`` of the trainer and of the explorers
-    ``streamrft run`` starts (explorers on one device listed together)."""
+    """``(role, device, the field that chose it)`` of the trainer, the explorers and the
+    evaluators ``streamrft run`` starts (explorers on one device listed together)."""
     t = cfg.trainer
     if t.devices:
         rows = [(f"trainer ranks 0-{t.nproc - 1}", ",".join(t.devices), "trainer.devices")]
@@ -41,6 +41,9 @@ def placement(cfg: Config) -> list[tuple[str, str, str]]:
         explorers.setdefault(role_device(cfg, "explorer", i), []).append(i)
     for (device, field), indexes in explorers.items():
         rows.append((f"explorer {','.join(map(str, indexes))}", device, field))
+    if cfg.eval.count:
+        indexes = ",".join(map(str, range(cfg.eval.count)))
+        rows.append((f"evaluator {indexes}", *role_device(cfg, "evaluator")))
     return rows
 
 
@@ -59,13 +62,22 @@ def _gpu(spec: str) -> str | None:
 
 
 def explorers_on_trainer_gpu(cfg: Config) -> int:
-    """How many of ``streamrft run``'s vLLM explorers share the trainer's GPU."""
-    if cfg.explorer.engine != "vllm":
-        return 0
+    """How many of ``streamrft run``'s vLLM engines share the trainer's GPU: its explorers'
+    and its evaluators' (an evaluator samples with the explorer's engine)."""
     trainer = {_gpu(d) for d in cfg.trainer.devices} or {_gpu(role_device(cfg, "trainer")[0])}
     trainer.discard(None)
-    devices = (role_device(cfg, "explorer", i)[0] for i in range(cfg.explorer.count))
-    return sum(1 for d in devices if _gpu(d) in trainer)
+    return sum(1 for d in vllm_devices(cfg) if _gpu(d) in trainer)
+
+
+def vllm_devices(cfg: Config) -> list[str]:
+    """The device of each vLLM engine ``streamrft run`` starts: explorers' and evaluators'
+    (``eval.engine``, else the explorers' engine)."""
+    devices = []
+    if cfg.explorer.engine == "vllm":
+        devices += [role_device(cfg, "explorer", i)[0] for i in range(cfg.explorer.count)]
+    if (cfg.eval.engine or cfg.explorer.engine) == "vllm":
+        devices += [role_device(cfg, "evaluator")[0]] * cfg.eval.count
+    return devices
 
 
 def vllm_shares_gpu(cfg: Config) -> bool:
@@ -103,12 +115,25 @@ def start_order(cfg: Config) -> str:
 
 
 def check_gpu_shares(cfg: Config) -> None:
-    """A :class:`ConfigError` naming the fields when vLLM explorers and the trainer would
-    not fit on their shared GPU."""
+    """A :class:`ConfigError` naming the fields when vLLM engines (explorers, evaluators)
+    would not fit together on one GPU, or beside the trainer on its GPU."""
+    e = cfg.explorer
+    counts: dict[str, int] = {}
+    for device in vllm_devices(cfg):
+        gpu = _gpu(device)
+        if gpu is not None:
+            counts[gpu] = counts.get(gpu, 0) + 1
+    for gpu, n in counts.items():
+        if n * e.gpu_memory_utilization > GPU_BUDGET + 1e-9:
+            raise ConfigError(
+                f"explorer.gpu_memory_utilization: {n} vLLM engines (explorers, evaluators) "
+                f"on {gpu} x {e.gpu_memory_utilization} = {n * e.gpu_memory_utilization:.2f} "
+                f"of one GPU; keep it within {GPU_BUDGET} (or eval.engine: transformers)"
+            )
     shared = explorers_on_trainer_gpu(cfg)
     if not shared:
         return
-    e, t = cfg.explorer, cfg.trainer
+    t = cfg.trainer
     where = f"explorer.engine vllm on the trainer's device {role_device(cfg, 'trainer')[0]!r}"
     if t.gpu_memory_fraction == 0:
         raise ConfigError(
@@ -118,7 +143,7 @@ def check_gpu_shares(cfg: Config) -> None:
     total = shared * e.gpu_memory_utilization + t.gpu_memory_fraction
     if total > GPU_BUDGET + 1e-9:
         raise ConfigError(
-            f"explorer.gpu_memory_utilization: {shared} explorer(s) x "
+            f"explorer.gpu_memory_utilization: {shared} vLLM engine(s) (explorers, evaluators) x "
             f"{e.gpu_memory_utilization} + trainer.gpu_memory_fraction "
             f"{t.gpu_memory_fraction} = {total:.2f} of one GPU ({where}); keep it within "
             f"{GPU_BUDGET}"

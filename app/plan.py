@@ -5,7 +5,7 @@ The model's shape comes from the config (the tiny model) or from the model folde
 ``config.json`` and the headers of its safetensors files (the exact parameter count; no
 weight is read). Processes are placed as ``streamrft run`` places them: the trainer's
 rank r of ``trainer.nproc`` on ``cuda:r`` under FSDP2, else on its role's device, each
-explorer on its own (``app/placement.py``); each device's total is compared with ``--device-memory``
+explorer and evaluator on its own (``app/placement.py``); each device's total is compared with ``--device-memory``
 (else the size of the GPU torch sees, where there is one).
 """
 
@@ -180,6 +180,19 @@ def make_plan(
             else explorer_estimate(shape, work)
         )
         processes.append((f"explorer-{i}", role_device(cfg, "explorer", i)[0], est))
+    ev = cfg.eval
+    reading = dataclasses.replace(
+        work,
+        rows_sampled=min(ev.batch_size, ev.max_tasks or ev.batch_size),
+        response_tokens=ev.max_new_tokens or e.max_new_tokens,
+    )
+    for i in range(ev.count):
+        est = (
+            vllm_estimate(e.gpu_memory_utilization, device_bytes, "evaluator")
+            if (ev.engine or e.engine) == "vllm"
+            else explorer_estimate(shape, reading, "evaluator")
+        )
+        processes.append((f"evaluator-{i}", role_device(cfg, "evaluator")[0], est))
     return Plan(shape, work, processes, device_bytes, t.gpu_memory_fraction)
 
 

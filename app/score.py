@@ -8,17 +8,20 @@ version, through the hook an explorer's versions take (``consumers.checkpoint.lo
 with the engine as its ``sync.payload.WeightTarget``): the transformers engine copies it
 into the model in place, vLLM into its own weights (and the adapter as a new LoRA request),
 so every engine scores the checkpoint's weights and one vLLM instance serves them all.
-Then, on ``taskset.eval_path`` (else the training taskset), scored with ``explorer.reward``:
+Then, on the eval tasks (``eval.path``, else the training taskset; the first
+``eval.max_tasks``), scored with ``explorer.reward`` by the evaluation the trainer and the
+evaluator process use (``producers.evaluation.EvalSuite``), so all three agree for one set
+of weights:
 
-- greedy reward: the mean reward of greedy responses, by the evaluator the trainer uses
-  for ``eval/accuracy`` (``producers.evaluation``), so the two agree for one checkpoint
-  (with a 0/1 reward it is the accuracy; ``math_answer_format`` gives 0.1 for the format);
+- greedy reward: the mean reward of greedy responses, what they report as
+  ``eval/accuracy`` (with a 0/1 reward it is the accuracy; ``math_answer_format`` gives
+  0.1 for the format);
 - greedy accuracy: the fraction of those greedy responses that are correct
   (``producers.evaluation.is_correct``, as for pass@k);
-- pass@1 and pass@k: ``n`` samples per task at ``explorer.temperature`` (``n = --k``, or
-  ``--samples``), seeded by ``run.seed``, through the unbiased estimator
-  (``producers.pass_at_k``); a sample is correct when the reward says so
-  (``producers.evaluation.is_correct``).
+- pass@1 and pass@k: ``n`` samples per task at ``eval.temperature`` (else
+  ``explorer.temperature``; ``n = --k``, or ``--samples``), seeded by ``run.seed``, through
+  the unbiased estimator (``producers.pass_at_k``); a sample is correct when the reward
+  says so.
 
 Results go to ``<run dir>/score.json`` (rewritten after every checkpoint, so an interrupted
 bench keeps what it measured) and, as ``MetricsEvent`` records of component ``bench``
@@ -39,18 +42,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from streamrft.app.watch.run_events import reachable
 from streamrft.infra.config import Config
 from streamrft.infra.durable import replace_durably
 from streamrft.schemas.errors import ServiceError, StreamRFTError
-
-if TYPE_CHECKING:  # heavy (torch): imported when a scorer is built
-    from streamrft.infra.prompts import PromptRenderer
-    from streamrft.producers.engines import RolloutEngine
-    from streamrft.producers.rewards import RewardFn
-    from streamrft.schemas.experience import Task
 
 SCORE_FILE = "score.json"
 """Written in the run's folder unless ``--out`` names another file."""
@@ -174,7 +171,7 @@ class CheckpointScorer:
         from streamrft.infra.modeling import load_policy
         from streamrft.infra.prompts import PromptRenderer
         from streamrft.producers.engines import make_engine
-        from streamrft.producers.evaluation import GreedyEvaluator
+        from streamrft.producers.evaluation import EvalSuite
 
         self.cfg = cfg
         torch.set_num_threads(cfg.explorer.threads)
@@ -186,67 +183,30 @@ class CheckpointScorer:
         # right after loading, before any checkpoint: an engine that copies the model at
         # start (vLLM) starts from the untouched base; checkpoints go in through its hook
         self.engine = make_engine(cfg.explorer.engine, model, tokenizer, cfg.explorer)
-        self.evaluator = GreedyEvaluator(cfg)  # the eval taskset, reward and lengths
+        self.suite = EvalSuite(cfg)  # the eval tasks, reward and lengths, as an evaluator's
         self.prompts = PromptRenderer.from_config(cfg.taskset, tokenizer)
 
     def score(self, path: Path, k: int, n: int) -> BenchEntry:
         """Greedy reward and accuracy, pass@1 and pass@k of the checkpoint at ``path``."""
         from streamrft.consumers.checkpoint import load_weights
-        from streamrft.producers.evaluation import correct_counts
-        from streamrft.producers.pass_at_k import mean_pass_at_k
 
         t0 = time.perf_counter()
         state = load_weights(path, self.engine)
-        ev = self.evaluator
-        reward, accuracy = greedy_scores(
-            self.engine, ev.tasks, ev.reward, ev.max_new_tokens, self.prompts
-        )
-        counts = correct_counts(
-            self.engine,
-            ev.tasks,
-            ev.reward,
-            n,
-            self.cfg.explorer.temperature,
-            ev.max_new_tokens,
-            self.cfg.run.seed,
-            prompts=self.prompts,
-        )
+        result = self.suite.measure(self.engine, self.prompts, k, n)
+        assert result.pass_at_1 is not None and result.pass_at_k is not None  # k >= 1
         return BenchEntry(
             step=state.step,
             version=state.version,
             checkpoint=str(path),
-            greedy_reward=reward,
-            greedy_accuracy=accuracy,
-            pass_at_1=mean_pass_at_k(counts, n, 1),
-            pass_at_k=mean_pass_at_k(counts, n, k),
+            greedy_reward=result.greedy_reward,
+            greedy_accuracy=result.greedy_accuracy,
+            pass_at_1=result.pass_at_1,
+            pass_at_k=result.pass_at_k,
             k=k,
             samples=n,
-            tasks=len(ev.tasks),
+            tasks=result.tasks,
             seconds=time.perf_counter() - t0,
         )
-
-
-def greedy_scores(
-    engine: RolloutEngine,
-    tasks: list[Task],
-    reward: RewardFn,
-    max_new_tokens: int,
-    prompts: PromptRenderer | None = None,
-) -> tuple[float, float]:
-    """(mean reward, fraction correct) of the greedy responses to ``tasks``, from one pass:
-    the mean reward is the trainer's ``eval/accuracy`` (``producers.evaluation``'s
-    ``greedy_accuracy``, the very function), correctness is ``is_correct`` of each score."""
-    from streamrft.producers.evaluation import greedy_accuracy, is_correct
-
-    verdicts: list[bool] = []
-
-    def scored(text: str, task: Task) -> tuple[float, dict[str, float]]:
-        value, info = reward(text, task)
-        verdicts.append(is_correct(value, info))
-        return value, info
-
-    mean_reward = greedy_accuracy(engine, tasks, scored, max_new_tokens, prompts=prompts)
-    return mean_reward, sum(verdicts) / len(tasks)
 
 
 # -- publishing ------------------------------------------------------------------------------
@@ -363,7 +323,7 @@ def _report(
     return {
         "run": cfg.run.id,
         "engine": cfg.explorer.engine,
-        "eval_path": cfg.taskset.eval_path
+        "eval_path": cfg.eval.path
         or cfg.taskset.path
         or ", ".join(source.path for source in cfg.taskset.sources),
         "k": opts.k,

@@ -106,7 +106,8 @@ def _show(bar, m: RunMonitor) -> None:
     if bar is None:
         return
     bar.n = m.trainer_step
-    acc = m.eval_accuracy[-1][1] if m.eval_accuracy else float("nan")
+    curve = m.eval_accuracy
+    acc = curve[-1][1] if curve else float("nan")
     rew = m.train_reward[-1] if m.train_reward else float("nan")
     bar.set_postfix_str(f"reward {rew:.2f} eval_acc {acc:.2f}", refresh=False)
     bar.refresh()
@@ -156,7 +157,8 @@ class Supervisor:
         if rc == EXIT_STALLED:
             return f"{name} stopped: nothing can make progress:\n{child.tail(3)}"
         limit = {"trainer": self.cfg.trainer.max_restarts}.get(
-            name, self.cfg.explorer.max_restarts if name.startswith("explorer-") else 0
+            name,
+            self.cfg.explorer.max_restarts if name.startswith(("explorer-", "evaluator-")) else 0,
         )
         if self.restarts.get(name, 0) < limit:
             self.restarts[name] = self.restarts.get(name, 0) + 1
@@ -307,6 +309,9 @@ class Supervisor:
         for i in range(cfg.explorer.count):
             role_args = ["explore", "--index", str(i)]
             self._spawn(f"explorer-{i}", role_args, cfg.explorer.threads, config_path)
+        for i in range(cfg.eval.count):
+            role_args = ["evaluate", "--index", str(i), "--run-goes-on"]
+            self._spawn(f"evaluator-{i}", role_args, cfg.explorer.threads, config_path)
         self._spawn("feeder", ["feed"], 1, config_path)
         if self.trainer_waits:
             log.info("starting the trainer once the explorers have built their engines")
@@ -316,7 +321,9 @@ class Supervisor:
         """Start the trainer once every explorer has reported since the run (re)started: a
         status sent after building its engine (a resumed run's topic still holds the
         previous attempt's statuses, which do not count)."""
-        statuses = [monitor.status.get(f"explorer-{i}") for i in range(self.cfg.explorer.count)]
+        names = [f"explorer-{i}" for i in range(self.cfg.explorer.count)]
+        names += [f"evaluator-{i}" for i in range(self.cfg.eval.count)]  # vLLM ones too
+        statuses = [monitor.status.get(name) for name in names]
         if all(s is not None and s.created_at >= self.started_at for s in statuses):
             log.info("explorers ready (engines built): starting the trainer")
             assert self.config_path is not None  # set with the explorers
@@ -336,6 +343,7 @@ class Supervisor:
             if self.trainer_waits:
                 self._start_trainer_when_explorers_ready(monitor)
             elif self.children["trainer"].returncode == 0:
+                await self._let_evaluators_finish()
                 return None  # the run is done
             for name, child in list(self.children.items()):
                 if child.returncode not in (None, 0):
@@ -346,6 +354,29 @@ class Supervisor:
                 follow.result()  # surfaces a broker failure
             await asyncio.sleep(0.25)
         return None
+
+    async def _let_evaluators_finish(self) -> None:
+        """Wait (up to ``eval.final_timeout_s``) for the evaluators, which read the trainer's
+        Shutdown, to evaluate the run's last version and stop on their own."""
+        alive = [
+            c
+            for n, c in self.children.items()
+            if n.startswith("evaluator-") and c.returncode is None
+        ]
+        if not alive:
+            return
+        limit = self.cfg.eval.final_timeout_s
+        log.info("trainer done; the evaluators evaluate the last version (up to %.0f s)", limit)
+        deadline = time.monotonic() + limit
+        while any(c.returncode is None for c in alive) and not self.stop.is_set():
+            if time.monotonic() > deadline:
+                log.warning(
+                    "the evaluators did not finish within eval.final_timeout_s %.0f s; "
+                    "stopping them (the last version may not be evaluated)",
+                    limit,
+                )
+                return
+            await asyncio.sleep(0.25)
 
     def _kill_all(self) -> None:
         for child in self.children.values():
@@ -416,11 +447,22 @@ def header(cfg: Config, services: LocalServices | None) -> str:
             f"  placement {'; '.join(f'{role} on {device}' for role, device, _ in placement(cfg))}",
             f"  training  {cfg.algorithm.type}, {steps} steps, {cfg.explorer.count} explorer(s), "
             f"sync {cfg.synchronizer.method} / {cfg.synchronizer.style}",
+            f"  eval      {_eval_line(cfg)}",
             f"  files     {cfg.run_dir}/ (config.yaml, logs/, metrics.jsonl)",
             f"  watch     streamrft status --run-id {cfg.run.id}   |   "
             f"streamrft dashboard --run-id {cfg.run.id}",
         )
     )
+
+
+def _eval_line(cfg: Config) -> str:
+    e = cfg.eval
+    where = []
+    if e.count:
+        where.append(f"{e.count} evaluator(s), every {e.every_versions}-th version")
+    if e.trainer_evaluates:
+        where.append(f"the trainer every {e.interval or 'first and last'} step(s)")
+    return "; ".join(where) or "none (eval.in_trainer false; start `streamrft evaluate`)"
 
 
 def after_run_files(cfg: Config) -> dict:

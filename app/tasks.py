@@ -4,7 +4,7 @@
 The generators live in :mod:`streamrft.producers.tasksets`; this command writes the
 training split to ``--out`` and the eval split (``--eval-n`` tasks none of the training
 ones) to ``--eval-out`` (default ``<out>.eval.jsonl``), for ``taskset.path`` and
-``taskset.eval_path``.
+``eval.path``.
 """
 
 from __future__ import annotations

@@ -62,11 +62,14 @@ def _taskset(cfg: Config) -> str:
 def _eval_set(cfg: Config) -> str:
     from streamrft.infra.taskset import read_taskset
 
-    if not cfg.taskset.eval_path:
-        return "none (evaluation uses the training taskset)"
-    return (
-        f"{len(read_taskset(cfg.taskset.eval_path, cfg.taskset))} tasks in {cfg.taskset.eval_path}"
-    )
+    e = cfg.eval
+    if not e.path:
+        return "none (evaluation uses the training taskset)" + (
+            f", its first {e.max_tasks} tasks" if e.max_tasks else ""
+        )
+    found = len(read_taskset(e.path, cfg.taskset))
+    used = f", the first {e.max_tasks} used (eval.max_tasks)" if 0 < e.max_tasks < found else ""
+    return f"{found} tasks in {e.path}{used}"
 
 
 def _names(cfg: Config) -> str:

@@ -60,7 +60,7 @@ def run(example: str, arm: str, seed: int, work: Path, data: Path) -> dict:
         config, settings = SMOLLM2[arm], [f"run.seed={seed}"]
     else:
         config = EXAMPLE
-        settings = [f"run.seed={seed}", f"model.seed={seed}", "trainer.eval_interval=50"]
+        settings = [f"run.seed={seed}", f"model.seed={seed}", "eval.interval=50"]
         if arm == "parquet":
             settings += [f"taskset.path={data}", *OVERRIDES, *CONTROLS]
     argv = [sys.executable, "-m", "streamrft.app.cli", "run", str(config), "--no-progress"]

@@ -10,7 +10,7 @@ memory and a JuiceFS S3 gateway, ``LocalServices``) and runs the real ``streamrf
 forward: random tokens and a sleep of ``--seconds-per-token`` per generated token, so
 rollouts cost the same whatever the CPU count; 32 tasks x 8 rollouts x 4 tokens = 1,024
 tokens per batch, 2.05 s at 2 ms), ``trainer.warmup_sft_steps=0``,
-``trainer.eval_interval=0``, ``kafka.partitions=max(4, N)`` and ``--explorers N``. After
+``eval.interval=0``, ``kafka.partitions=max(4, N)`` and ``--explorers N``. After
 the run it reads the run's ``metrics`` and ``status`` topics back (the services are still
 up) and its ``--summary`` JSON. Everything goes under a temporary folder that is removed
 at the end; every process started is gone when the bench ends, on Ctrl-C too.
@@ -135,7 +135,7 @@ def settings(n: int, cost: float) -> list[str]:
         "explorer.engine=simulated",
         f"explorer.simulated_seconds_per_token={cost}",
         "trainer.warmup_sft_steps=0",
-        "trainer.eval_interval=0",
+        "eval.interval=0",
         f"kafka.partitions={max(4, n)}",
     ]
 

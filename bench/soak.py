@@ -168,7 +168,7 @@ def main() -> int:
         "-o", f"run.dir={runs}",
         "-o", f"trainer.max_steps={args.steps + 20}",  # still running at the last mark
         "-o", f"taskset.total_epochs={epochs}",
-        "-o", "trainer.eval_interval=0",
+        "-o", "eval.interval=0",
         "-o", "synchronizer.sync_interval=1",
         "-o", f"synchronizer.keep_versions={args.keep_versions}",
         "-o", "synchronizer.method=object_store",

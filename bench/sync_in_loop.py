@@ -28,7 +28,7 @@ on 2 cores, most of it the start of each run's processes),
 of 8 rollouts per step (``explorer.batch_size`` and ``trainer.batch_size``; default the
 example's 32, but 4 for the full-size model on the CPU, where 32 makes a 40 s trainer step
 on 2 cores and the sync a rounding error), ``trainer.warmup_sft_steps=0``,
-``trainer.eval_interval=0``, ``trainer.save_interval=0`` (the trainer still evaluates and
+``eval.interval=0``, ``trainer.save_interval=0`` (the trainer still evaluates and
 checkpoints once after its last step: outside the figures).
 
 Figures per point, from the run's ``runs/<id>/metrics.jsonl`` (the trainer's per-step
@@ -168,7 +168,7 @@ def common_settings(args: argparse.Namespace) -> list[str]:
         *shape,
         *batch,
         "trainer.warmup_sft_steps=0",
-        "trainer.eval_interval=0",
+        "eval.interval=0",
         "trainer.save_interval=0",
     ]
 

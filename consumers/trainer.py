@@ -64,7 +64,7 @@ class Trainer:
     """The loop and the sync decisions; the model lives in the train engine."""
 
     def __init__(
-        self, cfg: Config, evaluate: Evaluator, replay: ReplayCursor | None = None
+        self, cfg: Config, evaluate: Evaluator | None, replay: ReplayCursor | None = None
     ) -> None:
         self.cfg = cfg
         self.tcfg = cfg.trainer
@@ -341,7 +341,8 @@ class Trainer:
         published = await self.maybe_publish()
         self._blocked_s = time.perf_counter() - t0
         await self.retire_versions()
-        if self.tcfg.eval_interval and self.step % self.tcfg.eval_interval == 0:
+        interval = self.cfg.eval.interval
+        if interval and self.step % interval == 0:
             await self.evaluate()
         if self.tcfg.save_interval and self.step % self.tcfg.save_interval == 0:
             await self.checkpoint()
@@ -355,7 +356,7 @@ class Trainer:
         assert self.publisher is not None
         await self.publisher.drain(background=False)  # the last version announced first
         await self.retire_versions(final=True)
-        if not self.tcfg.eval_interval or self.step % self.tcfg.eval_interval:
+        if not self.cfg.eval.interval or self.step % self.cfg.eval.interval:
             await self.evaluate()
         await self.checkpoint()
         if not self.stop.is_set():  # its copies for other hosts (auto's store lane) too,
@@ -461,6 +462,10 @@ class Trainer:
 
     # -- evaluation and checkpoints ----------------------------------------------------------
     async def evaluate(self) -> None:
+        """The trainer's own evaluation of its weights, when it was handed an evaluator
+        (``eval.in_trainer``; an evaluator process evaluates the versions otherwise)."""
+        if self._evaluate is None:
+            return
         values = await asyncio.to_thread(self.engine.evaluate, self._evaluate)
         await self.events.metrics(values)
         log.info(
@@ -503,5 +508,5 @@ def _log_step(step: int, values: dict[str, float]) -> None:
     )
 
 
-def main(cfg: Config, evaluate: Evaluator, replay: ReplayCursor | None = None) -> None:
+def main(cfg: Config, evaluate: Evaluator | None, replay: ReplayCursor | None = None) -> None:
     asyncio.run(Trainer(cfg, evaluate, replay).run())

@@ -277,6 +277,9 @@ class ControlView:
         self.started_at = time.time()
         self.shutdown = asyncio.Event()
         """Set once a Shutdown newer than this process arrives."""
+        self.ended_before = False
+        """The newest control event read is a Shutdown from before this process: the run
+        had ended when it started (a resumed run announces versions after it)."""
         self._changed = asyncio.Event()
         self._versions: dict[int, ModelVersionReady] = {}
         self._announcements: dict[int, list[ModelVersionReady]] = {}
@@ -391,6 +394,7 @@ class ControlView:
                 # fallback, the auto method's store copy) is its latest; each is kept
                 self._versions[event.version] = event
                 self._announcements.setdefault(event.version, []).append(event)
+                self.ended_before = False
             case VersionsRetired():
                 self._retire(event.versions)
             case Shutdown():
@@ -398,6 +402,7 @@ class ControlView:
                 # the Shutdown that ended its previous attempt: only a newer one counts.
                 if event.created_at and event.created_at < self.started_at - SHUTDOWN_CLOCK_SKEW_S:
                     log.debug("%s: ignoring a Shutdown from before this process", self.component)
+                    self.ended_before = True
                     return
                 log.info("%s: shutdown requested (%s)", self.component, event.reason)
                 self.shutdown.set()

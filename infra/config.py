@@ -7,6 +7,7 @@ Every field has a comment; bounds are inline (msgspec ``Meta``); cross-field rul
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import urllib.parse
@@ -27,6 +28,7 @@ Device = Annotated[str, msgspec.Meta(pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")]
 NonNegF = Annotated[float, msgspec.Meta(ge=0)]
 Frac = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
+log = logging.getLogger(__name__)
 
 REDACTED = "***"
 """What a secret reads as in logs, ``repr`` and the run's ``config.yaml``."""
@@ -277,8 +279,6 @@ class TasksetConfig(_Section, frozen=True):
     """The feeder skips tasks whose prompt (rendered as the explorer renders it, with the
     model's tokenizer) is longer than this many tokens, and reports how many at start; 0:
     no limit (the explorer still refuses a prompt that leaves no room to sample)."""
-    eval_path: str | None = None
-    """Evaluation tasks, in any of those forms; None evaluates on the training taskset."""
     split: str = "train"
     """The split of a saved dataset dict (a folder holding ``dataset_dict.json``)."""
     prompt_key: str = "prompt"
@@ -390,6 +390,71 @@ class ExplorerConfig(_Section, frozen=True):
     alone up to this many times, then dead-lettered with the reason."""
 
 
+class EvalConfig(_Section, frozen=True):
+    """Evaluation of the policy: the tasks, who evaluates which versions, and how.
+
+    An evaluator process (``eval.count`` under ``streamrft run``, or ``streamrft evaluate
+    CONFIG --run-id ID`` anywhere) follows the run's versions as an explorer does, with the
+    explorer's engine, and evaluates them off the trainer's path; without one, the trainer
+    evaluates its own weights between steps (``in_trainer``), which holds training while
+    it runs. Both publish ``eval/accuracy`` (the mean reward of greedy responses) on the
+    metrics topic, at the step the weights were taken."""
+
+    path: str | None = None
+    """Evaluation tasks (relative to the config file), in any form ``taskset.path`` takes,
+    read with the ``taskset`` section's rules (keys, template, extractor); None: the
+    training taskset (``max_tasks`` keeps that affordable)."""
+    max_tasks: NonNeg = 0
+    """Evaluate on the first this many tasks of the set (0: all)."""
+    count: NonNeg = 0
+    """Evaluator processes ``streamrft run`` starts (0: none). Several share the versions:
+    evaluator ``i`` takes every ``count``-th due version."""
+    every_versions: Pos = 1
+    """An evaluator evaluates version 0, every version whose number is a multiple of this,
+    and the run's last version. One that falls behind goes to the newest such version (the
+    ones passed over are counted, ``evaluator/versions_skipped``): the trainer never waits
+    for evaluation."""
+    in_trainer: bool | None = None
+    """The trainer evaluates its own weights every ``interval`` steps (blocking its loop
+    while it does); None: it does when ``streamrft run`` starts no evaluator
+    (``eval.count`` 0). Set ``false`` when an evaluator is started by hand."""
+    interval: NonNeg = 10
+    """Steps between the trainer's own evaluations (0: the first and the last only)."""
+    device: Device | None = None
+    """Where an evaluator places its model; None: the first explorer's device."""
+    engine: str | None = None
+    """The rollout engine an evaluator samples with (``transformers``, ``vllm``); None:
+    ``explorer.engine``, with the ``explorer`` section's engine settings either way
+    (``transformers`` lets an evaluator share a GPU whose memory a vLLM explorer holds
+    most of, or sit beside the trainer)."""
+    max_new_tokens: NonNeg = 0
+    """Tokens of a greedy response (and of a pass@k sample); 0: ``explorer.max_new_tokens``."""
+    batch_size: Pos = 256
+    """Sequences generated together (the trainer's own evaluation, an evaluator's and
+    ``streamrft score``'s): greedy responses per engine call; pass@k samples
+    ``batch_size // samples`` tasks per call. What ``streamrft plan`` sizes an evaluator's
+    KV cache by."""
+    pass_k: NonNeg = 0
+    """An evaluator also reports pass@1 and pass@k from ``samples`` responses per task at
+    ``temperature`` (seeded by ``run.seed``); 0: greedy only."""
+    samples: NonNeg = 0
+    """Responses per task for pass@k (at least ``pass_k``); 0: ``pass_k``."""
+    temperature: PosF | None = None
+    """Temperature of the pass@k samples; None: ``explorer.temperature``."""
+    final_timeout_s: PosF = 600.0
+    """Once the trainer has finished, how long ``streamrft run`` waits for its evaluators to
+    evaluate the last version before it stops them."""
+
+    @property
+    def sample_count(self) -> int:
+        return self.samples or self.pass_k
+
+    @property
+    def trainer_evaluates(self) -> bool:
+        """Whether the trainer evaluates its own weights (``in_trainer``)."""
+        return self.in_trainer if self.in_trainer is not None else self.count == 0
+
+
 class TrainerConfig(_Section, frozen=True):
     engine: str = "torch"
     """What owns the model being trained, registered in ``consumers/train_engine.py``
@@ -492,8 +557,6 @@ class TrainerConfig(_Section, frozen=True):
     died after publishing, two explorers after a rebalance); an epoch the feeder sends again
     after a broker outage is caught only while this exceeds one epoch's ids (tasks x
     ``explorer.repeat_times``)."""
-    eval_interval: NonNeg = 10
-    """Greedy accuracy on the eval taskset every this many steps (0: first and last only)."""
     warmup_sft_steps: NonNeg = 0
     """Supervised steps on (prompt, answer) pairs before RL starts (publishes version 0 after)."""
     warmup_sft_batch: Pos = 64
@@ -848,6 +911,7 @@ class Config(_Section, frozen=True):
     taskset: TasksetConfig = TasksetConfig()
     explorer: ExplorerConfig = ExplorerConfig()
     trainer: TrainerConfig = TrainerConfig()
+    eval: EvalConfig = EvalConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     synchronizer: SynchronizerConfig = SynchronizerConfig()
     monitor: MonitorConfig = MonitorConfig()
@@ -885,15 +949,40 @@ MOVED_FIELDS: dict[str, str] = {
 """Fields that moved: a config still using the old name gets an error naming the new one."""
 
 
+DEPRECATED_FIELDS: dict[str, str] = {
+    "taskset.eval_path": "eval.path",
+    "trainer.eval_interval": "eval.interval",
+}
+"""Fields that moved and still work: the value is taken as the new field's, with a warning."""
+
+
 def _check_moved(data: dict[str, Any]) -> None:
     for old, new in MOVED_FIELDS.items():
         section, name = old.split(".")
         if isinstance(data.get(section), dict) and name in data[section]:
             raise ConfigError(f"{old}: moved to {new}")
+    for old, new in DEPRECATED_FIELDS.items():
+        section, name = old.split(".")
+        if not (isinstance(data.get(section), dict) and name in data[section]):
+            continue
+        value = data[section].pop(name)
+        to_section, to_name = new.split(".")
+        target = data.setdefault(to_section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"{to_section}: expected a mapping")
+        if to_name in target and target[to_name] != value:
+            raise ConfigError(
+                f"{old}: {value!r} and {new}: {target[to_name]!r} both given; "
+                f"{old} is the old name of {new}: keep {new} only"
+            )
+        target[to_name] = value
+        log.warning("%s is deprecated: it is %s now (it still works; rename it)", old, new)
 
 
 def from_dict(data: dict[str, Any]) -> Config:
-    """Build and validate a :class:`Config`; errors name the dotted field path."""
+    """Build and validate a :class:`Config`; errors name the dotted field path. Old names
+    of moved fields are refused (:data:`MOVED_FIELDS`) or taken with a warning
+    (:data:`DEPRECATED_FIELDS`)."""
     _check_moved(data)
     try:
         cfg = msgspec.convert(data, Config, strict=False)
@@ -942,14 +1031,18 @@ def _check_taskset(t: TasksetConfig) -> None:
 
 
 def role_device(cfg: Config, role: str, index: int = 0) -> tuple[str, str]:
-    """``(device, the field that chose it)`` of ``role`` (``explorer``, with its index, or
-    ``trainer``)."""
+    """``(device, the field that chose it)`` of ``role`` (``explorer``, with its index,
+    ``trainer``, or ``evaluator``: ``eval.device``, else the first explorer's)."""
     if role == "explorer":
         e = cfg.explorer
         if e.devices:
             return e.devices[index % len(e.devices)], f"explorer.devices[{index % len(e.devices)}]"
         if e.device is not None:
             return e.device, "explorer.device"
+    elif role == "evaluator":
+        if cfg.eval.device is not None:
+            return cfg.eval.device, "eval.device"
+        return role_device(cfg, "explorer", 0)
     elif role == "trainer" and cfg.trainer.devices:
         return "cuda", "trainer.devices"  # each rank sees only its GPUs: cuda:r is devices[r]
     elif role == "trainer" and cfg.trainer.device is not None:
@@ -959,8 +1052,12 @@ def role_device(cfg: Config, role: str, index: int = 0) -> tuple[str, str]:
 
 def for_role(cfg: Config, role: str, index: int = 0) -> Config:
     """``cfg`` as the process of ``role`` (and ``index``) reads it: ``model.device`` is its
-    own device (see :func:`role_device`)."""
+    own device (see :func:`role_device`); an evaluator's ``explorer.engine`` is
+    ``eval.engine`` when that is set."""
     device, _field = role_device(cfg, role, index)
+    if role == "evaluator" and cfg.eval.engine not in (None, cfg.explorer.engine):
+        explorer = msgspec.structs.replace(cfg.explorer, engine=cfg.eval.engine)
+        cfg = msgspec.structs.replace(cfg, explorer=explorer)
     if device == cfg.model.device:
         return cfg
     return msgspec.structs.replace(cfg, model=msgspec.structs.replace(cfg.model, device=device))
@@ -969,6 +1066,14 @@ def for_role(cfg: Config, role: str, index: int = 0) -> Config:
 def validate(cfg: Config) -> None:
     """Rules that relate several fields, checked once at start-up."""
     _check_taskset(cfg.taskset)
+    e = cfg.eval
+    if e.pass_k and e.sample_count < e.pass_k:
+        raise ConfigError(
+            f"eval.samples: {e.samples} responses per task cannot give pass@{e.pass_k}; "
+            f"use at least eval.pass_k ({e.pass_k}), or 0 for as many"
+        )
+    if e.samples and not e.pass_k:
+        raise ConfigError("eval.samples: only used with eval.pass_k (pass@k's k)")
     if cfg.explorer.device is not None and cfg.explorer.devices:
         raise ConfigError("explorer.devices: give explorer.device or explorer.devices, not both")
     t = cfg.trainer
@@ -1100,7 +1205,8 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
 
 _RELATIVE_PATHS = (
     ("taskset", "path"),
-    ("taskset", "eval_path"),
+    ("taskset", "eval_path"),  # the old name of eval.path
+    ("eval", "path"),
     ("model", "path"),
     ("algorithm", "teacher_path"),
     ("algorithm", "expert_data"),
@@ -1183,7 +1289,7 @@ def load_config(
     cfg = from_dict(data)
     for field, value in (
         ("taskset.path", cfg.taskset.path),
-        ("taskset.eval_path", cfg.taskset.eval_path),
+        ("eval.path", cfg.eval.path),
         *((f"taskset.sources[{i}].path", s.path) for i, s in enumerate(cfg.taskset.sources)),
     ):
         if value and not Path(value).exists():

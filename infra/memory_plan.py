@@ -128,12 +128,12 @@ def trainer_estimate(shape: ModelShape, work: Workload, checkpointing: bool) -> 
     )
 
 
-def explorer_estimate(shape: ModelShape, work: Workload) -> Estimate:
-    """The memory of one explorer running the transformers engine."""
+def explorer_estimate(shape: ModelShape, work: Workload, role: str = "explorer") -> Estimate:
+    """The memory of one explorer (or evaluator: ``role``) running the transformers engine."""
     b, rows = work.dtype_bytes, work.rows_sampled
     length = work.prompt_tokens + work.response_tokens
     return Estimate(
-        role="explorer",
+        role=role,
         parts={
             "weights": b * shape.params,
             "kv_cache": 2 * shape.layers * shape.kv_width * b * rows * length,
@@ -142,10 +142,10 @@ def explorer_estimate(shape: ModelShape, work: Workload) -> Estimate:
     )
 
 
-def vllm_estimate(utilization: float, device_bytes: int | None) -> Estimate:
+def vllm_estimate(utilization: float, device_bytes: int | None, role: str = "explorer") -> Estimate:
     """vLLM's share of the device (unknown without the device's size)."""
     taken = int(utilization * device_bytes) if device_bytes else 0
-    return Estimate(role="explorer (vllm)", parts={"vllm_share": taken})
+    return Estimate(role=f"{role} (vllm)", parts={"vllm_share": taken})
 
 
 def lora_params(shape: ModelShape, rank: int, targets: Sequence[str]) -> int:

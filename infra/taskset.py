@@ -1,6 +1,6 @@
 """Read a taskset into :class:`Task` objects, with errors that name the row.
 
-``taskset.path`` (and ``eval_path``) is a JSONL file (one object per line), a Parquet
+``taskset.path`` (and ``eval.path``) is a JSONL file (one object per line), a Parquet
 file (read in record batches, with ``pyarrow``), or a folder a Hugging Face ``datasets``
 ``save_to_disk`` wrote (``taskset.split`` of a dataset dict), read with the hub off.
 A row has a prompt (``taskset.prompt_key``, a dotted path into nested fields, or

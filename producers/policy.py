@@ -63,17 +63,21 @@ async def start_sampler(
     view: ControlView,
     follower: WeightFollower,
     request_timeout_s: float | None = None,
+    data: bool = True,
 ) -> Any:
-    """Start what a sampling process (explorer, serve) talks through, each stopped in
-    reverse order by ``stack``: its event sender (heartbeats; a STOPPED status at the
-    end), the control view, the follower's receivers; returns its started data producer
-    (its records fail after ``request_timeout_s``; None: the Kafka module's default)."""
+    """Start what a sampling process (explorer, serve, evaluator) talks through, each
+    stopped in reverse order by ``stack``: its event sender (heartbeats; a STOPPED status at
+    the end), the control view, the follower's receivers; returns its started data producer
+    (its records fail after ``request_timeout_s``; None: the Kafka module's default), or
+    None without ``data`` (an evaluator publishes events only)."""
     await events.start(heartbeat_s=HEARTBEAT_S)
     stack.push_async_callback(events.stop)
     stack.push_async_callback(_report_stopped, events)
     stack.callback(follower.close)
     await view.start()
     stack.push_async_callback(view.stop)
+    if not data:
+        return None
     timeout_ms = kafka.REQUEST_TIMEOUT_MS
     if request_timeout_s is not None:
         timeout_ms = round(request_timeout_s * 1000)

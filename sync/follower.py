@@ -239,6 +239,11 @@ class WeightFollower:
         nothing (serve mode, between two engine calls). False: stop."""
         return await self._apply_chosen(ExplorerSync(), lambda: False)
 
+    async def apply_version(self, version: int) -> bool:
+        """Apply ``version`` itself (an evaluator's choice among the usable ones), waiting
+        for nothing. False: stop. :attr:`version` says whether it was applied."""
+        return await self._apply_chosen(ExplorerSync(target=version, exact=True), lambda: False)
+
     async def _request(self, min_version: int) -> None:
         await self.events.control(
             SyncRequest(explorer=self.name, min_version=min_version, created_at=time.time())

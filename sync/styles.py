@@ -87,6 +87,8 @@ class ExplorerSync:
     """Apply exactly this version (fixed) when it is fresh enough; None: the newest."""
     apply: bool = True
     """Whether to apply a version at all at this boundary."""
+    exact: bool = False
+    """Apply ``target`` itself or nothing, however stale (an evaluator's choice)."""
 
 
 def explorer_sync(schedule: Schedule, batch: int, step: int, current: int) -> ExplorerSync:
@@ -123,6 +125,8 @@ def choose_version(
     """
     if not plan.apply or not announced:
         return None
+    if plan.exact:
+        return plan.target if plan.target in announced and plan.target != current else None
     newest = max(announced)
     pick = newest
     if plan.target is not None:

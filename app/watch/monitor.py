@@ -35,7 +35,9 @@ def _head_tail_mean(values: Sequence[float], k: int) -> tuple[float | None, floa
 @dataclass
 class RunMonitor:
     cfg: Config
-    eval_accuracy: list[tuple[int, float]] = field(default_factory=list)
+    evaluations: dict[int, float] = field(default_factory=dict)
+    """``eval/accuracy`` by the step of the weights evaluated: the trainer's own evaluation
+    and the evaluators' (one of the same weights gives the same figure)."""
     train_reward: array = field(default_factory=lambda: array("d"))
     """Each step's sampled reward mean (8 bytes a step)."""
     trainer_step: int = 0
@@ -57,9 +59,10 @@ class RunMonitor:
     def on_metrics(self, ev: MetricsEvent) -> None:
         for sink in self.sinks:
             sink.write(ev)
+        evaluator = ev.component == "trainer" or ev.component.startswith("evaluator-")
+        if evaluator and "eval/accuracy" in ev.values:
+            self.evaluations[ev.step] = ev.values["eval/accuracy"]
         if ev.component == "trainer":
-            if "eval/accuracy" in ev.values:
-                self.eval_accuracy.append((ev.step, ev.values["eval/accuracy"]))
             if "train/reward_mean" in ev.values:
                 self.train_reward.append(ev.values["train/reward_mean"])
                 self.trainer_step = max(self.trainer_step, ev.step)
@@ -111,10 +114,16 @@ class RunMonitor:
         """Audit of the ledger, and how many distinct groups were trained."""
         return self.ledger.audit()
 
+    @property
+    def eval_accuracy(self) -> list[tuple[int, float]]:
+        """``(step, eval/accuracy)`` in step order."""
+        return sorted(self.evaluations.items())
+
     def summary(self, wall_s: float) -> dict:
         explorers = {k: v for k, v in self.status.items() if v.role == "explorer"}
-        acc_first = self.eval_accuracy[0][1] if self.eval_accuracy else None
-        acc_last = self.eval_accuracy[-1][1] if self.eval_accuracy else None
+        curve = self.eval_accuracy
+        acc_first = curve[0][1] if curve else None
+        acc_last = curve[-1][1] if curve else None
         k = max(1, len(self.train_reward) // 10)
         r_first, r_last = _head_tail_mean(self.train_reward, k)
         trainer = self.status.get("trainer")
@@ -126,7 +135,7 @@ class RunMonitor:
             "steps": self.trainer_step,
             "eval_accuracy_first": acc_first,
             "eval_accuracy_last": acc_last,
-            "eval_accuracy": [[s, a] for s, a in self.eval_accuracy],
+            "eval_accuracy": [[s, a] for s, a in curve],
             "mean_reward_first": r_first,
             "mean_reward_last": r_last,
             "reward_window_steps": k,

@@ -30,7 +30,7 @@ def test_auto_serves_a_mixed_fleet(services, make_config, tmp_path):
     common = [
         "synchronizer.method=auto",
         "trainer.warmup_sft_steps=10",
-        "trainer.eval_interval=0",
+        "eval.interval=0",
         "trainer.max_staleness=4",
         "explorer.count=1",
     ]

@@ -27,7 +27,7 @@ def test_broadcast_to_explorers_and_a_late_joiner(services, make_config, tmp_pat
         "trainer.max_staleness=0",
         "synchronizer.sync_timeout=60",
         "trainer.warmup_sft_steps=20",
-        "trainer.eval_interval=0",
+        "eval.interval=0",
         "explorer.count=2",
     ]
     run = start_piped(

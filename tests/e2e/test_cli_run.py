@@ -28,7 +28,7 @@ def test_run_learns_and_books_balance(tmp_path):
             steps,
             tmp_path / "runs",
             None,
-            "trainer.eval_interval=20",
+            "eval.interval=20",
             # a shorter warm-up and a faster rate than the example's: room to learn in 60 steps
             "trainer.warmup_sft_steps=60",
             "trainer.lr=5e-4",

@@ -113,7 +113,7 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
             80,  # the hand-started explorer needs ~10-30 s to import and load on 2 cores
             runs,
             None,
-            "trainer.eval_interval=10",
+            "eval.interval=10",
             "trainer.warmup_sft_steps=20",  # a reward that rises: a curve worth looking at
             explorers=2,
             summary=tmp_path / "summary.json",

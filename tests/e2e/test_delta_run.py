@@ -57,7 +57,7 @@ def test_a_bf16_run_with_deltas_ends_with_the_trainers_exact_weights(
             "trainer.batch_size=8",
             "explorer.batch_size=8",
             "trainer.warmup_sft_steps=5",
-            "trainer.eval_interval=0",
+            "eval.interval=0",
             explorers=2,
             summary=tmp_path / "s.json",
         ),

@@ -43,7 +43,7 @@ def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
             steps,
             runs,
             services,
-            "trainer.eval_interval=0",
+            "eval.interval=0",
             "trainer.warmup_sft_steps=20",
             "trainer.max_staleness=2",
             explorers=1,

@@ -45,7 +45,7 @@ def test_two_rank_trainer_survives_a_killed_rank(services, tmp_path):
             f"trainer.batch_size={batch}",
             f"explorer.batch_size={batch}",
             "trainer.save_interval=8",
-            "trainer.eval_interval=0",
+            "eval.interval=0",
             "trainer.warmup_sft_steps=60",
             "trainer.lr=5e-4",  # the example's rate before its 150-step recipe: learns in 60
             summary=tmp_path / "s.json",

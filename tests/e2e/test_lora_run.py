@@ -30,7 +30,7 @@ def test_lora_run_learns_publishes_adapters_and_exports(services, make_config, t
             steps,
             runs,
             services,
-            "trainer.eval_interval=20",
+            "eval.interval=20",
             summary=tmp_path / "s.json",
         ),
         tmp_path,

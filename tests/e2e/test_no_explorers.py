@@ -19,7 +19,7 @@ def test_a_run_without_explorers_trains_on_a_hand_started_one(services, tmp_path
     run_id = f"noexp-{tmp_path.name[-10:]}"
     runs = tmp_path / "runs"
     steps = 6
-    settings = ["trainer.eval_interval=0"]
+    settings = ["eval.interval=0"]
     summary = tmp_path / "s.json"
     run = start_piped(
         run_argv(EXAMPLE, run_id, steps, runs, services, *settings, explorers=0, summary=summary),

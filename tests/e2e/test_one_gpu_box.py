@@ -28,7 +28,7 @@ def test_explorers_first_starts_the_trainer_after_the_explorers(tmp_path):
             "trainer.batch_size=8",
             "explorer.batch_size=4",
             "trainer.warmup_sft_steps=0",
-            "trainer.eval_interval=0",
+            "eval.interval=0",
             summary=tmp_path / "s.json",
         ),
         tmp_path,

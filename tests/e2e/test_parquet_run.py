@@ -38,7 +38,7 @@ def test_a_parquet_taskset_with_a_template_a_schedule_and_mini_batches_learns(tm
             None,
             f"taskset.path={data}",
             *OVERRIDES,
-            "trainer.eval_interval=50",
+            "eval.interval=50",
             "trainer.lr_schedule=cosine",
             "trainer.lr_warmup_steps=5",
             "trainer.min_lr_ratio=0.1",

@@ -40,7 +40,7 @@ def test_a_bf16_run_sends_bf16_versions_and_measures_its_mismatch(services, make
             "trainer.batch_size=8",
             "explorer.batch_size=8",
             "trainer.warmup_sft_steps=10",
-            "trainer.eval_interval=0",
+            "eval.interval=0",
             summary=tmp_path / "s.json",
         ),
         tmp_path,

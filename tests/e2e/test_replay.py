@@ -39,7 +39,7 @@ SMALL = (
     "explorer.batch_size=8",
     "explorer.repeat_times=4",
     "trainer.warmup_sft_steps=0",
-    "trainer.eval_interval=0",
+    "eval.interval=0",
     "trainer.save_interval=0",
 )
 """The example shrunk: 8 groups of 4 per step, no warm-up; the replay uses the same."""

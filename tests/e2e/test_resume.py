@@ -35,7 +35,7 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, make_config, tmp_
     run_id = f"resume-{os.getpid()}-{int(time.time())}"
     common = [
         "trainer.save_interval=15",
-        "trainer.eval_interval=0",
+        "eval.interval=0",
         "trainer.warmup_sft_steps=20",
     ]
     first = start_piped(
@@ -115,7 +115,7 @@ def test_explorer_killed_mid_run_is_restarted_and_nothing_is_lost(services, tmp_
             runs,
             services,
             "explorer.count=2",
-            "trainer.eval_interval=0",
+            "eval.interval=0",
             "trainer.warmup_sft_steps=20",
             "trainer.max_staleness=2",
             summary=tmp_path / "s.json",

@@ -37,7 +37,7 @@ def test_bench_scores_every_checkpoint_and_publishes_them(services, make_config,
             runs,
             services,
             "trainer.save_interval=1",
-            "trainer.eval_interval=1",
+            "eval.interval=1",
             summary=tmp_path / "summary.json",
         ),
         tmp_path,
@@ -91,7 +91,7 @@ def test_a_run_whose_embedded_broker_stopped_gets_its_file_without_publishing(tm
     run_id = f"gone-{tmp_path.name[-10:]}"
     runs = tmp_path / "runs"
     fast = ("trainer.batch_size=8", "explorer.batch_size=8", "trainer.warmup_sft_steps=0")
-    run_ok(run_argv(EXAMPLE, run_id, 1, runs, None, "trainer.eval_interval=0", *fast), tmp_path)
+    run_ok(run_argv(EXAMPLE, run_id, 1, runs, None, "eval.interval=0", *fast), tmp_path)
 
     proc = run_ok(bench_argv(run_id, runs, "--k", "2", "--samples", "3"), tmp_path, 300)
     assert "metrics not published" in proc.stderr and "Traceback" not in proc.stderr

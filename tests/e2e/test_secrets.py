@@ -31,7 +31,7 @@ def test_secrets_from_env_work_and_are_written_nowhere(services, tmp_path):
             3,
             runs,
             None,  # the run starts its own object store, keyed from the environment
-            "trainer.eval_interval=0",
+            "eval.interval=0",
             "trainer.warmup_sft_steps=0",
             f"kafka.bootstrap_servers={services.bootstrap_servers}",
             "monitor.log_level=DEBUG",  # the resolved config is logged at DEBUG

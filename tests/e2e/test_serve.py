@@ -30,7 +30,7 @@ SETTINGS = (
     "trainer.batch_size=3",
     "trainer.max_steps=1",
     "trainer.warmup_sft_steps=0",
-    "trainer.eval_interval=0",
+    "eval.interval=0",
     "trainer.save_interval=0",
 )
 

@@ -63,7 +63,7 @@ def test_the_smollm2_example_runs_on_gsm8k_shaped_parquet(smollm2, tmp_path):
             tmp_path / "runs",
             None,
             f"model.path={model}",
-            "trainer.eval_interval=0",
+            "eval.interval=0",
             "trainer.batch_size=2",
             "explorer.batch_size=2",
             "explorer.repeat_times=4",
@@ -92,8 +92,8 @@ def test_the_one_gpu_recipe_runs_shrunken_on_the_cpu(smollm2, tmp_path):
             "model.device=cpu",
             "model.dtype=float32",
             f"taskset.path={SAMPLE}",
-            f"taskset.eval_path={EVAL_SAMPLE}",  # 48 tasks, evaluated at the first and last step
-            "trainer.eval_interval=0",
+            f"eval.path={EVAL_SAMPLE}",  # 48 tasks, evaluated at the first and last step
+            "eval.interval=0",
             "trainer.batch_size=2",
             "trainer.mini_batch_size=1",
             "trainer.lr_warmup_steps=1",  # of the two steps

@@ -23,11 +23,11 @@ SETTINGS = {
     "trainer": {
         "idle_timeout_s": 4.0,
         "warmup_sft_steps": 0,
-        "eval_interval": 0,
         "save_interval": 0,
         "max_restarts": 0,
     },
     "taskset": {"total_epochs": 1},
+    "eval": {"interval": 0},
 }
 
 

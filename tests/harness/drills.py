@@ -82,7 +82,7 @@ DRILL_OVERRIDES = [
     f"trainer.max_steps={STEPS}",
     "trainer.ppo_epochs=1",
     "trainer.warmup_sft_steps=0",
-    "trainer.eval_interval=0",
+    "eval.interval=0",
     "trainer.save_interval=2",
     "trainer.idle_timeout_s=60",
     # reliability, not learning: nothing is dropped as stale, so every fed task must train

@@ -78,7 +78,7 @@ def run_argv(
     summary: Path | None = None,
 ) -> list[str]:
     """``streamrft run CONFIG --max-steps STEPS --no-progress -o run.dir=RUNS_DIR`` with
-    ``-o`` for each of ``settings`` (``"trainer.eval_interval=0"``...).
+    ``-o`` for each of ``settings`` (``"eval.interval=0"``...).
 
     ``run_id`` None: the run names itself. ``services`` None: the run starts its own broker
     and object store (unless ``settings`` name some). ``explorers``: ``--explorers N``;
@@ -118,7 +118,7 @@ def style_settings(style: str, interval: int, offset: int, staleness: int) -> li
         f"synchronizer.sync_offset={offset}",
         f"trainer.max_staleness={staleness}",
         "trainer.warmup_sft_steps=0",
-        "trainer.eval_interval=0",
+        "eval.interval=0",
         "trainer.save_interval=0",
         "explorer.batch_size=8",
         "trainer.batch_size=8",

@@ -15,7 +15,7 @@ PLAN_MARK = "# `streamrft plan`"
 
 def local_overrides(model: Path) -> list[str]:
     """``-o`` settings that point a recipe at the local sample and ``model``."""
-    settings = [f"model.path={model}", f"taskset.path={SAMPLE}", f"taskset.eval_path={EVAL_SAMPLE}"]
+    settings = [f"model.path={model}", f"taskset.path={SAMPLE}", f"eval.path={EVAL_SAMPLE}"]
     return [arg for s in settings for arg in ("-o", s)]
 
 

@@ -127,11 +127,11 @@ def test_the_node_apps_task_and_group_arrive_as_sent_and_are_trained(
     train += overrides(
         f"run.dir={tmp_path / 'runs'}",
         f"object_store.bucket={cfg.object_store.bucket}",
-        f"taskset.eval_path={eval_set}",
+        f"eval.path={eval_set}",
         "trainer.batch_size=1",
         "trainer.max_steps=1",
         "trainer.warmup_sft_steps=0",
-        "trainer.eval_interval=0",
+        "eval.interval=0",
         "trainer.idle_timeout_s=60",
     )
     run_ok([*train, *service_overrides(services)], tmp_path, timeout=300)

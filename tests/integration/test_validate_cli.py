@@ -36,7 +36,7 @@ def test_each_mistake_is_named_and_a_missing_gpu_only_reported(capsys, tmp_path)
     code, checks = _validate(
         capsys, str(EXAMPLE),
         "-o", "explorer.reward=no_such_reward",
-        "-o", f"taskset.eval_path={bad_eval}",
+        "-o", f"eval.path={bad_eval}",
         "-o", "model.source=path", "-o", f"model.path={folder}",
         "-o", "model.device=cuda:3",
     )  # fmt: skip

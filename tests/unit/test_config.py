@@ -146,10 +146,33 @@ def test_load_config_missing_taskset_file(tmp_path):
 
 def test_load_config_missing_eval_file(tmp_path):
     path = write_config(
-        tmp_path, {"taskset": {"path": "data/tasks.jsonl", "eval_path": "data/eval.jsonl"}}
+        tmp_path, {"taskset": {"path": "data/tasks.jsonl"}, "eval": {"path": "data/eval.jsonl"}}
     )
-    with pytest.raises(ConfigError, match=r"^taskset\.eval_path: "):
+    with pytest.raises(ConfigError, match=r"^eval\.path: .*eval\.jsonl.* does not exist"):
         load_config(path)
+
+
+def test_the_old_eval_fields_still_work_with_a_warning(tmp_path, caplog):
+    """``taskset.eval_path`` and ``trainer.eval_interval`` moved to ``eval.path`` and
+    ``eval.interval``: the old names give the new fields (the path relative to the config
+    file, as before) and a warning naming both; both names at once with different values
+    are refused."""
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data" / "eval.jsonl").write_text('{"id": "e", "prompt": "1+1=", "answer": "2"}\n')
+    old = {"taskset": {"path": "data/tasks.jsonl", "eval_path": "data/eval.jsonl"}}
+    old["trainer"] = {"eval_interval": 7}
+    with caplog.at_level("WARNING", logger="streamrft.infra.config"):
+        cfg = load_config(write_config(tmp_path, old))
+    assert cfg.eval.path == str(tmp_path / "data" / "eval.jsonl")
+    assert cfg.eval.interval == 7
+    said = caplog.text
+    assert "taskset.eval_path is deprecated: it is eval.path now" in said
+    assert "trainer.eval_interval is deprecated: it is eval.interval now" in said
+    same = {**old, "eval": {"interval": 7}}
+    assert load_config(write_config(tmp_path, same)).eval.interval == 7
+    both = {**old, "eval": {"interval": 3}}
+    with pytest.raises(ConfigError, match=r"trainer\.eval_interval: 7 and eval\.interval: 3"):
+        load_config(write_config(tmp_path, both))
 
 
 def test_load_config_missing_file(tmp_path):
@@ -264,7 +287,7 @@ def test_config_round_trips_through_builtins():
 def test_every_example_config_loads_and_its_tasksets_read(name):
     """The examples the README names are valid configs whose task files exist and read."""
     cfg = load_config(ROOT / "examples" / name)
-    for path in filter(None, (cfg.taskset.path, cfg.taskset.eval_path)):
+    for path in filter(None, (cfg.taskset.path, cfg.eval.path)):
         assert read_taskset(path, cfg.taskset), path
     if cfg.model.source == "path":  # a prepared model: `streamrft models prepare ...`
         assert "models/" in cfg.model.path

@@ -46,7 +46,7 @@ def test_auto_counts_as_shared_only_where_torch_sees_a_gpu():
 
 
 def test_shares_that_do_not_fit_name_the_fields():
-    with pytest.raises(ConfigError, match=r"explorer.gpu_memory_utilization: 2 explorer\(s\)"):
+    with pytest.raises(ConfigError, match=r"explorer.gpu_memory_utilization: 2 vLLM engine\(s\)"):
         check_gpu_shares(config(count=2, util=0.4, fraction=0.3))  # 1.1
     with pytest.raises(ConfigError, match=r"trainer.gpu_memory_fraction: required"):
         check_gpu_shares(config(fraction=0.0))
@@ -111,12 +111,12 @@ def test_each_role_takes_its_own_device_else_the_models():
 def test_vllm_shares_only_count_explorers_on_the_trainers_gpu():
     two_gpus = placed(
         model={"device": "cuda"},
-        explorer={"engine": "vllm", "count": 3, "devices": ["cuda:1", "cuda:0"]},
+        explorer={"engine": "vllm", "count": 2, "devices": ["cuda:1", "cuda:0"]},
         trainer={"device": "cuda:0", "gpu_memory_fraction": 0.5},
     )
     assert vllm_shares_gpu(two_gpus) and start_order(two_gpus) == "explorers_first"
     # explorer 1 on cuda:0 (= "cuda", the trainer's): 1 x 0.9 + 0.5 does not fit
-    with pytest.raises(ConfigError, match=r"1 explorer\(s\) x 0.9 \+ .* 'cuda:0'"):
+    with pytest.raises(ConfigError, match=r"1 vLLM engine\(s\) .* x 0.9 \+ .* 'cuda:0'"):
         check_gpu_shares(two_gpus)
     apart = placed(explorer={"engine": "vllm", "device": "cuda:1"}, trainer={"device": "cuda:0"})
     assert not vllm_shares_gpu(apart) and start_order(apart) == "trainer_first"
@@ -205,3 +205,47 @@ def test_trainer_ranks_on_listed_gpus_see_only_theirs(monkeypatch):
 
     plan = make_plan(cfg, 16, None)
     assert [d for n, d, _ in plan.processes if n.startswith("trainer")] == ["cuda:6", "cuda:7"]
+
+
+def test_evaluators_are_placed_and_their_vllm_shares_counted():
+    """An evaluator sits on ``eval.device``, else on the first explorer's device; it samples
+    with ``eval.engine`` (else the explorers'), and a vLLM one takes a share of its GPU like
+    an explorer: beside the trainer, and beside other vLLM engines on another GPU."""
+    from streamrft.app.placement import placement
+    from streamrft.infra.config import for_role, role_device
+
+    cfg = placed(
+        explorer={"engine": "vllm", "devices": ["cuda:0", "cuda:1"], "count": 2},
+        trainer={"device": "cuda:2"},
+        eval={"count": 2},
+    )
+    assert role_device(cfg, "evaluator") == ("cuda:0", "explorer.devices[0]")
+    assert placement(cfg)[-1] == ("evaluator 0,1", "cuda:0", "explorer.devices[0]")
+    # explorer 0 and two evaluators on cuda:0: 3 x 0.9
+    with pytest.raises(ConfigError, match=r"3 vLLM engines .* on cuda:0 x 0.9 = 2.70"):
+        check_gpu_shares(cfg)
+    light = placed(
+        explorer={"engine": "vllm", "device": "cuda:0", "gpu_memory_utilization": 0.4},
+        trainer={"device": "cuda:1"},
+        eval={"count": 1},
+    )
+    check_gpu_shares(light)  # 2 x 0.4 on cuda:0
+    beside = placed(
+        explorer={"engine": "vllm", "device": "cuda:0"},
+        trainer={"device": "cuda:1", "gpu_memory_fraction": 0.5},
+        eval={"count": 1, "device": "cuda:1"},
+    )
+    assert vllm_shares_gpu(beside) and start_order(beside) == "explorers_first"
+    with pytest.raises(ConfigError, match=r"1 vLLM engine\(s\) .* x 0.9 \+ .* 'cuda:1'"):
+        check_gpu_shares(beside)
+    hf = placed(
+        explorer={"engine": "vllm", "device": "cuda:0"},
+        trainer={"device": "cuda:1"},
+        eval={"count": 1, "device": "cuda:1", "engine": "transformers"},
+    )
+    assert not vllm_shares_gpu(hf) and start_order(hf) == "trainer_first"
+    check_gpu_shares(hf)
+    evaluator = for_role(hf, "evaluator")
+    assert (evaluator.model.device, evaluator.explorer.engine) == ("cuda:1", "transformers")
+    assert for_role(hf, "explorer").explorer.engine == "vllm"
+    assert role_device(hf, "evaluator") == ("cuda:1", "eval.device")

@@ -224,7 +224,7 @@ def test_a_run_with_the_vllm_engine_learns(tmp_path):
             None,
             "explorer.engine=vllm",
             "model.num_heads=2",
-            "trainer.eval_interval=20",
+            "eval.interval=20",
             summary=summary_path,
         ),
         tmp_path,
