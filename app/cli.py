@@ -95,13 +95,14 @@ def _placed(cfg: Config, role: str, index: int = 0) -> Config:
     field that chose it). A process on one GPU ``cuda:N`` is shown only that GPU
     (``CUDA_VISIBLE_DEVICES``) and uses it as ``cuda``: vLLM and the broadcast's device
     checks see the GPU the config names, not the first one."""
+    from streamrft.app.placement import engine_gpus
     from streamrft.infra.config import for_role, role_device
     from streamrft.infra.modeling import resolve_device
 
     device, field = role_device(cfg, role, index)
     ranks = role == "trainer" and cfg.trainer.nproc > 1
     if device.startswith("cuda:") and not ranks:
-        device = _only_gpu(device, field)
+        device = _only_gpu(device, field, engine_gpus(cfg, role))
     elif device != "cpu":  # torch only for a GPU
         resolve_device(device, field)
     for i, gpu in enumerate(cfg.trainer.devices if ranks and "RANK" not in os.environ else []):
@@ -114,13 +115,15 @@ def _placed(cfg: Config, role: str, index: int = 0) -> Config:
     )
 
 
-def _only_gpu(spec: str, field: str) -> str:
-    """Show this process only the GPU ``spec`` (``cuda:N``) names, counted among those it
-    sees; ``cuda``, its name inside the process."""
+def _only_gpu(spec: str, field: str, count: int = 1) -> str:
+    """Show this process only the GPU ``spec`` (``cuda:N``) names (and the ``count`` - 1
+    after it: a tensor-parallel vLLM engine's), counted among those it sees; ``cuda``, its
+    name inside the process."""
     from streamrft.app.placement import visible_gpus
     from streamrft.infra.modeling import resolve_device
 
-    os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus([int(spec.split(":")[1])], field)
+    first = int(spec.split(":")[1])
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus(list(range(first, first + count)), field)
     try:
         resolve_device("cuda", field)
     except ConfigError:
@@ -176,7 +179,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from streamrft.producers.evaluator import main
 
     cfg = _placed(_load(args, joining=True), "evaluator")
-    main(cfg, args.index, args.run_goes_on)
+    main(cfg, args.index, args.attempt_started_at)
     return 0
 
 
@@ -501,10 +504,12 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
                 "takes every eval.count-th due version from its index (default 0)",
             )
             sp.add_argument(
-                "--run-goes-on",
-                action="store_true",
-                help="the run is being started or resumed: wait for its next Shutdown even "
-                "when the last one ended it (default: on an ended run, evaluate its last "
+                "--attempt-started-at",
+                type=float,
+                metavar="UNIX_TIME",
+                help="the run (or its resumed attempt) started at this time (`streamrft run` "
+                "passes it): a Shutdown after it ends the evaluator, one before it is an "
+                "earlier attempt's (default: on a run that has ended, evaluate its last "
                 "version and stop)",
             )
         if name == "serve":

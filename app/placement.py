@@ -42,8 +42,8 @@ def placement(cfg: Config) -> list[tuple[str, str, str]]:
     for (device, field), indexes in explorers.items():
         rows.append((f"explorer {','.join(map(str, indexes))}", device, field))
     if cfg.eval.count:
-        indexes = ",".join(map(str, range(cfg.eval.count)))
-        rows.append((f"evaluator {indexes}", *role_device(cfg, "evaluator")))
+        numbers = ",".join(map(str, range(cfg.eval.count)))
+        rows.append((f"evaluator {numbers}", *role_device(cfg, "evaluator")))
     return rows
 
 
@@ -69,14 +69,37 @@ def explorers_on_trainer_gpu(cfg: Config) -> int:
     return sum(1 for d in vllm_devices(cfg) if _gpu(d) in trainer)
 
 
+def engine_gpus(cfg: Config, role: str) -> int:
+    """GPUs one process of ``role`` samples on: ``explorer.tensor_parallel_size`` for a
+    vLLM explorer or evaluator, else 1."""
+    engine = (
+        (cfg.eval.engine or cfg.explorer.engine) if role == "evaluator" else cfg.explorer.engine
+    )
+    vllm = role in ("explorer", "evaluator") and engine == "vllm"
+    return cfg.explorer.tensor_parallel_size if vllm else 1
+
+
+def span(device: str, count: int) -> list[str]:
+    """The devices an engine on ``device`` spanning ``count`` GPUs uses: ``cuda:k`` to
+    ``cuda:k+count-1`` (``cuda`` is ``cuda:0``); ``device`` itself when ``count`` is 1."""
+    if count == 1 or not device.startswith("cuda"):
+        return [device]
+    first = int(device.split(":")[1]) if ":" in device else 0
+    return [f"cuda:{first + r}" for r in range(count)]
+
+
 def vllm_devices(cfg: Config) -> list[str]:
-    """The device of each vLLM engine ``streamrft run`` starts: explorers' and evaluators'
-    (``eval.engine``, else the explorers' engine)."""
+    """The GPU (or CPU) of each vLLM engine ``streamrft run`` starts, one entry per GPU a
+    tensor-parallel engine spans: explorers' and evaluators' (``eval.engine``, else the
+    explorers' engine)."""
     devices = []
     if cfg.explorer.engine == "vllm":
-        devices += [role_device(cfg, "explorer", i)[0] for i in range(cfg.explorer.count)]
+        tp = engine_gpus(cfg, "explorer")
+        for i in range(cfg.explorer.count):
+            devices += span(role_device(cfg, "explorer", i)[0], tp)
     if (cfg.eval.engine or cfg.explorer.engine) == "vllm":
-        devices += [role_device(cfg, "evaluator")[0]] * cfg.eval.count
+        tp = engine_gpus(cfg, "evaluator")
+        devices += span(role_device(cfg, "evaluator")[0], tp) * cfg.eval.count
     return devices
 
 
@@ -134,10 +157,10 @@ def check_gpu_shares(cfg: Config) -> None:
     if not shared:
         return
     t = cfg.trainer
-    where = f"explorer.engine vllm on the trainer's device {role_device(cfg, 'trainer')[0]!r}"
+    where = f"vLLM engines on the trainer's device {role_device(cfg, 'trainer')[0]!r}"
     if t.gpu_memory_fraction == 0:
         raise ConfigError(
-            f"trainer.gpu_memory_fraction: required when vLLM explorers share the trainer's "
+            f"trainer.gpu_memory_fraction: required when vLLM explorers or evaluators share the trainer's "
             f"GPU ({where}); e.g. 0.5 with explorer.gpu_memory_utilization 0.4"
         )
     total = shared * e.gpu_memory_utilization + t.gpu_memory_fraction

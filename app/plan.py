@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamrft.app.placement import physical_device
+from streamrft.app.placement import check_gpu_shares, engine_gpus, physical_device, span
 from streamrft.infra.config import Config, ModelConfig, role_device
 from streamrft.infra.memory_plan import (
     DTYPE_BYTES,
@@ -60,6 +60,9 @@ class Plan:
     device_bytes: int | None
     trainer_share: float = 0.0
     """``trainer.gpu_memory_fraction``: the trainer's cap on its GPU (0: none)."""
+    shares_refused: str | None = None
+    """Why ``streamrft run`` would refuse the vLLM engines' shares of their GPUs
+    (``app.placement.check_gpu_shares``), whatever the byte counts say; None: it would not."""
 
     def by_device(self) -> dict[str, int]:
         """Each device's total (``cuda`` and ``cuda:0`` are one)."""
@@ -80,7 +83,8 @@ class Plan:
         if self.device_bytes is None:
             return None
         size = self.device_bytes
-        return all(t <= size for t in self.by_device().values()) and not self.trainer_over_cap()
+        fit = all(t <= size for t in self.by_device().values()) and not self.trainer_over_cap()
+        return fit and self.shares_refused is None
 
 
 def model_shape(cfg: ModelConfig) -> ModelShape:
@@ -174,26 +178,44 @@ def make_plan(
         where = t.devices[r] if t.devices else _rank(device, r, ranks)
         processes.append((name, where, trainer))
     for i in range(e.count):
-        est = (
-            vllm_estimate(e.gpu_memory_utilization, device_bytes)
-            if e.engine == "vllm"
-            else explorer_estimate(shape, work)
-        )
-        processes.append((f"explorer-{i}", role_device(cfg, "explorer", i)[0], est))
+        processes += _sampler(cfg, "explorer", i, e.engine, shape, work, device_bytes)
     ev = cfg.eval
     reading = dataclasses.replace(
         work,
         rows_sampled=min(ev.batch_size, ev.max_tasks or ev.batch_size),
         response_tokens=ev.max_new_tokens or e.max_new_tokens,
     )
+    engine = ev.engine or e.engine
     for i in range(ev.count):
-        est = (
-            vllm_estimate(e.gpu_memory_utilization, device_bytes, "evaluator")
-            if (ev.engine or e.engine) == "vllm"
-            else explorer_estimate(shape, reading, "evaluator")
-        )
-        processes.append((f"evaluator-{i}", role_device(cfg, "evaluator")[0], est))
-    return Plan(shape, work, processes, device_bytes, t.gpu_memory_fraction)
+        processes += _sampler(cfg, "evaluator", i, engine, shape, reading, device_bytes)
+    try:
+        check_gpu_shares(cfg)
+        refused = None
+    except ConfigError as exc:
+        refused = str(exc)
+    return Plan(shape, work, processes, device_bytes, t.gpu_memory_fraction, refused)
+
+
+def _sampler(
+    cfg: Config,
+    role: str,
+    index: int,
+    engine: str,
+    shape: ModelShape,
+    work: Workload,
+    device_bytes: int | None,
+) -> list[tuple[str, str, Estimate]]:
+    """The rows of explorer (or evaluator) ``index``: one, or one per GPU its vLLM engine
+    spans (``explorer.tensor_parallel_size``), each holding vLLM's share of that GPU."""
+    name = f"{role}-{index}"
+    device = role_device(cfg, role, index)[0]
+    if engine != "vllm":
+        return [(name, device, explorer_estimate(shape, work, role))]
+    share = vllm_estimate(cfg.explorer.gpu_memory_utilization, device_bytes, role)
+    gpus = span(device, engine_gpus(cfg, role))
+    if len(gpus) == 1:
+        return [(name, device, share)]
+    return [(f"{name} tp{r}", gpu, share) for r, gpu in enumerate(gpus)]
 
 
 def _rank(device: str, rank: int, ranks: int) -> str:
@@ -243,6 +265,8 @@ def render(plan: Plan) -> str:
         else:
             verdict = f"of {_gib(size)}: {'fits' if total <= size else 'does NOT fit'}"
         lines.append(f"{device}: {_gib(total)} {verdict}")
+    if plan.shares_refused is not None:
+        lines.append(f"vLLM's shares of the GPUs: does NOT start: {plan.shares_refused}")
     if plan.trainer_over_cap():
         lines.append(
             f"the trainer needs more than its trainer.gpu_memory_fraction "
@@ -272,6 +296,7 @@ def as_json(plan: Plan) -> dict[str, Any]:
         ],
         "devices": plan.by_device(),
         "device_memory": plan.device_bytes,
+        "shares_refused": plan.shares_refused,
         "fits": plan.fits(),
     }
 

@@ -134,6 +134,8 @@ class Supervisor:
         self.config_path: Path | None = None
         self.started_at = 0.0
         """Wall time the children were started: later statuses are this attempt's."""
+        self.eval_failures: list[str] = []
+        """Evaluators that failed after the trainer finished (the run itself succeeded)."""
 
     def _spawn(self, name: str, role_args: list[str], threads: int, config_path: Path) -> None:
         argv = [sys.executable, "-m", "streamrft.app.cli", *role_args, str(config_path)]
@@ -207,6 +209,8 @@ class Supervisor:
         summary["run_dir"] = str(self.cfg.run_dir)
         if failure:
             summary["failure"] = failure
+        if self.eval_failures:
+            summary["evaluation_failures"] = self.eval_failures
         return summary
 
     async def _supervise(self, sinks: list) -> tuple[RunMonitor, str | None]:
@@ -310,7 +314,13 @@ class Supervisor:
             role_args = ["explore", "--index", str(i)]
             self._spawn(f"explorer-{i}", role_args, cfg.explorer.threads, config_path)
         for i in range(cfg.eval.count):
-            role_args = ["evaluate", "--index", str(i), "--run-goes-on"]
+            role_args = [
+                "evaluate",
+                "--index",
+                str(i),
+                "--attempt-started-at",
+                f"{self.started_at}",
+            ]
             self._spawn(f"evaluator-{i}", role_args, cfg.explorer.threads, config_path)
         self._spawn("feeder", ["feed"], 1, config_path)
         if self.trainer_waits:
@@ -377,6 +387,10 @@ class Supervisor:
                 )
                 return
             await asyncio.sleep(0.25)
+        for c in alive:
+            if c.returncode not in (None, 0):  # training succeeded; its evaluation did not
+                self.eval_failures.append(f"{c.name} exited with code {c.returncode}")
+                log.warning("%s failed at the end of the run:\n%s", c.name, c.tail(5))
 
     def _kill_all(self) -> None:
         for child in self.children.values():
@@ -461,7 +475,11 @@ def _eval_line(cfg: Config) -> str:
     if e.count:
         where.append(f"{e.count} evaluator(s), every {e.every_versions}-th version")
     if e.trainer_evaluates:
-        where.append(f"the trainer every {e.interval or 'first and last'} step(s)")
+        where.append(
+            f"the trainer every {e.interval} step(s)"
+            if e.interval
+            else "the trainer, first and last step"
+        )
     return "; ".join(where) or "none (eval.in_trainer false; start `streamrft evaluate`)"
 
 

@@ -81,10 +81,14 @@ def _names(cfg: Config) -> str:
 
     get_reward(cfg.explorer.reward, cfg.explorer.reward_skips_thinking)
     check_engine(cfg.explorer.engine)
+    if cfg.eval.engine is not None:
+        check_engine(cfg.eval.engine, "eval.engine")
     check_train_engine(cfg.trainer.engine)
     check_strategy(resolve_algorithm(cfg).spec)
     return (
-        f"reward {cfg.explorer.reward}, engine {cfg.explorer.engine}, trainer "
+        f"reward {cfg.explorer.reward}, engine {cfg.explorer.engine}"
+        + (f" (evaluators: {cfg.eval.engine})" if cfg.eval.engine else "")
+        + f", trainer "
         f"{cfg.trainer.engine}, algorithm {cfg.algorithm.type}"
     )
 

@@ -278,8 +278,12 @@ class ControlView:
         self.shutdown = asyncio.Event()
         """Set once a Shutdown newer than this process arrives."""
         self.ended_before = False
-        """The newest control event read is a Shutdown from before this process: the run
-        had ended when it started (a resumed run announces versions after it)."""
+        """A Shutdown from before this process came after every version announced so far:
+        the run had ended when it started (a resumed run announces versions after it)."""
+        self.shutdowns_from = self.started_at
+        """A Shutdown older than this (give or take the clock skew) is from an earlier
+        attempt of the run; a process started on behalf of a run attempt that began earlier
+        (an evaluator restarted by ``streamrft run``) sets it to the attempt's start."""
         self._changed = asyncio.Event()
         self._versions: dict[int, ModelVersionReady] = {}
         self._announcements: dict[int, list[ModelVersionReady]] = {}
@@ -400,7 +404,10 @@ class ControlView:
             case Shutdown():
                 # The control topic is read from the beginning, so a resumed run also sees
                 # the Shutdown that ended its previous attempt: only a newer one counts.
-                if event.created_at and event.created_at < self.started_at - SHUTDOWN_CLOCK_SKEW_S:
+                if (
+                    event.created_at
+                    and event.created_at < self.shutdowns_from - SHUTDOWN_CLOCK_SKEW_S
+                ):
                     log.debug("%s: ignoring a Shutdown from before this process", self.component)
                     self.ended_before = True
                     return

@@ -338,6 +338,15 @@ class ExplorerConfig(_Section, frozen=True):
     KV cache (vLLM's own option). Under ``streamrft run`` on one GPU box the explorers
     share the trainer's GPU: keep ``explorer.count`` x this + ``trainer.gpu_memory_fraction``
     within 0.95."""
+    tensor_parallel_size: Pos = 1
+    """``vllm`` engine: GPUs one engine (an explorer's, an evaluator's) splits its model
+    over, vLLM's tensor parallelism. The engine's device names the first of them: on
+    ``cuda:2`` with 2 the engine uses GPUs 2 and 3 (``explorer.devices: [cuda:0, cuda:2]``:
+    two explorers on two GPUs each); on ``cuda``, GPUs 0 to N-1. Each version goes to the
+    engine's worker processes as a safetensors file in the temporary folder (one process
+    loads in place, without a file). Never run on GPUs: tested with vLLM's CPU build (there,
+    on a machine with one NUMA node, set ``VLLM_CPU_OMP_THREADS_BIND`` to one CPU list per
+    worker, e.g. ``0-7|8-15``)."""
     simulated_seconds_per_token: NonNegF = 0.0
     """``simulated`` engine only: seconds it sleeps per generated token (a rollout batch of
     ``repeat_times`` x ``max_new_tokens`` tokens per task costs that many times this)."""
@@ -1066,7 +1075,19 @@ def for_role(cfg: Config, role: str, index: int = 0) -> Config:
 def validate(cfg: Config) -> None:
     """Rules that relate several fields, checked once at start-up."""
     _check_taskset(cfg.taskset)
+    tp = cfg.explorer.tensor_parallel_size
+    if tp > 1 and "vllm" not in {cfg.explorer.engine, cfg.eval.engine}:
+        raise ConfigError(
+            f"explorer.tensor_parallel_size: {tp}, but only the vllm engine splits a model over "
+            f"GPUs (explorer.engine: {cfg.explorer.engine})"
+        )
     e = cfg.eval
+    if e.count and cfg.synchronizer.method == "nccl":
+        raise ConfigError(
+            "eval.count: an evaluator takes versions from the store or a folder, and "
+            "synchronizer.method nccl broadcasts them to the explorers only; use auto or "
+            "object_store (auto: shared memory on one host, the store for the others)"
+        )
     if e.pass_k and e.sample_count < e.pass_k:
         raise ConfigError(
             f"eval.samples: {e.samples} responses per task cannot give pass@{e.pass_k}; "

@@ -30,7 +30,7 @@ from streamrft.infra.config import Config
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.evaluation import EvalSuite
 from streamrft.producers.policy import followed_policy, start_sampler
-from streamrft.schemas.errors import SyncError, SyncTimeout
+from streamrft.schemas.errors import ConfigError, SyncError, SyncTimeout
 from streamrft.schemas.events import RunState
 
 log = logging.getLogger(__name__)
@@ -67,17 +67,28 @@ def due_version(
 
 
 class Evaluator:
-    """``resumed``: the run goes on (``streamrft run`` starts it beside a trainer), so a
-    Shutdown from before this process does not end it."""
+    """``attempt_started_at``: the Unix time the run's attempt this evaluator serves began
+    (``streamrft run`` passes it; a restarted evaluator keeps it): a Shutdown after it ends
+    the evaluator, an earlier one is from a previous attempt. None (by hand): a Shutdown
+    after this process started ends it, and a run that had ended before is taken as ended
+    (its last version is evaluated)."""
 
-    def __init__(self, cfg: Config, index: int = 0, resumed: bool = False) -> None:
+    def __init__(
+        self, cfg: Config, index: int = 0, attempt_started_at: float | None = None
+    ) -> None:
+        from streamrft.producers.engines import check_engine
+
         self.cfg = cfg
         self.index = index
-        self.resumed = resumed
+        self.attempt_started_at = attempt_started_at
+        check_engine(cfg.explorer.engine, "eval.engine" if cfg.eval.engine else "explorer.engine")
+        if cfg.synchronizer.method == "nccl":
+            raise ConfigError(
+                "synchronizer.method nccl broadcasts versions to the explorers only: an "
+                "evaluator cannot follow them; use auto or object_store"
+            )
         self.group = max(1, cfg.eval.count)
         if index >= self.group:
-            from streamrft.schemas.errors import ConfigError
-
             raise ConfigError(
                 f"--index {index}: the run has eval.count {cfg.eval.count} evaluator(s), "
                 f"numbered 0 to {self.group - 1}"
@@ -91,6 +102,8 @@ class Evaluator:
         self.counters = Counters()
         self.events = EventSender(cfg, self.name, "evaluator", self.counters, self._position)
         self.view = ControlView(cfg, self.name, self.events.dead_letter)
+        if attempt_started_at is not None:
+            self.view.shutdowns_from = attempt_started_at
         torch.set_num_threads(cfg.explorer.threads)
         policy = followed_policy(cfg, self.name, self.view, self.events, self.counters, self.stop)
         self.engine, self.prompts, self.follower = policy.engine, policy.prompts, policy.follower
@@ -111,7 +124,9 @@ class Evaluator:
         """The run's Shutdown came, or the run had ended before this process started (an
         evaluator started on a finished run evaluates its last version, then stops)."""
         return self.view.shutdown.is_set() or (
-            not self.resumed and self.view.caught_up.is_set() and self.view.ended_before
+            self.attempt_started_at is None
+            and self.view.caught_up.is_set()
+            and self.view.ended_before
         )
 
     def _next(self) -> tuple[int | None, int]:
@@ -156,9 +171,11 @@ class Evaluator:
                         "a new version",
                     )
                 continue
-            if not await self.follower.apply_version(version):
+            event = self.view.versions.get(version)  # retired meanwhile: gone from the view
+            applied = await self.follower.apply_version(version)
+            if not applied and self.stop.is_set():
                 return
-            if self.follower.version != version:  # not loadable now: choose again soon
+            if self.follower.version != version or event is None:  # choose again soon
                 failing_since = failing_since or time.monotonic()
                 waited = time.monotonic() - failing_since
                 if ended and waited > self.cfg.synchronizer.sync_timeout:
@@ -179,12 +196,12 @@ class Evaluator:
                     skipped,
                     version,
                 )
-            await self.evaluate(version)
+            await self.evaluate(version, event.step)
 
-    async def evaluate(self, version: int) -> None:
-        """Evaluate the weights held (``version``) and publish the result."""
-        event = self.view.versions[version]
-        self.step = event.step
+    async def evaluate(self, version: int, step: int) -> None:
+        """Evaluate the weights held (``version``, taken after trainer step ``step``) and
+        publish the result."""
+        self.step = step
         await self.events.status(RunState.RUNNING, f"evaluating version {version}")
         e = self.cfg.eval
         result = await asyncio.to_thread(
@@ -200,10 +217,10 @@ class Evaluator:
             "%s: version %d (step %d): %s",
             self.name,
             version,
-            event.step,
+            step,
             ", ".join(f"{k} {v:.3f}" for k, v in values.items() if k.startswith("eval/")),
         )
 
 
-def main(cfg: Config, index: int = 0, resumed: bool = False) -> None:
-    asyncio.run(Evaluator(cfg, index, resumed).run())
+def main(cfg: Config, index: int = 0, attempt_started_at: float | None = None) -> None:
+    asyncio.run(Evaluator(cfg, index, attempt_started_at).run())

@@ -61,13 +61,14 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def check_engine(name: str) -> EngineFactory:
-    """The factory registered as ``name``; a :class:`ConfigError` naming the known ones if none."""
+def check_engine(name: str, field: str = "explorer.engine") -> EngineFactory:
+    """The factory registered as ``name``; a :class:`ConfigError` naming ``field`` and the
+    known ones if none."""
     try:
         module, factory = ENGINES[name].split(":")
     except KeyError:
         raise ConfigError(
-            f"explorer.engine: unknown engine {name!r}; known: {', '.join(ENGINES)}"
+            f"{field}: unknown engine {name!r}; known: {', '.join(ENGINES)}"
         ) from None
     where = module if "." in module else f"{__name__}.{module}"  # dotted: outside this package
     return getattr(importlib.import_module(where), factory)

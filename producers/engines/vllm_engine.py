@@ -20,7 +20,10 @@ into vLLM's model in place: full weights through the worker's
 ``reload_weights`` (the model's ``load_weights``, then vLLM's repacking for its kernels),
 called with ``LLM.collective_rpc`` on the engine core in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no tensor is ever pickled to a worker process), a
-LoRA adapter as a new versioned ``LoRARequest`` read from a PEFT folder.
+LoRA adapter as a new versioned ``LoRARequest`` read from a PEFT folder. With
+``explorer.tensor_parallel_size`` above 1 vLLM's workers are processes of their own: a
+version is written once as a safetensors file in the engine's temporary folder, and each
+worker reloads from it (``reload_weights`` with ``weights_path``), taking its shard.
 
 vLLM is imported when the engine is built, never at module import: the package works
 without it, and selecting the engine without it raises an ImportError that says what to
@@ -158,6 +161,10 @@ class VLLMEngine:
     def __init__(self, model: torch.nn.Module, tokenizer, **llm_options: Any) -> None:
         vllm = _VLLM()
         self.model = model
+        self.workers = int(llm_options.get("tensor_parallel_size", 1))
+        """vLLM's tensor-parallel workers: above 1 they are processes of their own, and a
+        version reaches them as a file (:meth:`load_weights`)."""
+        self._version_file: Path | None = None
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
         self._vllm = vllm
@@ -257,13 +264,36 @@ class VLLMEngine:
         apply_state_dict(self.model, tensors)
         # vLLM's in-place reload: checkpoint-format tensors through the model's own
         # load_weights, then its kernel repacking again (the CPU GEMMs repack weights).
-        self.llm.collective_rpc(
-            "reload_weights",
-            kwargs={"weights_iterator": base_weights(self.model), "is_checkpoint_format": True},
-        )
+        if self.workers > 1:  # worker processes: each reads the file, takes its shard
+            folder = self._write_version(version)
+            kwargs: dict[str, Any] = {"weights_path": str(folder), "is_checkpoint_format": True}
+        else:  # the worker is in this process: the tensors go in as they are
+            kwargs = {"weights_iterator": base_weights(self.model), "is_checkpoint_format": True}
+        self.llm.collective_rpc("reload_weights", kwargs=kwargs)
         self.llm.reset_prefix_cache()
         if is_peft(self.model):
             self._push_adapter()
+
+    def _write_version(self, version: int) -> Path:
+        """The mirror's base weights as ``version-<v>/model.safetensors`` in the engine's
+        folder (a tensor shared by two names, tied embeddings, written once), the previous
+        version's folder removed."""
+        from safetensors.torch import save_file
+
+        folder = self._dir / f"version-{version}"
+        folder.mkdir(exist_ok=True)
+        seen: set[int] = set()
+        unique = {}
+        for name, tensor in base_weights(self.model):
+            if tensor.data_ptr() in seen:
+                continue
+            seen.add(tensor.data_ptr())
+            unique[name] = tensor.detach().contiguous()
+        save_file(unique, str(folder / "model.safetensors"))
+        previous, self._version_file = self._version_file, folder
+        if previous is not None and previous != folder:
+            shutil.rmtree(previous, ignore_errors=True)
+        return folder
 
     def load_adapter(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """A LoRA adapter version: into the mirror, then a new ``LoRARequest`` for it."""
@@ -299,8 +329,13 @@ def make_vllm_engine(model: torch.nn.Module, tokenizer, cfg: ExplorerConfig) -> 
     The torch mirror versions are received into moves to host memory first, so the GPU
     holds vLLM's copy only (what ``app/placement.py`` counts)."""
     on_gpu = next(model.parameters()).device.type == "cuda"
-    options = {"gpu_memory_utilization": cfg.gpu_memory_utilization}
+    options: dict[str, Any] = {}
     if on_gpu:
+        options["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         model.to("cpu")
         torch.cuda.empty_cache()
-    return VLLMEngine(model, tokenizer, **(options if on_gpu else {}))
+    if cfg.tensor_parallel_size > 1:
+        options.update(
+            tensor_parallel_size=cfg.tensor_parallel_size, distributed_executor_backend="mp"
+        )
+    return VLLMEngine(model, tokenizer, **options)

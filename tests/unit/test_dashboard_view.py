@@ -300,3 +300,20 @@ def test_the_staleness_histogram_keeps_totals_not_every_step():
     assert view.snapshot()["staleness"] == [[0, 2.0 * steps]]
     view.apply("metrics", metrics("trainer", steps, T0 + steps + 1, train__staleness_groups_0=5.0))
     assert view.snapshot()["staleness"] == [[0, 2.0 * steps + 3.0]]  # the redone step replaced
+
+
+def test_evaluators_points_arriving_late_take_their_place_in_the_eval_curve():
+    """Two evaluators (or the trainer and one) report steps out of order: each point goes
+    where its step is, none erases the later ones; the trainer's own redo still does."""
+    view = RunView(run="r")
+    for component, step, acc in (
+        ("evaluator-0", 0, 0.1),
+        ("evaluator-0", 4, 0.5),
+        ("evaluator-1", 2, 0.3),  # late: between 0 and 4
+        ("evaluator-1", 4, 0.55),  # the same step again: replaces it
+        ("evaluator-0", 6, 0.7),
+    ):
+        view.apply("metrics", metrics(component, step, T0 + step, eval__accuracy=acc))
+    assert view.snapshot()["curves"]["eval_accuracy"] == [[0, 0.1], [2, 0.3], [4, 0.55], [6, 0.7]]
+    view.apply("metrics", metrics("trainer", 3, T0 + 9, eval__accuracy=0.4))  # a resumed trainer
+    assert view.snapshot()["curves"]["eval_accuracy"] == [[0, 0.1], [2, 0.3], [3, 0.4]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import msgspec
 import pytest
 
 from streamrft.app.cli import main
@@ -186,3 +187,62 @@ def test_cuda_and_cuda_0_are_one_gpu_and_the_trainer_cap_counts():
     assert make_plan(cfg, 16, int(trainer * 1.5)).fits() is False  # over half: its cap
     cpu = from_dict({"taskset": {"path": "x.jsonl"}, "trainer": {"nproc": 2}})
     assert [d for _, d, _ in make_plan(cpu, 16, None).processes][:2] == ["cpu", "cpu"]
+
+
+def test_evaluators_and_tensor_parallel_engines_have_their_rows():
+    """An evaluator is an explorer's estimate at its own rows and lengths (``eval.batch_size``
+    sequences, or fewer eval tasks; ``eval.max_new_tokens``); a vLLM engine spanning N GPUs
+    has a row with vLLM's share on each of them."""
+    cfg = from_dict(
+        {
+            "taskset": {"path": "x.jsonl"},
+            "explorer": {"count": 1, "batch_size": 4, "repeat_times": 2, "max_new_tokens": 8},
+            "eval": {"count": 2, "max_tasks": 5, "max_new_tokens": 6},
+        }
+    )
+    plan = make_plan(cfg, prompt_tokens=24, device_bytes=GIB)
+    rows = {n: e for n, _, e in plan.processes}
+    assert list(rows) == ["trainer", "explorer-0", "evaluator-0", "evaluator-1"]
+    shape = plan.shape
+    reading = replace(plan.work, rows_sampled=5, response_tokens=6)
+    assert rows["evaluator-1"] == explorer_estimate(shape, reading, "evaluator")
+    kv = 2 * shape.layers * shape.kv_width * 4 * 5 * (24 + 6)  # float32, 5 rows, 30 tokens
+    assert rows["evaluator-0"].parts["kv_cache"] == kv
+    vllm = from_dict(
+        {
+            "taskset": {"path": "x.jsonl"},
+            "model": {"device": "cuda"},
+            "explorer": {
+                "engine": "vllm",
+                "device": "cuda:2",
+                "tensor_parallel_size": 2,
+                "gpu_memory_utilization": 0.5,
+            },
+            "trainer": {"device": "cuda:0"},
+        }
+    )
+    plan = make_plan(vllm, prompt_tokens=24, device_bytes=GIB)
+    assert [(n, d, e.total) for n, d, e in plan.processes[1:]] == [
+        ("explorer-0 tp0", "cuda:2", GIB // 2),
+        ("explorer-0 tp1", "cuda:3", GIB // 2),
+    ]
+
+
+def test_a_plan_whose_vllm_shares_run_would_refuse_does_not_fit():
+    """Bytes may fit while vLLM's fixed shares do not (``explorer.gpu_memory_utilization``
+    per engine + the trainer's cap on one GPU): plan says so, as ``streamrft run`` would."""
+    cfg = from_dict(
+        {
+            "taskset": {"path": "x.jsonl"},
+            "model": {"device": "cuda"},
+            "explorer": {"engine": "vllm", "gpu_memory_utilization": 0.35},
+            "trainer": {"gpu_memory_fraction": 0.55},
+            "eval": {"count": 1},
+        }
+    )
+    plan = make_plan(cfg, prompt_tokens=24, device_bytes=80 * GIB)
+    assert all(total <= 80 * GIB for total in plan.by_device().values())
+    assert "2 vLLM engine(s) (explorers, evaluators) x 0.35" in plan.shares_refused
+    assert plan.fits() is False
+    alone = make_plan(from_dict({**msgspec.to_builtins(cfg), "eval": {"count": 0}}), 24, 80 * GIB)
+    assert alone.shares_refused is None and alone.fits() is True

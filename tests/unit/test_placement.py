@@ -249,3 +249,55 @@ def test_evaluators_are_placed_and_their_vllm_shares_counted():
     assert (evaluator.model.device, evaluator.explorer.engine) == ("cuda:1", "transformers")
     assert for_role(hf, "explorer").explorer.engine == "vllm"
     assert role_device(hf, "evaluator") == ("cuda:1", "eval.device")
+
+
+def test_a_tensor_parallel_vllm_engine_spans_gpus_from_its_device(monkeypatch):
+    """``explorer.tensor_parallel_size`` N: a vLLM explorer (or evaluator) on ``cuda:k`` is
+    shown GPUs k to k+N-1 and takes vLLM's share on each; the shares of engines whose spans
+    meet are added up; any other engine with N above 1 is refused."""
+    import os
+
+    from streamrft.app import cli
+    from streamrft.app.placement import engine_gpus, span, vllm_devices
+
+    monkeypatch.setattr("streamrft.infra.modeling.resolve_device", lambda spec, field: None)
+    cfg = placed(
+        explorer={
+            "engine": "vllm",
+            "count": 2,
+            "devices": ["cuda:0", "cuda:2"],
+            "tensor_parallel_size": 2,
+            "gpu_memory_utilization": 0.8,
+        },
+        trainer={"device": "cuda:4"},
+        eval={"count": 1, "engine": "transformers", "device": "cuda:4"},
+    )
+    assert engine_gpus(cfg, "explorer") == 2 and engine_gpus(cfg, "evaluator") == 1
+    assert engine_gpus(cfg, "trainer") == 1
+    assert span("cuda:2", 2) == ["cuda:2", "cuda:3"] and span("cuda", 3)[-1] == "cuda:2"
+    assert span("cpu", 2) == ["cpu"]
+    assert vllm_devices(cfg) == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    check_gpu_shares(cfg)  # one engine on each GPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "10,11,12,13,14")
+    assert cli._placed(cfg, "explorer", 1).model.device == "cuda"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "12,13"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "10,11,12,13,14")
+    cli._placed(cfg, "evaluator")  # the transformers evaluator: one GPU
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "14"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "10,11,12")  # cuda:2 and cuda:3: one missing
+    with pytest.raises(ConfigError, match=r"explorer.devices\[1\]: 'cuda:3' but only 3 GPU"):
+        cli._placed(cfg, "explorer", 1)
+    overlap = placed(
+        explorer={
+            "engine": "vllm",
+            "count": 2,
+            "devices": ["cuda:0", "cuda:1"],
+            "tensor_parallel_size": 2,
+            "gpu_memory_utilization": 0.8,
+        },
+        trainer={"device": "cuda:4"},
+    )
+    with pytest.raises(ConfigError, match=r"2 vLLM engines .* on cuda:1 x 0.8"):
+        check_gpu_shares(overlap)
+    with pytest.raises(ConfigError, match=r"explorer.tensor_parallel_size: 2, but only the vllm"):
+        placed(explorer={"tensor_parallel_size": 2})

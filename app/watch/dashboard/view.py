@@ -113,6 +113,25 @@ class Curve:
             self.points = self.points[::2]
             self.stride *= 2
 
+    def insert(self, x: float, y: float) -> None:
+        """A point that may come late (of one of several sources along one x): past the
+        newest it goes in by :meth:`add`; before it, put in its place (replacing one at the same
+        x), nothing after it dropped."""
+        if self.newest is None or x > self.newest[0]:
+            self.add(x, y)
+            return
+        if not (math.isfinite(x) and math.isfinite(y)):
+            return
+        self.count += 1
+        if x == self.newest[0]:
+            self.newest = (x, y)
+        kept = [p for p in self.points if p[0] != x]
+        at = next((i for i, p in enumerate(kept) if p[0] > x), len(kept))
+        self.points = [*kept[:at], (x, y), *kept[at:]]
+        if len(self.points) > self.max_points:
+            self.points = self.points[::2]
+            self.stride *= 2
+
     def shown(self) -> list[list[float]]:
         out = [[x, y] for x, y in self.points]
         if self.newest is not None and (not out or out[-1][0] != self.newest[0]):
@@ -261,7 +280,10 @@ class RunView:
             if series is not None:
                 series.add(ev.step, values["explorer/reward_mean"])
         if "eval/accuracy" in values:
-            self.eval_accuracy.add(ev.step, values["eval/accuracy"])
+            if ev.component.startswith("evaluator-"):  # several, each behind the trainer
+                self.eval_accuracy.insert(ev.step, values["eval/accuracy"])
+            else:  # the trainer: a step redone after a resume replaces what followed
+                self.eval_accuracy.add(ev.step, values["eval/accuracy"])
         if "train/step_seconds" in values:
             self.step_seconds.add(ev.step, values["train/step_seconds"])
         if "explorer/groups" in values and ev.created_at > 0:
