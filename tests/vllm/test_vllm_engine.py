@@ -159,42 +159,6 @@ def test_load_weights_changes_the_samples_in_place(tiny, engine):
     assert engine.greedy(ids, 4) == before
 
 
-def test_a_tensor_parallel_engine_samples_as_one_and_takes_versions_from_a_file(
-    tiny, engine, monkeypatch
-):
-    """``explorer.tensor_parallel_size`` 2 on vLLM's CPU build: two worker processes split
-    the model and answer greedily as the one-process engine does; a version reaches them
-    as a file (each reloads its shard from it), so weights trained to answer "7" make it
-    answer "7", the original weights put back answer as before, and each version's file
-    replaces the one before."""
-    from streamrft.infra.config import ExplorerConfig
-    from streamrft.producers.engines.vllm_engine import make_vllm_engine
-
-    model, tokenizer = tiny
-    import vllm.envs
-
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one NUMA node: bind by hand
-    vllm.envs.disable_envs_cache()  # the first engine cached the environment it saw
-    ids = prompt_ids(tokenizer, PROMPTS)
-    cfg = ExplorerConfig(engine="vllm", tensor_parallel_size=2)
-    split = make_vllm_engine(copy.deepcopy(model), tokenizer, cfg)
-    try:
-        assert split.workers == 2
-        before = split.greedy(ids, 4)
-        assert before == engine.greedy(ids, 4)
-        sevens = trained_to_answer(model, tokenizer, "7")
-        t0 = time.perf_counter()
-        split.load_weights(1, unique_state_dict(sevens))
-        print(f"\nload_weights over 2 workers (a file): {time.perf_counter() - t0:.3f} s")
-        assert split.greedy(ids, 4) == ["7"] * len(PROMPTS)
-        split.load_weights(2, unique_state_dict(model))
-        assert split.greedy(ids, 4) == before
-        assert [p.name for p in split._dir.glob("version-*")] == ["version-2"]
-    finally:
-        split.llm.llm_engine.engine_core.shutdown()
-        split.close()
-
-
 def test_bench_pushes_each_checkpoint_into_the_one_engine(tiny, engine, tmp_path):
     """What ``streamrft bench`` does per checkpoint (``consumers.checkpoint.load_weights``
     with the engine as the target): vLLM's own weights change, so a checkpoint trained to
@@ -285,3 +249,43 @@ def test_a_run_with_the_vllm_engine_learns(tmp_path):
     (log,) = (tmp_path / "runs").glob("*/logs/explorer-0.log")
     applied = re.findall(r"explorer-0: applied version \d+ \((\w+)\)", log.read_text())
     assert applied and set(applied) == {"shared"}, applied
+
+
+def test_a_tensor_parallel_engine_samples_as_one_and_takes_versions_from_a_file(
+    tiny, monkeypatch
+):
+    """``explorer.tensor_parallel_size`` 2 on vLLM's CPU build: two worker processes split
+    the model and answer greedily as the transformers engine does on the same weights; a version reaches them
+    as a file (each reloads its shard from it), so weights trained to answer "7" make it
+    answer "7", the original weights put back answer as before, and each version's file
+    replaces the one before. Last in this file: shutting its workers down tears down vLLM's
+    process-wide parallel state, which an engine built after it in this process would need."""
+    from streamrft.infra.config import ExplorerConfig
+    from streamrft.producers.engines.vllm_engine import make_vllm_engine
+
+    model, tokenizer = tiny
+    import vllm.envs
+
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one NUMA node: bind by hand
+    vllm.envs.disable_envs_cache()  # the first engine cached the environment it saw
+    ids = prompt_ids(tokenizer, PROMPTS)
+    from streamrft.producers.engines import TransformersEngine
+
+    one = TransformersEngine(model, tokenizer).greedy(ids, 4)
+    cfg = ExplorerConfig(engine="vllm", tensor_parallel_size=2)
+    split = make_vllm_engine(copy.deepcopy(model), tokenizer, cfg)
+    try:
+        assert split.workers == 2
+        before = split.greedy(ids, 4)
+        assert before == one
+        sevens = trained_to_answer(model, tokenizer, "7")
+        t0 = time.perf_counter()
+        split.load_weights(1, unique_state_dict(sevens))
+        print(f"\nload_weights over 2 workers (a file): {time.perf_counter() - t0:.3f} s")
+        assert split.greedy(ids, 4) == ["7"] * len(PROMPTS)
+        split.load_weights(2, unique_state_dict(model))
+        assert split.greedy(ids, 4) == before
+        assert [p.name for p in split._dir.glob("version-*")] == ["version-2"]
+    finally:
+        split.llm.llm_engine.engine_core.shutdown()
+        split.close()

@@ -1,10 +1,11 @@
 """The one place that says what a metric is called in each exporter, and on which step axis.
 
 A metric is a ``(component, key)`` pair: the component that measured it (``trainer``,
-``explorer-0``, ``explorer-1``, ``bench``, ``serve``...) and the key of its
+``explorer-0``, ``evaluator-0``, ``bench``, ``serve``...) and the key of its
 ``MetricsEvent.values`` (``train/loss``, ``explorer/reward_mean``, ``bench/pass@4``...).
 Every value is plotted against its component's own step (``MetricsEvent.step``): the
-trainer's optimizer step, an explorer's step, the bench's checkpoint step. Components
+trainer's optimizer step, an explorer's step, the bench's checkpoint step, the trainer
+step of the version an evaluator evaluated. Components
 never share an axis, so explorers that run at different speeds do not interleave.
 
 How components are told apart:
