@@ -251,9 +251,7 @@ def test_a_run_with_the_vllm_engine_learns(tmp_path):
     assert applied and set(applied) == {"shared"}, applied
 
 
-def test_a_tensor_parallel_engine_samples_as_one_and_takes_versions_from_a_file(
-    tiny, monkeypatch
-):
+def test_a_tensor_parallel_engine_samples_as_one_and_takes_versions_from_a_file(tiny, monkeypatch):
     """``explorer.tensor_parallel_size`` 2 on vLLM's CPU build: two worker processes split
     the model and answer greedily as the transformers engine does on the same weights; a version reaches them
     as a file (each reloads its shard from it), so weights trained to answer "7" make it
