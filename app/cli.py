@@ -48,12 +48,16 @@ from streamrft.app.process import EXIT_CONFIG, EXIT_STALLED, setup_logging
 from streamrft.app.replay_source import add_replay_arguments
 from streamrft.app.tasks import add_tasks_parser
 from streamrft.schemas.errors import ConfigError, Stalled, StreamRFTError
+from streamrft.schemas.topics import TopicNames
 
 if TYPE_CHECKING:
     from streamrft.infra.config import Config
 
 log = logging.getLogger("streamrft")
 DEFAULT_INFRA_DIR = "runs/infra"
+RECORD_WAIT_S = 300.0
+"""How long a process joining by ``--run-id`` and ``--bootstrap`` waits for the run's
+record (its trainer publishes it when it starts)."""
 
 
 def _version() -> str:
@@ -79,6 +83,10 @@ def _load(args: argparse.Namespace, joining: bool):
         overrides.append(f"explorer.count={args.explorers}")
     if getattr(args, "nproc", None) is not None:
         overrides.append(f"trainer.nproc={args.nproc}")
+    if args.config is None:  # a run defined by its id and its broker
+        cfg = _from_record(args, overrides)
+        setup_logging(cfg.monitor.log_level)
+        return cfg
     cfg = load_config(args.config, overrides)
     if joining and not (args.run_id or cfg.run.id):
         raise StreamRFTError("--run-id is required (the run to join); `streamrft run` prints it")
@@ -86,6 +94,36 @@ def _load(args: argparse.Namespace, joining: bool):
     setup_logging(cfg.monitor.log_level)
     if found:
         log.info("broker / object store of %s", found)
+    return cfg
+
+
+def _from_record(args: argparse.Namespace, overrides: list[str]) -> Config:
+    """The config of the run ``--run-id`` names, read from its record on the broker
+    ``--bootstrap`` names (``infra/run_record.py``), with this process's overrides; a feeder
+    also checks its task files against the record's fingerprints."""
+    from streamrft.infra.config import with_run_id
+    from streamrft.infra.run_record import (
+        check_fingerprints,
+        config_of_record,
+        fetch_record,
+        joining_kafka,
+    )
+
+    bootstrap = getattr(args, "bootstrap", None)
+    if not (args.run_id and bootstrap):
+        raise ConfigError(
+            "give the run's config file, or --run-id and --bootstrap HOST:PORT to read the "
+            "run's definition from its broker"
+        )
+    setup_logging()
+    kafka = joining_kafka(bootstrap, overrides)
+    topics = TopicNames(kafka.topic_prefix, args.run_id)
+    log.info("reading run %s's definition from the broker %s", args.run_id, bootstrap)
+    record = asyncio.run(fetch_record(kafka, topics, wait_s=RECORD_WAIT_S))
+    cfg = config_of_record(record, [*overrides, f"kafka.bootstrap_servers={bootstrap}"])
+    cfg = with_run_id(cfg, args.run_id)
+    if args.command == "feed":
+        check_fingerprints(cfg, record)
     return cfg
 
 
@@ -156,6 +194,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg, replay = prepare_replay(_load(args, joining=True), args)  # replay: --from-* flags
     cfg = _placed(cfg, "trainer")
+    if "RANK" not in os.environ:  # the launcher (or the one process), not a rank
+        from streamrft.app.run_record import publish_record
+
+        asyncio.run(publish_record(cfg))
     if cfg.trainer.nproc > 1:  # this process launches the ranks, or is one of them
         from streamrft.app.launch import launch_trainer, run_trainer_rank
 
@@ -432,8 +474,24 @@ def _where_runs_are(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
 
 
-def _with_config(sp: argparse.ArgumentParser, run_id_help: str) -> None:
-    sp.add_argument("config", help="YAML config file (see examples/)")
+def _with_config(sp: argparse.ArgumentParser, run_id_help: str, joins: bool = False) -> None:
+    """CONFIG, ``--run-id`` and ``-o``; ``joins``: a process that joins a run, whose CONFIG
+    may be left out for ``--bootstrap`` (the run's definition read from its broker)."""
+    if joins:
+        sp.add_argument(
+            "config",
+            nargs="?",
+            help="YAML config file; leave it out to read the run's own from its broker "
+            "(--run-id and --bootstrap)",
+        )
+        sp.add_argument(
+            "--bootstrap",
+            metavar="HOST:PORT",
+            help="the run's broker, where its definition is read when no CONFIG is given "
+            "(credentials from STREAMRFT_S3_* / STREAMRFT_KAFKA_*)",
+        )
+    else:
+        sp.add_argument("config", help="YAML config file (see examples/)")
     sp.add_argument("--run-id", metavar="ID", help=run_id_help)
     sp.add_argument(
         "-o",
@@ -487,6 +545,7 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
             "the run to join (required unless the config sets run.id; `streamrft run` prints it)"
             if name != "feed"
             else "the run to publish the taskset to (required unless the config sets run.id)",
+            joins=name != "train",
         )
         if name == "explore":
             sp.add_argument(

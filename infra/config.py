@@ -1217,7 +1217,8 @@ def _validate_store_tls(s: ObjectStoreConfig) -> None:
         raise ConfigError("object_store.cert_check: only used with object_store.secure: true")
 
 
-def _parse_override(text: str) -> tuple[list[str], Any]:
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``key.path=value`` as (the keys, the value read as YAML)."""
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected key.path=value")
     key, raw = text.split("=", 1)
@@ -1283,6 +1284,22 @@ def load_config(
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r}: top level must be a mapping")
+    return config_from_data(data, path.resolve().parent, overrides, needs_secrets, repr(str(path)))
+
+
+def config_from_data(
+    data: dict[str, Any],
+    base: Path,
+    overrides: list[str] | None = None,
+    needs_secrets: bool | tuple[str, ...] = True,
+    source: str = "the config",
+    check_files: bool = True,
+) -> Config:
+    """:func:`load_config` past reading the file: credentials from the environment,
+    overrides, paths relative to ``base``, redacted secrets, the fields' rules; with
+    ``check_files``, the task files must exist (a process that never reads them, an
+    explorer joining from another host, passes False). ``source`` names the config in
+    errors."""
     for var, (section, key) in ENV_CREDENTIALS.items():
         if os.environ.get(var):
             if data.get(section) is None:
@@ -1291,14 +1308,14 @@ def load_config(
                 raise ConfigError(f"{section}: expected a mapping")
             data[section][key] = os.environ[var]
     for item in overrides or []:
-        keys, value = _parse_override(item)
+        keys, value = parse_override(item)
         node = data
         for k in keys[:-1]:
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {k} is not a section")
         node[keys[-1]] = value
-    resolve_paths(data, path.resolve().parent)
+    resolve_paths(data, base)
     for section, key in _secret_fields():
         if (data.get(section) or {}).get(key) == REDACTED:
             if needs_secrets is not True and section not in (needs_secrets or ()):
@@ -1306,8 +1323,10 @@ def load_config(
                 data[section][key] = UNUSED_SECRET
                 continue
             var = next(v for v, field in ENV_CREDENTIALS.items() if field == (section, key))
-            raise ConfigError(f"{section}.{key}: redacted in {str(path)!r}; set {var}")
+            raise ConfigError(f"{section}.{key}: redacted in {source}; set {var}")
     cfg = from_dict(data)
+    if not check_files:
+        return cfg
     for field, value in (
         ("taskset.path", cfg.taskset.path),
         ("eval.path", cfg.eval.path),

@@ -76,7 +76,26 @@ class VersionsRetired(msgspec.Struct, tag="versions_retired", kw_only=True):
     """Unix time of the retirement."""
 
 
-ControlEvent = ModelVersionReady | Shutdown | SyncRequest | VersionsRetired
+class RunDefined(msgspec.Struct, tag="run_defined", kw_only=True):
+    """What the run is: its resolved configuration, published on its control topic by the
+    trainer when it starts, so that a process joining with only the run id and the broker
+    (``--run-id ID --bootstrap HOST:PORT``) needs no file of the run's."""
+
+    config_yaml: str
+    """The resolved config as YAML, secrets read ``***`` (a joiner takes its own from the
+    environment)."""
+    fingerprints: dict[str, str] = {}
+    """The field naming each task file or folder of the run (``taskset.path``,
+    ``taskset.sources[0].path``, ``eval.path``) -> ``sha256:<hex>`` of its bytes: a feeder
+    elsewhere checks its copy against it."""
+    store_uri: str = ""
+    """Where the same record lies in the object store (``s3://<bucket>/<run>/run.yaml``);
+    empty when the run has no store."""
+    created_at: float = 0.0
+    """Unix time of publication; the newest one is the run's."""
+
+
+ControlEvent = ModelVersionReady | Shutdown | SyncRequest | VersionsRetired | RunDefined
 
 
 class RunState(str, enum.Enum):
@@ -237,6 +256,19 @@ def validate_control(event: ControlEvent) -> ControlEvent:
             check_id(event.explorer, f"{what}: explorer")
             if event.min_version < 0:
                 raise SchemaError(f"{what}: min_version {event.min_version} < 0")
+        case RunDefined():
+            what = "run_defined"
+            if not event.config_yaml.strip():
+                raise SchemaError(f"{what}: an empty config")
+            if len(event.fingerprints) > limits.MAX_RUN_FILES or any(
+                len(k) > limits.MAX_URI_CHARS or len(v) > 128 for k, v in event.fingerprints.items()
+            ):
+                raise SchemaError(
+                    f"{what}: at most {limits.MAX_RUN_FILES} fingerprints of paths up to "
+                    f"{limits.MAX_URI_CHARS} characters"
+                )
+            if len(event.store_uri) > limits.MAX_URI_CHARS:
+                raise SchemaError(f"{what}: store_uri of {len(event.store_uri)} characters")
         case VersionsRetired():
             what = "versions_retired"
             if len(event.versions) > limits.MAX_RETIRED_PER_EVENT:

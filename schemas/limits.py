@@ -35,6 +35,8 @@ trained group, so 4 MiB holds a step of 20,000+ groups."""
 MAX_ID_CHARS = 1024
 """Ids and names (group, experience, task, run, component, workflow)."""
 MAX_URI_CHARS = 4096
+MAX_RUN_FILES = 256
+"""Task files a run's record fingerprints at most (``RunDefined``)."""
 """``ModelVersionReady.uri``."""
 MAX_EXPERIENCES_PER_GROUP = 1024
 """Same bound as ``explorer.repeat_times``."""

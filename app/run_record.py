@@ -1,0 +1,80 @@
+"""The run's record, published when its trainer starts (``infra/run_record.py`` says what
+it holds and how a joining process reads it): topics made if missing, the record written to
+the object store (``s3://<bucket>/<run>/run.yaml``) when the run has one, then announced on
+the control topic."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+import yaml
+
+from streamrft.app.resume import resume_conflicts
+from streamrft.infra import admin
+from streamrft.infra.bus import EventSender
+from streamrft.infra.config import Config
+from streamrft.infra.run_record import RECORD_NAME, fetch_record, make_record, record_text
+from streamrft.schemas.errors import ConfigError, SyncError
+from streamrft.schemas.events import RunDefined
+
+log = logging.getLogger(__name__)
+
+
+async def publish_record(cfg: Config) -> RunDefined:
+    """Make the run's topics if no process has (idempotent); refuse a resume that changes
+    a field the run must keep, whichever host defined it (``app/resume.py``, against the
+    newest record on the broker); then write and announce the record. A store that cannot
+    take it is a warning: the control topic still carries it."""
+    await admin.ensure_topics(cfg.kafka, cfg.topics(), cfg.explorer.count)
+    check_against_record(cfg, await newest_record(cfg))
+    record = await asyncio.to_thread(make_record, cfg)  # reads the task files through
+    if cfg.object_store.endpoint:
+        try:
+            record.store_uri = await asyncio.to_thread(_store, cfg, record)
+        except SyncError as exc:
+            log.warning("the run's record was not written to the object store: %s", exc)
+    async with EventSender(cfg, "trainer", "trainer") as sender:
+        await sender.control(record)
+    log.info(
+        "run %s defined on its control topic%s: join with --run-id %s --bootstrap %s",
+        cfg.run.id,
+        f" and at {record.store_uri}" if record.store_uri else "",
+        cfg.run.id,
+        cfg.kafka.bootstrap_servers,
+    )
+    return record
+
+
+async def newest_record(cfg: Config) -> RunDefined | None:
+    """The run's newest record on its broker, None for a new run."""
+    try:
+        return await fetch_record(cfg.kafka, cfg.topics())
+    except ConfigError:
+        return None
+
+
+def check_against_record(cfg: Config, previous: RunDefined | None) -> None:
+    """A :class:`ConfigError` naming each field of :data:`FIXED_ON_RESUME` that ``cfg``
+    changes from the run's record."""
+    if previous is None:
+        return
+    conflicts = resume_conflicts(
+        yaml.safe_load(previous.config_yaml) or {}, msgspec.to_builtins(cfg)
+    )
+    if conflicts:
+        raise ConfigError(
+            f"run {cfg.run.id} is defined on its broker and cannot resume with a changed "
+            + "; ".join(conflicts)
+            + " (keep these fields, or start a new run id)"
+        )
+
+
+def _store(cfg: Config, record: RunDefined) -> str:
+    from streamrft.sync.object_store import S3Store
+
+    store = S3Store(cfg.object_store, create_bucket=True)
+    key = f"{cfg.run.id}/{RECORD_NAME}"
+    store.put(key, record_text(record).encode(), "text/yaml")
+    return store.uri(key)

@@ -1,0 +1,165 @@
+"""A run defined by its id and its broker: the record a joining process reads instead of a
+file of the run's.
+
+The trainer publishes a :class:`~streamrft.schemas.events.RunDefined` on the run's control
+topic when it starts (the resolved config, secrets ``***``; a fingerprint of each task
+file), and writes the same record to the object store (``<run>/run.yaml``; the app layer
+does that part). A process started elsewhere with ``--run-id ID --bootstrap HOST:PORT`` and
+no config (:func:`fetch_record`, :func:`config_of_record`) takes the newest record, its
+credentials from its own environment, and its local ``-o`` overrides (device, engine,
+threads, a task file's local path...). A feeder checks its task files against the
+record's fingerprints (:func:`check_fingerprints`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from streamrft.infra.config import (
+    ENV_CREDENTIALS,
+    Config,
+    KafkaConfig,
+    config_from_data,
+    parse_override,
+    to_yaml,
+)
+from streamrft.infra.consume import read_history
+from streamrft.schemas.codec import CONTROL
+from streamrft.schemas.errors import ConfigError
+from streamrft.schemas.events import RunDefined
+from streamrft.schemas.topics import TopicNames
+
+RECORD_NAME = "run.yaml"
+"""The record's name under the run's prefix in the object store."""
+CHUNK = 1 << 20
+
+
+def fingerprint(path: str | Path) -> str:
+    """``sha256:<hex>`` of a file's bytes, or of a folder's files (each one's path relative
+    to the folder and its bytes, in name order)."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+        with open(file, "rb") as f:
+            while chunk := f.read(CHUNK):
+                digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def task_files(cfg: Config) -> dict[str, str]:
+    """The task files and folders ``cfg`` reads, by the field naming each:
+    ``taskset.path`` or ``taskset.sources[i].path``, and ``eval.path``."""
+    files = {"taskset.path": cfg.taskset.path} if cfg.taskset.path else {}
+    files.update({f"taskset.sources[{i}].path": s.path for i, s in enumerate(cfg.taskset.sources)})
+    if cfg.eval.path:
+        files["eval.path"] = cfg.eval.path
+    return files
+
+
+def make_record(cfg: Config, store_uri: str = "") -> RunDefined:
+    """The record of run ``cfg`` (its task files fingerprinted: read through once)."""
+    return RunDefined(
+        config_yaml=to_yaml(cfg),
+        fingerprints={
+            field: fingerprint(path)
+            for field, path in task_files(cfg).items()
+            if Path(path).exists()
+        },
+        store_uri=store_uri,
+        created_at=time.time(),
+    )
+
+
+def record_text(record: RunDefined) -> str:
+    """The record as the store keeps it: the config, then its fingerprints as comments."""
+    lines = [f"# {field}: {digest}" for field, digest in record.fingerprints.items()]
+    head = "# streamrft run record: the resolved config (secrets ***) and its task files\n"
+    return head + "".join(f"{line}\n" for line in lines) + record.config_yaml
+
+
+def joining_kafka(bootstrap: str, overrides: list[str] | None = None) -> KafkaConfig:
+    """The broker settings a joining process reads the record with: ``bootstrap``, the
+    ``kafka.*`` of ``overrides`` (a topic prefix, TLS or SASL settings) and the credentials
+    of the environment (``STREAMRFT_KAFKA_*``)."""
+    data: dict[str, Any] = {}
+    for var, (section, key) in ENV_CREDENTIALS.items():
+        if section == "kafka" and os.environ.get(var):
+            data[key] = os.environ[var]
+    for item in overrides or []:
+        keys, value = parse_override(item)
+        if keys[0] == "kafka" and len(keys) == 2:
+            data[keys[1]] = value
+    data["bootstrap_servers"] = bootstrap
+    try:
+        return msgspec.convert(data, KafkaConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"kafka: {exc}") from exc
+
+
+async def fetch_record(kafka: KafkaConfig, topics: TopicNames, wait_s: float = 0.0) -> RunDefined:
+    """The newest record on the run's control topic, waiting up to ``wait_s`` for one to
+    appear (a run whose trainer has not started yet); a :class:`ConfigError` saying what to
+    do when there is none."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        events = await read_history(kafka, topics.control, CONTROL, "streamrft-run-record")
+        records = [ev for ev in events if isinstance(ev, RunDefined)]
+        if records:
+            return max(records, key=lambda r: r.created_at)
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"run {topics.run}: no record of it on the broker {kafka.bootstrap_servers} "
+                f"(topic {topics.control}): its trainer publishes one when it starts; check "
+                "the run id and the broker, or give the run's config file"
+            )
+        await asyncio.sleep(2.0)
+
+
+def config_of_record(
+    record: RunDefined,
+    overrides: list[str] | None = None,
+    base: Path | None = None,
+    check_files: bool = False,
+) -> Config:
+    """The run's config from its record: credentials from this process's environment
+    (``STREAMRFT_S3_*``, ``STREAMRFT_KAFKA_*``), then ``overrides`` (relative paths taken
+    from ``base``, the working folder by default)."""
+    try:
+        data = yaml.safe_load(record.config_yaml)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"the run's record is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError("the run's record: top level must be a mapping")
+    return config_from_data(
+        data,
+        base or Path.cwd(),
+        overrides,
+        source="the run's record (its secrets are not in it)",
+        check_files=check_files,
+    )
+
+
+def check_fingerprints(cfg: Config, record: RunDefined) -> None:
+    """A :class:`ConfigError` naming the field when a task file ``cfg`` reads is missing
+    here or differs from the one the run was defined with (a copy under another path is
+    given with ``-o taskset.path=...``: it is compared by field, not by path)."""
+    for field, path in task_files(cfg).items():
+        if not Path(path).exists():
+            raise ConfigError(f"{field}: {path!r} does not exist here; give its local copy with -o")
+        recorded = record.fingerprints.get(field)
+        if recorded is not None and fingerprint(path) != recorded:
+            raise ConfigError(
+                f"{field}: {path!r} is not the run's task file: its sha256 differs from the one "
+                "the run was defined with (another version of the data?)"
+            )
