@@ -88,7 +88,8 @@ def _write_durably(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _point_latest(root: Path, name: str) -> None:
+def point_latest(root: Path, name: str) -> None:
+    """Make ``latest`` in ``root`` name the checkpoint folder ``name`` (durably)."""
     replace_durably(root / "latest", name.encode())
 
 
@@ -142,7 +143,7 @@ def save_checkpoint(
         os.replace(final, aside)
     os.replace(tmp, final)
     fsync_path(root)
-    _point_latest(root, final.name)
+    point_latest(root, final.name)
     _prune(root, state.step, keep)
     return final
 

@@ -304,15 +304,14 @@ class ExperienceIntake:
         self.starved = starved
         await self.events.status(detail="waiting for experiences" if starved else "")
 
-    async def commit(self) -> None:
-        """Commit the buffer's resume offsets (after a checkpoint that holds them); a
-        replay commits nothing (it has no group; the checkpoint holds them)."""
+    async def commit(self, resume: dict[tuple[str, int], int] | None = None) -> None:
+        """Commit ``resume`` offsets (a checkpoint's, once it is durable; None: the
+        buffer's now); a replay commits nothing (it has no group; the checkpoint holds
+        them)."""
         if self.replay is not None:
             return
-        offsets = {
-            TopicPartition(t, p): OffsetAndMetadata(o, "")
-            for (t, p), o in self.buffer.resume_offsets().items()
-        }
+        chosen = self.buffer.resume_offsets() if resume is None else resume
+        offsets = {TopicPartition(t, p): OffsetAndMetadata(o, "") for (t, p), o in chosen.items()}
         if not offsets:
             return
         try:

@@ -28,6 +28,7 @@ from aiokafka.errors import KafkaError
 
 from streamrft.consumers.algorithms import resolve_algorithm
 from streamrft.consumers.buffer import ExperienceBuffer
+from streamrft.consumers.checkpoint_store import CheckpointStore, CheckpointUploads
 from streamrft.consumers.expert_data import ExpertSource
 from streamrft.consumers.intake import ExperienceIntake
 from streamrft.consumers.poison import GroupLimits, InFlight, step_failure
@@ -42,7 +43,7 @@ from streamrft.infra.consume import Record
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.infra.taskset import read_training_set
 from streamrft.schemas.codec import EXPERIENCE_GROUP
-from streamrft.schemas.errors import SchemaError, Stalled, StreamRFTError, SyncError
+from streamrft.schemas.errors import ConfigError, SchemaError, Stalled, StreamRFTError, SyncError
 from streamrft.schemas.events import RunState, Shutdown, TrainedGroup, VersionsRetired
 from streamrft.schemas.experience import ExperienceGroup
 from streamrft.sync.publisher import VersionPublisher, announced_floor
@@ -108,6 +109,8 @@ class Trainer:
         )
         self._failed_in_a_row = 0
         self.publisher: VersionPublisher | None = None  # made once the model is final
+        self.uploads: CheckpointUploads | None = None
+        """Checkpoints on their way to the store (``trainer.checkpoint_store``)."""
         self._blocked_s = 0.0
         self._retired: set[int] = set()
         """Versions this trainer announced retired (its view may not have read it yet)."""
@@ -189,6 +192,8 @@ class Trainer:
         stack.push_async_callback(self._report_stopped)
         await self.view.start()
         stack.push_async_callback(self.view.stop)
+        if self.cfg.stores_checkpoints:
+            await self._open_checkpoint_store()
         ckpt = self.engine.latest() if self.tcfg.resume else None
         if ckpt is None and self.tcfg.warmup_sft_steps:
             await self._warmup()
@@ -475,15 +480,50 @@ class Trainer:
         )
 
     async def checkpoint(self) -> None:
+        """Save a checkpoint; its offsets are committed once it is durable: at once on the
+        local disk, or once its upload to the store is complete (it goes on in the
+        background)."""
         # the last version announced: a checkpoint never names one still on its way
         announced = self.publisher.announced if self.publisher is not None else -1
         state = self.buffer.state(
             step=self.step, version=announced, counters=self.counters.snapshot()
         )
         path = await asyncio.to_thread(self.engine.save, state)
-        await self.intake.commit()
         self.counters.add("checkpoints")
         log.info("trainer: checkpoint %s", path)
+        if self.uploads is None:
+            await self.intake.commit(state.resume_offsets())
+        else:
+            self.uploads.submit(path, state)
+
+    async def _open_checkpoint_store(self) -> None:
+        """The run's checkpoints in the store, and the newest of them fetched when it is
+        newer than the local one (a trainer on another host than the last). A store that
+        cannot be read is a warning: the trainer goes on from what it has locally."""
+        if not self.cfg.object_store.endpoint:
+            raise ConfigError(
+                "trainer.checkpoint_store: object_store, but the run has no object store "
+                "(object_store.endpoint); use local"
+            )
+        try:
+            store = await asyncio.to_thread(CheckpointStore, self.cfg)
+        except SyncError as exc:
+            log.warning("trainer: checkpoints stay local, the store cannot be used: %s", exc)
+            return
+        self.uploads = CheckpointUploads(store, self._checkpoint_durable)
+        if not self.tcfg.resume:
+            return
+        try:
+            await asyncio.to_thread(store.fetch_newer, self.cfg.run_dir / "checkpoints")
+        except SyncError as exc:  # IntegrityError included: nothing was installed
+            self.counters.add("checkpoint_fetch_failures")
+            log.warning(
+                "trainer: the store's newest checkpoint not fetched (%s); local ones only", exc
+            )
+
+    async def _checkpoint_durable(self, state: TrainerState) -> None:
+        await self.intake.commit(state.resume_offsets())
+        self.counters.add("checkpoints_stored")
 
     def _restore(self, state: TrainerState, path) -> None:
         self.step = state.step

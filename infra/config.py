@@ -558,7 +558,14 @@ class TrainerConfig(_Section, frozen=True):
     keep_checkpoints: NonNeg = 3
     """Checkpoints kept in ``<run dir>/checkpoints`` (0: all): once a new one is complete,
     older ones beyond this many are deleted, except a folder holding a file named ``keep``
-    (create it by hand to keep that checkpoint)."""
+    (create it by hand to keep that checkpoint). The same number is kept in the store."""
+    checkpoint_store: Literal["auto", "local", "object_store"] = "auto"
+    """Where checkpoints live besides ``<run dir>/checkpoints``: ``object_store`` uploads
+    each to ``s3://<bucket>/<run id>/checkpoints/`` in the background (the trainer trains
+    on; the offsets it holds are committed once it is complete there), and a trainer
+    started on any host resumes from the store's newest complete checkpoint when it is
+    newer than its own; ``local``: the trainer's disk only; ``auto``: ``object_store``
+    when the run has one (``object_store.endpoint``)."""
     dedup_window: Pos = 100_000
     """Most recent experience ids the trainer remembers to drop duplicates (8 bytes each, in
     memory and in every checkpoint). A copy that arrives more than this many ids after its
@@ -930,6 +937,12 @@ class Config(_Section, frozen=True):
         if not self.run.id:
             raise ConfigError("run.id: not resolved (call with_run_id first)")
         return TopicNames(self.kafka.topic_prefix, self.run.id)
+
+    @property
+    def stores_checkpoints(self) -> bool:
+        """Whether checkpoints go to the object store (``trainer.checkpoint_store``)."""
+        where = self.trainer.checkpoint_store
+        return where == "object_store" or (where == "auto" and bool(self.object_store.endpoint))
 
     @property
     def run_dir(self) -> Path:
