@@ -35,15 +35,6 @@ from streamrft.schemas.errors import IntegrityError, SyncError
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-CHUNK = 1 << 20
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _step_of(name: str) -> int | None:
@@ -69,18 +60,23 @@ class CheckpointStore:
         manifest's uri. Raises :class:`SyncError` when the store fails."""
         files = {}
         for path in sorted(p for p in folder.iterdir() if p.is_file()):
-            size = path.stat().st_size
-            files[path.name] = {"size": size, "sha256": _sha256(path)}
             key = self._key(folder.name, path.name)
-            if size == 0:
-                self.store.put(key, b"", "application/octet-stream")
-                continue
-            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                view = memoryview(m)
-                try:
-                    self.store.write(key, [view], "application/octet-stream")
-                finally:
-                    view.release()
+            with open(path, "rb") as f:  # hashed and sent from one open file: they agree
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    self.store.put(key, b"", "application/octet-stream")
+                    files[path.name] = {"size": 0, "sha256": hashlib.sha256(b"").hexdigest()}
+                    continue
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                    view = memoryview(m)
+                    try:
+                        files[path.name] = {
+                            "size": size,
+                            "sha256": hashlib.sha256(view).hexdigest(),
+                        }
+                        self.store.write(key, [view], "application/octet-stream")
+                    finally:
+                        view.release()
         manifest = {
             "step": state.step,
             "version": state.version,

@@ -364,6 +364,8 @@ class Trainer:
         if not self.cfg.eval.interval or self.step % self.cfg.eval.interval:
             await self.evaluate()
         await self.checkpoint()
+        if self.uploads is not None:  # the last checkpoint complete in the store
+            await self.uploads.drain()
         if not self.stop.is_set():  # its copies for other hosts (auto's store lane) too,
             await self.publisher.drain()  # unless a signal leaves no time for them
         await self.events.metrics(
