@@ -193,11 +193,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from streamrft.app.replay_source import prepare_replay
 
     cfg, replay = prepare_replay(_load(args, joining=True), args)  # replay: --from-* flags
-    cfg = _placed(cfg, "trainer")
     if "RANK" not in os.environ:  # the launcher (or the one process), not a rank
         from streamrft.app.run_record import publish_record
 
+        # the run as configured, before this process's placement: a joiner places itself
         asyncio.run(publish_record(cfg))
+    cfg = _placed(cfg, "trainer")
     if cfg.trainer.nproc > 1:  # this process launches the ranks, or is one of them
         from streamrft.app.launch import launch_trainer, run_trainer_rank
 

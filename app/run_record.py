@@ -15,8 +15,14 @@ from streamrft.app.resume import resume_conflicts
 from streamrft.infra import admin
 from streamrft.infra.bus import EventSender
 from streamrft.infra.config import Config
-from streamrft.infra.run_record import RECORD_NAME, fetch_record, make_record, record_text
-from streamrft.schemas.errors import ConfigError, SyncError
+from streamrft.infra.run_record import (
+    RECORD_NAME,
+    differing_task_files,
+    fetch_record,
+    make_record,
+    record_text,
+)
+from streamrft.schemas.errors import ConfigError, ServiceError, SyncError
 from streamrft.schemas.events import RunDefined
 
 log = logging.getLogger(__name__)
@@ -33,7 +39,7 @@ async def publish_record(cfg: Config) -> RunDefined:
     if cfg.object_store.endpoint:
         try:
             record.store_uri = await asyncio.to_thread(_store, cfg, record)
-        except SyncError as exc:
+        except (SyncError, ServiceError) as exc:
             log.warning("the run's record was not written to the object store: %s", exc)
     async with EventSender(cfg, "trainer", "trainer") as sender:
         await sender.control(record)
@@ -57,12 +63,26 @@ async def newest_record(cfg: Config) -> RunDefined | None:
 
 def check_against_record(cfg: Config, previous: RunDefined | None) -> None:
     """A :class:`ConfigError` naming each field of :data:`FIXED_ON_RESUME` that ``cfg``
-    changes from the run's record."""
+    changes from the run's record. Where the files lie is each host's own business: a task
+    file is compared by its bytes (when it is here), the model by its shape when the
+    checkpoint loads."""
     if previous is None:
         return
-    conflicts = resume_conflicts(
-        yaml.safe_load(previous.config_yaml) or {}, msgspec.to_builtins(cfg)
-    )
+    before = yaml.safe_load(previous.config_yaml) or {}
+    mine = msgspec.to_builtins(cfg)
+    for tree in (before, mine):
+        tree.get("model", {}).pop("path", None)
+        tree.get("taskset", {}).pop("path", None)
+        for source in tree.get("taskset", {}).get("sources", []) or []:
+            source.pop("path", None)
+    differ = differing_task_files(cfg, previous)
+    if differ:
+        raise ConfigError(
+            f"run {cfg.run.id} is defined on its broker with other task files than "
+            + "; ".join(differ)
+            + " (use the run's files, or start a new run id)"
+        )
+    conflicts = resume_conflicts(before, mine)
     if conflicts:
         raise ConfigError(
             f"run {cfg.run.id} is defined on its broker and cannot resume with a changed "

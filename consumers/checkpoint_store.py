@@ -28,6 +28,7 @@ from typing import Any
 
 from streamrft.consumers.checkpoint import KEEP_MARKER, latest_checkpoint, point_latest
 from streamrft.consumers.state import TrainerState
+from streamrft.infra.bus import Counters
 from streamrft.infra.config import Config
 from streamrft.infra.durable import fsync_path
 from streamrft.schemas.errors import IntegrityError, SyncError
@@ -56,11 +57,13 @@ class CheckpointStore:
 
     # -- up ----------------------------------------------------------------------------------
     def upload(self, folder: Path, state: TrainerState) -> str:
-        """Every file of the checkpoint ``folder``, then its manifest; returns the
-        manifest's uri. Raises :class:`SyncError` when the store fails."""
+        """Every file of the checkpoint ``folder`` (named ``step_N``, or a staging folder
+        for it: ``step``), then its manifest; returns the manifest's uri. Raises
+        :class:`SyncError` when the store fails."""
+        step_dir = f"step_{state.step:08d}"
         files = {}
         for path in sorted(p for p in folder.iterdir() if p.is_file()):
-            key = self._key(folder.name, path.name)
+            key = self._key(step_dir, path.name)
             with open(path, "rb") as f:  # hashed and sent from one open file: they agree
                 size = os.fstat(f.fileno()).st_size
                 if size == 0:
@@ -83,29 +86,42 @@ class CheckpointStore:
             "files": files,
             "created_at": time.time(),
         }
-        key = self._key(folder.name, MANIFEST)
+        key = self._key(step_dir, MANIFEST)
         self.store.put(key, json.dumps(manifest, indent=1).encode(), "application/json")
         return self.store.uri(key)
 
     def prune(self) -> None:
-        """Delete the stored checkpoints older than the newest ``keep`` complete ones, except
-        those holding a ``keep`` file; each manifest first, so that none is ever read half
-        deleted."""
-        if self.keep == 0:
-            return
+        """Delete the stored checkpoints older than the newest ``keep`` complete ones,
+        except those holding a ``keep`` file (each manifest first, so that none is ever
+        read half deleted), and the files of uploads that never completed below the
+        newest complete one."""
         complete = sorted(self.complete())
-        for step, manifest in complete[: max(len(complete) - self.keep, 0)]:
+        if not complete:
+            return
+        newest = complete[-1][0]
+        doomed = [] if self.keep == 0 else complete[: max(len(complete) - self.keep, 0)]
+        for step, manifest in doomed:
             if KEEP_MARKER in manifest["files"]:
                 continue
             step_dir = f"step_{step:08d}"
             self.store.remove(self._key(step_dir, MANIFEST))
             self.store.remove(f"{self.prefix}/{step_dir}/")
+        done = {step for step, _ in complete}
+        for step in self._steps():
+            if step < newest and step not in done:  # an upload cut short: never to be read
+                self.store.remove(f"{self.prefix}/step_{step:08d}/")
+
+    def remove_unfinished(self) -> int:
+        """Abort the multipart uploads a killed trainer left (their parts take space)."""
+        return self.store.remove_leftovers(f"{self.prefix}/")
 
     # -- down --------------------------------------------------------------------------------
     def complete(self) -> list[tuple[int, dict[str, Any]]]:
         """(step, manifest) of every complete checkpoint in the store."""
         out = []
-        for name in self._manifests():
+        for name in self._objects():
+            if not name.endswith(f"/{MANIFEST}"):
+                continue
             step = _step_of(name.split("/")[-2])
             if step is None:
                 continue
@@ -117,31 +133,43 @@ class CheckpointStore:
             out.append((step, manifest))
         return out
 
-    def _manifests(self) -> list[str]:
+    def _steps(self) -> set[int]:
+        steps = set()
+        for name in self._objects():
+            if name.endswith("/"):  # a folder marker some gateways list (JuiceFS): no data
+                continue
+            step = _step_of(name[len(self.prefix) + 1 :].split("/")[0])
+            if step is not None:
+                steps.add(step)
+        return steps
+
+    def _objects(self) -> list[str]:
         from streamrft.sync.object_store import store_error
 
         try:
             objects = self.store.client.list_objects(
                 self.store.cfg.bucket, prefix=f"{self.prefix}/", recursive=True
             )
-            return [o.object_name for o in objects if o.object_name.endswith(f"/{MANIFEST}")]
+            return [o.object_name for o in objects]
         except Exception as exc:  # minio's and urllib3's errors: the store cannot be read
             raise store_error(f"listing s3://{self.store.cfg.bucket}/{self.prefix}/", exc) from exc
 
     def fetch_newer(self, root: Path) -> Path | None:
-        """Download the store's newest complete checkpoint into ``root`` (made ``latest``)
-        when the local one is older or missing; returns it, or None when the local one is
-        as new. A file whose size or sha256 differs from its manifest is an
-        :class:`IntegrityError`: nothing is installed."""
+        """Download the store's newest complete checkpoint that is newer than the local one
+        into ``root`` (made ``latest``); returns it, or None when the local one is as new
+        (or none in the store is usable). A checkpoint with a file whose size or sha256
+        differs from its manifest is skipped with a warning (nothing of it installed) and
+        the next older one tried."""
         local = latest_checkpoint(root)
         local_step = _step_of(local.name.removesuffix(".prev")) if local is not None else None
-        stored = self.complete()
-        if not stored:
-            return None
-        step, manifest = max(stored, key=lambda item: item[0])
-        if local_step is not None and local_step >= step:
-            return None
-        return self._download(root, step, manifest)
+        for step, manifest in sorted(self.complete(), key=lambda item: -item[0]):
+            if local_step is not None and local_step >= step:
+                return None
+            try:
+                return self._download(root, step, manifest)
+            except IntegrityError as exc:
+                log.warning("trainer: %s; trying an older checkpoint", exc)
+        return None
 
     def _download(self, root: Path, step: int, manifest: dict[str, Any]) -> Path:
         name = f"step_{step:08d}"
@@ -149,18 +177,22 @@ class CheckpointStore:
         tmp = root / f".tmp_{name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        for file, meta in manifest["files"].items():
-            data = self.store.get(self._key(name, file))
-            if len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise IntegrityError(
-                    f"checkpoint {name} in the store: {file} is not what its manifest says "
-                    f"({len(data)} bytes, sha256 differs or size {meta['size']} expected)"
-                )
-            with open(tmp / file, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+        try:
+            for file, meta in manifest["files"].items():
+                if "/" in file or file.startswith(".") or not file:
+                    raise IntegrityError(f"checkpoint {name} in the store: file name {file!r}")
+                with open(tmp / file, "wb") as out:
+                    digest = self.store.download_to(self._key(name, file), meta["size"], out)
+                    out.flush()
+                    os.fsync(out.fileno())
+                if digest != meta["sha256"]:
+                    raise IntegrityError(
+                        f"checkpoint {name} in the store: {file} is not what its manifest says "
+                        "(sha256 differs)"
+                    )
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         fsync_path(tmp)
         final = root / name
         shutil.rmtree(final, ignore_errors=True)
@@ -171,51 +203,104 @@ class CheckpointStore:
         return final
 
 
+STAGING = ".upload_"
+"""Prefix of the folder a checkpoint's files are linked into while they upload: local
+retention may delete the checkpoint folder meanwhile, the links keep the files."""
+RETRIES = 3
+"""Tries of one upload before it is given up (a newer checkpoint is tried afresh)."""
+RETRY_S = 5.0
+STOP_DRAIN_S = 10.0
+"""How long a trainer stopped by a signal waits for its last upload."""
+
+
+def stage(folder: Path) -> Path:
+    """Hard links to ``folder``'s files in a staging folder beside it (same file system:
+    no copy), which nothing but the upload deletes."""
+    staged = folder.parent / f"{STAGING}{folder.name}"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir()
+    for path in folder.iterdir():
+        if path.is_file():
+            os.link(path, staged / path.name)
+    return staged
+
+
 class CheckpointUploads:
     """The trainer's uploads, one at a time in a thread while it trains on: a checkpoint
     made while one uploads waits; a newer one replaces a waiting one (only the newest
     matters). ``on_durable(state)`` runs on the event loop once a checkpoint is complete
-    in the store (the trainer commits its offsets then)."""
+    in the store (the trainer commits its offsets then). A failed upload is tried again
+    (:data:`RETRIES`) unless a newer checkpoint is waiting; failures are counted in
+    ``counters`` (``checkpoint_upload_failures``) and logged."""
 
     def __init__(
-        self, store: CheckpointStore, on_durable: Callable[[TrainerState], Awaitable[None]]
+        self,
+        store: CheckpointStore,
+        on_durable: Callable[[TrainerState], Awaitable[None]],
+        counters: Counters,
     ) -> None:
         self.store = store
         self.on_durable = on_durable
+        self.counters = counters
         self._waiting: tuple[Path, TrainerState] | None = None
         self._task: asyncio.Task[None] | None = None
-        self.uploaded = 0
-        self.failures = 0
-        self.last_error: SyncError | None = None
 
     def submit(self, folder: Path, state: TrainerState) -> None:
-        self._waiting = (folder, state)
+        staged = stage(folder)
+        if self._waiting is not None:
+            shutil.rmtree(self._waiting[0], ignore_errors=True)
+        self._waiting = (staged, state)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._work(), name="checkpoint-upload")
 
     async def _work(self) -> None:
         while self._waiting is not None:
-            folder, state = self._waiting
+            staged, state = self._waiting
             self._waiting = None
+            try:
+                await self._upload(staged, state)
+            finally:
+                shutil.rmtree(staged, ignore_errors=True)
+
+    async def _upload(self, staged: Path, state: TrainerState) -> None:
+        for attempt in range(1, RETRIES + 1):
             t0 = time.perf_counter()
             try:
-                uri = await asyncio.to_thread(self.store.upload, folder, state)
-                await asyncio.to_thread(self.store.prune)
-            except (SyncError, OSError) as exc:  # a folder pruned locally meanwhile: OSError
-                self.failures += 1
-                self.last_error = exc if isinstance(exc, SyncError) else SyncError(str(exc))
-                log.warning("trainer: checkpoint %s not uploaded (%s)", folder.name, exc)
-                continue
-            self.uploaded += 1
-            log.info(
-                "trainer: checkpoint %s in the store (%s, %.1f s)",
-                folder.name,
-                uri,
-                time.perf_counter() - t0,
-            )
-            await self.on_durable(state)
+                uri = await asyncio.to_thread(self.store.upload, staged, state)
+                break
+            except (SyncError, OSError) as exc:
+                self.counters.add("checkpoint_upload_failures")
+                log.warning(
+                    "trainer: checkpoint of step %d not uploaded (try %d of %d): %s",
+                    state.step,
+                    attempt,
+                    RETRIES,
+                    exc,
+                )
+                if self._waiting is not None or attempt == RETRIES:
+                    return  # a newer one goes instead, or it stays local
+                await asyncio.sleep(RETRY_S)
+        self.counters.add("checkpoints_stored")
+        log.info(
+            "trainer: checkpoint step_%08d in the store (%s, %.1f s)",
+            state.step,
+            uri,
+            time.perf_counter() - t0,
+        )
+        await self.on_durable(state)
+        try:
+            await asyncio.to_thread(self.store.prune)
+        except SyncError as exc:
+            log.warning("trainer: old checkpoints in the store not pruned (%s); later", exc)
 
-    async def drain(self) -> None:
-        """Wait for the uploads under way and waiting (the last checkpoint of a run)."""
-        while self._task is not None and not self._task.done():
-            await asyncio.shield(self._task)
+    async def drain(self, stopping: bool = False) -> None:
+        """Wait for the uploads under way and waiting (the last checkpoint of a run); a
+        trainer stopped by a signal waits :data:`STOP_DRAIN_S` at most."""
+        if self._task is None or self._task.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), STOP_DRAIN_S if stopping else None)
+        except TimeoutError:
+            log.warning(
+                "trainer: stopping with the last checkpoint's upload unfinished; it is on disk"
+            )

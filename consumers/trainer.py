@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 from collections import Counter
 
@@ -28,7 +29,7 @@ from aiokafka.errors import KafkaError
 
 from streamrft.consumers.algorithms import resolve_algorithm
 from streamrft.consumers.buffer import ExperienceBuffer
-from streamrft.consumers.checkpoint_store import CheckpointStore, CheckpointUploads
+from streamrft.consumers.checkpoint_store import STAGING, CheckpointStore, CheckpointUploads
 from streamrft.consumers.expert_data import ExpertSource
 from streamrft.consumers.intake import ExperienceIntake
 from streamrft.consumers.poison import GroupLimits, InFlight, step_failure
@@ -43,7 +44,14 @@ from streamrft.infra.consume import Record
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.infra.taskset import read_training_set
 from streamrft.schemas.codec import EXPERIENCE_GROUP
-from streamrft.schemas.errors import ConfigError, SchemaError, Stalled, StreamRFTError, SyncError
+from streamrft.schemas.errors import (
+    ConfigError,
+    SchemaError,
+    ServiceError,
+    Stalled,
+    StreamRFTError,
+    SyncError,
+)
 from streamrft.schemas.events import RunState, Shutdown, TrainedGroup, VersionsRetired
 from streamrft.schemas.experience import ExperienceGroup
 from streamrft.sync.publisher import VersionPublisher, announced_floor
@@ -365,7 +373,7 @@ class Trainer:
             await self.evaluate()
         await self.checkpoint()
         if self.uploads is not None:  # the last checkpoint complete in the store
-            await self.uploads.drain()
+            await self.uploads.drain(stopping=self.stop.is_set())
         if not self.stop.is_set():  # its copies for other hosts (auto's store lane) too,
             await self.publisher.drain()  # unless a signal leaves no time for them
         await self.events.metrics(
@@ -501,31 +509,40 @@ class Trainer:
     async def _open_checkpoint_store(self) -> None:
         """The run's checkpoints in the store, and the newest of them fetched when it is
         newer than the local one (a trainer on another host than the last). A store that
-        cannot be read is a warning: the trainer goes on from what it has locally."""
+        does not answer is waited for up to ``run.outage_timeout_s``, then an error: a
+        trainer that went on from its own disk could start the run over."""
         if not self.cfg.object_store.endpoint:
             raise ConfigError(
                 "trainer.checkpoint_store: object_store, but the run has no object store "
                 "(object_store.endpoint); use local"
             )
+        root = self.cfg.run_dir / "checkpoints"
+        for staged in root.glob(f"{STAGING}*") if root.is_dir() else ():
+            shutil.rmtree(staged, ignore_errors=True)  # an upload a crash cut short
+        deadline = time.monotonic() + self.cfg.run.outage_timeout_s
+        while True:
+            try:
+                store = await asyncio.to_thread(CheckpointStore, self.cfg)
+                if self.tcfg.resume:
+                    await asyncio.to_thread(store.fetch_newer, root)
+                break
+            except (SyncError, ServiceError) as exc:
+                if time.monotonic() > deadline or self.stop.is_set():
+                    raise ServiceError(
+                        f"trainer: the object store holding the run's checkpoints cannot be "
+                        f"read ({exc}); bring it back, or set trainer.checkpoint_store: local "
+                        "to resume from this host's checkpoints only"
+                    ) from exc
+                log.warning("trainer: the checkpoint store does not answer (%s); retrying", exc)
+                await asyncio.sleep(5.0)
         try:
-            store = await asyncio.to_thread(CheckpointStore, self.cfg)
+            await asyncio.to_thread(store.remove_unfinished)
         except SyncError as exc:
-            log.warning("trainer: checkpoints stay local, the store cannot be used: %s", exc)
-            return
-        self.uploads = CheckpointUploads(store, self._checkpoint_durable)
-        if not self.tcfg.resume:
-            return
-        try:
-            await asyncio.to_thread(store.fetch_newer, self.cfg.run_dir / "checkpoints")
-        except SyncError as exc:  # IntegrityError included: nothing was installed
-            self.counters.add("checkpoint_fetch_failures")
-            log.warning(
-                "trainer: the store's newest checkpoint not fetched (%s); local ones only", exc
-            )
+            log.warning("trainer: unfinished uploads in the store not removed (%s)", exc)
+        self.uploads = CheckpointUploads(store, self._checkpoint_durable, self.counters)
 
     async def _checkpoint_durable(self, state: TrainerState) -> None:
         await self.intake.commit(state.resume_offsets())
-        self.counters.add("checkpoints_stored")
 
     def _restore(self, state: TrainerState, path) -> None:
         self.step = state.step

@@ -33,7 +33,7 @@ from streamrft.infra.config import (
 )
 from streamrft.infra.consume import read_history
 from streamrft.schemas.codec import CONTROL
-from streamrft.schemas.errors import ConfigError
+from streamrft.schemas.errors import ConfigError, ServiceError
 from streamrft.schemas.events import RunDefined
 from streamrft.schemas.topics import TopicNames
 
@@ -113,10 +113,15 @@ async def fetch_record(kafka: KafkaConfig, topics: TopicNames, wait_s: float = 0
     do when there is none."""
     deadline = time.monotonic() + wait_s
     while True:
-        events = await read_history(kafka, topics.control, CONTROL, "streamrft-run-record")
+        try:
+            events = await read_history(kafka, topics.control, CONTROL, "streamrft-run-record")
+        except ServiceError:  # no control topic yet: no record yet
+            if time.monotonic() >= deadline:
+                raise
+            events = []
         records = [ev for ev in events if isinstance(ev, RunDefined)]
         if records:
-            return max(records, key=lambda r: r.created_at)
+            return records[-1]  # the last published (the topic's order, not the clocks)
         if time.monotonic() >= deadline:
             raise ConfigError(
                 f"run {topics.run}: no record of it on the broker {kafka.bootstrap_servers} "
@@ -148,6 +153,18 @@ def config_of_record(
         source="the run's record (its secrets are not in it)",
         check_files=check_files,
     )
+
+
+def differing_task_files(cfg: Config, record: RunDefined) -> list[str]:
+    """The task files ``cfg`` reads that are here and differ from the record's (by
+    field), each as ``field: path``."""
+    return [
+        f"{field}: {path}"
+        for field, path in task_files(cfg).items()
+        if Path(path).exists()
+        and field in record.fingerprints
+        and fingerprint(path) != record.fingerprints[field]
+    ]
 
 
 def check_fingerprints(cfg: Config, record: RunDefined) -> None:

@@ -269,6 +269,13 @@ def validate_control(event: ControlEvent) -> ControlEvent:
                 )
             if len(event.store_uri) > limits.MAX_URI_CHARS:
                 raise SchemaError(f"{what}: store_uri of {len(event.store_uri)} characters")
+            size = len(event.config_yaml) + sum(
+                len(k) + len(v) for k, v in event.fingerprints.items()
+            )
+            if size > limits.MAX_RUN_RECORD_CHARS:
+                raise SchemaError(
+                    f"{what}: {size} characters, more than {limits.MAX_RUN_RECORD_CHARS}"
+                )
         case VersionsRetired():
             what = "versions_retired"
             if len(event.versions) > limits.MAX_RETIRED_PER_EVENT:

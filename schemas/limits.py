@@ -35,9 +35,11 @@ trained group, so 4 MiB holds a step of 20,000+ groups."""
 MAX_ID_CHARS = 1024
 """Ids and names (group, experience, task, run, component, workflow)."""
 MAX_URI_CHARS = 4096
+"""``ModelVersionReady.uri``."""
 MAX_RUN_FILES = 256
 """Task files a run's record fingerprints at most (``RunDefined``)."""
-"""``ModelVersionReady.uri``."""
+MAX_RUN_RECORD_CHARS = 512 * 1024
+"""A run's record (``RunDefined``: its config and fingerprints): well within one event."""
 MAX_EXPERIENCES_PER_GROUP = 1024
 """Same bound as ``explorer.repeat_times``."""
 MAX_TOKENS_PER_EXPERIENCE = 1 << 18

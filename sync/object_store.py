@@ -22,7 +22,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 import urllib3
@@ -83,7 +83,7 @@ def ensure_bucket(client: Minio, bucket: str) -> None:
     except S3Error as exc:
         if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
             raise ServiceError(f"object store bucket {bucket!r}: {exc}") from exc
-    except urllib3.exceptions.HTTPError as exc:
+    except (urllib3.exceptions.HTTPError, ServerError) as exc:
         raise ServiceError(f"object store at {client._base_url.host}: {exc}") from exc
 
 
@@ -346,6 +346,25 @@ class S3Store:
             futures = [pool.submit(self._read_range, key, off, span, size) for off, span in spans]
             results_in_order(futures, lambda i: digest.update(spans[i][1]))  # releases the GIL
         return buf, digest.hexdigest()
+
+    def download_to(self, key: str, size: int, out: BinaryIO) -> str:
+        """The object ``key``, which must be ``size`` bytes long, written to ``out`` in
+        parts of ``object_store.part_size_mb`` (memory bounded by one part); returns the
+        sha256 of what was written."""
+        if size == 0:
+            data = self.get(key)
+            out.write(data)
+            return hashlib.sha256(data).hexdigest()
+        digest = hashlib.sha256()
+        buffer = memoryview(bytearray(min(self.part_size, size)))
+        offset = 0
+        while offset < size:
+            part = buffer[: min(len(buffer), size - offset)]
+            self._read_range(key, offset, part, size)
+            digest.update(part)
+            out.write(part)
+            offset += len(part)
+        return digest.hexdigest()
 
     def _read_range(self, key: str, offset: int, into: memoryview, size: int) -> None:
         """Fill ``into`` with the object's bytes from ``offset``; the object must be

@@ -137,3 +137,23 @@ def test_a_trainer_started_anywhere_keeps_the_fields_the_run_was_defined_with(tm
     other = msgspec.structs.replace(cfg, kafka=msgspec.structs.replace(cfg.kafka, partitions=8))
     with pytest.raises(ConfigError, match=r"defined on its broker .* kafka.partitions: 4 -> 8"):
         check_against_record(other, record)
+
+
+def test_on_another_host_the_task_files_are_compared_by_their_bytes_not_their_paths(tmp_path):
+    from streamrft.app.run_record import check_against_record
+
+    cfg = run_config(tmp_path)
+    record = make_record(cfg)
+    other_host = tmp_path / "elsewhere.jsonl"
+    other_host.write_bytes((tmp_path / "tasks.jsonl").read_bytes())
+    moved = msgspec.structs.replace(
+        cfg, taskset=msgspec.structs.replace(cfg.taskset, path=str(other_host))
+    )
+    check_against_record(moved, record)  # the same bytes elsewhere
+    absent = msgspec.structs.replace(
+        cfg, taskset=msgspec.structs.replace(cfg.taskset, path=str(tmp_path / "none.jsonl"))
+    )
+    check_against_record(absent, record)  # a trainer without the task files: nothing to compare
+    other_host.write_text('{"id": "b", "prompt": "2+2=", "answer": "4"}\n')
+    with pytest.raises(ConfigError, match=r"other task files than taskset.path: .*elsewhere"):
+        check_against_record(moved, record)
