@@ -85,20 +85,26 @@ def trainer_step(metrics: Path) -> int:
     return step
 
 
-def store_usage(run_dir: Path, run_id: str) -> tuple[int, int]:
-    """(bytes, weight versions) of the run's objects in the embedded store: a version is
-    a folder with its manifest (the gateway lists a deleted version's empty folder)."""
+def store_usage(run_dir: Path, run_id: str) -> tuple[int, int, int]:
+    """(bytes, weight versions, checkpoints) of the run's objects in the embedded store: a
+    version or a checkpoint (under ``<run>/checkpoints/``) is a folder with its manifest
+    (the gateway lists a deleted one's empty folder)."""
     from minio import Minio
 
     eps = json.loads((run_dir / "services" / "services.json").read_text())["endpoints"]
     client = Minio(eps["s3_endpoint"], eps["access_key"], eps["secret_key"], secure=False)
-    total, versions = 0, set()
+    total, versions, checkpoints = 0, set(), set()
     for bucket in client.list_buckets():
         for obj in client.list_objects(bucket.name, prefix=f"{run_id}/", recursive=True):
             total += obj.size or 0
             if obj.object_name.endswith("/manifest.json"):
-                versions.add(obj.object_name)
-    return total, len(versions)
+                kept = (
+                    checkpoints
+                    if obj.object_name.startswith(f"{run_id}/checkpoints/")
+                    else versions
+                )
+                kept.add(obj.object_name)
+    return total, len(versions), len(checkpoints)
 
 
 def broker_pid(run_dir: Path) -> int | None:
@@ -110,7 +116,7 @@ def broker_pid(run_dir: Path) -> int | None:
 
 
 def measure(run_dir: Path, run_id: str, supervisor: int, step: int) -> dict:
-    store_bytes, versions = store_usage(run_dir, run_id)
+    store_bytes, versions, stored_checkpoints = store_usage(run_dir, run_id)
     return {
         "step": step,
         "rss_trainer_mb": rss_mb(pid_of(("train",), run_id)),
@@ -120,6 +126,7 @@ def measure(run_dir: Path, run_id: str, supervisor: int, step: int) -> dict:
         "checkpoints_mb": round(folder_bytes(run_dir / "checkpoints") / 2**20, 2),
         "store_mb": round(store_bytes / 2**20, 2),
         "store_versions": versions,
+        "store_checkpoints": stored_checkpoints,
         "logs_mb": round(folder_bytes(run_dir / "logs") / 2**20, 2),
         "metrics_jsonl_mb": round((run_dir / "metrics.jsonl").stat().st_size / 2**20, 2)
         if (run_dir / "metrics.jsonl").exists()

@@ -37,6 +37,8 @@ def test_a_long_run_keeps_what_it_holds_bounded(tmp_path):
     assert [m["step"] for m in marks] == [100, 150, 200]
     for mark in marks:  # the newest, one retired a step ago (deleted after the next step)
         assert 1 <= mark["store_versions"] <= KEEP_VERSIONS + 2, mark  # and one on its way
+        # checkpoints in the store: the newest kept ones (one may be on its way)
+        assert 1 <= mark["store_checkpoints"] <= KEEP_CHECKPOINTS + 1, mark
     # bytes that do not grow with the run: from step 100 to 200 a store or checkpoints folder
     # that kept everything would double; a bounded one moves only with what is on its way
     # (4 to 6 versions, a checkpoint being written)
