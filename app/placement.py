@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from streamrft.infra.config import Config, role_device
+from streamrft.infra.config import Config, role_device, role_engine
 from streamrft.schemas.errors import ConfigError
 
 GPU_BUDGET = 0.95
@@ -72,10 +72,7 @@ def explorers_on_trainer_gpu(cfg: Config) -> int:
 def engine_gpus(cfg: Config, role: str) -> int:
     """GPUs one process of ``role`` samples on: ``explorer.tensor_parallel_size`` for a
     vLLM explorer or evaluator, else 1."""
-    engine = (
-        (cfg.eval.engine or cfg.explorer.engine) if role == "evaluator" else cfg.explorer.engine
-    )
-    vllm = role in ("explorer", "evaluator") and engine == "vllm"
+    vllm = role in ("explorer", "evaluator") and role_engine(cfg, role) == "vllm"
     return cfg.explorer.tensor_parallel_size if vllm else 1
 
 
@@ -97,7 +94,7 @@ def vllm_devices(cfg: Config) -> list[str]:
         tp = engine_gpus(cfg, "explorer")
         for i in range(cfg.explorer.count):
             devices += span(role_device(cfg, "explorer", i)[0], tp)
-    if (cfg.eval.engine or cfg.explorer.engine) == "vllm":
+    if role_engine(cfg, "evaluator") == "vllm":
         tp = engine_gpus(cfg, "evaluator")
         devices += span(role_device(cfg, "evaluator")[0], tp) * cfg.eval.count
     return devices

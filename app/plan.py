@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrft.app.placement import check_gpu_shares, engine_gpus, physical_device, span
-from streamrft.infra.config import Config, ModelConfig, role_device
+from streamrft.infra.config import Config, ModelConfig, role_device, role_engine
 from streamrft.infra.memory_plan import (
     DTYPE_BYTES,
     GIB,
@@ -178,16 +178,15 @@ def make_plan(
         where = t.devices[r] if t.devices else _rank(device, r, ranks)
         processes.append((name, where, trainer))
     for i in range(e.count):
-        processes += _sampler(cfg, "explorer", i, e.engine, shape, work, device_bytes)
+        processes += _sampler(cfg, "explorer", i, shape, work, device_bytes)
     ev = cfg.eval
     reading = dataclasses.replace(
         work,
         rows_sampled=min(ev.batch_size, ev.max_tasks or ev.batch_size),
         response_tokens=ev.max_new_tokens or e.max_new_tokens,
     )
-    engine = ev.engine or e.engine
     for i in range(ev.count):
-        processes += _sampler(cfg, "evaluator", i, engine, shape, reading, device_bytes)
+        processes += _sampler(cfg, "evaluator", i, shape, reading, device_bytes)
     try:
         check_gpu_shares(cfg)
         refused = None
@@ -200,7 +199,6 @@ def _sampler(
     cfg: Config,
     role: str,
     index: int,
-    engine: str,
     shape: ModelShape,
     work: Workload,
     device_bytes: int | None,
@@ -209,7 +207,7 @@ def _sampler(
     spans (``explorer.tensor_parallel_size``), each holding vLLM's share of that GPU."""
     name = f"{role}-{index}"
     device = role_device(cfg, role, index)[0]
-    if engine != "vllm":
+    if role_engine(cfg, role) != "vllm":
         return [(name, device, explorer_estimate(shape, work, role))]
     share = vllm_estimate(cfg.explorer.gpu_memory_utilization, device_bytes, role)
     gpus = span(device, engine_gpus(cfg, role))

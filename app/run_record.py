@@ -14,10 +14,10 @@ import yaml
 from streamrft.app.resume import resume_conflicts
 from streamrft.infra import admin
 from streamrft.infra.bus import EventSender
-from streamrft.infra.config import Config
+from streamrft.infra.config import Config, task_paths
 from streamrft.infra.run_record import (
     RECORD_NAME,
-    differing_task_files,
+    differing,
     fetch_record,
     make_record,
     record_text,
@@ -34,8 +34,9 @@ async def publish_record(cfg: Config) -> RunDefined:
     newest record on the broker); then write and announce the record. A store that cannot
     take it is a warning: the control topic still carries it."""
     await admin.ensure_topics(cfg.kafka, cfg.topics(), cfg.explorer.count)
-    check_against_record(cfg, await newest_record(cfg))
-    record = await asyncio.to_thread(make_record, cfg)  # reads the task files through
+    previous = await newest_record(cfg)
+    record = await asyncio.to_thread(make_record, cfg)  # reads the task files through, once
+    check_against_record(cfg, previous, record.fingerprints)
     if cfg.object_store.endpoint:
         try:
             record.store_uri = await asyncio.to_thread(_store, cfg, record)
@@ -61,11 +62,14 @@ async def newest_record(cfg: Config) -> RunDefined | None:
         return None
 
 
-def check_against_record(cfg: Config, previous: RunDefined | None) -> None:
+def check_against_record(
+    cfg: Config, previous: RunDefined | None, fingerprints: dict[str, str]
+) -> None:
     """A :class:`ConfigError` naming each field of :data:`FIXED_ON_RESUME` that ``cfg``
     changes from the run's record. Where the files lie is each host's own business: a task
-    file is compared by its bytes (when it is here), the model by its shape when the
-    checkpoint loads."""
+    file is compared by its bytes (``fingerprints``: of the ones here, as
+    :func:`~streamrft.infra.run_record.make_record` took them), the model by its shape
+    when the checkpoint loads."""
     if previous is None:
         return
     before = yaml.safe_load(previous.config_yaml) or {}
@@ -75,7 +79,10 @@ def check_against_record(cfg: Config, previous: RunDefined | None) -> None:
         tree.get("taskset", {}).pop("path", None)
         for source in tree.get("taskset", {}).get("sources", []) or []:
             source.pop("path", None)
-    differ = differing_task_files(cfg, previous)
+    paths = task_paths(cfg)
+    differ = [
+        f"{field}: {paths[field]}" for field in differing(fingerprints, previous.fingerprints)
+    ]
     if differ:
         raise ConfigError(
             f"run {cfg.run.id} is defined on its broker with other task files than "

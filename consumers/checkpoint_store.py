@@ -15,7 +15,6 @@ step the trainer marked ``keep`` locally is kept there too.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import mmap
@@ -32,6 +31,7 @@ from streamrft.infra.bus import Counters
 from streamrft.infra.config import Config
 from streamrft.infra.durable import fsync_path
 from streamrft.schemas.errors import IntegrityError, SyncError
+from streamrft.sync.weights import sha256_hex
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +68,14 @@ class CheckpointStore:
                 size = os.fstat(f.fileno()).st_size
                 if size == 0:
                     self.store.put(key, b"", "application/octet-stream")
-                    files[path.name] = {"size": 0, "sha256": hashlib.sha256(b"").hexdigest()}
+                    files[path.name] = {"size": 0, "sha256": sha256_hex(b"")}
                     continue
                 with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
                     view = memoryview(m)
                     try:
                         files[path.name] = {
                             "size": size,
-                            "sha256": hashlib.sha256(view).hexdigest(),
+                            "sha256": sha256_hex(view),
                         }
                         self.store.write(key, [view], "application/octet-stream")
                     finally:

@@ -1072,13 +1072,22 @@ def role_device(cfg: Config, role: str, index: int = 0) -> tuple[str, str]:
     return cfg.model.device, "model.device"
 
 
+def role_engine(cfg: Config, role: str) -> str:
+    """The rollout engine a process of ``role`` samples with: ``eval.engine`` for an
+    evaluator when set, else ``explorer.engine``."""
+    if role == "evaluator" and cfg.eval.engine is not None:
+        return cfg.eval.engine
+    return cfg.explorer.engine
+
+
 def for_role(cfg: Config, role: str, index: int = 0) -> Config:
     """``cfg`` as the process of ``role`` (and ``index``) reads it: ``model.device`` is its
-    own device (see :func:`role_device`); an evaluator's ``explorer.engine`` is
-    ``eval.engine`` when that is set."""
+    own device (see :func:`role_device`), ``explorer.engine`` its engine (see
+    :func:`role_engine`)."""
     device, _field = role_device(cfg, role, index)
-    if role == "evaluator" and cfg.eval.engine not in (None, cfg.explorer.engine):
-        explorer = msgspec.structs.replace(cfg.explorer, engine=cfg.eval.engine)
+    engine = role_engine(cfg, role)
+    if engine != cfg.explorer.engine:
+        explorer = msgspec.structs.replace(cfg.explorer, engine=engine)
         cfg = msgspec.structs.replace(cfg, explorer=explorer)
     if device == cfg.model.device:
         return cfg
@@ -1089,7 +1098,7 @@ def validate(cfg: Config) -> None:
     """Rules that relate several fields, checked once at start-up."""
     _check_taskset(cfg.taskset)
     tp = cfg.explorer.tensor_parallel_size
-    if tp > 1 and "vllm" not in {cfg.explorer.engine, cfg.eval.engine}:
+    if tp > 1 and "vllm" not in {role_engine(cfg, "explorer"), role_engine(cfg, "evaluator")}:
         raise ConfigError(
             f"explorer.tensor_parallel_size: {tp}, but only the vllm engine splits a model over "
             f"GPUs (explorer.engine: {cfg.explorer.engine})"
@@ -1300,6 +1309,40 @@ def load_config(
     return config_from_data(data, path.resolve().parent, overrides, needs_secrets, repr(str(path)))
 
 
+def fill_credentials(data: dict[str, Any], sections: tuple[str, ...] = ()) -> None:
+    """Put the credentials of the environment (:data:`ENV_CREDENTIALS`) into config tree
+    ``data``, in place; ``sections``: only those (empty: all)."""
+    for var, (section, key) in ENV_CREDENTIALS.items():
+        if os.environ.get(var) and (not sections or section in sections):
+            if data.get(section) is None:
+                data[section] = {}
+            if not isinstance(data[section], dict):
+                raise ConfigError(f"{section}: expected a mapping")
+            data[section][key] = os.environ[var]
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
+    """Set each ``key.path=value`` of ``overrides`` in config tree ``data``, in place."""
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {k} is not a section")
+        node[keys[-1]] = value
+
+
+def task_paths(cfg: Config) -> dict[str, str]:
+    """The task files and folders ``cfg`` reads, by the field naming each:
+    ``taskset.path`` or ``taskset.sources[i].path``, and ``eval.path``."""
+    files = {"taskset.path": cfg.taskset.path} if cfg.taskset.path else {}
+    files.update({f"taskset.sources[{i}].path": s.path for i, s in enumerate(cfg.taskset.sources)})
+    if cfg.eval.path:
+        files["eval.path"] = cfg.eval.path
+    return files
+
+
 def config_from_data(
     data: dict[str, Any],
     base: Path,
@@ -1313,21 +1356,8 @@ def config_from_data(
     ``check_files``, the task files must exist (a process that never reads them, an
     explorer joining from another host, passes False). ``source`` names the config in
     errors."""
-    for var, (section, key) in ENV_CREDENTIALS.items():
-        if os.environ.get(var):
-            if data.get(section) is None:
-                data[section] = {}
-            if not isinstance(data[section], dict):
-                raise ConfigError(f"{section}: expected a mapping")
-            data[section][key] = os.environ[var]
-    for item in overrides or []:
-        keys, value = parse_override(item)
-        node = data
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {k} is not a section")
-        node[keys[-1]] = value
+    fill_credentials(data)
+    apply_overrides(data, overrides or [])
     resolve_paths(data, base)
     for section, key in _secret_fields():
         if (data.get(section) or {}).get(key) == REDACTED:
@@ -1340,12 +1370,8 @@ def config_from_data(
     cfg = from_dict(data)
     if not check_files:
         return cfg
-    for field, value in (
-        ("taskset.path", cfg.taskset.path),
-        ("eval.path", cfg.eval.path),
-        *((f"taskset.sources[{i}].path", s.path) for i, s in enumerate(cfg.taskset.sources)),
-    ):
-        if value and not Path(value).exists():
+    for field, value in task_paths(cfg).items():
+        if not Path(value).exists():
             raise ConfigError(f"{field}: {value!r} does not exist")
     return cfg
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,13 @@ import msgspec
 import yaml
 
 from streamrft.infra.config import (
-    ENV_CREDENTIALS,
     Config,
     KafkaConfig,
+    apply_overrides,
     config_from_data,
+    fill_credentials,
     parse_override,
+    task_paths,
     to_yaml,
 )
 from streamrft.infra.consume import read_history
@@ -57,23 +58,13 @@ def fingerprint(path: str | Path) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def task_files(cfg: Config) -> dict[str, str]:
-    """The task files and folders ``cfg`` reads, by the field naming each:
-    ``taskset.path`` or ``taskset.sources[i].path``, and ``eval.path``."""
-    files = {"taskset.path": cfg.taskset.path} if cfg.taskset.path else {}
-    files.update({f"taskset.sources[{i}].path": s.path for i, s in enumerate(cfg.taskset.sources)})
-    if cfg.eval.path:
-        files["eval.path"] = cfg.eval.path
-    return files
-
-
 def make_record(cfg: Config, store_uri: str = "") -> RunDefined:
     """The record of run ``cfg`` (its task files fingerprinted: read through once)."""
     return RunDefined(
         config_yaml=to_yaml(cfg),
         fingerprints={
             field: fingerprint(path)
-            for field, path in task_files(cfg).items()
+            for field, path in task_paths(cfg).items()
             if Path(path).exists()
         },
         store_uri=store_uri,
@@ -93,16 +84,12 @@ def joining_kafka(bootstrap: str, overrides: list[str] | None = None) -> KafkaCo
     ``kafka.*`` of ``overrides`` (a topic prefix, TLS or SASL settings) and the credentials
     of the environment (``STREAMRFT_KAFKA_*``)."""
     data: dict[str, Any] = {}
-    for var, (section, key) in ENV_CREDENTIALS.items():
-        if section == "kafka" and os.environ.get(var):
-            data[key] = os.environ[var]
-    for item in overrides or []:
-        keys, value = parse_override(item)
-        if keys[0] == "kafka" and len(keys) == 2:
-            data[keys[1]] = value
-    data["bootstrap_servers"] = bootstrap
+    fill_credentials(data, ("kafka",))
+    apply_overrides(data, [o for o in overrides or [] if parse_override(o)[0][0] == "kafka"])
+    kafka = data.setdefault("kafka", {})
+    kafka["bootstrap_servers"] = bootstrap
     try:
-        return msgspec.convert(data, KafkaConfig, strict=False)
+        return msgspec.convert(kafka, KafkaConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"kafka: {exc}") from exc
 
@@ -155,28 +142,24 @@ def config_of_record(
     )
 
 
-def differing_task_files(cfg: Config, record: RunDefined) -> list[str]:
-    """The task files ``cfg`` reads that are here and differ from the record's (by
-    field), each as ``field: path``."""
-    return [
-        f"{field}: {path}"
-        for field, path in task_files(cfg).items()
-        if Path(path).exists()
-        and field in record.fingerprints
-        and fingerprint(path) != record.fingerprints[field]
-    ]
+def differing(mine: dict[str, str], recorded: dict[str, str]) -> list[str]:
+    """The fields whose task files both fingerprint and whose fingerprints differ."""
+    return [field for field, digest in mine.items() if recorded.get(field, digest) != digest]
 
 
 def check_fingerprints(cfg: Config, record: RunDefined) -> None:
     """A :class:`ConfigError` naming the field when a task file ``cfg`` reads is missing
     here or differs from the one the run was defined with (a copy under another path is
     given with ``-o taskset.path=...``: it is compared by field, not by path)."""
-    for field, path in task_files(cfg).items():
+    paths = task_paths(cfg)
+    for field, path in paths.items():
         if not Path(path).exists():
             raise ConfigError(f"{field}: {path!r} does not exist here; give its local copy with -o")
-        recorded = record.fingerprints.get(field)
-        if recorded is not None and fingerprint(path) != recorded:
-            raise ConfigError(
-                f"{field}: {path!r} is not the run's task file: its sha256 differs from the one "
-                "the run was defined with (another version of the data?)"
-            )
+    mine = {field: fingerprint(path) for field, path in paths.items()}
+    changed = differing(mine, record.fingerprints)
+    if changed:
+        field = changed[0]
+        raise ConfigError(
+            f"{field}: {paths[field]!r} is not the run's task file: its sha256 differs from "
+            "the one the run was defined with (another version of the data?)"
+        )

@@ -351,11 +351,9 @@ class S3Store:
         """The object ``key``, which must be ``size`` bytes long, written to ``out`` in
         parts of ``object_store.part_size_mb`` (memory bounded by one part); returns the
         sha256 of what was written."""
-        if size == 0:
-            data = self.get(key)
-            out.write(data)
-            return hashlib.sha256(data).hexdigest()
         digest = hashlib.sha256()
+        if size == 0:  # still check that it exists and is empty, as get_hashed does
+            self._read_range(key, 0, memoryview(bytearray()), 0)
         buffer = memoryview(bytearray(min(self.part_size, size)))
         offset = 0
         while offset < size:

@@ -130,13 +130,13 @@ def test_a_trainer_started_anywhere_keeps_the_fields_the_run_was_defined_with(tm
 
     cfg = run_config(tmp_path)
     record = make_record(cfg)
-    check_against_record(cfg, None)  # a new run
-    check_against_record(cfg, record)
+    check_against_record(cfg, None, make_record(cfg).fingerprints)  # a new run
+    check_against_record(cfg, record, make_record(cfg).fingerprints)
     faster = msgspec.structs.replace(cfg, trainer=msgspec.structs.replace(cfg.trainer, lr=0.5))
-    check_against_record(faster, record)
+    check_against_record(faster, record, make_record(faster).fingerprints)
     other = msgspec.structs.replace(cfg, kafka=msgspec.structs.replace(cfg.kafka, partitions=8))
     with pytest.raises(ConfigError, match=r"defined on its broker .* kafka.partitions: 4 -> 8"):
-        check_against_record(other, record)
+        check_against_record(other, record, make_record(other).fingerprints)
 
 
 def test_on_another_host_the_task_files_are_compared_by_their_bytes_not_their_paths(tmp_path):
@@ -149,11 +149,13 @@ def test_on_another_host_the_task_files_are_compared_by_their_bytes_not_their_pa
     moved = msgspec.structs.replace(
         cfg, taskset=msgspec.structs.replace(cfg.taskset, path=str(other_host))
     )
-    check_against_record(moved, record)  # the same bytes elsewhere
+    check_against_record(moved, record, make_record(moved).fingerprints)  # the same bytes elsewhere
     absent = msgspec.structs.replace(
         cfg, taskset=msgspec.structs.replace(cfg.taskset, path=str(tmp_path / "none.jsonl"))
     )
-    check_against_record(absent, record)  # a trainer without the task files: nothing to compare
+    check_against_record(
+        absent, record, make_record(absent).fingerprints
+    )  # a trainer without the task files: nothing to compare
     other_host.write_text('{"id": "b", "prompt": "2+2=", "answer": "4"}\n')
     with pytest.raises(ConfigError, match=r"other task files than taskset.path: .*elsewhere"):
-        check_against_record(moved, record)
+        check_against_record(moved, record, make_record(moved).fingerprints)
