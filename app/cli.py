@@ -1,7 +1,8 @@
 """The ``streamrft`` command line.
 
 streamrft run CONFIG [--explorers N] [--max-steps N] [--summary PATH] [--run-id ID] [--dashboard] [-o k=v ...]
-streamrft train CONFIG --run-id ID [--nproc N]   (the trainer, N ranks)
+streamrft train CONFIG --run-id ID [--nproc N] [--nnodes M --node-rank R --rdzv HOST:PORT]
+                                                 (the trainer: N ranks on each of M hosts)
 streamrft train CONFIG --run-id ID --from-beginning | --from-offsets FILE | --from-run OTHER
     (a replay: train from a recorded experience stream, no explorers; app/replay_source.py)
 streamrft explore CONFIG --run-id ID [--index I]   (one explorer; joins a running run)
@@ -81,8 +82,9 @@ def _load(args: argparse.Namespace, joining: bool):
         overrides.append(f"trainer.max_steps={args.max_steps}")
     if getattr(args, "explorers", None) is not None:
         overrides.append(f"explorer.count={args.explorers}")
-    if getattr(args, "nproc", None) is not None:
-        overrides.append(f"trainer.nproc={args.nproc}")
+    for flag in ("nproc", "nnodes", "rdzv"):
+        if getattr(args, flag, None) is not None:
+            overrides.append(f"trainer.{flag}={getattr(args, flag)}")
     if args.config is None:  # a run defined by its id and its broker
         cfg = _from_record(args, overrides)
         setup_logging(cfg.monitor.log_level)
@@ -124,6 +126,10 @@ def _from_record(args: argparse.Namespace, overrides: list[str]) -> Config:
     cfg = with_run_id(cfg, args.run_id)
     if args.command == "feed":
         check_fingerprints(cfg, record)
+    if args.command == "train":  # the run goes on: its overrides may not change what it keeps
+        from streamrft.app.run_record import check_against_record
+
+        check_against_record(cfg, record, record.fingerprints)
     return cfg
 
 
@@ -138,7 +144,7 @@ def _placed(cfg: Config, role: str, index: int = 0) -> Config:
     from streamrft.infra.modeling import resolve_device
 
     device, field = role_device(cfg, role, index)
-    ranks = role == "trainer" and cfg.trainer.nproc > 1
+    ranks = role == "trainer" and cfg.trainer.world > 1
     if device.startswith("cuda:") and not ranks:
         device = _only_gpu(device, field, engine_gpus(cfg, role))
     elif device != "cpu":  # torch only for a GPU
@@ -193,13 +199,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     from streamrft.app.replay_source import prepare_replay
 
     cfg, replay = prepare_replay(_load(args, joining=True), args)  # replay: --from-* flags
-    if "RANK" not in os.environ:  # the launcher (or the one process), not a rank
+    # node 0's launcher or the one process (not a rank), given a config: a trainer started
+    # from the run's record (no CONFIG) goes on with it, checked in _from_record
+    if "RANK" not in os.environ and args.node_rank == 0 and args.config:
         from streamrft.app.run_record import publish_record
 
         # the run as configured, before this process's placement: a joiner places itself
         asyncio.run(publish_record(cfg))
     cfg = _placed(cfg, "trainer")
-    if cfg.trainer.nproc > 1:  # this process launches the ranks, or is one of them
+    if cfg.trainer.world > 1:  # this process launches the ranks, or is one of them
         from streamrft.app.launch import launch_trainer, run_trainer_rank
 
         return run_trainer_rank(cfg) if "RANK" in os.environ else launch_trainer(args, cfg)
@@ -546,7 +554,7 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
             "the run to join (required unless the config sets run.id; `streamrft run` prints it)"
             if name != "feed"
             else "the run to publish the taskset to (required unless the config sets run.id)",
-            joins=name != "train",
+            joins=True,
         )
         if name == "explore":
             sp.add_argument(
@@ -577,7 +585,26 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
             sp.add_argument("--port", type=int, help="override serve.port (0: a free port)")
         if name == "train":
             sp.add_argument(
-                "--nproc", type=int, metavar="N", help="override trainer.nproc (ranks, FSDP2)"
+                "--nproc",
+                type=int,
+                metavar="N",
+                help="override trainer.nproc (ranks on this host, FSDP2)",
+            )
+            sp.add_argument(
+                "--nnodes", type=int, metavar="M", help="override trainer.nnodes (hosts)"
+            )
+            sp.add_argument(
+                "--node-rank",
+                type=int,
+                default=0,
+                metavar="R",
+                help="this host's number among trainer.nnodes (0, the default, holds the "
+                "trainer's first rank and publishes the run's record)",
+            )
+            sp.add_argument(
+                "--rdzv",
+                metavar="HOST:PORT",
+                help="override trainer.rdzv: where node 0's first rank listens for the others",
             )
             add_replay_arguments(sp)
         sp.set_defaults(func=func)

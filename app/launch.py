@@ -14,6 +14,11 @@ supervisor, a shell):
 - every rank dies with the launcher, even when it is SIGKILLed (a rank asks for it,
   ``PR_SET_PDEATHSIG``, as it starts: :func:`die_with_launcher`);
 - it exits 0 when every rank did.
+
+A trainer on several hosts (``trainer.nnodes``) is one launcher per host, each started with
+its ``--node-rank``: its ranks take the global ranks ``node_rank * nproc`` onwards and meet
+the others at ``trainer.rdzv`` (node 0's first rank listens there). A rank failing on one
+host breaks the group's collectives on the others, so every launcher exits non-zero.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import cast
 
 from streamrft.app.placement import visible_gpus
 from streamrft.infra.config import Config
-from streamrft.infra.net import free_port
+from streamrft.infra.net import free_port, interface_of, local_address_towards, split_host_port
+from streamrft.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
 FOLLOWERS_GRACE_S = 60.0
@@ -52,19 +59,75 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
-def rank_env(rank: int, nproc: int, port: int, gpus: list[int] | None = None) -> dict[str, str]:
-    """Torchrun's environment for ``rank``; ``gpus``: the GPU indexes (of those this process
-    sees) the ranks may see, rank r's ``cuda:r`` being ``gpus[r]``."""
+@dataclass(frozen=True)
+class Node:
+    """This host's place among the trainer's hosts (``trainer.nnodes``)."""
+
+    rank: int = 0
+    count: int = 1
+    addr: str = "127.0.0.1"
+    """Where the group's first rank listens (``MASTER_ADDR``)."""
+    port: int = 0
+    """Its port (``MASTER_PORT``; 0: a free one, one host only)."""
+
+    @classmethod
+    def of(cls, cfg: Config, node_rank: int) -> Node:
+        """Node ``node_rank`` of the trainer ``cfg`` describes (checked against it)."""
+        t = cfg.trainer
+        if not 0 <= node_rank < t.nnodes:
+            raise ConfigError(
+                f"--node-rank {node_rank}: the trainer spans trainer.nnodes = {t.nnodes} "
+                f"host(s), numbered 0 to {t.nnodes - 1}"
+            )
+        if t.nnodes == 1:
+            return cls()
+        host, port = split_host_port(t.rdzv) or ("", 0)  # checked by the config
+        return cls(node_rank, t.nnodes, host, port)
+
+    def environment(self) -> dict[str, str]:
+        """What the ranks of a host among several are shown besides torchrun's variables:
+        gloo's and NCCL's interface, the one holding the address this host reaches the
+        rendezvous from (unless the environment names one)."""
+        if self.count == 1:
+            return {}
+        own = local_address_towards(self.addr)
+        ifname = interface_of(own) if own else None
+        if ifname is None:
+            log.warning(
+                "no interface found for this host's address towards %s (%r): gloo and NCCL "
+                "choose their own (set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)",
+                self.addr,
+                own,
+            )
+            return {}
+        log.info(
+            "trainer node %d of %d: ranks talk from %s (%s)", self.rank, self.count, own, ifname
+        )
+        return {
+            name: os.environ.get(name, ifname)
+            for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+        }
+
+
+def rank_env(
+    local: int, nproc: int, port: int, gpus: list[int] | None = None, node: Node = Node()
+) -> dict[str, str]:
+    """Torchrun's environment for the ``local``-th rank of ``nproc`` on this host, node
+    ``node`` (rank ``node.rank * nproc + local`` of ``nproc * node.count``); ``gpus``: the
+    GPU indexes (of those this process sees) the ranks may see, the local rank r's ``cuda:r``
+    being ``gpus[r]``."""
     visible = {"CUDA_VISIBLE_DEVICES": visible_gpus(gpus, "trainer.devices")} if gpus else {}
     return {
         **os.environ,
         **visible,
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": str(nproc),
+        **node.environment(),
+        "RANK": str(node.rank * nproc + local),
+        "LOCAL_RANK": str(local),
+        "WORLD_SIZE": str(nproc * node.count),
         "LOCAL_WORLD_SIZE": str(nproc),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
+        "GROUP_RANK": str(node.rank),
+        "MASTER_ADDR": node.addr,
+        "MASTER_PORT": str(node.port or port),
         LAUNCHER_PID: str(os.getpid()),
     }
 
@@ -78,13 +141,18 @@ class Launcher:
     """``nproc`` ranks of ``argv`` on this machine (see the module docstring)."""
 
     def __init__(
-        self, argv: list[str], nproc: int, cwd: str | None = None, gpus: list[int] | None = None
+        self,
+        argv: list[str],
+        nproc: int,
+        cwd: str | None = None,
+        gpus: list[int] | None = None,
+        node: Node = Node(),
     ) -> None:
         port = free_port()
         self.procs = [
             subprocess.Popen(
                 argv,
-                env=rank_env(rank, nproc, port, gpus),
+                env=rank_env(rank, nproc, port, gpus, node),
                 cwd=cwd,
                 start_new_session=True,  # a terminal's Ctrl-C reaches the launcher alone
             )
@@ -146,11 +214,12 @@ def launch(
     handle_signals: bool = True,
     cwd: str | None = None,
     gpus: list[int] | None = None,
+    node: Node = Node(),
 ) -> int:
-    """Run ``argv`` as ``nproc`` ranks (in ``cwd``; ``gpus``: see :func:`rank_env`) until
-    they end; the exit status (module docstring). ``handle_signals``: install the
+    """Run ``argv`` as ``nproc`` ranks (in ``cwd``; ``gpus``, ``node``: see :func:`rank_env`)
+    until they end; the exit status (module docstring). ``handle_signals``: install the
     SIGTERM/SIGINT handling (main thread only)."""
-    launcher = Launcher(argv, nproc, cwd, gpus)
+    launcher = Launcher(argv, nproc, cwd, gpus, node)
     if handle_signals:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, launcher.on_signal)
@@ -158,14 +227,19 @@ def launch(
 
 
 def launch_trainer(args: argparse.Namespace, cfg: Config) -> int:
-    """``streamrft train`` with ``trainer.nproc`` > 1: the ranks run the same command
-    (config file, overrides, the resolved run id, the rank count)."""
-    argv = [sys.executable, "-m", "streamrft.app.cli", "train", args.config]
-    argv += ["--run-id", cfg.run.id, "--nproc", str(cfg.trainer.nproc)]
+    """``streamrft train`` with more than one rank (``trainer.nproc`` on this host, times
+    ``trainer.nnodes`` hosts): this host's ranks run the same command (config file, or the
+    run's record on ``--bootstrap``; overrides, the resolved run id, the rank counts)."""
+    t = cfg.trainer
+    argv = [sys.executable, "-m", "streamrft.app.cli", "train"]
+    argv += [args.config] if args.config else ["--bootstrap", args.bootstrap]
+    argv += ["--run-id", str(cfg.run.id), "--nproc", str(t.nproc), "--nnodes", str(t.nnodes)]
+    if t.rdzv:
+        argv += ["--rdzv", t.rdzv]
     for setting in args.override or []:
         argv += ["-o", setting]
-    gpus = [int(d.split(":")[1]) for d in cfg.trainer.devices] or None
-    return launch(argv, cfg.trainer.nproc, gpus=gpus)
+    gpus = [int(d.split(":")[1]) for d in t.devices] or None
+    return launch(argv, t.nproc, gpus=gpus, node=Node.of(cfg, args.node_rank))
 
 
 def run_trainer_rank(cfg: Config) -> int:
@@ -180,7 +254,7 @@ def run_trainer_rank(cfg: Config) -> int:
     from streamrft.consumers.trainer import Trainer
     from streamrft.producers.evaluation import trainer_evaluator
 
-    ranks = join_group(cfg.trainer.nproc, cfg.model.device)
+    ranks = join_group(cfg.trainer.world, cfg.model.device)
     torch.set_num_threads(cfg.trainer.threads)
     if ranks.leader:
         trainer = Trainer(cfg, trainer_evaluator(cfg))

@@ -4,7 +4,9 @@ a run needs, estimated before anything starts (the arithmetic: :mod:`infra.memor
 The model's shape comes from the config (the tiny model) or from the model folder's
 ``config.json`` and the headers of its safetensors files (the exact parameter count; no
 weight is read). Processes are placed as ``streamrft run`` places them: the trainer's
-rank r of ``trainer.nproc`` on ``cuda:r`` under FSDP2, else on its role's device, each
+rank r of ``trainer.nproc`` on ``cuda:r`` under FSDP2 (on several hosts, ``trainer.nnodes``,
+node 0's ranks, each with its share of a micro-batch among all the hosts' ranks), else on
+its role's device, each
 explorer and evaluator on its own (``app/placement.py``); each device's total is compared with ``--device-memory``
 (else the size of the GPU torch sees, where there is one).
 """
@@ -157,7 +159,7 @@ def make_plan(
     tokens = rows * sequence
     if t.max_tokens_per_micro_batch:
         tokens = min(tokens, max(t.max_tokens_per_micro_batch, sequence))
-    ranks = t.nproc if t.engine == "fsdp2" or t.nproc > 1 else 1
+    ranks = t.world if t.engine == "fsdp2" or t.world > 1 else 1
     trainable = lora_params(shape, lora.rank, lora.target_modules) if lora.enabled else shape.params
     work = Workload(
         dtype_bytes=DTYPE_BYTES[cfg.model.dtype],
@@ -173,7 +175,7 @@ def make_plan(
     device = role_device(cfg, "trainer")[0]
     processes = []
     trainer = trainer_estimate(shape, work, t.gradient_checkpointing)
-    for r in range(ranks):
+    for r in range(min(ranks, t.nproc) if ranks > 1 else 1):  # this host's: node 0's
         name = f"trainer rank {r}" if ranks > 1 else "trainer"
         where = t.devices[r] if t.devices else _rank(device, r, ranks)
         processes.append((name, where, trainer))

@@ -108,8 +108,10 @@ def prepare_replay(cfg: Config, args: argparse.Namespace) -> tuple[Config, Repla
             "metrics and checkpoints under --run-id: give a new one (or --from-beginning to "
             "train a run that never trained from its own stream)"
         )
-    if cfg.trainer.nproc > 1:
-        raise ConfigError("trainer.nproc: a replay runs one trainer process (set it to 1)")
+    if cfg.trainer.world > 1:
+        raise ConfigError(
+            "trainer.nproc, trainer.nnodes: a replay runs one trainer process (set both to 1)"
+        )
     offsets = read_offsets_file(req.offsets_file) if req.offsets_file else None
     source = req.from_run or run_id
     cfg = _with_source_broker(cfg, source)

@@ -66,8 +66,8 @@ def check_against_record(
     cfg: Config, previous: RunDefined | None, fingerprints: dict[str, str]
 ) -> None:
     """A :class:`ConfigError` naming each field of :data:`FIXED_ON_RESUME` that ``cfg``
-    changes from the run's record. Where the files lie is each host's own business: a task
-    file is compared by its bytes (``fingerprints``: of the ones here, as
+    changes from the run's record. Where the files lie and which device a process uses
+    are each host's own business: a task file is compared by its bytes (``fingerprints``: of the ones here, as
     :func:`~streamrft.infra.run_record.make_record` took them), the model by its shape
     when the checkpoint loads."""
     if previous is None:
@@ -76,6 +76,7 @@ def check_against_record(
     mine = msgspec.to_builtins(cfg)
     for tree in (before, mine):
         tree.get("model", {}).pop("path", None)
+        tree.get("model", {}).pop("device", None)
         tree.get("taskset", {}).pop("path", None)
         for source in tree.get("taskset", {}).get("sources", []) or []:
             source.pop("path", None)

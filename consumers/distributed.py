@@ -57,24 +57,26 @@ class Ranks:
         return self.rank == 0
 
 
-def join_group(nproc: int, device: str = "cpu") -> Ranks:
-    """Join (once per process) the default process group of ``nproc`` ranks: gloo when
+def join_group(world: int, device: str = "cpu") -> Ranks:
+    """Join (once per process) the default process group of ``world`` ranks (``trainer.nproc``
+    on each of ``trainer.nnodes`` hosts): gloo when
     ``device`` (``model.device``) is the CPU, nccl on GPUs, where rank r uses
     ``cuda:LOCAL_RANK`` (so ``model.device`` must be ``cuda`` or ``auto``, not one GPU).
     A process started without a launcher's environment makes a group of one."""
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
-    world = int(os.environ["WORLD_SIZE"])
-    if world != nproc:
+    started = int(os.environ["WORLD_SIZE"])
+    if started != world:
         raise ConfigError(
-            f"trainer.nproc: {nproc}, but this rank was started in a group of WORLD_SIZE={world}"
+            f"trainer.nproc x trainer.nnodes: {world} ranks, but this rank was started in a "
+            f"group of WORLD_SIZE={started}"
         )
     cuda = resolve_device(device).type == "cuda"
-    if cuda and ":" in device and nproc > 1:
+    if cuda and ":" in device and world > 1:
         raise ConfigError(
-            f"model.device: {device!r} names one GPU; with trainer.nproc {nproc} use cuda or "
-            "auto (rank r trains on cuda:r)"
+            f"model.device: {device!r} names one GPU; with {world} trainer ranks use cuda or "
+            "auto (a host's local rank r trains on cuda:r)"
         )
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

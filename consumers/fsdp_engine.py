@@ -150,12 +150,12 @@ class FsdpTrainEngine(TorchTrainEngine):
     """The ``torch`` engine sharded over ``trainer.nproc`` ranks (module docstring)."""
 
     def __init__(self, cfg: Config) -> None:
-        if cfg.model.dtype == "float16" and cfg.trainer.nproc > 1:
+        if cfg.model.dtype == "float16" and cfg.trainer.world > 1:
             raise ConfigError(
                 "trainer.nproc: the fsdp2 engine has no float16 loss scaling across ranks; "
                 "use model.dtype bfloat16 or float32"
             )
-        self.ranks = join_group(cfg.trainer.nproc, cfg.model.device)
+        self.ranks = join_group(cfg.trainer.world, cfg.model.device)
         super().__init__(cfg)
         self.share = RankShare(self.ranks, self.algo.spec.loss_agg_mode)
         self.replica: torch.nn.Module | None = None  # rank 0, once prepared

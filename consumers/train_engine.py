@@ -132,7 +132,7 @@ class TorchTrainEngine(TrainEngine):
         """The policy's parameters, before any adapter or sharding (the FLOPs estimate)."""
         self.precision = Precision.of(resolve_device(cfg.model.device), DTYPES[cfg.model.dtype])
         peak = peak_tflops(self.precision.device, self.tcfg.peak_tflops)
-        self.peak_tflops = None if peak is None else peak * self.tcfg.nproc
+        self.peak_tflops = None if peak is None else peak * self.tcfg.world
         """Of every rank together (the MFU's denominator); None: no MFU reported."""
         if self.precision.device.type == "cuda" and self.tcfg.gpu_memory_fraction > 0:
             torch.cuda.set_per_process_memory_fraction(
@@ -337,8 +337,8 @@ def check_train_engine(name: str) -> Callable[[Config], TrainEngine]:
 
 
 def make_train_engine(cfg: Config) -> TrainEngine:
-    """The ``trainer.engine`` engine; ``torch`` is ``fsdp2`` with ``trainer.nproc`` > 1."""
+    """The ``trainer.engine`` engine; ``torch`` is ``fsdp2`` with more than one rank."""
     name = cfg.trainer.engine
-    if name == "torch" and cfg.trainer.nproc > 1:
+    if name == "torch" and cfg.trainer.world > 1:
         name = "fsdp2"
     return check_train_engine(name)(cfg)

@@ -17,6 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 import yaml
 
+from streamrft.infra.net import split_host_port
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.topics import TopicNames
 
@@ -489,6 +490,20 @@ class TrainerConfig(_Section, frozen=True):
     launcher stops the rest and exits non-zero, so ``streamrft run`` restarts the whole
     group from its checkpoint. A micro-batch (``micro_batch_size``,
     ``max_tokens_per_micro_batch``) is split over the ranks."""
+    nnodes: Pos = 1
+    """Hosts the trainer's ranks span: ``nproc`` ranks on each, one group of ``nproc`` x
+    ``nnodes`` ranks (FSDP2 over all of them). Each host runs ``streamrft train --node-rank R``
+    (R from 0 to ``nnodes`` - 1; ``streamrft run`` starts node 0, whose first rank consumes,
+    publishes and checkpoints); they meet at ``rdzv``. Each rank talks from the address its
+    host routes towards ``rdzv`` (gloo and NCCL are shown that address's interface unless
+    ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` name one). A host whose ranks fail ends
+    the group: every node's ``streamrft train`` exits non-zero and is started again (by
+    ``streamrft run`` on node 0, by the host's service manager elsewhere); the group
+    resumes from the checkpoint."""
+    rdzv: str = ""
+    """With ``nnodes`` > 1: ``HOST:PORT`` where node 0's rank 0 listens for the other ranks
+    (torch's TCP store): node 0's address as the other hosts reach it, and a port free
+    there."""
     batch_size: Pos = 32
     """Experience groups per training step."""
     ppo_epochs: Pos = 1
@@ -588,6 +603,11 @@ class TrainerConfig(_Section, frozen=True):
     """Resume from the latest checkpoint of the run id when one exists."""
     idle_timeout_s: PosF = 120.0
     """Finish when no experience arrives for this long (the tasks ran out)."""
+
+    @property
+    def world(self) -> int:
+        """Ranks of the trainer on all its hosts."""
+        return self.nproc * self.nnodes
 
 
 LossAggMode = Literal[
@@ -770,6 +790,11 @@ class SynchronizerConfig(_Section, frozen=True):
     """Shared folder of the ``filesystem`` method (default ``<run.dir>/weights``)."""
     nccl_host: str = "127.0.0.1"
     """Address explorers reach the trainer's rendezvous store on (``nccl`` method)."""
+    nccl_hosts: list[str] = []
+    """More addresses a trainer of this run may broadcast from: the hosts it may be
+    restarted on (with ``-o synchronizer.nccl_host=`` that host's address). An explorer
+    joins a broadcast only when its rendezvous is at ``nccl_host`` or one of these (a
+    control event naming another address is refused, the version taken from the store)."""
     nccl_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
     """Port of the rendezvous store (0: a free port, new for every group epoch)."""
     nccl_bucket_mb: Pos = 64
@@ -1136,6 +1161,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"trainer.devices: {t.devices} must list trainer.nproc ({t.nproc}) different GPUs "
             "as cuda:N, one per rank, without trainer.device (one process: trainer.device)"
+        )
+    if t.nnodes > 1 and split_host_port(t.rdzv) is None:
+        raise ConfigError(
+            f"trainer.rdzv: {t.rdzv!r}; with trainer.nnodes {t.nnodes} give HOST:PORT, where "
+            "node 0's first rank listens for the other hosts' ranks"
         )
     if cfg.model.source == "path" and not cfg.model.path:
         raise ConfigError("model.path: required when model.source is 'path'")

@@ -52,3 +52,46 @@ def canonical_host(host: str) -> str:
         return str(ipaddress.ip_address(host))
     except ValueError:
         return host
+
+
+def split_host_port(text: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (``[v6]:PORT`` too) as its parts; None when it is not one."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+def local_address_towards(host: str) -> str:
+    """The local address the OS would send from to reach ``host`` ('' if unknown): this
+    host's address as ``host`` sees it (no packet is sent)."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return str(s.getsockname()[0])
+    except OSError:
+        return ""
+
+
+_SIOCGIFADDR = 0x8915
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface holding the IPv4 ``address`` (Linux; None elsewhere or when
+    no interface has it as its address)."""
+    import fcntl
+    import struct
+
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                packed = fcntl.ioctl(
+                    s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15])
+                )
+            except OSError:  # no IPv4 address
+                continue
+        if socket.inet_ntoa(packed[20:24]) == address:
+            return name
+    return None

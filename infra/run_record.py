@@ -118,6 +118,12 @@ async def fetch_record(kafka: KafkaConfig, topics: TopicNames, wait_s: float = 0
         await asyncio.sleep(2.0)
 
 
+HOST_FIELDS = (("run", "host_id"), ("run", "dir"))
+"""Fields of the record that belong to the recording process's host: which host it is
+(same-host shared memory) and its run folder (a path there). A process on another host
+finds its own (``run.dir``: ``runs`` in its working folder, unless ``-o`` says)."""
+
+
 def config_of_record(
     record: RunDefined,
     overrides: list[str] | None = None,
@@ -126,13 +132,17 @@ def config_of_record(
 ) -> Config:
     """The run's config from its record: credentials from this process's environment
     (``STREAMRFT_S3_*``, ``STREAMRFT_KAFKA_*``), then ``overrides`` (relative paths taken
-    from ``base``, the working folder by default)."""
+    from ``base``, the working folder by default). What names the recording process's own
+    host (:data:`HOST_FIELDS`) is left out: this process finds its own."""
     try:
         data = yaml.safe_load(record.config_yaml)
     except yaml.YAMLError as exc:
         raise ConfigError(f"the run's record is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError("the run's record: top level must be a mapping")
+    for section, key in HOST_FIELDS:
+        if isinstance(data.get(section), dict):
+            data[section].pop(key, None)
     return config_from_data(
         data,
         base or Path.cwd(),

@@ -143,11 +143,14 @@ class BroadcastReceiver(WeightReceiver):
     refetchable = False
     needs_template = True
 
-    def __init__(self, member: str, timeout_s: float, host: str) -> None:
+    def __init__(
+        self, member: str, timeout_s: float, host: str, others: Sequence[str] = ()
+    ) -> None:
         self.member = member
         self.timeout_s = timeout_s
-        self.host = host
-        """The one rendezvous host this explorer connects to (``synchronizer.nccl_host``)."""
+        self.hosts = (host, *others)
+        """The rendezvous hosts this explorer connects to: ``synchronizer.nccl_host`` and
+        ``synchronizer.nccl_hosts`` (where a trainer of the run may be restarted)."""
         self._receiver: CollectiveReceiver | None = None
 
     def can_load(self, event: ModelVersionReady) -> bool:
@@ -158,8 +161,11 @@ class BroadcastReceiver(WeightReceiver):
             host = parse_rendezvous(event.uri).host
         except SyncError as exc:
             return str(exc)
-        if not same_host(host, self.host):
-            return f"rendezvous at {host!r}, not synchronizer.nccl_host ({self.host!r})"
+        if not any(same_host(host, allowed) for allowed in self.hosts):
+            return (
+                f"rendezvous at {host!r}, not synchronizer.nccl_host or nccl_hosts "
+                f"({', '.join(self.hosts)})"
+            )
         return None
 
     def receive(

@@ -62,7 +62,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import socket
 import time
 import urllib.parse
 from collections import deque
@@ -74,6 +73,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from streamrft.infra.net import local_address_towards
 from streamrft.schemas.errors import SyncError, SyncTimeout
 
 log = logging.getLogger(__name__)
@@ -417,17 +417,6 @@ def _gloo_devices(bind_host: str) -> list[Any]:
     if bind_host and bind_host not in ("0.0.0.0", "::"):
         return [dist.ProcessGroupGloo.create_device(hostname=bind_host)]
     return [dist.ProcessGroupGloo.create_default_device()]
-
-
-def _local_address_towards(host: str) -> str:
-    """The local address the OS would use to reach ``host`` ('' if unknown)."""
-    try:
-        family, _, _, _, addr = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect(addr)
-            return str(s.getsockname()[0])
-    except OSError:
-        return ""
 
 
 def _make_group(backend: str, store: Any, rank: int, size: int, timeout_s: float, bind: str):
@@ -934,7 +923,7 @@ class CollectiveReceiver:
         if formed != _GO:
             raise SyncTimeout(f"weight-sync epoch {rdv.epoch}: {formed.split(':', 2)[-1]}")
         try:
-            bind = _local_address_towards(rdv.host)
+            bind = local_address_towards(rdv.host)
             pg = _make_group(
                 rdv.backend,
                 dist.PrefixStore("pg", store),

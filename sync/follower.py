@@ -152,6 +152,10 @@ class WeightFollower:
         self._remembered = False
         self._refused: set[tuple[int, str, str]] = set()
         """(version, method, manifest sha256) of announcements refused (reported once)."""
+        self.failed_broadcasts: set[tuple[int, str]] = set()
+        """(version, rendezvous) of broadcasts this explorer failed to receive: a broadcast
+        happens once, so it is never tried again (its trainer may be gone for good: the
+        version then comes by the store, or a newer one does)."""
 
     # -- what can be loaded ------------------------------------------------------------------
     def usable(self, report: bool = True) -> dict[int, ModelVersionReady]:
@@ -166,6 +170,7 @@ class WeightFollower:
                 ev
                 for ev in self.view.announcements(v) or [latest]
                 if (v, ev.manifest_sha256) not in self.rejected
+                and (v, ev.uri) not in self.failed_broadcasts
                 and self._allowed(ev, report)
                 and self.receivers.can_load(ev)
                 and (ev is latest or self.receivers.for_event(ev).refetchable)
@@ -457,6 +462,7 @@ class WeightFollower:
     async def _wait_fallback(self, event: ModelVersionReady, exc: SyncError) -> bool:
         """A broadcast failed: the trainer announces the same version again by the store."""
         self.counters.add("broadcast_failures")
+        self.failed_broadcasts.add((event.version, event.uri))
         log.warning("%s: broadcast of version %d failed (%s)", self.name, event.version, exc)
         v = event.version
         return await self.view.wait_until(

@@ -184,7 +184,8 @@ def _filesystem_receiver(cfg: Config, member: str) -> WeightReceiver:
 def _nccl_receiver(cfg: Config, member: str) -> WeightReceiver:
     from streamrft.sync.broadcast import BroadcastReceiver
 
-    return BroadcastReceiver(member, cfg.synchronizer.sync_timeout, cfg.synchronizer.nccl_host)
+    sync = cfg.synchronizer
+    return BroadcastReceiver(member, sync.sync_timeout, sync.nccl_host, sync.nccl_hosts)
 
 
 def _shared_receiver(cfg: Config, member: str) -> WeightReceiver:

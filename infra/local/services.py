@@ -127,7 +127,9 @@ def _juicefs_bin() -> str:
 
 
 @contextlib.contextmanager
-def _minio_client(port: int, access_key: str, secret_key: str, timeout: float) -> Iterator[Any]:
+def _minio_client(
+    port: int, access_key: str, secret_key: str, timeout: float, host: str = "127.0.0.1"
+) -> Iterator[Any]:
     """A Minio client with short timeouts and no retries, for probes; closed on exit."""
     import urllib3
     from minio import Minio
@@ -137,19 +139,19 @@ def _minio_client(port: int, access_key: str, secret_key: str, timeout: float) -
         retries=urllib3.Retry(total=0, redirect=0),
     )
     try:
-        yield Minio(f"127.0.0.1:{port}", access_key, secret_key, secure=False, http_client=http)
+        yield Minio(f"{host}:{port}", access_key, secret_key, secure=False, http_client=http)
     finally:
         http.clear()
 
 
-def _wait_ready(svc: Service, probe: Any, deadline: float) -> None:
+def _wait_ready(svc: Service, probe: Any, deadline: float, host: str = "127.0.0.1") -> None:
     """Poll ``probe()`` until it returns without raising; raise if the process dies."""
     last: BaseException | None = None
     while True:
         if not svc.alive():
             code = svc.popen.returncode if svc.popen is not None else None
             raise _Died(svc, code)
-        if port_open(svc.port, timeout=0.5):
+        if port_open(svc.port, timeout=0.5, host=host):
             try:
                 probe()
             except Exception as e:
@@ -162,7 +164,7 @@ def _wait_ready(svc: Service, probe: Any, deadline: float) -> None:
                 continue
         if time.monotonic() >= deadline:
             raise ServiceError(
-                f"the {svc.name} did not become ready on 127.0.0.1:{svc.port} in time"
+                f"the {svc.name} did not become ready on {host}:{svc.port} in time"
                 f" (last error: {last!r}); log {svc.log}:\n{svc.tail()}"
             )
         time.sleep(0.05)
@@ -201,8 +203,10 @@ class LocalServices:
     :data:`BROKER_BUCKET` of the local object store; needs ``object_store=True``).
     ``secret_key`` needs 8+ characters and ``access_key`` 3+ (MinIO's rules); by default a
     secret is generated for this instance (see :meth:`record`: how other processes get it).
-    Both services listen on 127.0.0.1 only: the embedded broker has no authentication, so
-    nothing off this host may reach it.
+    Both services listen on ``host``, 127.0.0.1 by default: the embedded broker has no
+    authentication, so nothing off this host may reach it. Another address (with the
+    in-memory broker only) is for a network that only trusted hosts reach, such as the
+    multi-host drill's private bridge between network namespaces.
     """
 
     def __init__(
@@ -215,6 +219,7 @@ class LocalServices:
         access_key: str = "streamrft",
         secret_key: str | None = None,
         startup_timeout_s: float = 30.0,
+        host: str = "127.0.0.1",
     ) -> None:
         if secret_key is None:  # never the public default: anyone could read the versions
             secret_key = secrets.token_urlsafe(GENERATED_SECRET_BYTES)
@@ -228,6 +233,8 @@ class LocalServices:
             raise ConfigError("secret_key needs at least 8 characters")
         if startup_timeout_s <= 0:
             raise ConfigError("startup_timeout_s must be > 0")
+        if host != "127.0.0.1" and broker and broker_storage == "s3":
+            raise ConfigError("broker_storage='s3' listens on 127.0.0.1 only")
         self.state_dir = Path(state_dir).expanduser().absolute()
         self.broker = broker
         self.object_store = object_store
@@ -235,6 +242,7 @@ class LocalServices:
         self.access_key = access_key
         self.secret_key = secret_key
         self.startup_timeout_s = startup_timeout_s
+        self.host = host
         self._services: dict[str, Service] = {}
         self._gate: BrokerGate | None = None
         """In front of an s3-storage broker: clients reach it only once it is warmed up."""
@@ -372,7 +380,7 @@ class LocalServices:
                 s3_endpoint = None
                 if self.object_store:
                     store = self._start_object_store(deadline, detached)
-                    s3_endpoint = f"127.0.0.1:{store.port}"
+                    s3_endpoint = f"{self.host}:{store.port}"
                 bootstrap = None
                 if self.broker:
                     if self.broker_storage == "s3":
@@ -380,7 +388,7 @@ class LocalServices:
                     if self.broker_storage == "s3" and not detached:
                         self._gate = BrokerGate(free_port())
                     broker = self._start_broker(deadline, detached)
-                    bootstrap = f"127.0.0.1:{self._public_port(broker)}"
+                    bootstrap = f"{self.host}:{self._public_port(broker)}"
             except BaseException:
                 self.stop()
                 raise
@@ -411,12 +419,12 @@ class LocalServices:
         attempt = 0
         while True:
             attempt += 1
-            chosen = free_port() if port is None else port
+            chosen = free_port(self.host) if port is None else port
             log = self.state_dir / "logs" / f"{name}.log"
             svc = spawn(name, chosen, make_argv(chosen), log, env, detached=detached)
             self._services[name] = svc
             try:
-                _wait_ready(svc, lambda p=chosen: probe(p), deadline)
+                _wait_ready(svc, lambda p=chosen: probe(p), deadline, self.host)
             except _Died as e:
                 self._services.pop(name, None)
                 if not e.port_in_use:
@@ -424,7 +432,7 @@ class LocalServices:
                 if port is None and attempt < _PORT_RETRIES:
                     continue  # another process took the free port before the service did
                 raise ServiceError(
-                    f"the {name} could not listen on 127.0.0.1:{chosen}: the port is in use;"
+                    f"the {name} could not listen on {self.host}:{chosen}: the port is in use;"
                     f" log {log}:\n{e.tail}"
                 ) from e
             return svc
@@ -470,7 +478,7 @@ class LocalServices:
                 exe,
                 "gateway",
                 meta,
-                f"127.0.0.1:{port}",
+                f"{self.host}:{port}",
                 "--multi-buckets",
                 "--keep-etag",
                 "--object-tag",
@@ -489,7 +497,9 @@ class LocalServices:
             ]
 
         def probe(port: int) -> None:
-            with _minio_client(port, self.access_key, self.secret_key, timeout=1.0) as client:
+            with _minio_client(
+                port, self.access_key, self.secret_key, timeout=1.0, host=self.host
+            ) as client:
                 client.list_buckets()
 
         return self._launch(OBJECT_STORE, argv, env, probe, deadline, detached, port)
@@ -497,7 +507,9 @@ class LocalServices:
     def _ensure_bucket(self, bucket: str) -> None:
         svc = self._services[OBJECT_STORE]
         try:
-            with _minio_client(svc.port, self.access_key, self.secret_key, 10.0) as client:
+            with _minio_client(
+                svc.port, self.access_key, self.secret_key, 10.0, self.host
+            ) as client:
                 if not client.bucket_exists(bucket):
                     client.make_bucket(bucket)
         except Exception as e:
@@ -527,20 +539,20 @@ class LocalServices:
                 exe,
                 "broker",
                 "--listener-url",
-                f"tcp://127.0.0.1:{port}",
+                f"tcp://{self.host}:{port}",
                 "--advertised-listener-url",
-                f"tcp://127.0.0.1:{advertised(port)}",
+                f"tcp://{self.host}:{advertised(port)}",
                 "--storage-engine",
                 storage,
             ]
 
         def probe(port: int) -> None:
-            with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+            with socket.create_connection((self.host, port), timeout=1.0) as sock:
                 meta = kafka_wire.metadata(sock, correlation_id=0x5EED, client_id=_PROBE_ID)
             brokers = meta.brokers
-            if ("127.0.0.1", advertised(port)) not in brokers:
+            if (self.host, advertised(port)) not in brokers:
                 raise ServiceError(
-                    f"broker advertises {brokers}, expected 127.0.0.1:{advertised(port)}"
+                    f"broker advertises {brokers}, expected {self.host}:{advertised(port)}"
                 )
 
         svc = self._launch(BROKER, argv, env, probe, deadline, detached, port)

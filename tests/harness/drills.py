@@ -126,6 +126,61 @@ class _Watch:
     explorer_versions: dict[str, int] = field(default_factory=dict)
 
 
+async def _read_topic(cfg: Config, topic: str, codec) -> list[tuple[int, int, object | None]]:
+    """(partition, offset, decoded or None) of every message of a topic."""
+    records = await read_topic(cfg.kafka, topic, codec, "drill-books")
+    return [(r.partition, r.offset, r.obj) for r in records]
+
+
+async def audit_run(
+    cfg: Config, run_id: str, injected_invalid: frozenset | set = frozenset()
+) -> tuple[dict, dict]:
+    """The books of run ``run_id`` read back from its topics (module docstring), and the
+    retries its components counted (their newest status counters)."""
+    topics = cfg.topics()
+    tasks = await _read_topic(cfg, topics.tasks, TASK)
+    fed = {f"{run_id}/{t.id}@{t.epoch}" for _, _, t in tasks if t is not None}
+    ledger: dict[int, object] = {}
+    final: dict[str, float] = {}
+    for _, _, ev in await _read_topic(cfg, topics.metrics, METRICS):
+        if ev is None or ev.component != "trainer":
+            continue
+        if ev.trained:
+            ledger[ev.step] = ev  # the last attempt of each step
+        if "trainer/final_step" in ev.values:
+            final = dict(ev.values)
+    times: dict[str, int] = {}
+    for ev in ledger.values():
+        for row in ev.trained:
+            times[row.group_id] = times.get(row.group_id, 0) + 1
+    dead = [d for _, _, d in await _read_topic(cfg, topics.dead_letters, DEAD_LETTER)]
+    sources = {(d.source_topic, d.partition, d.offset) for d in dead if d is not None}
+    counters: dict[str, dict[str, float]] = {}
+    for _, _, ev in await _read_topic(cfg, topics.status, STATUS):
+        if ev is not None:
+            counters[ev.component] = ev.counters  # the newest of each component
+    retries = {
+        name: int(sum(c.get(name, 0) for c in counters.values()))
+        for name in ("send_retries", "publish_retries", "store_unavailable")
+    }
+    stale = int(final.get("trainer/stale_dropped", 0))
+    trained = set(times) & fed
+    return {
+        "tasks_fed": len(fed),
+        "tasks_trained": len(trained),
+        "tasks_dropped": stale,
+        "tasks_lost": max(0, len(fed - trained) - stale),
+        "duplicates_trained": sum(1 for n in times.values() if n > 1),
+        "foreign_trained": len(set(times) - fed),
+        "dead_letters": len(sources),
+        "dead_letters_unaccounted": len(sources - set(injected_invalid))
+        + sum(1 for d in dead if d is None),
+        "dead_letters_missing": len(set(injected_invalid) - sources),
+        "duplicates_dropped": int(final.get("trainer/duplicates_dropped", 0)),
+        "final_step": int(final.get("trainer/final_step", 0)),
+    }, retries
+
+
 class Drill(ABC):
     """One drill: services, the run as a subprocess, a fault, the books.
 
@@ -258,54 +313,11 @@ class Drill(ABC):
             await follower
 
     # -- the books -------------------------------------------------------------------------
-    async def _read_topic(self, topic: str, codec) -> list[tuple[int, int, object | None]]:
-        """(partition, offset, decoded or None) of every message of a topic."""
-        records = await read_topic(self.cfg.kafka, topic, codec, "drill-books")
-        return [(r.partition, r.offset, r.obj) for r in records]
-
     async def books(self) -> dict:
-        topics = self.cfg.topics()
-        tasks = await self._read_topic(topics.tasks, TASK)
-        fed = {f"{self.run_id}/{t.id}@{t.epoch}" for _, _, t in tasks if t is not None}
-        ledger: dict[int, object] = {}
-        final: dict[str, float] = {}
-        for _, _, ev in await self._read_topic(topics.metrics, METRICS):
-            if ev is None or ev.component != "trainer":
-                continue
-            if ev.trained:
-                ledger[ev.step] = ev  # the last attempt of each step
-            if "trainer/final_step" in ev.values:
-                final = dict(ev.values)
-        times: dict[str, int] = {}
-        for ev in ledger.values():
-            for row in ev.trained:
-                times[row.group_id] = times.get(row.group_id, 0) + 1
-        dead = [d for _, _, d in await self._read_topic(topics.dead_letters, DEAD_LETTER)]
-        sources = {(d.source_topic, d.partition, d.offset) for d in dead if d is not None}
-        counters: dict[str, dict[str, float]] = {}
-        for _, _, ev in await self._read_topic(topics.status, STATUS):
-            if ev is not None:
-                counters[ev.component] = ev.counters  # the newest of each component
-        self.detail["retries"] = {
-            name: int(sum(c.get(name, 0) for c in counters.values()))
-            for name in ("send_retries", "publish_retries", "store_unavailable")
-        }
-        stale = int(final.get("trainer/stale_dropped", 0))
-        trained = set(times) & fed
-        return {
-            "tasks_fed": len(fed),
-            "tasks_trained": len(trained),
-            "tasks_dropped": stale,
-            "tasks_lost": max(0, len(fed - trained) - stale),
-            "duplicates_trained": sum(1 for n in times.values() if n > 1),
-            "foreign_trained": len(set(times) - fed),
-            "dead_letters": len(sources),
-            "dead_letters_unaccounted": len(sources - self.injected_invalid)
-            + sum(1 for d in dead if d is None),
-            "dead_letters_missing": len(self.injected_invalid - sources),
-            "duplicates_dropped": int(final.get("trainer/duplicates_dropped", 0)),
-            "final_step": int(final.get("trainer/final_step", 0)),
-        }
+        books, self.detail["retries"] = await audit_run(
+            self.cfg, self.run_id, self.injected_invalid
+        )
+        return books
 
     def _recover_s(self) -> float | None:
         if self.fault_ended is None:
@@ -620,7 +632,7 @@ class PoisonBatch(Drill):
         books = await super().books()
         topics = self.cfg.topics()
         aside = set()
-        for _, _, d in await self._read_topic(topics.dead_letters, DEAD_LETTER):
+        for _, _, d in await _read_topic(self.cfg, topics.dead_letters, DEAD_LETTER):
             if d is not None and "trainers died" in d.reason and d.value is not None:
                 aside.add(EXPERIENCE_GROUP.decode(d.value).id)
                 self.injected_invalid.add((d.source_topic, d.partition, d.offset))
@@ -749,13 +761,13 @@ class Hostile(Drill):
         books = await super().books()
         topics = self.cfg.topics()
         said: dict[int, tuple[str, str]] = {}
-        for _, _, ev in await self._read_topic(topics.status, STATUS):
+        for _, _, ev in await _read_topic(self.cfg, topics.status, STATUS):
             if ev is not None and ev.role == "explorer":
                 for r in ev.rejected:
                     said[r.version] = (r.kind, r.reason)
         self.detail["rejected"] = {v: said.get(v) for v in self.detail.get("expected_kinds", {})}
         reasons = {}
-        for _, _, d in await self._read_topic(topics.dead_letters, DEAD_LETTER):
+        for _, _, d in await _read_topic(self.cfg, topics.dead_letters, DEAD_LETTER):
             if d is not None and d.source_topic == topics.experiences:
                 reasons[f"{d.partition}@{d.offset}"] = d.reason
         self.detail["dead_letter_reasons"] = reasons

@@ -74,6 +74,11 @@ def test_a_rendezvous_elsewhere_or_a_broadcast_without_its_digest_is_refused():
     with pytest.raises(IntegrityError, match="no digest of its bytes"):
         receiver.receive(_event("nccl", NCCL), like)
     assert receiver._receiver is None  # nothing was connected to
+    # a host the run lists for a restarted trainer (synchronizer.nccl_hosts) is accepted
+    moved = BroadcastReceiver("explorer-0", 5.0, "127.0.0.1", ["10.9.9.8", "10.9.9.9"])
+    assert moved.refusal(_event("nccl", away)) is None
+    elsewhere = rendezvous_uri("gloo", "10.9.9.7", 29500, 1, ["explorer-0"])
+    assert "10.9.9.8, 10.9.9.9" in moved.refusal(_event("nccl", elsewhere))
 
 
 def test_same_host():

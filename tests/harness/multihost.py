@@ -1,0 +1,288 @@
+"""The multi-host drill: one run over four simulated hosts (``tests/harness/hosts.py``), with
+nothing shared but the broker and the object store, losing two hosts on the way.
+
+    python -m tests.harness.multihost [--keep DIR]    (root; prints the timeline and figures)
+
+- the broker and the object store listen on the bridge (the machine's own namespace);
+- host A: ``streamrft run --explorers 0`` (supervisor, trainer, feeder), weights by the
+  ``nccl`` method (gloo on the CPU) from ``synchronizer.nccl_host`` = A's address;
+- hosts B and C: an explorer each, started with ``--run-id`` and ``--bootstrap`` only;
+- host C is lost (every process SIGKILLed) after step ``KILL_C_AT``; host D joins late with a
+  third explorer;
+- host A is lost after step ``KILL_A_AT`` (its trainer mid-run, its run folder gone with it
+  as far as the others know); a trainer started on host B from the run's record resumes
+  from the newest checkpoint in the object store, broadcasting from B's address, and
+  finishes the run.
+
+The books are then read back from the run's topics (``tests/harness/drills.py``
+:func:`audit_run`): every fed task trained once, none lost; the greedy accuracy of the
+first and the last evaluation. :func:`run_drill` returns the timeline and the figures;
+``tests/e2e/test_multihost_drill.py`` asserts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamrft.app.watch.metrics_log import read_metrics
+from streamrft.infra.config import load_config, with_run_id
+from streamrft.infra.consume import read_topic
+from streamrft.infra.local.services import LocalServices
+from streamrft.schemas.codec import CONTROL, METRICS, STATUS
+from streamrft.schemas.events import ModelVersionReady
+from tests.harness.drills import audit_run
+from tests.harness.hosts import Host, SimulatedHosts
+from tests.helpers.cli import env, overrides, service_overrides, streamrft_cmd
+from tests.helpers.paths import EXAMPLE
+
+EPOCHS = 4
+GROUPS_PER_STEP = 20
+STEPS = 100 * EPOCHS // GROUPS_PER_STEP  # examples/data/addition.jsonl: 100 tasks
+KILL_C_AT = 3
+JOIN_D_AT = 5
+KILL_A_AT = 9
+"""Host A is lost after this step, between two checkpoints (the newest one in the store
+is from before it: the steps after it are trained again on host B)."""
+TIMEOUT_S = 600.0
+
+RUN_OVERRIDES = [
+    f"taskset.total_epochs={EPOCHS}",
+    "explorer.batch_size=10",
+    "explorer.repeat_times=4",
+    f"trainer.batch_size={GROUPS_PER_STEP}",
+    "trainer.ppo_epochs=1",
+    "trainer.save_interval=2",
+    "trainer.idle_timeout_s=120",
+    "eval.interval=0",  # the first and the last step
+    # every fed task must train: nothing dropped as stale
+    "trainer.max_staleness=1000",
+    "synchronizer.method=nccl",
+    "synchronizer.sync_timeout=20",
+    "monitor.progress=false",
+]
+
+STORED = re.compile(r"checkpoint step_(\d+) in the store")
+RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
+
+
+@dataclass
+class Timeline:
+    started: float = field(default_factory=time.monotonic)
+    events: list[tuple[float, str]] = field(default_factory=list)
+
+    def add(self, what: str) -> None:
+        self.events.append((round(time.monotonic() - self.started, 1), what))
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _newest(pattern: re.Pattern, path: Path) -> int:
+    """The largest number ``pattern`` finds in the file (-1 when none, or no file)."""
+    return max((int(n) for n in pattern.findall(_text(path))), default=-1)
+
+
+def _trained(metrics: Path) -> int:
+    """The newest step the trainer reported in a run folder's ``metrics.jsonl`` (-1: none)."""
+    if not metrics.exists():
+        return -1
+    steps = [e.step for e in read_metrics(metrics) if e.component == "trainer" and e.trained]
+    return max(steps, default=-1)
+
+
+def _wait(ready, procs: list[subprocess.Popen], what: str, timeout: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{what}: a process ended first ({p.args[-12:]})")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+class Drill:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.timeline = Timeline()
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, host: Host, name: str, args: list[str], secrets: bool = True) -> None:
+        environ = {**env(), **host.env}
+        if secrets:
+            environ["STREAMRFT_S3_ACCESS_KEY"] = self.services.access_key
+            environ["STREAMRFT_S3_SECRET_KEY"] = self.services.secret_key
+        with (host.folder / f"{name}.log").open("w") as out:
+            self.procs[name] = subprocess.Popen(
+                host.argv(streamrft_cmd(*args)),
+                env=environ,
+                cwd=host.folder,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def run(self) -> dict:
+        with SimulatedHosts(self.root / "hosts") as hosts:
+            services = LocalServices(self.root / "services", host=hosts.address)
+            try:
+                self.services = services.start()
+                return self._run(hosts)
+            finally:
+                for p in self.procs.values():
+                    if p.poll() is None:
+                        p.kill()
+                services.stop()
+
+    def _run(self, hosts: SimulatedHosts) -> dict:
+        tl = self.timeline
+        a, b, c, d = (hosts.add(f"host-{x}") for x in "abcd")
+        tl.add(f"broker and object store on the bridge, {hosts.address}")
+        run_id = f"multihost-{hosts.tag}"
+        join = ["--run-id", run_id, "--bootstrap", self.services.bootstrap_servers]
+        run_args = ["run", str(EXAMPLE), "--run-id", run_id, "--explorers", "0"]
+        run_args += ["--max-steps", str(STEPS), "--no-progress"]
+        run_args += overrides(
+            *RUN_OVERRIDES,
+            "run.dir=runs",
+            "run.host_id=host-a",
+            f"synchronizer.nccl_host={a.address}",
+            f"synchronizer.nccl_hosts=[{b.address}]",  # where the trainer may move
+        )
+        self.start(a, "run", [*run_args, *service_overrides(self.services)], secrets=False)
+        trainer_a = a.folder / "runs" / run_id / "logs" / "trainer.log"
+        metrics_a = a.folder / "runs" / run_id / "metrics.jsonl"
+        _wait(
+            lambda: "defined on its control topic" in _text(trainer_a),
+            [self.procs["run"]],
+            "the run's record",
+        )
+        tl.add(f"host A ({a.address}): run {run_id} defined; trainer and feeder up")
+        for host, index in ((b, 0), (c, 1)):
+            self.start(
+                host,
+                f"explorer-{index}",
+                ["explore", *join, "--index", str(index), "-o", f"run.host_id={host.name}"],
+            )
+        tl.add(f"hosts B ({b.address}), C ({c.address}): explorer-0, explorer-1 started")
+        live = [self.procs["run"]]
+        _wait(lambda: _trained(metrics_a) >= KILL_C_AT, live, f"step {KILL_C_AT}")
+        killed = c.kill()
+        tl.add(f"host C lost at step {_trained(metrics_a)} ({killed} processes killed)")
+        _wait(lambda: _trained(metrics_a) >= JOIN_D_AT, live, f"step {JOIN_D_AT}")
+        self.start(d, "explorer-2", ["explore", *join, "--index", "2", "-o", "run.host_id=host-d"])
+        tl.add(f"host D ({d.address}) joins late: explorer-2 at step {_trained(metrics_a)}")
+        _wait(
+            lambda: (
+                _trained(metrics_a) >= KILL_A_AT
+                and 0 < _newest(STORED, trainer_a) < _trained(metrics_a)
+            ),
+            live,
+            f"step {KILL_A_AT} with a checkpoint before it in the store",
+        )
+        at, stored = _trained(metrics_a), _newest(STORED, trainer_a)
+        killed = a.kill()
+        tl.add(
+            f"host A lost at step {at} ({killed} processes killed); newest checkpoint in the "
+            f"store: step {stored}"
+        )
+        self.start(
+            b,
+            "trainer",
+            [
+                "train",
+                *join,
+                "-o",
+                "run.host_id=host-b",
+                "-o",
+                f"synchronizer.nccl_host={b.address}",
+            ],
+        )
+        trainer_b = b.folder / "trainer.log"
+        tl.add("host B: `streamrft train --run-id --bootstrap` started (no config file)")
+        _wait(lambda: _newest(RESUMED, trainer_b) >= 0, [self.procs["trainer"]], "the resume")
+        resumed = _newest(RESUMED, trainer_b)
+        tl.add(f"host B: trainer resumed from the store's checkpoint at step {resumed}")
+        codes = {
+            name: self.procs[name].wait(timeout=TIMEOUT_S)
+            for name in ("trainer", "explorer-0", "explorer-2")
+        }
+        tl.add(f"run finished on host B; exit codes {codes}")
+        return self._figures(run_id, at, stored, resumed, codes)
+
+    def _figures(self, run_id: str, lost_at: int, stored: int, resumed: int, codes: dict) -> dict:
+        cfg = with_run_id(
+            load_config(
+                EXAMPLE,
+                [*RUN_OVERRIDES, *service_overrides(self.services)[1::2]],
+            ),
+            run_id,
+        )
+        books, retries = asyncio.run(audit_run(cfg, run_id))
+        topics = cfg.topics()
+        metrics = asyncio.run(read_topic(cfg.kafka, topics.metrics, METRICS, "drill"))
+        evals = [
+            r.obj.values["eval/accuracy"]
+            for r in metrics
+            if r.obj is not None and "eval/accuracy" in r.obj.values
+        ]
+        control = asyncio.run(read_topic(cfg.kafka, topics.control, CONTROL, "drill"))
+        methods: dict[str, int] = {}
+        for r in control:
+            if isinstance(r.obj, ModelVersionReady):
+                methods[r.obj.method] = methods.get(r.obj.method, 0) + 1
+        status = asyncio.run(read_topic(cfg.kafka, topics.status, STATUS, "drill"))
+        applied: dict[str, dict[str, float]] = {}
+        for r in status:
+            if r.obj is not None and r.obj.component.startswith("explorer"):
+                applied[r.obj.component] = {
+                    k: v for k, v in r.obj.counters.items() if k.startswith("versions_applied")
+                }
+        return {
+            "timeline": self.timeline.events,
+            "books": books,
+            "retries": retries,
+            "lost_at_step": lost_at,
+            "stored_checkpoint": stored,
+            "resumed_at_step": resumed,
+            "exit_codes": codes,
+            "eval_first": evals[0] if evals else None,
+            "eval_last": evals[-1] if evals else None,
+            "announcements": methods,
+            "explorer_versions": applied,
+            "wall_s": round(time.monotonic() - self.timeline.started, 1),
+        }
+
+
+def run_drill(root: Path) -> dict:
+    return Drill(root).run()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--keep", help="work in this folder and keep it (logs of every host)")
+    args = p.parse_args()
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+        result = run_drill(Path(args.keep))
+    else:
+        with tempfile.TemporaryDirectory(prefix="multihost-") as tmp:
+            result = run_drill(Path(tmp))
+    for t, what in result["timeline"]:
+        print(f"{t:7.1f} s  {what}")
+    print(json.dumps({k: v for k, v in result.items() if k != "timeline"}))
+
+
+if __name__ == "__main__":
+    main()
