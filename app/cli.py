@@ -199,6 +199,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from streamrft.app.replay_source import prepare_replay
 
     cfg, replay = prepare_replay(_load(args, joining=True), args)  # replay: --from-* flags
+    if not 0 <= args.node_rank < cfg.trainer.nnodes:
+        raise ConfigError(
+            f"--node-rank {args.node_rank}: run {cfg.run.id}'s trainer spans trainer.nnodes = "
+            f"{cfg.trainer.nnodes} host(s), numbered 0 to {cfg.trainer.nnodes - 1}"
+        )
     # node 0's launcher or the one process (not a rank), given a config: a trainer started
     # from the run's record (no CONFIG) goes on with it, checked in _from_record
     if "RANK" not in os.environ and args.node_rank == 0 and args.config:
@@ -258,6 +263,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     from streamrft.consumers.checkpoint import latest_checkpoint
     from streamrft.infra.config import load_config
 
+    if args.checkpoint in (None, "store"):  # the run's newest checkpoint, from its store
+        if not args.run_id:
+            raise ConfigError("export: give --checkpoint PATH, or --run-id for the run's store")
+        cfg = _load(args, joining=True)
+        ckpt = _from_checkpoint_store(cfg)
+        print(f"exported {ckpt} to {export(cfg, ckpt, Path(args.out))}")
+        return 0
+    if args.config is None:
+        raise ConfigError("export --checkpoint PATH: give the run's config too")
     setup_logging()
     # export reads a checkpoint folder and writes a model folder: no broker, no store, so a
     # run folder's config.yaml (its secrets redacted) serves as it is
@@ -270,6 +284,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = export(cfg, ckpt, Path(args.out))
     print(f"exported {ckpt} to {out}")
     return 0
+
+
+def _from_checkpoint_store(cfg: Config) -> Path:
+    """The newest complete checkpoint of run ``cfg`` in its object store, fetched into this
+    host's ``<run.dir>/<run id>/checkpoints`` unless the one there is as new."""
+    from streamrft.consumers.checkpoint import latest_checkpoint
+    from streamrft.consumers.checkpoint_store import CheckpointStore
+
+    if not cfg.object_store.endpoint:
+        raise ConfigError(f"run {cfg.run.id} has no object store (object_store.endpoint)")
+    root = cfg.run_dir / "checkpoints"
+    CheckpointStore(cfg).fetch_newer(root)
+    ckpt = latest_checkpoint(root)
+    if ckpt is None:
+        raise StreamRFTError(
+            f"run {cfg.run.id}: no complete checkpoint in its object store, nor in {root}"
+        )
+    return ckpt
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -614,12 +646,14 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction) -> None:
     """What reads a config or a run's checkpoints without joining a run: ``export``,
     ``score``, ``validate``, ``plan``."""
     sp = sub.add_parser("export", help="write a checkpoint (LoRA merged) as a Hugging Face folder")
-    sp.add_argument("config", help="the run's config (model section)")
+    _with_config(sp, "the run whose newest checkpoint in its object store to export", joins=True)
     sp.add_argument(
-        "--checkpoint", required=True, help="a step_N folder, a checkpoints folder or a run folder"
+        "--checkpoint",
+        help="a step_N folder, a checkpoints folder or a run folder; or `store` (the default "
+        "with --run-id): the run's newest complete checkpoint in its object store, fetched "
+        "into runs/<run id>/checkpoints here",
     )
     sp.add_argument("--out", required=True, help="folder to write")
-    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
     sp.set_defaults(func=cmd_export)
     sp = sub.add_parser(
         "score",

@@ -1146,9 +1146,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError("explorer.devices: give explorer.device or explorer.devices, not both")
     t = cfg.trainer
     device, field = role_device(cfg, "trainer")
-    if device not in ("cpu", "cuda", "auto") and t.nproc > 1:
+    if device not in ("cpu", "cuda", "auto") and t.world > 1:
         raise ConfigError(
-            f"{field}: {device!r} names one device; with trainer.nproc {t.nproc} the ranks "
+            f"{field}: {device!r} names one device; with {t.world} trainer ranks the ranks "
             f"take cuda:0 to cuda:{t.nproc - 1}, or the GPUs trainer.devices lists"
         )
     if t.devices and (

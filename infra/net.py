@@ -55,11 +55,19 @@ def canonical_host(host: str) -> str:
 
 
 def split_host_port(text: str) -> tuple[str, int] | None:
-    """``HOST:PORT`` (``[v6]:PORT`` too) as its parts; None when it is not one."""
+    """``HOST:PORT`` (an IPv6 address in brackets: ``[::1]:PORT``) as its parts; None when
+    it is not one."""
     host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
         return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return None
+    elif not host or ":" in host or not host.isascii() or any(c.isspace() for c in host):
+        return None  # an IPv6 address without brackets is ambiguous
     return host, int(port)
 
 
@@ -79,8 +87,9 @@ _SIOCGIFADDR = 0x8915
 
 
 def interface_of(address: str) -> str | None:
-    """The network interface holding the IPv4 ``address`` (Linux; None elsewhere or when
-    no interface has it as its address)."""
+    """The network interface holding the IPv4 ``address`` as its primary address (Linux;
+    None elsewhere, for IPv6, or for a secondary address: then name it in
+    ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``)."""
     import fcntl
     import struct
 

@@ -140,6 +140,10 @@ def config_of_record(
         raise ConfigError(f"the run's record is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError("the run's record: top level must be a mapping")
+    sync, run = data.get("synchronizer"), data.get("run")
+    # the filesystem method's shared folder, as the run has it (run.dir stays behind)
+    if isinstance(sync, dict) and isinstance(run, dict) and run.get("dir"):
+        sync["fs_dir"] = sync.get("fs_dir") or str(Path(run["dir"]) / "weights")
     for section, key in HOST_FIELDS:
         if isinstance(data.get(section), dict):
             data[section].pop(key, None)

@@ -231,12 +231,12 @@ def check_critic(spec: AlgorithmSpec, cfg: Config) -> None:
     """A critic (``gae``) is trained in the ``torch`` engine's one process only."""
     if not spec.needs_critic:
         return
-    if cfg.trainer.engine != "torch" or cfg.trainer.nproc > 1:
+    if cfg.trainer.engine != "torch" or cfg.trainer.world > 1:
         raise ConfigError(
             f"trainer.engine: algorithm.advantage_fn 'gae' (algorithm.type {spec.name!r}) "
             f"trains a critic, which the sharded engine does not support yet; use "
-            f"trainer.engine 'torch' with trainer.nproc 1 (got {cfg.trainer.engine!r}, "
-            f"nproc {cfg.trainer.nproc})"
+            f"trainer.engine 'torch' with trainer.nproc and trainer.nnodes 1 (got "
+            f"{cfg.trainer.engine!r}, nproc {cfg.trainer.nproc}, nnodes {cfg.trainer.nnodes})"
         )
 
 
@@ -244,7 +244,7 @@ def check_pairs(spec: AlgorithmSpec, cfg: Config) -> None:
     """DPO (``policy_loss_fn: dpo``) trains whole pairs in one process, on nothing else."""
     if not spec.pairs:
         return
-    if cfg.trainer.nproc > 1:
+    if cfg.trainer.world > 1:
         raise ConfigError(
             f"trainer.nproc: algorithm.policy_loss_fn 'dpo' (algorithm.type {spec.name!r}) "
             f"trains in one process; the sharded engine does not support it (got nproc "

@@ -1,15 +1,18 @@
 """Checkpoints in the store: a run trained on "host A" (its own run folder) leaves its
 checkpoints in the object store; the same run started on "host B" (another run folder,
 nothing copied) fetches the newest one, resumes at its step and trains on, nothing trained
-twice."""
+twice; a third exports it with the run id and the broker alone."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
-from tests.helpers.cli import run_argv, run_ok
+from tests.helpers.cli import env, run_argv, run_ok, streamrft_cmd
 from tests.helpers.paths import EXAMPLE
 
 pytestmark = pytest.mark.e2e
@@ -40,3 +43,37 @@ def test_a_trainer_on_another_host_resumes_from_the_stores_checkpoint(services, 
     assert s["steps"] == 6 and s["books"]["trained_twice"] == 0
     local = sorted(p.name for p in (host_b / run_id / "checkpoints").glob("step_*"))
     assert local[-1] == "step_00000006" and "step_00000004" in local
+
+    # a third host exports the run's newest checkpoint from the store: the run id, the
+    # broker and the store's secret only, nothing local
+    host_c = tmp_path / "c"
+    (host_c / "home").mkdir(parents=True)
+    out = host_c / "exported"
+    proc = subprocess.run(
+        streamrft_cmd(
+            "export",
+            "--run-id",
+            run_id,
+            "--bootstrap",
+            services.bootstrap_servers,
+            "--out",
+            str(out),
+        ),
+        env={
+            **env(),
+            "HOME": str(host_c / "home"),
+            "STREAMRFT_S3_ACCESS_KEY": services.access_key,
+            "STREAMRFT_S3_SECRET_KEY": services.secret_key,
+        },
+        cwd=host_c,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step_00000006" in proc.stdout
+    fetched = host_c / "runs" / run_id / "checkpoints" / "step_00000006" / "model.safetensors"
+    exported = load_file(out / "model.safetensors")
+    trained = load_file(host_b / run_id / "checkpoints" / "step_00000006" / "model.safetensors")
+    assert fetched.is_file() and set(exported) <= set(trained)
+    assert all(torch.equal(exported[k], trained[k]) for k in exported)  # the step-6 weights

@@ -45,6 +45,19 @@ def unavailable() -> str | None:
     return None
 
 
+def _free_prefix() -> str:
+    """A ``10.x.y`` /24 that no route of this machine reaches yet (the bridge's subnet)."""
+    routes = subprocess.run(
+        ["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True, check=False
+    ).stdout
+    for _ in range(100):
+        octets = secrets.randbelow(50 * 250)
+        prefix = f"10.{200 + octets // 250}.{octets % 250}"
+        if f"{prefix}." not in routes:
+            return prefix
+    raise RuntimeError("no free 10.x.y.0/24 for the simulated hosts' bridge")
+
+
 @dataclass
 class Host:
     """One simulated host: its namespace, address, folder and environment."""
@@ -82,27 +95,37 @@ class SimulatedHosts:
     def __init__(self, root: Path) -> None:
         self.tag = secrets.token_hex(3)
         self.root = root
-        octets = secrets.randbelow(50 * 250)
-        self.prefix = f"10.{200 + octets // 250}.{octets % 250}"
+        self.prefix = _free_prefix()
         self.bridge = f"sb{self.tag}"
         self.address = f"{self.prefix}.1"
         """The machine's own address on the bridge (where shared services listen)."""
         self.hosts: list[Host] = []
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.address}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        self._namespaces: list[str] = []
+        """Every namespace made, the half-made one included (removed by :meth:`close`)."""
+        try:
+            _ip("link", "add", self.bridge, "type", "bridge")
+            _ip("addr", "add", f"{self.address}/24", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+        except BaseException:
+            self.close()
+            raise
 
     def add(self, name: str) -> Host:
         n = len(self.hosts) + 2
         netns, outside, inside = f"srft-{self.tag}-{n}", f"sv{self.tag}{n}", f"sp{self.tag}{n}"
-        _ip("netns", "add", netns)
-        _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
-        _ip("link", "set", outside, "master", self.bridge)
-        _ip("link", "set", outside, "up")
-        _ip("link", "set", inside, "netns", netns)
-        _ip("addr", "add", f"{self.prefix}.{n}/24", "dev", inside, netns=netns)
-        _ip("link", "set", inside, "up", netns=netns)
-        _ip("link", "set", "lo", "up", netns=netns)
+        self._namespaces.append(netns)
+        try:
+            _ip("netns", "add", netns)
+            _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+            _ip("link", "set", outside, "master", self.bridge)
+            _ip("link", "set", outside, "up")
+            _ip("link", "set", inside, "netns", netns)
+            _ip("addr", "add", f"{self.prefix}.{n}/24", "dev", inside, netns=netns)
+            _ip("link", "set", inside, "up", netns=netns)
+            _ip("link", "set", "lo", "up", netns=netns)
+        except BaseException:
+            subprocess.run(["ip", "link", "del", outside], capture_output=True, check=False)
+            raise
         folder = self.root / name
         for sub in ("home", "tmp", "work"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
@@ -119,7 +142,8 @@ class SimulatedHosts:
     def close(self) -> None:
         for host in self.hosts:
             host.kill()
-            subprocess.run(["ip", "netns", "del", host.netns], capture_output=True, check=False)
+        for netns in self._namespaces:  # its end of the veth pair goes with it
+            subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
 
     def __enter__(self) -> SimulatedHosts:

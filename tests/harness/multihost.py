@@ -38,6 +38,7 @@ from streamrft.infra.consume import read_topic
 from streamrft.infra.local.services import LocalServices
 from streamrft.schemas.codec import CONTROL, METRICS, STATUS
 from streamrft.schemas.events import ModelVersionReady
+from streamrft.sync.collective import parse_rendezvous
 from tests.harness.drills import audit_run
 from tests.harness.hosts import Host, SimulatedHosts
 from tests.helpers.cli import env, overrides, service_overrides, streamrft_cmd
@@ -71,6 +72,7 @@ RUN_OVERRIDES = [
 
 STORED = re.compile(r"checkpoint step_(\d+) in the store")
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
+NCCL_APPLIED = re.compile(r"applied version (\d+) \(nccl\)")
 
 
 @dataclass
@@ -149,6 +151,7 @@ class Drill:
         tl = self.timeline
         a, b, c, d = (hosts.add(f"host-{x}") for x in "abcd")
         tl.add(f"broker and object store on the bridge, {hosts.address}")
+        self.addresses = {h.name.removeprefix("host-"): h.address for h in (a, b, c, d)}
         run_id = f"multihost-{hosts.tag}"
         join = ["--run-id", run_id, "--bootstrap", self.services.bootstrap_servers]
         run_args = ["run", str(EXAMPLE), "--run-id", run_id, "--explorers", "0"]
@@ -176,6 +179,7 @@ class Drill:
                 ["explore", *join, "--index", str(index), "-o", f"run.host_id={host.name}"],
             )
         tl.add(f"hosts B ({b.address}), C ({c.address}): explorer-0, explorer-1 started")
+        self.explorer0_log = b.folder / "explorer-0.log"
         live = [self.procs["run"]]
         _wait(lambda: _trained(metrics_a) >= KILL_C_AT, live, f"step {KILL_C_AT}")
         killed = c.kill()
@@ -239,16 +243,27 @@ class Drill:
         ]
         control = asyncio.run(read_topic(cfg.kafka, topics.control, CONTROL, "drill"))
         methods: dict[str, int] = {}
+        broadcast_from: dict[int, str] = {}  # version -> its broadcast's rendezvous host
         for r in control:
             if isinstance(r.obj, ModelVersionReady):
                 methods[r.obj.method] = methods.get(r.obj.method, 0) + 1
+                if r.obj.method == "nccl":
+                    broadcast_from[r.obj.version] = parse_rendezvous(r.obj.uri).host
         status = asyncio.run(read_topic(cfg.kafka, topics.status, STATUS, "drill"))
         applied: dict[str, dict[str, float]] = {}
         for r in status:
             if r.obj is not None and r.obj.component.startswith("explorer"):
                 applied[r.obj.component] = {
-                    k: v for k, v in r.obj.counters.items() if k.startswith("versions_applied")
+                    k: v
+                    for k, v in r.obj.counters.items()
+                    if k.startswith(("versions_applied", "versions_refused"))
                 }
+        # what explorer-0 (host B) received by broadcast, by the host it came from
+        by_broadcast = [int(v) for v in NCCL_APPLIED.findall(_text(self.explorer0_log))]
+        received_from: dict[str, int] = {}
+        for v in by_broadcast:
+            host = broadcast_from.get(v, "?")
+            received_from[host] = received_from.get(host, 0) + 1
         return {
             "timeline": self.timeline.events,
             "books": books,
@@ -261,6 +276,8 @@ class Drill:
             "eval_last": evals[-1] if evals else None,
             "announcements": methods,
             "explorer_versions": applied,
+            "explorer0_broadcasts_from": received_from,
+            "hosts": self.addresses,
             "wall_s": round(time.monotonic() - self.timeline.started, 1),
         }
 

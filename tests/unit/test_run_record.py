@@ -79,7 +79,8 @@ def test_a_joiner_builds_the_runs_config_with_its_own_secrets_and_overrides(tmp_
     monkeypatch.setenv("STREAMRFT_S3_SECRET_KEY", "sk")
     joined = config_of_record(record, ["explorer.threads=4", "model.device=cpu"])
     assert joined.object_store.secret_key == "sk" and joined.explorer.threads == 4
-    assert msgspec.structs.replace(joined, explorer=cfg.explorer) == cfg  # the rest is the run's
+    mine = {"explorer": cfg.explorer, "run": cfg.run, "synchronizer": cfg.synchronizer}
+    assert msgspec.structs.replace(joined, **mine) == cfg  # the rest is the run's
     (tmp_path / "tasks.jsonl").unlink()  # an explorer elsewhere has no task files: fine
     config_of_record(record)
     with pytest.raises(ConfigError, match=r"taskset.path: .* does not exist"):
@@ -159,3 +160,19 @@ def test_on_another_host_the_task_files_are_compared_by_their_bytes_not_their_pa
     other_host.write_text('{"id": "b", "prompt": "2+2=", "answer": "4"}\n')
     with pytest.raises(ConfigError, match=r"other task files than taskset.path: .*elsewhere"):
         check_against_record(moved, record, make_record(moved).fingerprints)
+
+
+def test_what_names_the_recording_host_stays_there(tmp_path, monkeypatch):
+    monkeypatch.setenv("STREAMRFT_S3_SECRET_KEY", "sk")
+    cfg = run_config(tmp_path, run={"host_id": "host-a", "dir": "/srv/a/runs"})
+    elsewhere = tmp_path / "b"
+    elsewhere.mkdir()
+    joined = config_of_record(make_record(cfg), base=elsewhere)
+    assert joined.run.host_id == ""  # found on this host (host name and boot id)
+    assert joined.run.dir == "runs"  # its own run folder, in its working folder
+    assert joined.run.id == "r1" and joined.run.seed == cfg.run.seed
+    # the filesystem method's shared folder is the run's, not one under this host's folder
+    assert joined.synchronizer.fs_dir == "/srv/a/runs/weights"
+    own = run_config(tmp_path, synchronizer={"fs_dir": "/shared/w"})
+    assert config_of_record(make_record(own)).synchronizer.fs_dir == "/shared/w"
+    assert config_of_record(make_record(cfg), ["run.dir=/data/runs"]).run.dir == "/data/runs"
