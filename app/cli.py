@@ -48,7 +48,13 @@ from streamrft.app.models import add_models_parser
 from streamrft.app.process import EXIT_CONFIG, EXIT_STALLED, setup_logging
 from streamrft.app.replay_source import add_replay_arguments
 from streamrft.app.tasks import add_tasks_parser
-from streamrft.schemas.errors import ConfigError, Stalled, StreamRFTError
+from streamrft.schemas.errors import (
+    ConfigError,
+    ServiceError,
+    Stalled,
+    StreamRFTError,
+    SyncError,
+)
 from streamrft.schemas.topics import TopicNames
 
 if TYPE_CHECKING:
@@ -304,6 +310,23 @@ def _from_checkpoint_store(cfg: Config) -> Path:
     return ckpt
 
 
+def _fetch_for_scoring(cfg: Config, which: str) -> None:
+    """The checkpoints ``score --checkpoint`` names, fetched from the run's object store into
+    this host's run folder (those it lacks)."""
+    from streamrft.consumers.checkpoint_store import CheckpointStore
+
+    if not cfg.object_store.endpoint:
+        raise ConfigError(f"run {cfg.run.id} has no object store (object_store.endpoint)")
+    store = CheckpointStore(cfg)
+    root = cfg.run_dir / "checkpoints"
+    if which == "latest":
+        store.fetch_newer(root)
+    else:
+        store.fetch_missing(
+            root, None if which == "all" else {int(which)} if which.isdigit() else set()
+        )
+
+
 def cmd_score(args: argparse.Namespace) -> int:
     if args.command == "bench":
         print(
@@ -312,13 +335,22 @@ def cmd_score(args: argparse.Namespace) -> int:
     from streamrft.app.score import ScoreOptions, score
     from streamrft.infra.config import load_config, with_run_id
 
-    overrides = list(args.override or [])
     if args.engine:
-        overrides.append(f"explorer.engine={args.engine}")
-    cfg = load_config(args.config, overrides)
-    if not (args.run_id or cfg.run.id):
-        raise StreamRFTError("--run-id is required (the run whose checkpoints to score)")
-    cfg = _placed(with_run_id(cfg, args.run_id), "explorer")  # it samples as an explorer
+        args.override = [*(args.override or []), f"explorer.engine={args.engine}"]
+    if args.config is None:  # the run's record, its checkpoints from its store
+        cfg = _load(args, joining=True)
+        _fetch_for_scoring(cfg, args.checkpoint)
+    else:
+        cfg = load_config(args.config, list(args.override or []))
+        if not (args.run_id or cfg.run.id):
+            raise StreamRFTError("--run-id is required (the run whose checkpoints to score)")
+        cfg = with_run_id(cfg, args.run_id)
+        if cfg.object_store.endpoint and cfg.trainer.checkpoint_store != "local":
+            try:
+                _fetch_for_scoring(cfg, args.checkpoint)
+            except (SyncError, ServiceError) as exc:  # what this host holds is scored
+                log.warning("the run's object store cannot be read (%s); local checkpoints", exc)
+    cfg = _placed(cfg, "explorer")  # it samples as an explorer
     setup_logging(cfg.monitor.log_level)
     out = Path(args.out) if args.out else None
     opts = ScoreOptions(args.checkpoint, args.k, args.samples, args.require_publish, out)
@@ -660,8 +692,15 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction) -> None:
         aliases=["bench"],
         help="score a run's checkpoints: greedy accuracy, pass@k (`bench`: an old name)",
     )
-    _with_config(sp, "the run whose checkpoints to score (required unless the config sets run.id)")
-    sp.add_argument("--checkpoint", default="latest", help="latest (default), all, or a step")
+    _with_config(
+        sp, "the run whose checkpoints to score (required unless the config sets run.id)", True
+    )
+    sp.add_argument(
+        "--checkpoint",
+        default="latest",
+        help="latest (default), all, or a step; those this host lacks are fetched from the "
+        "run's object store (trainer.checkpoint_store)",
+    )
     sp.add_argument("--k", type=int, default=4, help="pass@k for this k, and pass@1 (default 4)")
     sp.add_argument("--samples", type=int, metavar="N", help="samples per task, N >= k (default k)")
     sp.add_argument("--engine", help="rollout engine (default: explorer.engine)")

@@ -171,6 +171,26 @@ class CheckpointStore:
                 log.warning("trainer: %s; trying an older checkpoint", exc)
         return None
 
+    def fetch_missing(self, root: Path, steps: set[int] | None = None) -> list[Path]:
+        """Download the store's complete checkpoints of ``steps`` (None: every one) that
+        ``root`` lacks, oldest first (what ``streamrft score`` reads on a host the trainer
+        never ran on); one whose files differ from its manifest is skipped with a warning.
+        ``latest`` names the newest checkpoint in ``root`` afterwards."""
+        have = {_step_of(p.name) for p in root.glob("step_*")} if root.is_dir() else set()
+        got = []
+        for step, manifest in sorted(self.complete(), key=lambda item: item[0]):
+            if (steps is None or step in steps) and step not in have:
+                try:
+                    got.append(self._download(root, step, manifest))
+                except IntegrityError as exc:
+                    log.warning("%s; skipped", exc)
+        if got:
+            newest = max(
+                s for s in (_step_of(p.name) for p in root.glob("step_*")) if s is not None
+            )
+            point_latest(root, f"step_{newest:08d}")
+        return got
+
     def _download(self, root: Path, step: int, manifest: dict[str, Any]) -> Path:
         name = f"step_{step:08d}"
         root.mkdir(parents=True, exist_ok=True)

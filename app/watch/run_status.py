@@ -11,9 +11,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+import yaml
+
 from streamrft.app.watch.run_events import read_events
 from streamrft.infra.config import KafkaConfig
-from streamrft.schemas.events import DeadLetter, ModelVersionReady, StatusEvent
+from streamrft.schemas.events import DeadLetter, ModelVersionReady, RunDefined, StatusEvent
 from streamrft.schemas.topics import TopicNames
 
 PARTITIONS_NOTE = "tasks partitions "
@@ -29,6 +31,8 @@ class Components:
     partitions: dict[str, str] = field(default_factory=dict)
     newest_version: int = -1
     dead_letters: int = 0
+    record: RunDefined | None = None
+    """The run's newest definition (its trainer publishes it when it starts)."""
 
     def apply(self, kind: str, ev: object) -> None:
         if isinstance(ev, StatusEvent):
@@ -41,6 +45,8 @@ class Components:
             self.newest_version = max(self.newest_version, ev.version)
         elif isinstance(ev, DeadLetter):
             self.dead_letters += 1
+        elif isinstance(ev, RunDefined):
+            self.record = ev
 
     def trainer_version(self) -> int:
         trainer = self.status.get("trainer")
@@ -79,10 +85,28 @@ class Components:
             f"run {run}: {len(rows)} components, newest version {self.trainer_version()}, "
             f"{self.dead_letters} dead letters"
         ]
+        if self.record is not None:
+            lines.append(self.defined(time.time() if now is None else now))
         for r in cells:
             line = "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False))
             lines.append(f"{line}  {r[-1]}".rstrip())
         return "\n".join(lines)
+
+    def defined(self, now: float) -> str:
+        """One line on the run's newest record: when, where its config is, the trainer's
+        shape and the sync method (what a process joining with --run-id will take)."""
+        assert self.record is not None
+        try:
+            tree = yaml.safe_load(self.record.config_yaml) or {}
+        except yaml.YAMLError:
+            tree = {}
+        t, sync = tree.get("trainer") or {}, tree.get("synchronizer") or {}
+        where = self.record.store_uri or "the control topic"
+        return (
+            f"defined {_age(now - self.record.created_at)} (config at {where}): trainer "
+            f"{t.get('nproc', 1)} rank(s) x {t.get('nnodes', 1)} host(s), sync "
+            f"{sync.get('method', '?')}"
+        )
 
 
 def _age(seconds: float) -> str:

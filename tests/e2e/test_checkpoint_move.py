@@ -49,16 +49,30 @@ def test_a_trainer_on_another_host_resumes_from_the_stores_checkpoint(services, 
     host_c = tmp_path / "c"
     (host_c / "home").mkdir(parents=True)
     out = host_c / "exported"
+    proc = _on_host_c(host_c, services, "export", "--run-id", run_id, "--out", str(out))
+    assert "step_00000006" in proc.stdout
+    fetched = host_c / "runs" / run_id / "checkpoints" / "step_00000006" / "model.safetensors"
+    exported = load_file(out / "model.safetensors")
+    trained = load_file(host_b / run_id / "checkpoints" / "step_00000006" / "model.safetensors")
+    assert fetched.is_file() and set(exported) <= set(trained)
+    assert all(torch.equal(exported[k], trained[k]) for k in exported)  # the step-6 weights
+
+    # and scores every checkpoint the store holds (4 and 6: those it lacked are fetched)
+    _on_host_c(host_c, services, "score", "--run-id", run_id, "--checkpoint", "all", "--k", "2")
+    report = json.loads((host_c / "runs" / run_id / "score.json").read_text())
+    scored = [entry["step"] for entry in report["checkpoints"]]
+    assert scored[-2:] == [4, 6] and all(
+        0 <= e["greedy_accuracy"] <= 1 for e in report["checkpoints"]
+    )
+    stored = sorted(p.name for p in (host_c / "runs" / run_id / "checkpoints").glob("step_*"))
+    assert stored[-2:] == ["step_00000004", "step_00000006"]
+
+
+def _on_host_c(host_c, services, *args):
+    """``streamrft ARGS --bootstrap BROKER`` in ``host_c``: its own HOME, the store's secret
+    in its environment, nothing else of the run."""
     proc = subprocess.run(
-        streamrft_cmd(
-            "export",
-            "--run-id",
-            run_id,
-            "--bootstrap",
-            services.bootstrap_servers,
-            "--out",
-            str(out),
-        ),
+        streamrft_cmd(*args, "--bootstrap", services.bootstrap_servers),
         env={
             **env(),
             "HOME": str(host_c / "home"),
@@ -71,9 +85,4 @@ def test_a_trainer_on_another_host_resumes_from_the_stores_checkpoint(services, 
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "step_00000006" in proc.stdout
-    fetched = host_c / "runs" / run_id / "checkpoints" / "step_00000006" / "model.safetensors"
-    exported = load_file(out / "model.safetensors")
-    trained = load_file(host_b / run_id / "checkpoints" / "step_00000006" / "model.safetensors")
-    assert fetched.is_file() and set(exported) <= set(trained)
-    assert all(torch.equal(exported[k], trained[k]) for k in exported)  # the step-6 weights
+    return proc

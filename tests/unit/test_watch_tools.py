@@ -9,7 +9,13 @@ from streamrft.app.watch.run_events import runs_on_broker
 from streamrft.app.watch.run_status import Components
 from streamrft.app.watch.tail import matches, parse_where
 from streamrft.schemas.errors import StreamRFTError
-from streamrft.schemas.events import DeadLetter, ModelVersionReady, RunState, StatusEvent
+from streamrft.schemas.events import (
+    DeadLetter,
+    ModelVersionReady,
+    RunDefined,
+    RunState,
+    StatusEvent,
+)
 
 
 def _status(component, role, state, step, version, at, detail="", **counters):
@@ -49,6 +55,23 @@ def test_the_table_shows_the_newest_heartbeat_lag_and_partitions():
     ]  # fmt: skip
     assert lines[-1].endswith("waiting for version 4")
     assert rows[1][4:9] == ["-1", "90s", "ago", "-", "no"]  # no lag before a first version
+
+
+def test_the_table_says_how_the_run_is_defined():
+    c = Components()
+    c.apply("status", _status("trainer", "trainer", RunState.RUNNING, 5, 5, 99.0))
+    yaml_text = "trainer:\n  nproc: 2\n  nnodes: 3\nsynchronizer:\n  method: nccl\n"
+    c.apply("control", RunDefined(config_yaml="x: [", created_at=10.0))  # an older one
+    c.apply("control", RunDefined(config_yaml=yaml_text, store_uri="s3://b/r/run.yaml",
+                                  created_at=40.0))  # fmt: skip
+    lines = c.table("r", now=100.0).splitlines()
+    assert lines[1] == (
+        "defined 60s ago (config at s3://b/r/run.yaml): trainer 2 rank(s) x 3 host(s), sync nccl"
+    )
+    c.apply("control", RunDefined(config_yaml="x: [", created_at=90.0))  # unreadable YAML
+    assert c.table("r", now=100.0).splitlines()[1] == (
+        "defined 10s ago (config at the control topic): trainer 1 rank(s) x 1 host(s), sync ?"
+    )
 
 
 @pytest.mark.parametrize(
