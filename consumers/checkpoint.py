@@ -23,6 +23,7 @@ deleted: all but the newest ``keep`` (0: none deleted) and those holding a ``kee
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -118,6 +119,16 @@ def _write_folder(
     fsync_path(folder)
 
 
+def mark_keep(folder: Path) -> None:
+    """Mark the checkpoint ``folder`` to be kept (retention passes it by)."""
+    _write_durably(folder / KEEP_MARKER, b"")
+
+
+def unmark_keep(folder: Path) -> None:
+    """Take the keep mark off the checkpoint ``folder`` (if it is still there)."""
+    (folder / KEEP_MARKER).unlink(missing_ok=True)
+
+
 # -- saving ----------------------------------------------------------------------------------
 def save_checkpoint(
     root: Path,
@@ -136,7 +147,19 @@ def save_checkpoint(
     final = root / f"step_{state.step:08d}"
     tmp = root / f".tmp_{final.name}"
     marked = (final / KEEP_MARKER).exists()
-    _write_folder(tmp, state, model, optimizer, marked, extras or {})
+    try:
+        _write_folder(tmp, state, model, optimizer, marked, extras or {})
+    except (OSError, SafetensorError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # half a checkpoint only takes space
+        if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "No space left" in str(exc):
+            free = shutil.disk_usage(root).free / 2**30
+            raise CheckpointError(
+                f"checkpoint {final.name}: no space left on the device of {root} "
+                f"({free:.1f} GiB free; a checkpoint holds the model and its optimizer state). "
+                "Free space, lower trainer.keep_checkpoints, or put run.dir on a larger disk; "
+                "the run resumes from its last complete checkpoint"
+            ) from exc
+        raise
     if final.exists():  # this step saved again: set aside, deleted once latest moves on
         aside = root / f"{final.name}.prev"
         shutil.rmtree(aside, ignore_errors=True)

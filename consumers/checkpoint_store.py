@@ -111,6 +111,19 @@ class CheckpointStore:
             if step < newest and step not in done:  # an upload cut short: never to be read
                 self.store.remove(f"{self.prefix}/step_{step:08d}/")
 
+    def unmark(self, step: int) -> None:
+        """Take the keep mark off the checkpoint of ``step`` in the store (its manifest
+        rewritten without it): retention may then remove it."""
+        name = f"step_{step:08d}"
+        try:
+            manifest = json.loads(self.store.get(self._key(name, MANIFEST)))
+        except ValueError as exc:
+            raise IntegrityError(f"checkpoint {name} in the store: manifest: {exc}") from exc
+        if manifest["files"].pop(KEEP_MARKER, None) is None:
+            return
+        self.store.put(self._key(name, MANIFEST), json.dumps(manifest).encode(), "application/json")
+        self.store.remove(self._key(name, KEEP_MARKER))
+
     def remove_unfinished(self) -> int:
         """Abort the multipart uploads a killed trainer left (their parts take space)."""
         return self.store.remove_leftovers(f"{self.prefix}/")
@@ -248,7 +261,7 @@ def stage(folder: Path) -> Path:
 class CheckpointUploads:
     """The trainer's uploads, one at a time in a thread while it trains on: a checkpoint
     made while one uploads waits; a newer one replaces a waiting one (only the newest
-    matters). ``on_durable(state)`` runs on the event loop once a checkpoint is complete
+    matters), unless that one is marked ``keep`` (``trainer.keep_best``): it goes too. ``on_durable(state)`` runs on the event loop once a checkpoint is complete
     in the store (the trainer commits its offsets then). A failed upload is tried again
     (:data:`RETRIES`) unless a newer checkpoint is waiting; failures are counted in
     ``counters`` (``checkpoint_upload_failures``) and logged."""
@@ -262,21 +275,20 @@ class CheckpointUploads:
         self.store = store
         self.on_durable = on_durable
         self.counters = counters
-        self._waiting: tuple[Path, TrainerState] | None = None
+        self._waiting: list[tuple[Path, TrainerState]] = []
         self._task: asyncio.Task[None] | None = None
 
     def submit(self, folder: Path, state: TrainerState) -> None:
         staged = stage(folder)
-        if self._waiting is not None:
-            shutil.rmtree(self._waiting[0], ignore_errors=True)
-        self._waiting = (staged, state)
+        for dropped, _ in [w for w in self._waiting if not (w[0] / KEEP_MARKER).exists()]:
+            shutil.rmtree(dropped, ignore_errors=True)
+        self._waiting = [w for w in self._waiting if w[0].exists()] + [(staged, state)]
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._work(), name="checkpoint-upload")
 
     async def _work(self) -> None:
-        while self._waiting is not None:
-            staged, state = self._waiting
-            self._waiting = None
+        while self._waiting:
+            staged, state = self._waiting.pop(0)
             try:
                 await self._upload(staged, state)
             finally:
@@ -297,7 +309,7 @@ class CheckpointUploads:
                     RETRIES,
                     exc,
                 )
-                if self._waiting is not None or attempt == RETRIES:
+                if self._waiting or attempt == RETRIES:
                     return  # a newer one goes instead, or it stays local
                 await asyncio.sleep(RETRY_S)
         self.counters.add("checkpoints_stored")
@@ -312,6 +324,12 @@ class CheckpointUploads:
             await asyncio.to_thread(self.store.prune)
         except SyncError as exc:
             log.warning("trainer: old checkpoints in the store not pruned (%s); later", exc)
+
+    def unmark_waiting(self, step: int) -> None:
+        """Take the keep mark off the waiting upload of ``step`` (a best no longer)."""
+        for staged, state in self._waiting:
+            if state.step == step:
+                (staged / KEEP_MARKER).unlink(missing_ok=True)
 
     async def drain(self, stopping: bool = False) -> None:
         """Wait for the uploads under way and waiting (the last checkpoint of a run); a

@@ -23,12 +23,14 @@ import logging
 import shutil
 import time
 from collections import Counter
+from pathlib import Path
 
 import torch
 from aiokafka.errors import KafkaError
 
 from streamrft.consumers.algorithms import resolve_algorithm
 from streamrft.consumers.buffer import ExperienceBuffer
+from streamrft.consumers.checkpoint import mark_keep, unmark_keep
 from streamrft.consumers.checkpoint_store import STAGING, CheckpointStore, CheckpointUploads
 from streamrft.consumers.expert_data import ExpertSource
 from streamrft.consumers.intake import ExperienceIntake
@@ -80,6 +82,10 @@ class Trainer:
         self.stop = asyncio.Event()
         self.step = 0
         self.counters = Counters()
+        self._best_at: int | None = None
+        """``trainer.keep_best``: the step whose evaluation was a new best (its checkpoint,
+        saved right after it at the same step, is the one to keep)."""
+        self._best_missing_said = False
         self.events = EventSender(cfg, "trainer", "trainer", self.counters, self._position)
         # the status topic: who is working (the idle rule), who a broadcast goes to
         self.view = ControlView(cfg, "trainer", self.events.dead_letter, listen_status=True)
@@ -357,7 +363,8 @@ class Trainer:
         interval = self.cfg.eval.interval
         if interval and self.step % interval == 0:
             await self.evaluate()
-        if self.tcfg.save_interval and self.step % self.tcfg.save_interval == 0:
+        due = self.tcfg.save_interval and self.step % self.tcfg.save_interval == 0
+        if due or self._best_at == self.step:
             await self.checkpoint()
         for name, size in self.view.sizes().items():
             self.counters.set(name, size)
@@ -483,6 +490,7 @@ class Trainer:
             return
         values = await asyncio.to_thread(self.engine.evaluate, self._evaluate)
         await self.events.metrics(values)
+        self._note_best(values)
         log.info(
             "trainer: step %d eval %s",
             self.step,
@@ -501,10 +509,55 @@ class Trainer:
         path = await asyncio.to_thread(self.engine.save, state)
         self.counters.add("checkpoints")
         log.info("trainer: checkpoint %s", path)
+        if self._best_at == self.step:
+            await self._keep_best(path)
+        self._best_at = None
         if self.uploads is None:
             await self.intake.commit(state.resume_offsets())
         else:
             self.uploads.submit(path, state)
+
+    def _note_best(self, values: dict[str, float]) -> None:
+        """``trainer.keep_best``: an evaluation with a new best value of its metric makes the
+        checkpoint of this step the one to keep (saved after this step)."""
+        name = self.tcfg.keep_best
+        if not name or self.step == 0:  # the weights before training: no checkpoint of them
+            return
+        if name not in values:
+            if not self._best_missing_said:
+                self._best_missing_said = True
+                log.warning(
+                    "trainer: trainer.keep_best %r is not among the evaluation's metrics (%s)",
+                    name,
+                    ", ".join(sorted(values)),
+                )
+            return
+        best = self.counters.get("keep_best_value", float("-inf"))
+        if self.counters.get("keep_best_step", -1) < 0 or values[name] > best:
+            self.counters.set("keep_best_value", values[name])
+            self._best_at = self.step
+
+    async def _keep_best(self, path: Path) -> None:
+        """Mark ``path`` (this step's checkpoint) ``keep`` before it is uploaded, and take the
+        mark off the best before it (on disk and in the store)."""
+        before = int(self.counters.get("keep_best_step", -1))
+        mark_keep(path)
+        self.counters.set("keep_best_step", self.step)
+        log.info(
+            "trainer: checkpoint %s kept as the best %s (%.4f)",
+            path.name,
+            self.tcfg.keep_best,
+            self.counters.get("keep_best_value", 0.0),
+        )
+        if before < 0 or before == self.step:
+            return
+        unmark_keep(path.parent / f"step_{before:08d}")
+        if self.uploads is not None:
+            self.uploads.unmark_waiting(before)
+            try:
+                await asyncio.to_thread(self.uploads.store.unmark, before)
+            except (SyncError, ServiceError) as exc:
+                log.warning("trainer: the store keeps step %d marked (%s)", before, exc)
 
     async def _open_checkpoint_store(self) -> None:
         """The run's checkpoints in the store, and the newest of them fetched when it is

@@ -574,6 +574,12 @@ class TrainerConfig(_Section, frozen=True):
     """Checkpoints kept in ``<run dir>/checkpoints`` (0: all): once a new one is complete,
     older ones beyond this many are deleted, except a folder holding a file named ``keep``
     (create it by hand to keep that checkpoint). The same number is kept in the store."""
+    keep_best: str = ""
+    """A metric of the trainer's own evaluation (``eval/accuracy``, ``eval/pass@4``...;
+    higher is better) whose best step's checkpoint is kept besides ``keep_checkpoints``,
+    on disk and in the store: a new best saves a checkpoint at its step (when none is due
+    there) marked ``keep``, and the mark of the one before it is removed. Empty: none.
+    Needs the trainer to evaluate (``eval.in_trainer``, the default without evaluators)."""
     checkpoint_store: Literal["auto", "local", "object_store"] = "auto"
     """Where checkpoints live besides ``<run dir>/checkpoints``: ``object_store`` uploads
     each to ``s3://<bucket>/<run id>/checkpoints/`` in the background (the trainer trains
@@ -1161,6 +1167,16 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"trainer.devices: {t.devices} must list trainer.nproc ({t.nproc}) different GPUs "
             "as cuda:N, one per rank, without trainer.device (one process: trainer.device)"
+        )
+    if t.keep_best and not cfg.eval.trainer_evaluates:
+        raise ConfigError(
+            f"trainer.keep_best: {t.keep_best!r} needs the trainer's own evaluation "
+            "(eval.in_trainer: true); evaluator processes evaluate versions, not checkpoints"
+        )
+    if t.keep_best and not t.keep_best.startswith("eval/"):
+        raise ConfigError(
+            f"trainer.keep_best: {t.keep_best!r} is not an evaluation metric (eval/accuracy, "
+            "eval/greedy_accuracy, eval/pass@K...)"
         )
     if t.nnodes > 1 and split_host_port(t.rdzv) is None:
         raise ConfigError(

@@ -247,3 +247,24 @@ def test_duplicates_are_caught_across_a_save_and_load(tokenizer, tmp_path):
     assert resumed.offer(group("g6", exp_ids=["g6#0", "g4#1"]), P1, 0) is False
     assert resumed.duplicates_dropped == 3
     assert [g.id for g in resumed.take(2)] == ["g4", "g5"]
+
+
+def test_a_full_disk_is_a_clear_error_and_leaves_no_half_checkpoint(tokenizer, tmp_path):
+    """On a real full device (a 16 KiB tmpfs; root only, else skipped)."""
+    import subprocess
+
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(small)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        model, opt = trained(tokenizer, seed=1)
+        with pytest.raises(checkpoint.CheckpointError, match=r"no space left on the device of"):
+            save_checkpoint(small, TrainerState(step=3, version=3), model, opt, keep=3)
+        assert list(small.iterdir()) == []  # the half-written folder is gone, nothing named
+        assert latest_checkpoint(small) is None
+    finally:
+        subprocess.run(["umount", str(small)], capture_output=True)

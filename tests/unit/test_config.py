@@ -291,3 +291,12 @@ def test_every_example_config_loads_and_its_tasksets_read(name):
         assert read_taskset(path, cfg.taskset), path
     if cfg.model.source == "path":  # a prepared model: `streamrft models prepare ...`
         assert "models/" in cfg.model.path
+
+
+def test_keep_best_names_an_evaluation_metric_of_the_trainer():
+    cfg = load_config(EXAMPLE, ["trainer.keep_best=eval/pass@4"])
+    assert cfg.trainer.keep_best == "eval/pass@4"
+    with pytest.raises(ConfigError, match=r"trainer.keep_best: 'train/loss' is not an evaluation"):
+        load_config(EXAMPLE, ["trainer.keep_best=train/loss"])
+    with pytest.raises(ConfigError, match=r"needs the trainer's own evaluation"):
+        load_config(EXAMPLE, ["trainer.keep_best=eval/accuracy", "eval.count=1"])
