@@ -16,25 +16,24 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/helpers, beside bench/
+
+from tests.helpers.qwen_shape import QWEN2_5_1_5B
+
 SHAPES = {
-    # Qwen/Qwen2.5-1.5B-Instruct's config.json, the vocabulary aside
+    # Qwen/Qwen2.5-1.5B-Instruct's config.json (the fields the planner reads, and the rest
+    # of what makes its layers), the vocabulary aside: it is the tokenizer's
     "qwen2.5-1.5b": {
-        "model_type": "qwen2",
-        "hidden_size": 1536,
-        "intermediate_size": 8960,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 32768,
+        **{k: v for k, v in QWEN2_5_1_5B.items() if k not in ("architectures", "vocab_size")},
         "rope_theta": 1000000.0,
         "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": True,
         "hidden_act": "silu",
     },
 }
@@ -54,6 +53,7 @@ def main() -> None:
     added = json.loads((tok_dir / "tokenizer.json").read_text()).get("added_tokens", [])
     vocab = max([vocab - 1, *(t["id"] for t in added)]) + 1
     fields = dict(SHAPES[args.shape])
+    fields.pop("torch_dtype", None)
     config = AutoConfig.for_model(fields.pop("model_type"), vocab_size=vocab, **fields)
     config.torch_dtype = "bfloat16"
     torch.manual_seed(0)
