@@ -312,19 +312,23 @@ def _from_checkpoint_store(cfg: Config) -> Path:
 
 def _fetch_for_scoring(cfg: Config, which: str) -> None:
     """The checkpoints ``score --checkpoint`` names, fetched from the run's object store into
-    this host's run folder (those it lacks)."""
+    this host's run folder (those it lacks), when the run keeps them there; a store that
+    cannot be read leaves the local ones to score."""
     from streamrft.consumers.checkpoint_store import CheckpointStore
 
-    if not cfg.object_store.endpoint:
-        raise ConfigError(f"run {cfg.run.id} has no object store (object_store.endpoint)")
-    store = CheckpointStore(cfg)
+    if not cfg.stores_checkpoints:
+        return
     root = cfg.run_dir / "checkpoints"
-    if which == "latest":
-        store.fetch_newer(root)
-    else:
-        store.fetch_missing(
-            root, None if which == "all" else {int(which)} if which.isdigit() else set()
-        )
+    try:
+        store = CheckpointStore(cfg)
+        if which == "latest":
+            store.fetch_newer(root)
+        else:
+            store.fetch_missing(
+                root, None if which == "all" else {int(which)} if which.isdigit() else set()
+            )
+    except (SyncError, ServiceError) as exc:
+        log.warning("the run's object store cannot be read (%s); scoring local checkpoints", exc)
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -337,19 +341,14 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     if args.engine:
         args.override = [*(args.override or []), f"explorer.engine={args.engine}"]
-    if args.config is None:  # the run's record, its checkpoints from its store
+    if args.config is None:  # the run's record
         cfg = _load(args, joining=True)
-        _fetch_for_scoring(cfg, args.checkpoint)
     else:
         cfg = load_config(args.config, list(args.override or []))
         if not (args.run_id or cfg.run.id):
             raise StreamRFTError("--run-id is required (the run whose checkpoints to score)")
         cfg = with_run_id(cfg, args.run_id)
-        if cfg.object_store.endpoint and cfg.trainer.checkpoint_store != "local":
-            try:
-                _fetch_for_scoring(cfg, args.checkpoint)
-            except (SyncError, ServiceError) as exc:  # what this host holds is scored
-                log.warning("the run's object store cannot be read (%s); local checkpoints", exc)
+    _fetch_for_scoring(cfg, args.checkpoint)
     cfg = _placed(cfg, "explorer")  # it samples as an explorer
     setup_logging(cfg.monitor.log_level)
     out = Path(args.out) if args.out else None

@@ -21,6 +21,7 @@ import mmap
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from streamrft.consumers.state import TrainerState
 from streamrft.infra.bus import Counters
 from streamrft.infra.config import Config
 from streamrft.infra.durable import fsync_path
-from streamrft.schemas.errors import IntegrityError, SyncError
+from streamrft.schemas.errors import IntegrityError, ServiceError, SyncError
 from streamrft.sync.weights import sha256_hex
 
 log = logging.getLogger(__name__)
@@ -193,21 +194,23 @@ class CheckpointStore:
         got = []
         for step, manifest in sorted(self.complete(), key=lambda item: item[0]):
             if (steps is None or step in steps) and step not in have:
-                try:
-                    got.append(self._download(root, step, manifest))
+                try:  # ``latest`` never points back meanwhile: a trainer may resume from it
+                    got.append(self._download(root, step, manifest, latest=False))
                 except IntegrityError as exc:
                     log.warning("%s; skipped", exc)
-        if got:
-            newest = max(
-                s for s in (_step_of(p.name) for p in root.glob("step_*")) if s is not None
-            )
-            point_latest(root, f"step_{newest:08d}")
+        newest = latest_checkpoint(root)
+        held = _step_of(newest.name.removesuffix(".prev")) if newest is not None else None
+        fetched = max((_step_of(p.name) or 0 for p in got), default=None)
+        if fetched is not None and (held is None or fetched > held):
+            point_latest(root, f"step_{fetched:08d}")
         return got
 
-    def _download(self, root: Path, step: int, manifest: dict[str, Any]) -> Path:
+    def _download(
+        self, root: Path, step: int, manifest: dict[str, Any], latest: bool = True
+    ) -> Path:
         name = f"step_{step:08d}"
         root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".tmp_{name}"
+        tmp = root / f".fetch_{name}"  # not the trainer's own .tmp_ (its saves clear them)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
@@ -231,7 +234,8 @@ class CheckpointStore:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         fsync_path(root)
-        point_latest(root, name)
+        if latest:
+            point_latest(root, name)
         log.info("trainer: checkpoint %s fetched from the store into %s", name, root)
         return final
 
@@ -249,8 +253,8 @@ STOP_DRAIN_S = 10.0
 def stage(folder: Path) -> Path:
     """Hard links to ``folder``'s files in a staging folder beside it (same file system:
     no copy), which nothing but the upload deletes."""
-    staged = folder.parent / f"{STAGING}{folder.name}"
-    shutil.rmtree(staged, ignore_errors=True)
+    # a name of its own: the same step saved again is staged while the first one uploads
+    staged = folder.parent / f"{STAGING}{folder.name}.{uuid.uuid4().hex[:8]}"
     staged.mkdir()
     for path in folder.iterdir():
         if path.is_file():
@@ -276,23 +280,36 @@ class CheckpointUploads:
         self.on_durable = on_durable
         self.counters = counters
         self._waiting: list[tuple[Path, TrainerState]] = []
+        self._uploading: int | None = None
+        """The step of the upload under way."""
+        self._unmark_after: set[int] = set()
+        """Steps whose keep mark comes off in the store once their upload is complete."""
         self._task: asyncio.Task[None] | None = None
 
     def submit(self, folder: Path, state: TrainerState) -> None:
         staged = stage(folder)
-        for dropped, _ in [w for w in self._waiting if not (w[0] / KEEP_MARKER).exists()]:
-            shutil.rmtree(dropped, ignore_errors=True)
-        self._waiting = [w for w in self._waiting if w[0].exists()] + [(staged, state)]
+        kept = []
+        for waiting in self._waiting:  # the same step saved again replaces its own, too
+            if waiting[1].step != state.step and (waiting[0] / KEEP_MARKER).exists():
+                kept.append(waiting)
+            else:
+                shutil.rmtree(waiting[0], ignore_errors=True)
+        self._waiting = [*kept, (staged, state)]
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._work(), name="checkpoint-upload")
 
     async def _work(self) -> None:
         while self._waiting:
             staged, state = self._waiting.pop(0)
+            self._uploading = state.step
             try:
                 await self._upload(staged, state)
             finally:
+                self._uploading = None
                 shutil.rmtree(staged, ignore_errors=True)
+            if state.step in self._unmark_after:
+                self._unmark_after.discard(state.step)
+                await self._unmark_now(state.step)
 
     async def _upload(self, staged: Path, state: TrainerState) -> None:
         for attempt in range(1, RETRIES + 1):
@@ -309,7 +326,8 @@ class CheckpointUploads:
                     RETRIES,
                     exc,
                 )
-                if self._waiting or attempt == RETRIES:
+                marked = (staged / KEEP_MARKER).exists()  # a best: tried to the end
+                if (self._waiting and not marked) or attempt == RETRIES:
                     return  # a newer one goes instead, or it stays local
                 await asyncio.sleep(RETRY_S)
         self.counters.add("checkpoints_stored")
@@ -325,11 +343,23 @@ class CheckpointUploads:
         except SyncError as exc:
             log.warning("trainer: old checkpoints in the store not pruned (%s); later", exc)
 
-    def unmark_waiting(self, step: int) -> None:
-        """Take the keep mark off the waiting upload of ``step`` (a best no longer)."""
+    async def unmark(self, step: int) -> None:
+        """Take the keep mark off the checkpoint of ``step`` (a best no longer): off its
+        waiting upload, after its upload under way, or in the store now."""
         for staged, state in self._waiting:
             if state.step == step:
                 (staged / KEEP_MARKER).unlink(missing_ok=True)
+                return
+        if self._uploading == step:
+            self._unmark_after.add(step)
+            return
+        await self._unmark_now(step)
+
+    async def _unmark_now(self, step: int) -> None:
+        try:
+            await asyncio.to_thread(self.store.unmark, step)
+        except (SyncError, ServiceError) as exc:
+            log.warning("trainer: the store keeps step %d marked (%s)", step, exc)
 
     async def drain(self, stopping: bool = False) -> None:
         """Wait for the uploads under way and waiting (the last checkpoint of a run); a

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import shutil
 import time
 from collections import Counter
@@ -86,6 +87,9 @@ class Trainer:
         """``trainer.keep_best``: the step whose evaluation was a new best (its checkpoint,
         saved right after it at the same step, is the one to keep)."""
         self._best_missing_said = False
+        self._trained_here = False
+        """A step was trained by this process (an evaluation before it judges weights that
+        some checkpoint already holds)."""
         self.events = EventSender(cfg, "trainer", "trainer", self.counters, self._position)
         # the status topic: who is working (the idle rule), who a broadcast goes to
         self.view = ControlView(cfg, "trainer", self.events.dead_letter, listen_status=True)
@@ -353,6 +357,7 @@ class Trainer:
         # the version is sent in the background); this step's metrics carry the version it
         # trained with, so they go out before this step's version
         values["trainer/publish_blocked_seconds"] = self._blocked_s
+        self._trained_here = True
         if self.step % 10 == 0 or self.step == 1:
             _log_step(self.step, values)
         await self.events.metrics(values, trained)
@@ -503,15 +508,18 @@ class Trainer:
         background)."""
         # the last version announced: a checkpoint never names one still on its way
         announced = self.publisher.announced if self.publisher is not None else -1
+        best, before = self._best_at == self.step, int(self.counters.get("keep_best_step", -1))
+        if best:  # in the checkpoint's own counters: a resumed run knows which one it kept
+            self.counters.set("keep_best_step", self.step)
+        self._best_at = None
         state = self.buffer.state(
             step=self.step, version=announced, counters=self.counters.snapshot()
         )
         path = await asyncio.to_thread(self.engine.save, state)
         self.counters.add("checkpoints")
         log.info("trainer: checkpoint %s", path)
-        if self._best_at == self.step:
-            await self._keep_best(path)
-        self._best_at = None
+        if best:
+            await self._keep_best(path, before)
         if self.uploads is None:
             await self.intake.commit(state.resume_offsets())
         else:
@@ -521,7 +529,7 @@ class Trainer:
         """``trainer.keep_best``: an evaluation with a new best value of its metric makes the
         checkpoint of this step the one to keep (saved after this step)."""
         name = self.tcfg.keep_best
-        if not name or self.step == 0:  # the weights before training: no checkpoint of them
+        if not name or not self._trained_here:  # the weights it started from: no new one
             return
         if name not in values:
             if not self._best_missing_said:
@@ -532,17 +540,17 @@ class Trainer:
                     ", ".join(sorted(values)),
                 )
             return
+        if not math.isfinite(values[name]):
+            return
         best = self.counters.get("keep_best_value", float("-inf"))
         if self.counters.get("keep_best_step", -1) < 0 or values[name] > best:
             self.counters.set("keep_best_value", values[name])
             self._best_at = self.step
 
-    async def _keep_best(self, path: Path) -> None:
+    async def _keep_best(self, path: Path, before: int) -> None:
         """Mark ``path`` (this step's checkpoint) ``keep`` before it is uploaded, and take the
-        mark off the best before it (on disk and in the store)."""
-        before = int(self.counters.get("keep_best_step", -1))
+        mark off the best before it, step ``before`` (on disk and in the store)."""
         mark_keep(path)
-        self.counters.set("keep_best_step", self.step)
         log.info(
             "trainer: checkpoint %s kept as the best %s (%.4f)",
             path.name,
@@ -553,11 +561,7 @@ class Trainer:
             return
         unmark_keep(path.parent / f"step_{before:08d}")
         if self.uploads is not None:
-            self.uploads.unmark_waiting(before)
-            try:
-                await asyncio.to_thread(self.uploads.store.unmark, before)
-            except (SyncError, ServiceError) as exc:
-                log.warning("trainer: the store keeps step %d marked (%s)", before, exc)
+            await self.uploads.unmark(before)
 
     async def _open_checkpoint_store(self) -> None:
         """The run's checkpoints in the store, and the newest of them fetched when it is

@@ -85,11 +85,11 @@ class Components:
             f"run {run}: {len(rows)} components, newest version {self.trainer_version()}, "
             f"{self.dead_letters} dead letters"
         ]
-        if self.record is not None:
-            lines.append(self.defined(time.time() if now is None else now))
         for r in cells:
             line = "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False))
             lines.append(f"{line}  {r[-1]}".rstrip())
+        if self.record is not None:  # below the table: what a joiner would take
+            lines.append(self.defined(time.time() if now is None else now))
         return "\n".join(lines)
 
     def defined(self, now: float) -> str:

@@ -169,7 +169,8 @@ def _watch_from_another_shell(cwd: Path, run_id: str) -> None:
         "heartbeat",
         "partitions",
     ]
-    rows = {line.split()[0]: line.split() for line in table[2:]}
+    assert table[-1].startswith("defined ") and "sync auto" in table[-1]  # the run's record
+    rows = {line.split()[0]: line.split() for line in table[2:-1]}
     assert set(rows) == {"trainer", "explorer-0", "feeder"}
     assert rows["trainer"][2] == "RUNNING" and int(rows["trainer"][3]) >= 1
     assert rows["explorer-0"][1] == "explorer" and "ago" in table[3]

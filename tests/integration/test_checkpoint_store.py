@@ -135,3 +135,64 @@ def test_an_upload_survives_local_retention_and_failures_are_counted(make_config
         module.RETRY_S = saved_retry
     assert durable == [3] and counters.get("checkpoint_upload_failures") == module.RETRIES
     assert (folder5 / "model.safetensors").is_file() and not list(root.glob(".upload_*"))
+
+
+def test_a_kept_best_is_uploaded_and_its_mark_follows_the_newer_best(make_config, tmp_path):
+    """``trainer.keep_best`` in the uploads: a waiting checkpoint marked keep is not replaced
+    by a newer one; the same step saved again replaces its own waiting upload; a best no
+    longer loses its mark whether its upload waits, is under way, or is done; fetching
+    older checkpoints never points ``latest`` back."""
+    import asyncio
+
+    from streamrft.consumers.checkpoint import KEEP_MARKER, mark_keep
+    from streamrft.consumers.checkpoint_store import CheckpointUploads
+    from streamrft.infra.bus import Counters
+
+    cfg = make_config(trainer={"keep_checkpoints": 1})
+    store = CheckpointStore(cfg)
+    root = tmp_path / "checkpoints"
+    durable: list[int] = []
+
+    async def committed(s):
+        durable.append(s.step)
+
+    def marked() -> dict[int, bool]:
+        return {step: KEEP_MARKER in m["files"] for step, m in store.complete()}
+
+    async def go():
+        uploads = CheckpointUploads(store, committed, Counters())
+        f1, s1, _ = saved(root, 1, 1.0)
+        uploads.submit(f1, s1)
+        await asyncio.sleep(0)  # under way
+        f2, s2, _ = saved(root, 2, 1.0)
+        mark_keep(f2)
+        uploads.submit(f2, s2)  # waits, marked: the best
+        f3, s3, _ = saved(root, 3, 1.0)
+        uploads.submit(f3, s3)  # waits behind it: step 2 is not replaced
+        f3b, _, _ = saved(root, 3, 2.0)
+        uploads.submit(f3b, s3)  # step 3 saved again: replaces its own waiting upload
+        await uploads.drain()
+        assert durable == [1, 2, 3] and marked() == {2: True, 3: False}
+        f4, s4, _ = saved(root, 4, 1.0)
+        mark_keep(f4)
+        uploads.submit(f4, s4)
+        await uploads.unmark(2)  # done: unmarked in the store now
+        await uploads.drain()
+        assert marked() == {4: True}  # 2 unmarked, then pruned like 3 (keep_checkpoints 1)
+        f5, s5, _ = saved(root, 5, 1.0)
+        mark_keep(f5)
+        uploads.submit(f5, s5)
+        await asyncio.sleep(0)  # under way
+        assert uploads._uploading == 5
+        await uploads.unmark(5)  # after its upload
+        await uploads.drain()
+        assert marked()[5] is False
+
+    asyncio.run(go())
+    # a host with only step 5 fetches the others without pointing latest back
+    other = tmp_path / "other"
+    store.fetch_newer(other)
+    assert latest_checkpoint(other).name == "step_00000005"
+    got = store.fetch_missing(other)
+    assert {p.name for p in got} == {f"step_0000000{s}" for s in marked() if s != 5}
+    assert latest_checkpoint(other).name == "step_00000005"
