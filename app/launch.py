@@ -260,7 +260,13 @@ def run_trainer_rank(cfg: Config) -> int:
         trainer = Trainer(cfg, trainer_evaluator(cfg))
         asyncio.run(trainer.run())
         cast(FsdpTrainEngine, trainer.engine).release()
-    else:
-        FsdpTrainEngine(cfg).follow()
-    leave_group()  # not after a failure: the group may be broken, the launcher ends it
-    return 0
+        leave_group()  # not after a failure: the group may be broken, the launcher ends it
+        return 0
+    FsdpTrainEngine(cfg).follow()
+    # past the last barrier every rank is done. A follower leaves without tearing its
+    # connections down: gloo aborts the process (SIGABRT) when a peer on another host closes
+    # its end while this one is destroying its group (seen across two hosts)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -86,6 +86,21 @@ def join_group(world: int, device: str = "cpu") -> Ranks:
     return Ranks(dist.get_rank(), dist.get_world_size(), device)
 
 
+LAST_BARRIER_S = 120.0
+"""How long the ranks wait for each other after rank 0's Stop."""
+
+
+def last_barrier(ranks: Ranks) -> None:
+    """Every rank meets here after the Stop (gloo: a barrier that names a rank that does not
+    come within :data:`LAST_BARRIER_S`, rather than waiting out the group's timeout)."""
+    if ranks.world == 1:
+        return
+    if ranks.device.type == "cpu":
+        dist.monitored_barrier(timeout=timedelta(seconds=LAST_BARRIER_S))
+    else:
+        dist.barrier()
+
+
 def leave_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -55,6 +55,7 @@ from streamrft.consumers.distributed import (
     Stop,
     TrainStep,
     join_group,
+    last_barrier,
     receive_command,
     send_command,
 )
@@ -235,8 +236,10 @@ class FsdpTrainEngine(TorchTrainEngine):
         return [n for n, p in self.model.named_parameters() if p.requires_grad]
 
     def release(self) -> None:
-        """Rank 0, after the trainer finished: the other ranks stop."""
+        """Rank 0, after the trainer finished: the other ranks stop (all meet once more, so
+        that no rank tears its connections down while another still uses them)."""
         self._command(Stop())
+        last_barrier(self.ranks)
 
     # -- the other ranks ---------------------------------------------------------------------
     def follow(self) -> None:
@@ -255,4 +258,5 @@ class FsdpTrainEngine(TorchTrainEngine):
                 case Load():
                     self.load(None)
                 case Stop():
+                    last_barrier(self.ranks)
                     return
