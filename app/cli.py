@@ -202,14 +202,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from streamrft.app.launch import Node
     from streamrft.app.replay_source import prepare_replay
 
     cfg, replay = prepare_replay(_load(args, joining=True), args)  # replay: --from-* flags
-    if not 0 <= args.node_rank < cfg.trainer.nnodes:
-        raise ConfigError(
-            f"--node-rank {args.node_rank}: run {cfg.run.id}'s trainer spans trainer.nnodes = "
-            f"{cfg.trainer.nnodes} host(s), numbered 0 to {cfg.trainer.nnodes - 1}"
-        )
+    node = Node.of(cfg, args.node_rank)  # checked against trainer.nnodes
     # node 0's launcher or the one process (not a rank), given a config: a trainer started
     # from the run's record (no CONFIG) goes on with it, checked in _from_record
     if "RANK" not in os.environ and args.node_rank == 0 and args.config:
@@ -221,7 +218,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if cfg.trainer.world > 1:  # this process launches the ranks, or is one of them
         from streamrft.app.launch import launch_trainer, run_trainer_rank
 
-        return run_trainer_rank(cfg) if "RANK" in os.environ else launch_trainer(args, cfg)
+        return run_trainer_rank(cfg) if "RANK" in os.environ else launch_trainer(args, cfg, node)
     from streamrft.consumers.trainer import main
     from streamrft.producers.evaluation import trainer_evaluator
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -84,10 +85,11 @@ class Node:
         host, port = split_host_port(t.rdzv) or ("", 0)  # checked by the config
         return cls(node_rank, t.nnodes, host, port)
 
+    @functools.cached_property
     def environment(self) -> dict[str, str]:
         """What the ranks of a host among several are shown besides torchrun's variables:
         gloo's and NCCL's interface, the one holding the address this host reaches the
-        rendezvous from (unless the environment names one)."""
+        rendezvous from (unless the environment names one). Found once per launcher."""
         if self.count == 1:
             return {}
         own = local_address_towards(self.addr)
@@ -120,7 +122,7 @@ def rank_env(
     return {
         **os.environ,
         **visible,
-        **node.environment(),
+        **node.environment,
         "RANK": str(node.rank * nproc + local),
         "LOCAL_RANK": str(local),
         "WORLD_SIZE": str(nproc * node.count),
@@ -226,10 +228,11 @@ def launch(
     return launcher.wait()
 
 
-def launch_trainer(args: argparse.Namespace, cfg: Config) -> int:
+def launch_trainer(args: argparse.Namespace, cfg: Config, node: Node) -> int:
     """``streamrft train`` with more than one rank (``trainer.nproc`` on this host, times
     ``trainer.nnodes`` hosts): this host's ranks run the same command (config file, or the
-    run's record on ``--bootstrap``; overrides, the resolved run id, the rank counts)."""
+    run's record on ``--bootstrap``; overrides, the resolved run id, the rank counts);
+    ``node``: this host's place among the trainer's hosts (:meth:`Node.of`)."""
     t = cfg.trainer
     argv = [sys.executable, "-m", "streamrft.app.cli", "train"]
     argv += [args.config] if args.config else ["--bootstrap", args.bootstrap]
@@ -239,7 +242,7 @@ def launch_trainer(args: argparse.Namespace, cfg: Config) -> int:
     for setting in args.override or []:
         argv += ["-o", setting]
     gpus = [int(d.split(":")[1]) for d in t.devices] or None
-    return launch(argv, t.nproc, gpus=gpus, node=Node.of(cfg, args.node_rank))
+    return launch(argv, t.nproc, gpus=gpus, node=node)
 
 
 def run_trainer_rank(cfg: Config) -> int:

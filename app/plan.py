@@ -175,7 +175,7 @@ def make_plan(
     device = role_device(cfg, "trainer")[0]
     processes = []
     trainer = trainer_estimate(shape, work, t.gradient_checkpointing)
-    for r in range(min(ranks, t.nproc) if ranks > 1 else 1):  # this host's: node 0's
+    for r in range(t.nproc):  # this host's ranks: node 0's (1 unless ranks > 1)
         name = f"trainer rank {r}" if ranks > 1 else "trainer"
         where = t.devices[r] if t.devices else _rank(device, r, ranks)
         processes.append((name, where, trainer))

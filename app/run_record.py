@@ -67,9 +67,9 @@ def check_against_record(
 ) -> None:
     """A :class:`ConfigError` naming each field of :data:`FIXED_ON_RESUME` that ``cfg``
     changes from the run's record. Where the files lie and which device a process uses
-    are each host's own business: a task file is compared by its bytes (``fingerprints``: of the ones here, as
-    :func:`~streamrft.infra.run_record.make_record` took them), the model by its shape
-    when the checkpoint loads."""
+    are each host's own business: a task file is compared by its bytes (``fingerprints``:
+    of the ones here, as :func:`~streamrft.infra.run_record.make_record` took them), the
+    model by its shape when the checkpoint loads."""
     if previous is None:
         return
     before = yaml.safe_load(previous.config_yaml) or {}

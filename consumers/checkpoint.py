@@ -115,7 +115,7 @@ def _write_folder(
         _write_model(folder, name, f"{name}_optimizer", extra, extra_opt)
     _write_durably(folder / "state.json", STATE_ENCODER.encode(state))
     if marked:
-        _write_durably(folder / KEEP_MARKER, b"")
+        mark_keep(folder)
     fsync_path(folder)
 
 
@@ -127,6 +127,11 @@ def mark_keep(folder: Path) -> None:
 def unmark_keep(folder: Path) -> None:
     """Take the keep mark off the checkpoint ``folder`` (if it is still there)."""
     (folder / KEEP_MARKER).unlink(missing_ok=True)
+
+
+def marked_keep(folder: Path) -> bool:
+    """Whether the checkpoint ``folder`` is marked to be kept."""
+    return (folder / KEEP_MARKER).exists()
 
 
 # -- saving ----------------------------------------------------------------------------------
@@ -146,7 +151,7 @@ def save_checkpoint(
         fsync_path(root.parent)  # the new folder's entry, before anything inside it counts
     final = root / f"step_{state.step:08d}"
     tmp = root / f".tmp_{final.name}"
-    marked = (final / KEEP_MARKER).exists()
+    marked = marked_keep(final)
     try:
         _write_folder(tmp, state, model, optimizer, marked, extras or {})
     except (OSError, SafetensorError) as exc:
@@ -190,7 +195,7 @@ def _prune(root: Path, step: int, keep: int) -> None:
         return
     older = [path for s, path in _step_folders(root) if s < step]
     for path in older[: max(len(older) - (keep - 1), 0)]:
-        if not (path / KEEP_MARKER).exists():
+        if not marked_keep(path):
             shutil.rmtree(path, ignore_errors=True)
 
 

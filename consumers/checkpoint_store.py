@@ -26,7 +26,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from streamrft.consumers.checkpoint import KEEP_MARKER, latest_checkpoint, point_latest
+from streamrft.consumers.checkpoint import (
+    KEEP_MARKER,
+    latest_checkpoint,
+    marked_keep,
+    point_latest,
+    unmark_keep,
+)
 from streamrft.consumers.state import TrainerState
 from streamrft.infra.bus import Counters
 from streamrft.infra.config import Config
@@ -41,6 +47,12 @@ MANIFEST = "manifest.json"
 
 def _step_of(name: str) -> int | None:
     return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
+
+
+def _latest_step(root: Path) -> int | None:
+    """The step of the checkpoint ``latest`` names in ``root`` (None: none)."""
+    local = latest_checkpoint(root)
+    return _step_of(local.name.removesuffix(".prev")) if local is not None else None
 
 
 class CheckpointStore:
@@ -174,8 +186,7 @@ class CheckpointStore:
         (or none in the store is usable). A checkpoint with a file whose size or sha256
         differs from its manifest is skipped with a warning (nothing of it installed) and
         the next older one tried."""
-        local = latest_checkpoint(root)
-        local_step = _step_of(local.name.removesuffix(".prev")) if local is not None else None
+        local_step = _latest_step(root)
         for step, manifest in sorted(self.complete(), key=lambda item: -item[0]):
             if local_step is not None and local_step >= step:
                 return None
@@ -191,6 +202,7 @@ class CheckpointStore:
         never ran on); one whose files differ from its manifest is skipped with a warning.
         ``latest`` names the newest checkpoint in ``root`` afterwards."""
         have = {_step_of(p.name) for p in root.glob("step_*")} if root.is_dir() else set()
+        held = _latest_step(root)
         got = []
         for step, manifest in sorted(self.complete(), key=lambda item: item[0]):
             if (steps is None or step in steps) and step not in have:
@@ -198,11 +210,10 @@ class CheckpointStore:
                     got.append(self._download(root, step, manifest, latest=False))
                 except IntegrityError as exc:
                     log.warning("%s; skipped", exc)
-        newest = latest_checkpoint(root)
-        held = _step_of(newest.name.removesuffix(".prev")) if newest is not None else None
-        fetched = max((_step_of(p.name) or 0 for p in got), default=None)
-        if fetched is not None and (held is None or fetched > held):
-            point_latest(root, f"step_{fetched:08d}")
+                    continue
+                if held is None or step > held:  # ascending: the last one kept is the newest
+                    held = step
+                    point_latest(root, got[-1].name)
         return got
 
     def _download(
@@ -265,8 +276,9 @@ def stage(folder: Path) -> Path:
 class CheckpointUploads:
     """The trainer's uploads, one at a time in a thread while it trains on: a checkpoint
     made while one uploads waits; a newer one replaces a waiting one (only the newest
-    matters), unless that one is marked ``keep`` (``trainer.keep_best``): it goes too. ``on_durable(state)`` runs on the event loop once a checkpoint is complete
-    in the store (the trainer commits its offsets then). A failed upload is tried again
+    matters), unless that one is marked ``keep`` (``trainer.keep_best``): it goes too.
+    ``on_durable(state)`` runs on the event loop once a checkpoint is complete in the store
+    (the trainer commits its offsets then). A failed upload is tried again
     (:data:`RETRIES`) unless a newer checkpoint is waiting; failures are counted in
     ``counters`` (``checkpoint_upload_failures``) and logged."""
 
@@ -290,7 +302,7 @@ class CheckpointUploads:
         staged = stage(folder)
         kept = []
         for waiting in self._waiting:  # the same step saved again replaces its own, too
-            if waiting[1].step != state.step and (waiting[0] / KEEP_MARKER).exists():
+            if waiting[1].step != state.step and marked_keep(waiting[0]):
                 kept.append(waiting)
             else:
                 shutil.rmtree(waiting[0], ignore_errors=True)
@@ -326,8 +338,8 @@ class CheckpointUploads:
                     RETRIES,
                     exc,
                 )
-                marked = (staged / KEEP_MARKER).exists()  # a best: tried to the end
-                if (self._waiting and not marked) or attempt == RETRIES:
+                # a best is tried to the end; another gives way to a newer one waiting
+                if (self._waiting and not marked_keep(staged)) or attempt == RETRIES:
                     return  # a newer one goes instead, or it stays local
                 await asyncio.sleep(RETRY_S)
         self.counters.add("checkpoints_stored")
@@ -348,7 +360,7 @@ class CheckpointUploads:
         waiting upload, after its upload under way, or in the store now."""
         for staged, state in self._waiting:
             if state.step == step:
-                (staged / KEEP_MARKER).unlink(missing_ok=True)
+                unmark_keep(staged)
                 return
         if self._uploading == step:
             self._unmark_after.add(step)

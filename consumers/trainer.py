@@ -542,8 +542,7 @@ class Trainer:
             return
         if not math.isfinite(values[name]):
             return
-        best = self.counters.get("keep_best_value", float("-inf"))
-        if self.counters.get("keep_best_step", -1) < 0 or values[name] > best:
+        if values[name] > self.counters.get("keep_best_value", float("-inf")):
             self.counters.set("keep_best_value", values[name])
             self._best_at = self.step
 

@@ -1150,39 +1150,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("eval.samples: only used with eval.pass_k (pass@k's k)")
     if cfg.explorer.device is not None and cfg.explorer.devices:
         raise ConfigError("explorer.devices: give explorer.device or explorer.devices, not both")
-    t = cfg.trainer
-    device, field = role_device(cfg, "trainer")
-    if device not in ("cpu", "cuda", "auto") and t.world > 1:
-        raise ConfigError(
-            f"{field}: {device!r} names one device; with {t.world} trainer ranks the ranks "
-            f"take cuda:0 to cuda:{t.nproc - 1}, or the GPUs trainer.devices lists"
-        )
-    if t.devices and (
-        t.nproc == 1
-        or len(t.devices) != t.nproc
-        or len(set(t.devices)) != len(t.devices)
-        or not all(d.startswith("cuda:") for d in t.devices)
-        or t.device is not None
-    ):
-        raise ConfigError(
-            f"trainer.devices: {t.devices} must list trainer.nproc ({t.nproc}) different GPUs "
-            "as cuda:N, one per rank, without trainer.device (one process: trainer.device)"
-        )
-    if t.keep_best and not cfg.eval.trainer_evaluates:
-        raise ConfigError(
-            f"trainer.keep_best: {t.keep_best!r} needs the trainer's own evaluation "
-            "(eval.in_trainer: true); evaluator processes evaluate versions, not checkpoints"
-        )
-    if t.keep_best and not t.keep_best.startswith("eval/"):
-        raise ConfigError(
-            f"trainer.keep_best: {t.keep_best!r} is not an evaluation metric (eval/accuracy, "
-            "eval/greedy_accuracy, eval/pass@K...)"
-        )
-    if t.nnodes > 1 and split_host_port(t.rdzv) is None:
-        raise ConfigError(
-            f"trainer.rdzv: {t.rdzv!r}; with trainer.nnodes {t.nnodes} give HOST:PORT, where "
-            "node 0's first rank listens for the other hosts' ranks"
-        )
+    _validate_trainer(cfg)
     if cfg.model.source == "path" and not cfg.model.path:
         raise ConfigError("model.path: required when model.source is 'path'")
     if cfg.model.source == "tiny" and cfg.model.hidden_size % cfg.model.num_heads:
@@ -1219,6 +1187,43 @@ def validate(cfg: Config) -> None:
     _validate_kafka_security(cfg.kafka)
     _validate_store_tls(cfg.object_store)
     _validate_no_credentials_in_uri("monitor.mlflow.tracking_uri", cfg.monitor.mlflow.tracking_uri)
+
+
+def _validate_trainer(cfg: Config) -> None:
+    """The trainer's devices and ranks, its hosts' rendezvous, and what ``keep_best`` needs."""
+    t = cfg.trainer
+    device, field = role_device(cfg, "trainer")
+    if device not in ("cpu", "cuda", "auto") and t.world > 1:
+        raise ConfigError(
+            f"{field}: {device!r} names one device; with {t.world} trainer ranks the ranks "
+            f"take cuda:0 to cuda:{t.nproc - 1}, or the GPUs trainer.devices lists"
+        )
+    if t.devices and (
+        t.nproc == 1
+        or len(t.devices) != t.nproc
+        or len(set(t.devices)) != len(t.devices)
+        or not all(d.startswith("cuda:") for d in t.devices)
+        or t.device is not None
+    ):
+        raise ConfigError(
+            f"trainer.devices: {t.devices} must list trainer.nproc ({t.nproc}) different GPUs "
+            "as cuda:N, one per rank, without trainer.device (one process: trainer.device)"
+        )
+    if t.keep_best and not cfg.eval.trainer_evaluates:
+        raise ConfigError(
+            f"trainer.keep_best: {t.keep_best!r} needs the trainer's own evaluation "
+            "(eval.in_trainer: true); evaluator processes evaluate versions, not checkpoints"
+        )
+    if t.keep_best and not t.keep_best.startswith("eval/"):
+        raise ConfigError(
+            f"trainer.keep_best: {t.keep_best!r} is not an evaluation metric (eval/accuracy, "
+            "eval/greedy_accuracy, eval/pass@K...)"
+        )
+    if t.nnodes > 1 and split_host_port(t.rdzv) is None:
+        raise ConfigError(
+            f"trainer.rdzv: {t.rdzv!r}; with trainer.nnodes {t.nnodes} give HOST:PORT, where "
+            "node 0's first rank listens for the other hosts' ranks"
+        )
 
 
 def _validate_no_credentials_in_uri(field: str, uri: str) -> None:
@@ -1420,6 +1425,11 @@ def config_from_data(
         if not Path(value).exists():
             raise ConfigError(f"{field}: {value!r} does not exist")
     return cfg
+
+
+def default_fs_dir(run_dir: str | Path) -> Path:
+    """The ``filesystem`` method's shared folder when ``synchronizer.fs_dir`` is unset."""
+    return Path(run_dir) / "weights"
 
 
 def with_run_id(cfg: Config, run_id: str | None = None) -> Config:

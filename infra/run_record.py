@@ -27,6 +27,7 @@ from streamrft.infra.config import (
     KafkaConfig,
     apply_overrides,
     config_from_data,
+    default_fs_dir,
     fill_credentials,
     parse_override,
     task_paths,
@@ -143,7 +144,7 @@ def config_of_record(
     sync, run = data.get("synchronizer"), data.get("run")
     # the filesystem method's shared folder, as the run has it (run.dir stays behind)
     if isinstance(sync, dict) and isinstance(run, dict) and run.get("dir"):
-        sync["fs_dir"] = sync.get("fs_dir") or str(Path(run["dir"]) / "weights")
+        sync["fs_dir"] = sync.get("fs_dir") or str(default_fs_dir(run["dir"]))
     for section, key in HOST_FIELDS:
         if isinstance(data.get(section), dict):
             data[section].pop(key, None)

@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 
 import torch
 
-from streamrft.infra.config import Config
+from streamrft.infra.config import Config, default_fs_dir
 from streamrft.infra.durable import temporary_name
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.sync.versions import StoreLoader, StorePublisher
@@ -29,7 +29,7 @@ READ_CHUNK = 8 << 20
 
 def fs_root(cfg: Config) -> Path:
     """The shared folder of the ``filesystem`` method (``synchronizer.fs_dir``)."""
-    return Path(cfg.synchronizer.fs_dir or Path(cfg.run.dir) / "weights")
+    return Path(cfg.synchronizer.fs_dir or default_fs_dir(cfg.run.dir))
 
 
 class FolderStore:
