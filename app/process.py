@@ -7,6 +7,8 @@ failure.
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
 import sys
 
@@ -20,13 +22,42 @@ tasks left that no explorer works on; sysexits' EX_TEMPFAIL): ``streamrft run`` 
 run with the reason rather than restarting it."""
 
 
-def setup_logging(level: str = "INFO") -> None:
-    """Log lines to stderr with their time, level and logger; chatty libraries at WARNING."""
-    logging.basicConfig(
-        level=getattr(logging, level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
+def setup_logging(level: str = "INFO", fmt: str = "text", command: str = "") -> None:
+    """Log lines to stderr (``monitor.log_format``): text with time, level and logger, or one
+    JSON object a line (:class:`JsonLines`); chatty libraries at WARNING. Called again once
+    the config is read, it replaces what the first call set."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonLines(command))
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+        )
+    logging.basicConfig(level=getattr(logging, level), handlers=[handler], force=True)
+    logging.captureWarnings(fmt == "json")  # a library's warning is a JSON line too
     for noisy in ("aiokafka", "urllib3", "kafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object a line: ``time`` (ISO 8601, UTC, milliseconds), ``level``,
+    ``logger``, ``message``, ``command`` (``train``, ``explore``...), ``pid``, and
+    ``exception`` (the traceback) when there is one; a multi-line message stays one line."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__()
+        self.command = command
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+        line = {
+            "time": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "command": self.command,
+            "pid": record.process,
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)

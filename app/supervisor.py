@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
+
 from streamrft.app.placement import check_gpu_shares, placement, start_order
 from streamrft.app.process import EXIT_CONFIG, EXIT_STALLED
 from streamrft.app.resume import check_resume
@@ -27,6 +29,7 @@ from streamrft.app.watch.curves import draw
 from streamrft.app.watch.metric_sinks import close_sinks, open_sinks
 from streamrft.app.watch.metrics_log import iter_metrics, metrics_path
 from streamrft.app.watch.monitor import RunMonitor
+from streamrft.app.watch.run_probes import RunProbes
 from streamrft.infra import admin
 from streamrft.infra.bus import EventSender
 from streamrft.infra.config import (
@@ -41,6 +44,7 @@ from streamrft.infra.config import (
 from streamrft.infra.local.services import LocalServices
 from streamrft.infra.logfiles import log_tail, rotate_all
 from streamrft.infra.pids import port_open
+from streamrft.infra.probes import ProbeServer
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.schemas.errors import ServiceError, StreamRFTError
 from streamrft.schemas.events import Shutdown
@@ -221,7 +225,12 @@ class Supervisor:
         monitor_done = asyncio.Event()
         follow = asyncio.create_task(monitor.follow(monitor_done, lambda m: _show(bar, m)))
         failure = None
+        probes = None
         try:
+            if self.cfg.monitor.http_port:
+                answers = RunProbes(monitor, follow, self.restarts, lambda: self.started_at)
+                probes = ProbeServer(self.cfg.monitor, answers, "supervisor")
+                await probes.start()
             if self.want_dashboard:
                 await self._start_dashboard(config_path)
             if not self.stop.is_set():
@@ -229,6 +238,8 @@ class Supervisor:
                 failure = await self._watch(follow, monitor)
         finally:
             await self._shutdown(failed=failure is not None)
+            if probes is not None:
+                await probes.stop()
             if self.dashboard is not None:
                 self.dashboard.terminate()
                 await asyncio.to_thread(self.dashboard.kill_after, 5)
@@ -263,7 +274,11 @@ class Supervisor:
         )
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         config_path = cfg.run_dir / "config.yaml"
-        config_path.write_text(to_yaml(cfg))
+        # the children's: the run's probes are the supervisor's (monitor.http_port)
+        children = msgspec.structs.replace(
+            cfg, monitor=msgspec.structs.replace(cfg.monitor, http_port=0)
+        )
+        config_path.write_text(to_yaml(children))
         log.debug("resolved config written to %s", config_path)
         return config_path
 

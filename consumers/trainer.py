@@ -91,6 +91,9 @@ class Trainer:
         """A step was trained by this process (an evaluation before it judges weights that
         some checkpoint already holds)."""
         self.events = EventSender(cfg, "trainer", "trainer", self.counters, self._position)
+        self.resumed = False
+        """Restored (or started fresh), version published and joined to its experiences:
+        ready to train (``/readyz``)."""
         # the status topic: who is working (the idle rule), who a broadcast goes to
         self.view = ControlView(cfg, "trainer", self.events.dead_letter, listen_status=True)
         spec = resolve_algorithm(cfg).spec  # bad names fail here, before the model loads
@@ -143,7 +146,9 @@ class Trainer:
         return self.publisher.version if self.publisher is not None else -1
 
     def _position(self) -> Position:
-        return Position(step=self.step, version=self.version, starved=self.intake.starved)
+        return Position(
+            step=self.step, version=self.version, starved=self.intake.starved, ready=self.resumed
+        )
 
     @property
     def clock(self) -> int:
@@ -210,6 +215,9 @@ class Trainer:
         stack.push_async_callback(self._report_stopped)
         await self.view.start()
         stack.push_async_callback(self.view.stop)
+        # a Shutdown on the control topic (`streamrft stop`) stops it as a signal does
+        watch = asyncio.create_task(self._stop_on_shutdown(), name="shutdown watch")
+        stack.callback(watch.cancel)
         if self.cfg.stores_checkpoints:
             await self._open_checkpoint_store()
         ckpt = self.engine.latest() if self.tcfg.resume else None
@@ -232,7 +240,12 @@ class Trainer:
         stack.push_async_callback(self.intake.stop)
         self.intake.poisoned = self.inflight.recover()
         await self.intake.start(state.resume_offsets() if state else {})
+        self.resumed = True
         await self.events.status(RunState.RUNNING, "training")
+
+    async def _stop_on_shutdown(self) -> None:
+        await self.view.shutdown.wait()
+        self.stop.set()
 
     async def _warmup(self) -> None:
         steps = self.tcfg.warmup_sft_steps

@@ -30,6 +30,7 @@ from aiokafka.errors import KafkaError
 from streamrft.infra import kafka
 from streamrft.infra.config import Config
 from streamrft.infra.consume import OnBad, Record, consume
+from streamrft.infra.probes import ProbeServer, ProcessProbes
 from streamrft.infra.retry import retrying
 from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, Codec, dead_letter_of
 from streamrft.schemas.errors import SchemaError, ServiceError, SyncTimeout
@@ -99,6 +100,9 @@ class Position:
     """Trainer only: it has waited a while for experiences (see StatusEvent.starved)."""
     working: bool = False
     """Explorers and serve processes: work under way (see StatusEvent.working)."""
+    ready: bool = True
+    """It can do its work (``/readyz``, ``monitor.http_port``): an explorer, evaluator or
+    serve process holds weights; the trainer has resumed and joined its experiences."""
 
 
 class EventSender:
@@ -122,6 +126,8 @@ class EventSender:
         """The state this component last reported (see :meth:`status`)."""
         self._producer: AIOKafkaProducer | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._probes: ProcessProbes | None = None
+        self._probe_server: ProbeServer | None = None
         self._rejections: deque[Rejection] = deque(maxlen=MAX_REJECTIONS_REPORTED)
 
     @property
@@ -140,10 +146,23 @@ class EventSender:
         return True
 
     async def start(self, heartbeat_s: float = 0.0) -> None:
-        """Start the producer; with ``heartbeat_s``, re-send the status that often."""
+        """Start the producer; with ``heartbeat_s`` (a long-running component), re-send the
+        status that often and serve the probes of ``monitor.http_port`` when it is set: the
+        events this sender delivers are what they answer from."""
         producer = kafka.event_producer(self.cfg.kafka, f"{self.component}-events")
         await kafka.start_client(producer, f"{self.component} event producer")
         self._producer = producer  # only once started: until then send() refuses at once
+        if heartbeat_s > 0 and self.cfg.monitor.http_port:
+            self._probes = ProcessProbes(
+                self.topics.run,
+                self.component,
+                self.role,
+                self.cfg.monitor.health_timeout_s,
+                lambda: self._position().ready,
+            )
+            server = ProbeServer(self.cfg.monitor, self._probes, self.component)
+            await server.start()
+            self._probe_server = server
         if heartbeat_s > 0:
             self._heartbeat_task = asyncio.create_task(self._heartbeat(heartbeat_s))
 
@@ -154,6 +173,9 @@ class EventSender:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._heartbeat_task
             self._heartbeat_task = None
+        if self._probe_server is not None:
+            await self._probe_server.stop()
+            self._probe_server = None
         if self._producer is not None:
             await self._producer.stop()
             self._producer = None
@@ -207,6 +229,8 @@ class EventSender:
             rejected=list(self._rejections),
         )
         await self.send(self.topics.status, STATUS, event, key=self.component)
+        if self._probes is not None:
+            self._probes.sent_status(event)
 
     async def metrics(
         self, values: dict[str, float], trained: list[TrainedGroup] | None = None
@@ -222,6 +246,8 @@ class EventSender:
             trained=trained or [],
         )
         await self.send(self.topics.metrics, METRICS, event, key=self.topics.run)
+        if self._probes is not None:
+            self._probes.sent_metrics(event)
 
     async def dead_letter(self, record: Record) -> None:
         """Record a message this component could not handle; never drop it silently."""

@@ -946,6 +946,31 @@ class MonitorConfig(_Section, frozen=True):
     """Trainer steps whose ledger the run monitor keeps whole for the run summary's books
     (a step redone after a resume replaces its lost attempt only within them); older steps
     are folded into counters and an 8-byte digest per trained group."""
+    log_format: Literal["text", "json"] = "text"
+    """How every process of the run logs to stderr: ``text`` (time, level, logger, message)
+    or ``json`` (one object a line: ``time`` (ISO 8601, UTC), ``level``, ``logger``,
+    ``message``, ``process`` (the component: ``trainer``, ``explorer-0``...), and
+    ``exception`` when there is one), for a log collector."""
+    http_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    """Port of a process's probes (0: none): ``GET /healthz`` (200 while the process is
+    alive: its last status reached the broker within ``monitor.health_timeout_s``),
+    ``/readyz`` (200 once it can work: connected; an explorer, evaluator or serve process
+    holds weights; the trainer has resumed and joined its experiences) and ``/metrics``
+    (Prometheus text format: the values of its status and metrics events). Under
+    ``streamrft run`` the supervisor serves the whole run's on this port and its children
+    none (docs/deploying.md, "Probes and metrics")."""
+    http_host: str = "127.0.0.1"
+    """Address the probes bind (``0.0.0.0`` in a container, for the kubelet and
+    Prometheus). They only read; ``monitor.http_allowed_hosts`` as ``serve.allowed_hosts``."""
+    http_allowed_hosts: list[str] = []
+    """Names a probe request's ``Host`` may carry besides the bound address (a Service's
+    name); bound to ``0.0.0.0`` with none set: any ``Host``."""
+    health_timeout_s: Annotated[float, msgspec.Meta(ge=10)] = 180.0
+    """``/healthz`` answers 503 once the process's last status event reached the broker
+    longer ago than this (a heartbeat goes every 5 s while its event loop runs). Keep it
+    above ``run.outage_timeout_s``: a broker outage the process rides out then never makes
+    it unhealthy, and past that the process stops by itself. A blocked event loop does not
+    answer at all, which a probe counts as a failure too."""
 
 
 class Config(_Section, frozen=True):

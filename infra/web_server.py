@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import socket
 from collections.abc import Iterator
 from typing import Any
+
+from streamrft.schemas.errors import StreamRFTError
 
 
 def quiet_server(app: Any, graceful_s: float, **options: Any) -> Any:
@@ -31,3 +34,18 @@ def quiet_server(app: Any, graceful_s: float, **options: Any) -> Any:
         **options,
     )
     return Quiet(config)
+
+
+def listening_socket(host: str, port: int, hint: str, backlog: int = 128) -> socket.socket:
+    """A socket bound to ``host:port`` (0: a free port) and listening, for ``serve(sockets=)``:
+    a port that is taken is a clear error ending with ``hint`` (which setting to change), not
+    uvicorn's exit from inside the event loop."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StreamRFTError(f"cannot listen on {host}:{port} ({exc.strerror}); {hint}") from exc
+    sock.listen(backlog)
+    return sock

@@ -118,7 +118,8 @@ class Evaluator:
         )
 
     def _position(self) -> Position:
-        return Position(step=self.step, version=self.follower.version)
+        held = self.follower.version
+        return Position(step=self.step, version=held, ready=held >= 0)
 
     def _ended(self) -> bool:
         """The run's Shutdown came, or the run had ended before this process started (an

@@ -86,7 +86,8 @@ class Explorer:
         self.producer: Any = None  # made in _start(), inside the event loop
 
     def _position(self) -> Position:
-        return Position(step=self.step, version=self.follower.version, working=self.working)
+        held = self.follower.version
+        return Position(step=self.step, version=held, working=self.working, ready=held >= 0)
 
     def _stopping(self) -> bool:
         """A stop signal or a Shutdown came; raises if the control reader failed (the

@@ -12,7 +12,7 @@ import msgspec
 from streamrft.schemas.errors import ConfigError
 
 TOPIC_KINDS = ("tasks", "experiences", "control", "status", "metrics", "dead_letters")
-_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 class TopicNames(msgspec.Struct, frozen=True):
@@ -21,7 +21,7 @@ class TopicNames(msgspec.Struct, frozen=True):
 
     def __post_init__(self) -> None:
         for field, value in (("kafka.topic_prefix", self.prefix), ("run.id", self.run)):
-            if not _NAME.match(value):
+            if not NAME.match(value):
                 raise ConfigError(
                     f"{field}: {value!r} may hold only letters, digits, '_' and '-' "
                     "(it becomes part of Kafka topic names)"

@@ -20,6 +20,7 @@ from streamrft.app.watch.metric_sinks import SinkWorker
 from streamrft.app.watch.run_events import read_events
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
+from streamrft.infra.metric_families import ComponentReport
 from streamrft.schemas.events import DeadLetter, MetricsEvent, RunState, StatusEvent
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ class RunMonitor:
     trainer_step: int = 0
     trainer_final: dict[str, float] = field(default_factory=dict)
     status: dict[str, StatusEvent] = field(default_factory=dict)
+    reports: dict[str, ComponentReport] = field(default_factory=dict)
+    """Each component's newest status and metric values, for the supervisor's ``/metrics``
+    (``monitor.http_port``)."""
     dead_letters: int = 0
     undecodable: int = 0
     ledger: Books = field(init=False)
@@ -59,6 +63,7 @@ class RunMonitor:
     def on_metrics(self, ev: MetricsEvent) -> None:
         for sink in self.sinks:
             sink.write(ev)
+        self.reports.setdefault(ev.component, ComponentReport()).on_metrics(ev)
         evaluator = ev.component == "trainer" or ev.component.startswith("evaluator-")
         if evaluator and "eval/accuracy" in ev.values:
             self.evaluations[ev.step] = ev.values["eval/accuracy"]
@@ -72,6 +77,7 @@ class RunMonitor:
 
     def on_status(self, ev: StatusEvent) -> None:
         self.status[ev.component] = ev
+        self.reports.setdefault(ev.component, ComponentReport()).on_status(ev)
 
     async def follow(self, stop: asyncio.Event, on_update=None) -> None:
         """Consume the event topics until ``stop`` is set and they have gone quiet (1 s);

@@ -69,7 +69,7 @@ class Components:
                     s.state.value,
                     str(s.step),
                     f"{s.version}{lag}",
-                    _age(now - s.created_at),
+                    age(now - s.created_at),
                     self.partitions.get(s.component, ""),
                     s.detail[:60],
                 ]
@@ -103,13 +103,14 @@ class Components:
         t, sync = tree.get("trainer") or {}, tree.get("synchronizer") or {}
         where = self.record.store_uri or "the control topic"
         return (
-            f"defined {_age(now - self.record.created_at)} (config at {where}): trainer "
+            f"defined {age(now - self.record.created_at)} (config at {where}): trainer "
             f"{t.get('nproc', 1)} rank(s) x {t.get('nnodes', 1)} host(s), sync "
             f"{sync.get('method', '?')}"
         )
 
 
-def _age(seconds: float) -> str:
+def age(seconds: float) -> str:
+    """How long ago, in the unit that reads best (``42s ago``, ``17m ago``, ``3.5h ago``)."""
     seconds = max(0.0, seconds)
     if seconds < 120:
         return f"{seconds:.0f}s ago"

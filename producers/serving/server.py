@@ -120,7 +120,7 @@ class Server:
         """``working`` while responses wait for a reward or commit, or groups to be
         published: the trainer's idle timeout does not run out meanwhile."""
         waiting = bool(self.recorder.held or self.held_back or self.counters.get("spool_bytes"))
-        return Position(step=0, version=self.version, working=waiting)
+        return Position(step=0, version=self.version, working=waiting, ready=self.version >= 0)
 
     @property
     def version(self) -> int:

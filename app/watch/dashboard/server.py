@@ -20,7 +20,6 @@ import contextlib
 import logging
 import os
 import re
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -34,7 +33,7 @@ from streamrft.infra.config import Config, with_run_id
 from streamrft.infra.net import is_loopback
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.infra.web_guard import WebGuard
-from streamrft.infra.web_server import quiet_server
+from streamrft.infra.web_server import listening_socket, quiet_server
 from streamrft.schemas.errors import StreamRFTError
 
 log = logging.getLogger(__name__)
@@ -265,21 +264,6 @@ def build_app(dash: Dashboard, bound: str = "127.0.0.1") -> Any:
     return WebGuard(app, bound)
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise StreamRFTError(
-            f"dashboard: cannot listen on {host}:{port} ({exc.strerror}); pass --port or set "
-            "monitor.dashboard_port (0: a free port)"
-        ) from exc
-    sock.listen(128)
-    return sock
-
-
 def url_of(host: str, port: int, run: str | None) -> str:
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}/" + (f"?run={run}" if run else "")
@@ -288,7 +272,9 @@ def url_of(host: str, port: int, run: str | None) -> str:
 async def serve(dash: Dashboard, host: str, port: int, url_file: Path | None = None) -> None:
     """Serve ``dash`` on ``host:port`` until SIGINT/SIGTERM; print the URL (and write it to
     ``url_file``, removed again at the end) once it is listening."""
-    sock = _bind(host, port)
+    sock = listening_socket(
+        host, port, "dashboard: pass --port or set monitor.dashboard_port (0: a free port)"
+    )
     url = url_of(host, sock.getsockname()[1], dash.default_run)
     stop = asyncio.Event()
     install_stop_handlers(stop, "dashboard")

@@ -1,0 +1,116 @@
+"""``streamrft runs``: the runs on a broker, each with its state and last activity, read from
+its status topic's heartbeats (nothing else is asked of the processes).
+
+A run's state (:func:`run_state`, pure):
+
+- ``active``: a component not stopped has sent a heartbeat within ``ACTIVE_S``;
+- ``stopped``: its trainer's newest status is STOPPED (the run ended or was stopped), and
+  nothing has beaten since;
+- ``quiet``: components reported once, none within ``ACTIVE_S``, the trainer not stopped
+  (killed, its host lost, or waiting to be resumed);
+- ``new``: topics, but no status yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from streamrft.app.watch.run_events import read_events, runs_on_broker
+from streamrft.app.watch.run_status import age
+from streamrft.infra import admin
+from streamrft.infra.bus import HEARTBEAT_S
+from streamrft.infra.config import KafkaConfig
+from streamrft.schemas.events import RunState, StatusEvent
+from streamrft.schemas.topics import NAME, TopicNames
+
+ACTIVE_S = 6 * HEARTBEAT_S
+"""A component whose newest heartbeat is younger than this is taken as alive."""
+READ_AT_ONCE = 8
+"""Status topics read at the same time."""
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run: str
+    state: str
+    last_activity: float
+    """Unix time of the run's newest status (0: none)."""
+    components: int
+    """Components that ever reported."""
+    live: int
+    """Components whose newest status is younger than ``ACTIVE_S`` and not STOPPED."""
+    trainer_step: int
+    """The trainer's newest step (-1: no trainer yet)."""
+
+
+def run_state(run: str, statuses: dict[str, StatusEvent], now: float) -> RunRow:
+    """The row of ``run`` from the newest status of each of its components."""
+    live = [
+        s
+        for s in statuses.values()
+        if s.state != RunState.STOPPED and now - s.created_at < ACTIVE_S
+    ]
+    last = max((s.created_at for s in statuses.values()), default=0.0)
+    trainer = statuses.get("trainer")
+    if not statuses:
+        state = "new"
+    elif live:
+        state = "active"
+    elif trainer is not None and trainer.state == RunState.STOPPED:
+        state = "stopped"
+    else:
+        state = "quiet"
+    step = trainer.step if trainer is not None else -1
+    return RunRow(run, state, last, len(statuses), len(live), step)
+
+
+async def newest_statuses(kafka_cfg: KafkaConfig, topics: TopicNames) -> dict[str, StatusEvent]:
+    newest: dict[str, StatusEvent] = {}
+
+    def keep(_kind: str, ev: StatusEvent) -> None:
+        old = newest.get(ev.component)
+        if old is None or ev.created_at >= old.created_at:
+            newest[ev.component] = ev
+
+    await read_events(kafka_cfg, topics, ["status"], keep, follow=False, client_id="streamrft-runs")
+    return newest
+
+
+async def list_runs(kafka_cfg: KafkaConfig, now: float | None = None) -> list[RunRow]:
+    """Every run under ``kafka.topic_prefix`` on the broker, newest activity first."""
+    names = await admin.list_topics(kafka_cfg)
+    runs = [r for r in runs_on_broker(names, kafka_cfg.topic_prefix) if NAME.match(r)]  # not a.b.c
+    runs = [r for r in runs if TopicNames(kafka_cfg.topic_prefix, r).status in names]
+    gate = asyncio.Semaphore(READ_AT_ONCE)
+
+    async def row(run: str) -> RunRow:
+        async with gate:
+            statuses = await newest_statuses(kafka_cfg, TopicNames(kafka_cfg.topic_prefix, run))
+        return run_state(run, statuses, time.time() if now is None else now)
+
+    rows = await asyncio.gather(*(row(r) for r in runs))
+    return sorted(rows, key=lambda r: (-r.last_activity, r.run))
+
+
+def runs_table(rows: list[RunRow], now: float) -> str:
+    if not rows:
+        return "no runs on this broker"
+    head = ["run", "state", "last activity", "components", "live", "trainer step"]
+    body = [
+        [
+            r.run,
+            r.state,
+            age(now - r.last_activity) if r.last_activity else "-",
+            str(r.components),
+            str(r.live),
+            str(r.trainer_step) if r.trainer_step >= 0 else "-",
+        ]
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [head, *body]
+    )
