@@ -48,6 +48,9 @@ test: setup
 	# skipped without them, except under CI=true)
 	if [ "$$CI" = true ]; then tools/install_browser.sh; fi
 	command -v npm >/dev/null && npm ci --prefix tests/browser --no-audit --no-fund || true
+	# kustomize 4.5.4, which renders deploy/k8s (tests/unit/test_deploy_files.py; skipped without
+	# it, except under CI=true)
+	command -v npm >/dev/null && npm ci --prefix deploy/tools --no-audit --no-fund || true
 	$(MAKE) --no-print-directory test-kernels
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -p no:cacheprovider $(PYTEST_PARALLEL)
 

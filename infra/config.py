@@ -958,7 +958,7 @@ class MonitorConfig(_Section, frozen=True):
     holds weights; the trainer has resumed and joined its experiences) and ``/metrics``
     (Prometheus text format: the values of its status and metrics events). Under
     ``streamrft run`` the supervisor serves the whole run's on this port and its children
-    none (docs/deploying.md, "Probes and metrics")."""
+    none (docs/operating.md, "Probes and metrics")."""
     http_host: str = "127.0.0.1"
     """Address the probes bind (``0.0.0.0`` in a container, for the kubelet and
     Prometheus). They only read; ``monitor.http_allowed_hosts`` as ``serve.allowed_hosts``."""

@@ -36,7 +36,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.group import JoinGroupRequest, LeaveGroupRequest
 
-from streamrft.infra import produce_confluent
+from streamrft.infra import access, produce_confluent
 from streamrft.infra.config import KafkaConfig
 from streamrft.infra.produce_confluent import ConfluentProducer
 from streamrft.schemas.errors import ConfigError, ServiceError
@@ -79,10 +79,40 @@ def security_options(cfg: KafkaConfig) -> dict[str, Any]:
     return options
 
 
+class CheckedProducer(AIOKafkaProducer):
+    """aiokafka's producer, each send checked against the process's role
+    (:mod:`streamrft.infra.access`: the table the run's ACLs come from)."""
+
+    async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        access.check("write", topic)
+        return await super().send(topic, *args, **kwargs)
+
+
+class CheckedConsumer(AIOKafkaConsumer):
+    """aiokafka's consumer, its topics and group checked against the process's role."""
+
+    def __init__(self, *topics: str, **options: Any) -> None:
+        for topic in topics:
+            access.check("read", topic)
+        if options.get("group_id") is not None:
+            access.check("group", options["group_id"])
+        super().__init__(*topics, **options)
+
+    def subscribe(self, topics: Any = (), pattern: Any = None, listener: Any = None) -> None:
+        for topic in topics:
+            access.check("read", topic)
+        super().subscribe(topics, pattern, listener)
+
+    def assign(self, partitions: Any) -> None:
+        for tp in partitions:
+            access.check("read", tp.topic)
+        super().assign(partitions)
+
+
 def _producer(
     cfg: KafkaConfig,
     client_id: str,
-    cls: type[AIOKafkaProducer] = AIOKafkaProducer,
+    cls: type[AIOKafkaProducer] = CheckedProducer,
     request_timeout_ms: int = REQUEST_TIMEOUT_MS,
     **batching,
 ) -> Any:
@@ -105,7 +135,7 @@ DATA_BATCH_BYTES = 1 << 20
 """Largest batch of data records per partition (one produce request carries several)."""
 
 
-class DataProducer(AIOKafkaProducer):
+class DataProducer(CheckedProducer):
     """aiokafka's producer of data records, plus :meth:`flush_lingering`."""
 
     def flush_lingering(self) -> None:
@@ -212,7 +242,7 @@ def _group_consumer(
     cfg: KafkaConfig, topic: str, group_id: str, client_id: str, **fetch: int
 ) -> AIOKafkaConsumer:
     """A consumer-group member that starts from the earliest offset and commits by hand."""
-    return AIOKafkaConsumer(
+    return CheckedConsumer(
         topic,
         bootstrap_servers=_servers(cfg),
         client_id=client_id,
@@ -460,7 +490,7 @@ def _group_less(
 ) -> AIOKafkaConsumer:
     """A reader in no consumer group (nothing committed), from the beginning."""
     more.setdefault("group_id", None)
-    return AIOKafkaConsumer(
+    return CheckedConsumer(
         *topics,
         bootstrap_servers=_servers(cfg),
         client_id=client_id,

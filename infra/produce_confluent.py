@@ -36,6 +36,7 @@ from typing import Any
 
 from aiokafka.errors import KafkaConnectionError
 
+from streamrft.infra import access
 from streamrft.schemas.errors import ConfigError, ServiceError
 
 
@@ -146,6 +147,7 @@ class ConfluentProducer:
         headers: Sequence[tuple[str, bytes]] | None = None,
     ) -> asyncio.Future[RecordMetadata]:
         """Queue one record; the returned future resolves once the broker acknowledged it."""
+        access.check("write", topic)
         if self._producer is None or self._poller is None or self._loop is None:
             raise ServiceError("Kafka producer used before start() or after stop()")
         future: asyncio.Future[RecordMetadata] = self._loop.create_future()

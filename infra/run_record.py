@@ -119,10 +119,18 @@ async def fetch_record(kafka: KafkaConfig, topics: TopicNames, wait_s: float = 0
         await asyncio.sleep(2.0)
 
 
-HOST_FIELDS = (("run", "host_id"), ("run", "dir"))
-"""Fields of the record that belong to the recording process's host: which host it is
-(same-host shared memory) and its run folder (a path there). A process on another host
-finds its own (``run.dir``: ``runs`` in its working folder, unless ``-o`` says)."""
+HOST_FIELDS = (
+    ("run", "host_id"),
+    ("run", "dir"),
+    ("monitor", "http_port"),
+    ("monitor", "http_host"),
+    ("monitor", "http_allowed_hosts"),
+)
+"""Fields of the record that belong to the recording process and its host: which host it
+is (same-host shared memory), its run folder (a path there), where it serves its probes
+(a joiner on the same host would find the port taken). A joining process finds its own
+(``run.dir``: ``runs`` in its working folder, unless ``-o`` says; no probes unless ``-o
+monitor.http_port=...``)."""
 
 
 def config_of_record(

@@ -40,11 +40,12 @@ from streamrft.schemas.codec import CODEC_BY_KIND, HEADER_SCHEMA, HEADER_TYPE, S
 from streamrft.schemas.manifest import WeightManifest
 from streamrft.schemas.topics import TOPIC_KINDS, TopicNames
 
-MARKERS = ("config", "schemas", "cli")
+MARKERS = ("config", "schemas", "cli", "acls")
 PAGES = (
     "docs/reference/configuration.md",
     "docs/reference/topics-and-schemas.md",
     "docs/reference/cli.md",
+    "docs/reference/kafka-acls.md",
 )
 REQUIRED = "*required*"
 
@@ -405,6 +406,21 @@ def cli_reference() -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+def acl_reference() -> str:
+    """Each role of ``infra/access.py``: who plays it, and its ACLs on a run ``RUN`` under
+    the default prefix."""
+    from streamrft.infra.access import ROLES, acl_rows
+
+    topics = TopicNames("streamrft", "RUN")
+    out: list[str] = []
+    for role, access in ROLES.items():
+        out += [f"### {role}", "", f"{_prose(access.doc)}.", ""]
+        rows = [[r.kind, r.pattern, code(r.name), r.operation] for r in acl_rows(topics, (role,))]
+        out += _table(["resource", "pattern", "name", "operation"], rows)
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
 # -- pages --------------------------------------------------------------------------------
 def _markers(name: str) -> tuple[str, str]:
     return f"<!-- BEGIN GENERATED: {name} -->", f"<!-- END GENERATED: {name} -->"
@@ -412,7 +428,12 @@ def _markers(name: str) -> tuple[str, str]:
 
 def render_page(page_text: str) -> str:
     """``page_text`` with each generated block it holds replaced (markers kept)."""
-    bodies = {"config": config_reference, "schemas": schema_reference, "cli": cli_reference}
+    bodies = {
+        "config": config_reference,
+        "schemas": schema_reference,
+        "cli": cli_reference,
+        "acls": acl_reference,
+    }
     text = page_text
     present = [name for name in MARKERS if any(m in text for m in _markers(name))]
     if not present:

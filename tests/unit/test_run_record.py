@@ -164,11 +164,18 @@ def test_on_another_host_the_task_files_are_compared_by_their_bytes_not_their_pa
 
 def test_what_names_the_recording_host_stays_there(tmp_path, monkeypatch):
     monkeypatch.setenv("STREAMRFT_S3_SECRET_KEY", "sk")
-    cfg = run_config(tmp_path, run={"host_id": "host-a", "dir": "/srv/a/runs"})
+    cfg = run_config(
+        tmp_path,
+        run={"host_id": "host-a", "dir": "/srv/a/runs"},
+        monitor={"http_port": 9400, "http_host": "0.0.0.0", "log_format": "json"},
+    )
     elsewhere = tmp_path / "b"
     elsewhere.mkdir()
     joined = config_of_record(make_record(cfg), base=elsewhere)
     assert joined.run.host_id == ""  # found on this host (host name and boot id)
+    # the trainer's probe port would be taken on its host: a joiner serves none unless told
+    assert (joined.monitor.http_port, joined.monitor.http_host) == (0, "127.0.0.1")
+    assert joined.monitor.log_format == "json"  # the run's, not the host's
     assert joined.run.dir == "runs"  # its own run folder, in its working folder
     assert joined.run.id == "r1" and joined.run.seed == cfg.run.seed
     # the filesystem method's shared folder is the run's, not one under this host's folder
