@@ -602,6 +602,13 @@ def _optional_config(sp: argparse.ArgumentParser, text: str) -> None:
     sp.add_argument("--config", dest="config_flag", metavar="CONFIG", help=argparse.SUPPRESS)
 
 
+def _broker_options(sp: argparse.ArgumentParser) -> None:
+    """``--bootstrap`` and ``--dir``: where a tool finds the broker when its CONFIG does not
+    say (or it has none)."""
+    sp.add_argument("--bootstrap", help="broker host:port (default: from config or `infra up`)")
+    sp.add_argument("--dir", default=DEFAULT_INFRA_DIR, help="state folder of `infra up`")
+
+
 def _where_runs_are(sp: argparse.ArgumentParser) -> None:
     """The options of a command that watches runs from outside: where their broker and
     folders are, and overrides of its CONFIG."""
@@ -857,8 +864,7 @@ def _add_watch_commands(sub: argparse._SubParsersAction) -> None:
                 "those that exist are left as they are",
             )
             sp.add_argument("--run-id", help="the run whose topics --create makes")
-        sp.add_argument("--bootstrap", help="broker host:port (default: from config or `infra up`)")
-        sp.add_argument("--dir", default=DEFAULT_INFRA_DIR, help="state folder of `infra up`")
+        _broker_options(sp)
         sp.set_defaults(func=func)
     sp = sub.add_parser(
         "publish",
@@ -887,8 +893,7 @@ def _add_watch_commands(sub: argparse._SubParsersAction) -> None:
         help="wait up to S seconds for the trainer to report STOPPED (exit status 1 if it "
         "does not)",
     )
-    sp.add_argument("--bootstrap", help="broker host:port (default: from config or `infra up`)")
-    sp.add_argument("--dir", default=DEFAULT_INFRA_DIR, help="state folder of `infra up`")
+    _broker_options(sp)
     sp.set_defaults(func=cmd_stop)
     sp = sub.add_parser(
         "acls",

@@ -3,8 +3,9 @@
 It publishes a ``Shutdown`` on the run's control topic, as ``streamrft run``'s supervisor
 does at the end of a run: every component (trainer, explorers, evaluators, serve
 processes, on any host) stops after its current unit of work, the trainer with a
-checkpoint, so the run can be resumed with its id. With ``wait_s`` it then follows the
-status topic until the trainer reports STOPPED after the Shutdown (or the time is up).
+checkpoint, so the run can be resumed with its id. With ``wait_s`` it then reads the
+status topic from where it ended before the Shutdown (not the run's whole history, and no
+clock compared across hosts) until the trainer reports STOPPED, or the time is up.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from streamrft.app.watch.run_events import read_events
+from aiokafka import TopicPartition
+
+from streamrft.infra import kafka
 from streamrft.infra.bus import EventSender
 from streamrft.infra.config import Config
+from streamrft.infra.consume import Record, consume
+from streamrft.schemas.codec import STATUS
 from streamrft.schemas.events import RunState, Shutdown, StatusEvent
 
 COMPONENT = "stop-command"
@@ -23,29 +28,34 @@ COMPONENT = "stop-command"
 async def stop_run(cfg: Config, reason: str, wait_s: float) -> StatusEvent | None:
     """Send the Shutdown; with ``wait_s`` > 0, return the trainer's STOPPED status once it
     comes (None: not within ``wait_s``, or not waited for)."""
-    sent_at = time.time()
-    async with EventSender(cfg, COMPONENT, COMPONENT) as sender:
-        await sender.control(Shutdown(reason=reason, created_at=sent_at))
-    if wait_s <= 0:
-        return None
-    return await _trainer_stopped(cfg, sent_at, wait_s)
-
-
-async def _trainer_stopped(cfg: Config, since: float, wait_s: float) -> StatusEvent | None:
-    found: list[StatusEvent] = []
-    done = asyncio.Event()
-
-    def on_status(_kind: str, ev: StatusEvent) -> None:
-        if ev.component == "trainer" and ev.state == RunState.STOPPED and ev.created_at >= since:
-            found.append(ev)
-            done.set()
-
-    reading = read_events(
-        cfg.kafka, cfg.topics(), ["status"], on_status, follow=True, stop=done,
-        client_id="streamrft-stop",
-    )  # fmt: skip
+    status = TopicPartition(cfg.topics().status, 0)  # event topics have one partition
+    reader = kafka.event_reader(cfg.kafka, [], "streamrft-stop")
+    await kafka.start_client(reader, "stop's status reader")
     try:
-        await asyncio.wait_for(reading, wait_s)
+        reader.assign([status])
+        await reader.seek_to_end(status)
+        await reader.position(status)  # the end as it is now, before the Shutdown
+        async with EventSender(cfg, COMPONENT, COMPONENT) as sender:
+            await sender.control(Shutdown(reason=reason, created_at=time.time()))
+        if wait_s <= 0:
+            return None
+        return await _trainer_stopped(reader, status.topic, wait_s)
+    finally:
+        await reader.stop()
+
+
+async def _trainer_stopped(reader, topic: str, wait_s: float) -> StatusEvent | None:
+    found: list[StatusEvent] = []
+
+    def on_status(rec: Record) -> bool:
+        ev = rec.obj
+        if ev.component == "trainer" and ev.state == RunState.STOPPED:
+            found.append(ev)
+            return False  # done
+        return True
+
+    try:
+        await asyncio.wait_for(consume(reader, {topic: STATUS}, on_status, poll_ms=250), wait_s)
     except asyncio.TimeoutError:
-        return None
+        pass
     return found[0] if found else None

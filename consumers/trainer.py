@@ -223,7 +223,9 @@ class Trainer:
         ckpt = self.engine.latest() if self.tcfg.resume else None
         if ckpt is None and self.tcfg.warmup_sft_steps:
             await self._warmup()
-        weights = self.engine.prepare()
+        # off the loop: loading a large model takes long, and the heartbeats and the probes
+        # (/healthz) must go on meanwhile
+        weights = await asyncio.to_thread(self.engine.prepare)
         ctx = SenderContext(
             self.counters, lambda: self.view.live_peers("explorer", 3 * HEARTBEAT_S)
         )
@@ -231,7 +233,7 @@ class Trainer:
         stack.callback(sender.close)
         self.publisher = VersionPublisher(weights, sender, self.events.control, self.counters)
         stack.push_async_callback(self.publisher.aclose)
-        state = self.engine.load(ckpt) if ckpt is not None else None
+        state = await asyncio.to_thread(self.engine.load, ckpt) if ckpt is not None else None
         if state is not None:
             self._restore(state, ckpt)
         self.publisher.resume(state.version if state else -1, await announced_floor(self.cfg))
@@ -397,9 +399,11 @@ class Trainer:
         if not self.cfg.eval.interval or self.step % self.cfg.eval.interval:
             await self.evaluate()
         await self.checkpoint()
+        # a signal may be a scheduler's with a deadline; a Shutdown (`streamrft stop`) has none
+        signalled = self.stop.is_set() and not self.view.shutdown.is_set()
         if self.uploads is not None:  # the last checkpoint complete in the store
-            await self.uploads.drain(stopping=self.stop.is_set())
-        if not self.stop.is_set():  # its copies for other hosts (auto's store lane) too,
+            await self.uploads.drain(stopping=signalled)
+        if not signalled:  # its copies for other hosts (auto's store lane) too,
             await self.publisher.drain()  # unless a signal leaves no time for them
         await self.events.metrics(
             {

@@ -6,8 +6,9 @@ groups it uses, whether it makes the run's topics. One table (:data:`ROLES`), in
   ``streamrft acls`` prints ``kafka-acls.sh`` lines for a run).
 - **Checked against the code.** A process declares its role once (:func:`set_role`, from
   its command) and every Kafka client of :mod:`streamrft.infra.kafka` asks
-  :func:`check` before it writes a topic, reads one or names a group. Something outside the
-  table is logged once as an error; with ``STREAMRFT_ACCESS_STRICT=1`` (every test process
+  :func:`check` before it writes a topic, reads one or names a group: by the topic's kind
+  (a replay of another run, ``train --from-run``, reads that run's ``experiences``, which
+  the ACLs must grant besides). Something outside the table is logged once as an error; with ``STREAMRFT_ACCESS_STRICT=1`` (every test process
   has it) it raises :class:`AccessError`, so the test suite, which runs every role as a
   real process, fails when the code and the table part. A process with no role (a library
   user's application, a test's in-process component) is not checked.
@@ -50,6 +51,9 @@ class Access:
     """It makes the run's topics when they are missing."""
     lists_topics: bool = False
     """It lists the broker's topics (to find runs, or to check one exists)."""
+    every_run: bool = False
+    """It reads the topics of every run under the prefix (``streamrft runs``, the
+    dashboard), not of one: its reads are granted on the prefix."""
 
 
 EVENTS_OUT = ("control", "status", "metrics", "dead_letters")
@@ -97,6 +101,7 @@ ROLES: dict[str, Access] = {
         "`validate --connect`",
         reads=("tasks", "experiences", "control", "status", "metrics", "dead_letters"),
         lists_topics=True,
+        every_run=True,
     ),
     "app": Access(
         "`streamrft publish` and applications using `streamrft.client`",
@@ -179,7 +184,7 @@ def acl_rows(topics: TopicNames, roles: tuple[str, ...] = tuple(ROLES)) -> list[
         ops: dict[str, set[str]] = {}
         for kind in a.writes:
             ops.setdefault(topics.of(kind), set()).update({"WRITE", "DESCRIBE"})
-        for kind in a.reads:
+        for kind in () if a.every_run else a.reads:
             ops.setdefault(topics.of(kind), set()).update({"READ", "DESCRIBE"})
         rows += [
             AclRow(name, "topic", "literal", topic, op)
@@ -196,6 +201,8 @@ def acl_rows(topics: TopicNames, roles: tuple[str, ...] = tuple(ROLES)) -> list[
             rows.append(
                 AclRow(name, "topic", "prefixed", f"{topics.prefix}.{topics.run}.", "CREATE")
             )
+        if a.every_run:
+            rows.append(AclRow(name, "topic", "prefixed", f"{topics.prefix}.", "READ"))
         if a.lists_topics:  # a metadata request lists only the topics one may describe
             rows.append(AclRow(name, "topic", "prefixed", f"{topics.prefix}.", "DESCRIBE"))
     return rows

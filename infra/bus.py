@@ -33,7 +33,7 @@ from streamrft.infra.consume import OnBad, Record, consume
 from streamrft.infra.probes import ProbeServer, ProcessProbes
 from streamrft.infra.retry import retrying
 from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, Codec, dead_letter_of
-from streamrft.schemas.errors import SchemaError, ServiceError, SyncTimeout
+from streamrft.schemas.errors import SchemaError, ServiceError, StreamRFTError, SyncTimeout
 from streamrft.schemas.events import (
     ControlEvent,
     MetricsEvent,
@@ -161,7 +161,11 @@ class EventSender:
                 lambda: self._position().ready,
             )
             server = ProbeServer(self.cfg.monitor, self._probes, self.component)
-            await server.start()
+            try:
+                await server.start()
+            except StreamRFTError:  # the port is taken: nothing left running
+                await self.stop()
+                raise
             self._probe_server = server
         if heartbeat_s > 0:
             self._heartbeat_task = asyncio.create_task(self._heartbeat(heartbeat_s))

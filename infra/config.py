@@ -949,8 +949,8 @@ class MonitorConfig(_Section, frozen=True):
     log_format: Literal["text", "json"] = "text"
     """How every process of the run logs to stderr: ``text`` (time, level, logger, message)
     or ``json`` (one object a line: ``time`` (ISO 8601, UTC), ``level``, ``logger``,
-    ``message``, ``process`` (the component: ``trainer``, ``explorer-0``...), and
-    ``exception`` when there is one), for a log collector."""
+    ``message``, ``command`` (``train``, ``explore``...), ``pid``, and ``exception`` when
+    there is one), for a log collector; the server of each process logs through it too."""
     http_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
     """Port of a process's probes (0: none): ``GET /healthz`` (200 while the process is
     alive: its last status reached the broker within ``monitor.health_timeout_s``),

@@ -28,6 +28,7 @@ def quiet_server(app: Any, graceful_s: float, **options: Any) -> Any:
     config = uvicorn.Config(
         app,
         log_level="warning",
+        log_config=None,  # its lines go through the process's logging (monitor.log_format)
         lifespan="off",
         access_log=False,
         timeout_graceful_shutdown=math.ceil(graceful_s),

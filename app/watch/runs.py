@@ -8,22 +8,29 @@ A run's state (:func:`run_state`, pure):
   nothing has beaten since;
 - ``quiet``: components reported once, none within ``ACTIVE_S``, the trainer not stopped
   (killed, its host lost, or waiting to be resumed);
-- ``new``: topics, but no status yet.
+- ``new``: topics, but no status yet;
+- ``unreadable``: its status topic could not be read (an ACL, say); the other rows stand.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
+
+from aiokafka.errors import KafkaError
 
 from streamrft.app.watch.run_events import read_events, runs_on_broker
 from streamrft.app.watch.run_status import age
 from streamrft.infra import admin
 from streamrft.infra.bus import HEARTBEAT_S
 from streamrft.infra.config import KafkaConfig
+from streamrft.schemas.errors import StreamRFTError
 from streamrft.schemas.events import RunState, StatusEvent
 from streamrft.schemas.topics import NAME, TopicNames
+
+log = logging.getLogger(__name__)
 
 ACTIVE_S = 6 * HEARTBEAT_S
 """A component whose newest heartbeat is younger than this is taken as alive."""
@@ -86,8 +93,13 @@ async def list_runs(kafka_cfg: KafkaConfig, now: float | None = None) -> list[Ru
     gate = asyncio.Semaphore(READ_AT_ONCE)
 
     async def row(run: str) -> RunRow:
-        async with gate:
-            statuses = await newest_statuses(kafka_cfg, TopicNames(kafka_cfg.topic_prefix, run))
+        try:
+            async with gate:
+                topics = TopicNames(kafka_cfg.topic_prefix, run)
+                statuses = await newest_statuses(kafka_cfg, topics)
+        except (KafkaError, StreamRFTError) as exc:  # an ACL refusing it, say: that row only
+            log.warning("run %s: its status topic could not be read: %s", run, exc)
+            return RunRow(run, "unreadable", 0.0, 0, 0, -1)
         return run_state(run, statuses, time.time() if now is None else now)
 
     rows = await asyncio.gather(*(row(r) for r in runs))

@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import math
+import time
 
 import msgspec
 import pytest
@@ -180,16 +181,19 @@ def test_a_taken_port_is_a_clear_error():
 def test_the_runs_probes_add_lag_restarts_and_dead_letters():
     cfg = msgspec.structs.replace(Config(), run=msgspec.structs.replace(Config().run, id="r1"))
     monitor = RunMonitor(cfg)
-    monitor.on_status(status("trainer", "trainer", version=9, t=50.0))
-    monitor.on_status(status("explorer-0", version=8, t=50.0))
-    monitor.on_status(status("explorer-1", version=-1, t=50.0))
-    monitor.on_status(status("feeder", "feeder", version=-1, t=50.0))
+    now = time.time()
+    monitor.on_status(status("trainer", "trainer", version=9, t=now))
+    monitor.on_status(status("explorer-0", version=8, t=now))
+    monitor.on_status(status("explorer-1", version=-1, t=now))
+    monitor.on_status(status("explorer-2", version=3, t=now, state=RunState.STOPPED))
+    monitor.on_status(status("explorer-3", version=4, t=now - ACTIVE_S - 1))  # gone
+    monitor.on_status(status("feeder", "feeder", version=-1, t=now))
     monitor.on_metrics(metrics("explorer-0", 4, {"explorer/reward_mean": 0.75}))
     monitor.dead_letters = 3
 
     async def go():
         following = asyncio.create_task(asyncio.sleep(60))
-        answers = RunProbes(monitor, following, {"explorer-0": 2}, lambda: 40.0)
+        answers = RunProbes(monitor, following, {"explorer-0": 2}, lambda: now - 10)
         try:
             server = ProbeServer(MonitorConfig(http_port=0), answers, "supervisor")
             await server.start()
@@ -208,6 +212,8 @@ def test_the_runs_probes_add_lag_restarts_and_dead_letters():
     assert sample(got, "streamrft_version_lag", component="explorer-0") == [1]
     assert sample(got, "streamrft_version_lag", component="explorer-1") == []  # holds none
     assert sample(got, "streamrft_version_lag", component="feeder") == []
+    assert sample(got, "streamrft_version_lag", component="explorer-2") == []  # stopped
+    assert sample(got, "streamrft_version_lag", component="explorer-3") == []  # silent
     assert sample(got, "streamrft_restarts", component="explorer-0", role="explorer") == [2]
     assert sample(got, "streamrft_dead_letters", run="r1") == [3]
     assert sample(got, "streamrft_metric", component="explorer-0", name="explorer/reward_mean") == [
@@ -238,6 +244,8 @@ def test_a_run_is_active_stopped_quiet_or_new():
 def test_json_logs_are_one_object_a_line(monkeypatch):
     err = io.StringIO()
     monkeypatch.setattr("sys.stderr", err)
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
     setup_logging("INFO", "json", "explore")
     try:
         log = logging.getLogger("streamrft.test")
@@ -247,8 +255,11 @@ def test_json_logs_are_one_object_a_line(monkeypatch):
         except ValueError:
             log.exception("failed")
         logging.getLogger("aiokafka").info("quiet library")  # WARNING and up only
-    finally:
-        setup_logging()
+    finally:  # the worker's logging as it was (pytest's capture handlers)
+        handlers, level = saved
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        logging.captureWarnings(False)
     lines = err.getvalue().splitlines()
     assert len(lines) == 2
     first, second = (json.loads(line) for line in lines)
@@ -256,3 +267,17 @@ def test_json_logs_are_one_object_a_line(monkeypatch):
     assert first["logger"] == "streamrft.test" and first["command"] == "explore"
     assert first["time"].endswith("Z") and first["pid"] > 0
     assert second["level"] == "ERROR" and "ValueError: boom" in second["exception"]
+
+
+def test_the_run_is_ready_from_its_trainers_report_in_this_attempt_until_it_stops():
+    cfg = msgspec.structs.replace(Config(), run=msgspec.structs.replace(Config().run, id="r1"))
+    monitor, started = RunMonitor(cfg), [0.0]
+    answers = RunProbes(monitor, None, {}, lambda: started[0])  # type: ignore[arg-type]
+    monitor.on_status(status("trainer", "trainer", t=100.0))  # an earlier attempt's
+    assert answers.readiness() == (False, "the run's processes are not started yet")
+    started[0] = 200.0
+    assert answers.readiness()[1] == "the trainer has not reported in this attempt yet"
+    monitor.on_status(status("trainer", "trainer", t=201.0, step=4, version=3))
+    assert answers.readiness() == (True, "trainer at step 4, version 3")
+    monitor.on_status(status("trainer", "trainer", t=260.0, step=9, state=RunState.STOPPED))
+    assert answers.readiness() == (False, "the trainer stopped at step 9")
