@@ -15,6 +15,7 @@ import logging
 import math
 import secrets
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -38,6 +39,7 @@ from streamrft.producers.serving.openai_types import (
     CompletionRequest,
     Feedback,
     refuse_unsupported,
+    unknown_fields,
 )
 from streamrft.producers.serving.recorder import Full, Recorder, UnknownResponse
 from streamrft.schemas import limits
@@ -46,6 +48,9 @@ from streamrft.schemas.experience import ChatMessage, ExperienceGroup, Task
 
 CONVERSATION_HEADER = "x-conversation-id"
 log = logging.getLogger(__name__)
+MAX_UNKNOWN_NAMES = 64
+"""Unknown request field names a server counts (the first ones; a client sending ever new
+names cannot grow its memory)."""
 
 
 @dataclass
@@ -233,6 +238,21 @@ class Handlers:
 
     def __init__(self, server: Backend) -> None:
         self.server = server
+        self.unknown_fields: Counter[str] = Counter()
+        """Requests that carried each field no rule names (:mod:`.openai_types`)."""
+
+    def _decode(self, body: bytes, type_: type) -> Any:
+        """The request, its unknown fields logged (once each) and counted."""
+        req = _decode(body, type_)
+        for name in unknown_fields(body, type_):
+            if name not in self.unknown_fields:
+                if len(self.unknown_fields) >= MAX_UNKNOWN_NAMES:
+                    continue
+                log.info(
+                    "%s: request field %r is not one it reads; ignored", self.server.name, name
+                )
+            self.unknown_fields[name] += 1
+        return req
 
     def _refuse_when_full(self) -> None:
         reason = self.server.refusal()
@@ -252,6 +272,7 @@ class Handlers:
             "model": self.server.model_name,
             "model_version": version,
             "recorded": self.server.recorder.held,
+            "unknown_fields": dict(self.unknown_fields),
         }
 
     async def models(self, _request: Request) -> dict[str, Any]:
@@ -261,14 +282,14 @@ class Handlers:
         }
 
     async def chat(self, request: Request) -> dict[str, Any]:
-        req = _decode(await request.body(), ChatRequest)
+        req = self._decode(await request.body(), ChatRequest)
         messages = [ChatMessage(role=m.role, content=m.text()) for m in req.messages]
         prompt_ids = self.server.prompts.ids(Task(id="serve", messages=messages))
         max_tokens = req.max_completion_tokens or req.max_tokens
         return await self._complete(request, req, prompt_ids, max_tokens, True, req.logprobs)
 
     async def completion(self, request: Request) -> dict[str, Any]:
-        req = _decode(await request.body(), CompletionRequest)
+        req = self._decode(await request.body(), CompletionRequest)
         prompt_ids = self.server.prompts.ids(Task(id="serve", prompt=req.text()))
         logprobs = req.logprobs is not None
         return await self._complete(request, req, prompt_ids, req.max_tokens, False, logprobs)

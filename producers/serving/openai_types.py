@@ -1,8 +1,16 @@
 """The request bodies serve mode accepts: the OpenAI API's fields it honours.
 
-Unknown fields are ignored (clients send many); a field whose value serve mode cannot honour
-(``stream``, ``top_p`` other than 1, ``top_logprobs``, ``echo``...) is refused with a 400 by
-:func:`refuse_unsupported` rather than silently ignored.
+The rule for a request's fields:
+
+- a field it honours is used (the structs below);
+- a field whose value it cannot honour (``stream``, ``top_p`` other than 1,
+  ``top_logprobs``, ``echo``...) is refused with a 400 by :func:`refuse_unsupported`,
+  never silently ignored;
+- a field of OpenAI's API that changes nothing about what is sampled or recorded here
+  (:data:`ACCEPTED_IGNORED`: ``metadata``, ``store``, ``stream_options``...) is accepted;
+- any other field is accepted too (agent frameworks add their own), and named by
+  :func:`unknown_fields`: the server logs each such name once and counts it (``/health``'s
+  ``unknown_fields``).
 """
 
 from __future__ import annotations
@@ -37,6 +45,39 @@ class ChatMessageIn(msgspec.Struct, kw_only=True):
             if part.type != "text":
                 raise SchemaError(f"messages: content part of type {part.type!r} is not supported")
         return "".join(part.text for part in self.content)
+
+
+ACCEPTED_IGNORED = frozenset(
+    {
+        "metadata",
+        "store",
+        "service_tier",
+        "stream_options",
+        "parallel_tool_calls",
+        "modalities",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+        "audio",
+        "prompt_cache_key",
+        "safety_identifier",
+        "verbosity",
+    }
+)
+"""OpenAI request fields accepted and ignored: they change nothing about the tokens sampled
+or recorded (``stream_options`` applies only to a stream, which is refused;
+``parallel_tool_calls`` only to tools, refused too)."""
+
+
+def unknown_fields(body: bytes, type_: type[msgspec.Struct]) -> list[str]:
+    """The top-level fields of the JSON object ``body`` that ``type_`` does not read and
+    :data:`ACCEPTED_IGNORED` does not name (at most 16, each cut to 64 characters)."""
+    try:
+        fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    except msgspec.DecodeError:
+        return []  # the typed decode says what is wrong with it
+    known = set(type_.__struct_fields__) | ACCEPTED_IGNORED
+    return [name[:64] for name in fields if name not in known][:16]
 
 
 Stop = str | list[str] | None

@@ -12,6 +12,7 @@ from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.producers.engines import make_engine
 from streamrft.producers.serving.endpoint import RecordingEndpoint
+from tests.helpers.probes import check
 
 pytestmark = pytest.mark.integration
 
@@ -70,3 +71,25 @@ def test_an_abandoned_episodes_responses_expire(endpoint):
     assert endpoint.recorder.held == 1
     assert endpoint.recorder.expire(now=1e12, ttl_s=3600.0) == 1  # far in the future
     assert endpoint.recorder.held == 0 and endpoint.recorder.held_tokens == 0
+
+
+def test_the_fields_agents_send_are_honoured_accepted_or_named(endpoint):
+    """``seed``, ``user`` and ``max_completion_tokens`` are honoured; OpenAI's fields that
+    change nothing here are accepted silently; any other field is accepted and named in
+    ``/health`` (counted, logged once)."""
+    client = _client(endpoint, "c4")
+    asked = {"model": "policy", "messages": [{"role": "user", "content": "1+2="}]}
+    same = [
+        client.chat.completions.create(
+            **asked, seed=7, user="u1", max_completion_tokens=3, temperature=1.0,
+            metadata={"session": "s"}, store=False,
+            extra_body={"stream_options": None, "framework_trace_id": "t"},
+        )
+        for _ in range(2)
+    ]  # fmt: skip
+    assert same[0].choices[0].message.content == same[1].choices[0].message.content
+    assert same[0].usage.completion_tokens <= 3
+    client.completions.create(model="policy", prompt="2+2=", max_tokens=2, extra_body={"x": 1})
+    status, health = check(endpoint.base_url("c4").removesuffix("/v1"), "/health")
+    assert status == 200
+    assert health["unknown_fields"] == {"framework_trace_id": 2, "x": 1}
