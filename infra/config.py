@@ -859,6 +859,12 @@ class ServeConfig(_Section, frozen=True):
     """On stop, longest wait for requests in flight before their connections close; the
     whole stop ends about this long after the signal, even with the broker away (what is
     not published by then goes to the spool, ``spool_dir``)."""
+    tool_parser: Literal["hermes", "json"] = "hermes"
+    """How a chat response is read for tool calls when the request offers ``tools``:
+    ``hermes``, ``<tool_call>{"name", "arguments"}</tool_call>`` blocks (Qwen and Hermes
+    templates, and the compact format streamrft tells a model whose template takes no
+    tools); ``json``, a response that is one JSON object naming a function (Llama 3.1).
+    A call that does not parse comes back as text (docs/serve-and-agents.md)."""
     max_n: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
     """Largest ``n`` (choices per request)."""
     max_tokens: Pos = 256

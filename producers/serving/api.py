@@ -30,6 +30,7 @@ from streamrft.infra.web_guard import WebGuard
 from streamrft.producers.engines.base import Rollout
 from streamrft.producers.serving.completions import (
     GREEDY_TEMPERATURE,
+    Choice,
     finish,
     response_body,
 )
@@ -38,10 +39,19 @@ from streamrft.producers.serving.openai_types import (
     Commit,
     CompletionRequest,
     Feedback,
+    NamedChoice,
     refuse_unsupported,
     unknown_fields,
 )
 from streamrft.producers.serving.recorder import Full, Recorder, UnknownResponse
+from streamrft.producers.serving.tool_calls import (
+    Turn,
+    conversation,
+    offered,
+    prompt_text,
+)
+from streamrft.producers.serving.tool_calls import parse as parse_turn
+from streamrft.producers.serving.tool_calls import prompt_ids as tool_prompt_ids
 from streamrft.schemas import limits
 from streamrft.schemas.errors import SchemaError
 from streamrft.schemas.experience import ChatMessage, ExperienceGroup, Task
@@ -240,6 +250,9 @@ class Handlers:
         self.server = server
         self.unknown_fields: Counter[str] = Counter()
         """Requests that carried each field no rule names (:mod:`.openai_types`)."""
+        self.tool_stats: Counter[str] = Counter()
+        """Tool calls answered, turns of malformed calls returned as text, and answers
+        without the call ``tool_choice`` asked for (:mod:`.tool_calls`)."""
 
     def _decode(self, body: bytes, type_: type) -> Any:
         """The request, its unknown fields logged (once each) and counted."""
@@ -273,6 +286,7 @@ class Handlers:
             "model_version": version,
             "recorded": self.server.recorder.held,
             "unknown_fields": dict(self.unknown_fields),
+            "tool_calls": {k: self.tool_stats[k] for k in ("calls", "malformed", "unmet")},
         }
 
     async def models(self, _request: Request) -> dict[str, Any]:
@@ -283,10 +297,29 @@ class Handlers:
 
     async def chat(self, request: Request) -> dict[str, Any]:
         req = self._decode(await request.body(), ChatRequest)
-        messages = [ChatMessage(role=m.role, content=m.text()) for m in req.messages]
-        prompt_ids = self.server.prompts.ids(Task(id="serve", messages=messages))
+        tools = offered(req.tools, req.tool_choice)
+        prompts = self.server.prompts
+        if req.tools or any(m.tool_calls or m.role == "tool" for m in req.messages):
+            text = prompt_text(prompts, conversation(req.messages), tools, req.tool_choice)
+            prompt_ids = tool_prompt_ids(prompts, text)
+        else:
+            messages = [ChatMessage(role=m.role, content=m.text()) for m in req.messages]
+            prompt_ids = prompts.ids(Task(id="serve", messages=messages))
         max_tokens = req.max_completion_tokens or req.max_tokens
-        return await self._complete(request, req, prompt_ids, max_tokens, True, req.logprobs)
+        return await self._complete(request, req, prompt_ids, max_tokens, True, req.logprobs, tools)
+
+    def _read_calls(
+        self, choices: list[Choice], req: ChatRequest | CompletionRequest, tools: list
+    ) -> list[Turn]:
+        """Each choice read for tool calls (``serve.tool_parser``), counted."""
+        turns = [parse_turn(self.cfg.tool_parser, c.rollout.text, tools) for c in choices]
+        choice = req.tool_choice if isinstance(req, ChatRequest) else None
+        must = choice == "required" or isinstance(choice, NamedChoice)
+        for turn in turns:
+            self.tool_stats["calls"] += len(turn.calls)
+            self.tool_stats["malformed"] += turn.malformed
+            self.tool_stats["unmet"] += must and not turn.calls
+        return turns
 
     async def completion(self, request: Request) -> dict[str, Any]:
         req = self._decode(await request.body(), CompletionRequest)
@@ -302,8 +335,10 @@ class Handlers:
         max_tokens: int | None,
         chat: bool,
         with_logprobs: bool,
+        tools: list | None = None,
     ) -> dict[str, Any]:
-        """Check, sample, record and answer one completion request."""
+        """Check, sample, record and answer one completion request (``tools``: the ones a
+        chat request offers; its choices are read for calls)."""
         max_tokens = self._check(req, prompt_ids, max_tokens)
         server = self.server
         self._refuse_when_full()
@@ -333,6 +368,7 @@ class Handlers:
             )
         except Full as exc:
             raise ApiError(503, str(exc), "server_error") from exc
+        turns = self._read_calls(choices, req, tools) if tools else None
         return response_body(
             chat,
             response_id,
@@ -343,6 +379,7 @@ class Handlers:
             choices,
             server.tokenizer,
             with_logprobs,
+            turns,
         )
 
     def _check(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from streamrft.producers.engines.base import Rollout
+from streamrft.producers.serving.tool_calls import Turn
 
 GREEDY_TEMPERATURE = 1e-3
 """``temperature: 0`` samples at this temperature: the argmax in practice, with log-probs
@@ -111,28 +112,55 @@ def response_body(
     choices: list[Choice],
     tokenizer: Any,
     with_logprobs: bool,
+    turns: list[Turn] | None = None,
 ) -> dict[str, Any]:
     """A ``chat.completion`` (``chat``) or ``text_completion`` object, with
-    ``model_version``, streamrft's extension: the version that sampled every choice."""
+    ``model_version``, streamrft's extension: the version that sampled every choice.
+    ``turns``: each choice read for tool calls (a chat request offering tools)."""
     return {
         "id": response_id,
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": model,
-        "choices": [_choice(chat, i, c, tokenizer, with_logprobs) for i, c in enumerate(choices)],
+        "choices": [
+            _choice(chat, i, c, tokenizer, with_logprobs, turns[i] if turns else None, response_id)
+            for i, c in enumerate(choices)
+        ],
         "usage": usage(prompt_ids, choices),
         "model_version": version,
     }
 
 
 def _choice(
-    chat: bool, index: int, choice: Choice, tokenizer: Any, with_logprobs: bool
+    chat: bool,
+    index: int,
+    choice: Choice,
+    tokenizer: Any,
+    with_logprobs: bool,
+    turn: Turn | None,
+    response_id: str,
 ) -> dict[str, Any]:
     text = choice.rollout.text
     logprobs = chat_logprobs if chat else completion_logprobs
+    reason = choice.finish_reason
+    if not chat:
+        body: dict[str, Any] = {"text": text}
+    elif turn is None or not turn.calls:
+        body = {"message": {"role": "assistant", "content": text}}
+    else:  # ids unique in the response, the same for the same response
+        calls = [
+            {
+                "id": f"call_{response_id.rpartition('-')[2]}_{index}_{k}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for k, c in enumerate(turn.calls)
+        ]
+        body = {"message": {"role": "assistant", "content": turn.content, "tool_calls": calls}}
+        reason = "tool_calls"
     return {
         "index": index,
-        **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
-        "finish_reason": choice.finish_reason,
+        **body,
+        "finish_reason": reason,
         "logprobs": logprobs(choice.rollout, tokenizer) if with_logprobs else None,
     }

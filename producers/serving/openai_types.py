@@ -15,7 +15,7 @@ The rule for a request's fields:
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -31,11 +31,62 @@ class TextPart(msgspec.Struct, kw_only=True):
     text: str = ""
 
 
+FunctionName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class FunctionDef(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A function a request offers the model."""
+
+    name: FunctionName
+    description: str = ""
+    parameters: dict[str, Any] = msgspec.field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+    strict: bool | None = None
+
+
+class ToolDef(msgspec.Struct, kw_only=True):
+    """One of a chat request's ``tools``."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class ChosenFunction(msgspec.Struct, kw_only=True):
+    name: FunctionName
+
+
+class NamedChoice(msgspec.Struct, kw_only=True):
+    """``tool_choice`` naming one function."""
+
+    type: Literal["function"] = "function"
+    function: ChosenFunction
+
+
+class FunctionCallIn(msgspec.Struct, kw_only=True):
+    name: FunctionName
+    arguments: str = "{}"
+    """A JSON object's text, as the API gave it."""
+
+
+class ToolCallIn(msgspec.Struct, kw_only=True):
+    """A call of an earlier assistant message, sent back in the conversation."""
+
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(msgspec.Struct, kw_only=True):
     """One message of a chat request."""
 
     role: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    """An assistant message's calls (what an earlier answer returned)."""
+    tool_call_id: str | None = None
+    """A ``tool`` message: the call it answers."""
+    name: str | None = None
 
     def text(self) -> str:
         """The content as one string (text parts joined)."""
@@ -65,8 +116,8 @@ ACCEPTED_IGNORED = frozenset(
     }
 )
 """OpenAI request fields accepted and ignored: they change nothing about the tokens sampled
-or recorded (``stream_options`` applies only to a stream, which is refused;
-``parallel_tool_calls`` only to tools, refused too)."""
+or recorded (``stream_options`` applies only to a stream, which is refused; ``parallel_tool_calls``:
+the calls a turn holds are returned whatever it says)."""
 
 
 def unknown_fields(body: bytes, type_: type[msgspec.Struct]) -> list[str]:
@@ -118,7 +169,8 @@ class ChatRequest(_Sampling, kw_only=True):
     max_completion_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[dict] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedChoice | None = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):
@@ -171,9 +223,5 @@ def refuse_unsupported(req: ChatRequest | CompletionRequest) -> None:
     if isinstance(req, ChatRequest):
         if req.top_logprobs:
             raise SchemaError("top_logprobs: not supported (logprobs=true gives each token's)")
-        if req.tools:
-            raise SchemaError(
-                "tools: not supported by serve mode yet; use the tool_calling workflow"
-            )
     elif req.echo:
         raise SchemaError("echo: not supported")

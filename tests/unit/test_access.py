@@ -42,14 +42,16 @@ def test_a_client_beyond_its_role_is_refused_before_it_reaches_a_broker(as_role)
             AccessError, match=r"role explorer may not write 'streamrft\.r1\.tasks'"
         ):
             await producer.send(TOPICS.tasks, b"{}")
+        await producer.stop()
         with pytest.raises(AccessError, match="may not read"):
             kafka.event_reader(BROKER, [TOPICS.metrics], "x")
         reader = kafka.event_reader(BROKER, [TOPICS.control], "x")  # its own: fine
         with pytest.raises(AccessError, match="may not read"):
             reader.assign([TopicPartition(TOPICS.experiences, 0)])
+        await reader.stop()  # never started: closed at once
         with pytest.raises(AccessError, match="may not group"):
             kafka.group_reader(BROKER, "streamrft.r1.trainer", "x")
-        kafka.task_consumer(BROKER, TOPICS.tasks, TOPICS.explorers_group, "x")
+        await kafka.task_consumer(BROKER, TOPICS.tasks, TOPICS.explorers_group, "x").stop()
 
     asyncio.run(go())
 
@@ -60,7 +62,8 @@ def test_outside_strict_mode_it_is_an_error_logged_once(as_role, monkeypatch, ca
     with caplog.at_level(logging.ERROR, "streamrft.infra.access"):
         for _ in range(3):
             access.check("write", TOPICS.experiences)
-    assert [r.getMessage() for r in caplog.records] == [
+    said = [r.getMessage() for r in caplog.records if r.name == "streamrft.infra.access"]
+    assert said == [
         "role evaluator may not write 'streamrft.r1.experiences' by the access table "
         "(infra/access.py); the run's Kafka ACLs would refuse it"
     ]
