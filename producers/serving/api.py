@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import msgspec
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from streamrft.infra.config import ServeConfig
 from streamrft.infra.prompts import PromptRenderer
@@ -44,6 +44,7 @@ from streamrft.producers.serving.openai_types import (
     unknown_fields,
 )
 from streamrft.producers.serving.recorder import Full, Recorder, UnknownResponse
+from streamrft.producers.serving.streaming import events
 from streamrft.producers.serving.tool_calls import (
     Turn,
     conversation,
@@ -295,7 +296,7 @@ class Handlers:
             "data": [{"id": self.server.model_name, "object": "model", "owned_by": "streamrft"}],
         }
 
-    async def chat(self, request: Request) -> dict[str, Any]:
+    async def chat(self, request: Request) -> dict[str, Any] | Response:
         req = self._decode(await request.body(), ChatRequest)
         tools = offered(req.tools, req.tool_choice)
         prompts = self.server.prompts
@@ -321,7 +322,7 @@ class Handlers:
             self.tool_stats["unmet"] += must and not turn.calls
         return turns
 
-    async def completion(self, request: Request) -> dict[str, Any]:
+    async def completion(self, request: Request) -> dict[str, Any] | Response:
         req = self._decode(await request.body(), CompletionRequest)
         prompt_ids = self.server.prompts.ids(Task(id="serve", prompt=req.text()))
         logprobs = req.logprobs is not None
@@ -336,9 +337,9 @@ class Handlers:
         chat: bool,
         with_logprobs: bool,
         tools: list | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | Response:
         """Check, sample, record and answer one completion request (``tools``: the ones a
-        chat request offers; its choices are read for calls)."""
+        chat request offers; its choices are read for calls); ``stream``: as SSE chunks."""
         max_tokens = self._check(req, prompt_ids, max_tokens)
         server = self.server
         self._refuse_when_full()
@@ -369,7 +370,7 @@ class Handlers:
         except Full as exc:
             raise ApiError(503, str(exc), "server_error") from exc
         turns = self._read_calls(choices, req, tools) if tools else None
-        return response_body(
+        body = response_body(
             chat,
             response_id,
             server.model_name,
@@ -380,6 +381,14 @@ class Handlers:
             server.tokenizer,
             with_logprobs,
             turns,
+        )
+        if not req.stream:
+            return body
+        # recorded already: a client that goes away leaves it to its reward or its TTL
+        usage = req.stream_options is not None and req.stream_options.include_usage
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(
+            events(body, usage), media_type="text/event-stream", headers=headers
         )
 
     def _check(

@@ -3,11 +3,11 @@
 The rule for a request's fields:
 
 - a field it honours is used (the structs below);
-- a field whose value it cannot honour (``stream``, ``top_p`` other than 1,
-  ``top_logprobs``, ``echo``...) is refused with a 400 by :func:`refuse_unsupported`,
+- a field whose value it cannot honour (``top_p`` other than 1, ``top_logprobs``,
+  ``echo``...) is refused with a 400 by :func:`refuse_unsupported`,
   never silently ignored;
 - a field of OpenAI's API that changes nothing about what is sampled or recorded here
-  (:data:`ACCEPTED_IGNORED`: ``metadata``, ``store``, ``stream_options``...) is accepted;
+  (:data:`ACCEPTED_IGNORED`: ``metadata``, ``store``, ``service_tier``...) is accepted;
 - any other field is accepted too (agent frameworks add their own), and named by
   :func:`unknown_fields`: the server logs each such name once and counts it (``/health``'s
   ``unknown_fields``).
@@ -103,7 +103,6 @@ ACCEPTED_IGNORED = frozenset(
         "metadata",
         "store",
         "service_tier",
-        "stream_options",
         "parallel_tool_calls",
         "modalities",
         "prediction",
@@ -116,8 +115,8 @@ ACCEPTED_IGNORED = frozenset(
     }
 )
 """OpenAI request fields accepted and ignored: they change nothing about the tokens sampled
-or recorded (``stream_options`` applies only to a stream, which is refused; ``parallel_tool_calls``:
-the calls a turn holds are returned whatever it says)."""
+or recorded (``parallel_tool_calls``: the calls a turn holds are returned whatever it
+says)."""
 
 
 def unknown_fields(body: bytes, type_: type[msgspec.Struct]) -> list[str]:
@@ -134,6 +133,11 @@ def unknown_fields(body: bytes, type_: type[msgspec.Struct]) -> list[str]:
 Stop = str | list[str] | None
 
 
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+    """A last chunk with the ``usage`` (and no choices)."""
+
+
 class _Sampling(msgspec.Struct, kw_only=True):
     """What chat and text completions share."""
 
@@ -145,6 +149,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     stop: Stop = None
     seed: int | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     presence_penalty: float = 0.0
@@ -209,8 +214,9 @@ class Commit(msgspec.Struct, kw_only=True):
 
 def refuse_unsupported(req: ChatRequest | CompletionRequest) -> None:
     """Raise SchemaError for a field serve mode cannot honour."""
-    if req.stream:
-        raise SchemaError("stream: streaming responses are not supported; send stream=false")
+    wants_logprobs = req.logprobs is not None and req.logprobs is not False  # 0: its own
+    if req.stream and wants_logprobs:
+        raise SchemaError("logprobs: not with stream=true (send stream=false for log-probs)")
     if req.top_p is not None and req.top_p != 1:
         raise SchemaError("top_p: only 1 is supported (the trainer recomputes plain log-probs)")
     if req.logit_bias or req.presence_penalty or req.frequency_penalty:
