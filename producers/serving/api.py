@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import jinja2
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
@@ -300,12 +301,15 @@ class Handlers:
         req = self._decode(await request.body(), ChatRequest)
         tools = offered(req.tools, req.tool_choice)
         prompts = self.server.prompts
-        if req.tools or any(m.tool_calls or m.role == "tool" for m in req.messages):
-            text = prompt_text(prompts, conversation(req.messages), tools, req.tool_choice)
-            prompt_ids = tool_prompt_ids(prompts, text)
-        else:
-            messages = [ChatMessage(role=m.role, content=m.text()) for m in req.messages]
-            prompt_ids = prompts.ids(Task(id="serve", messages=messages))
+        try:
+            if req.tools or any(m.tool_calls or m.role == "tool" for m in req.messages):
+                text = prompt_text(prompts, conversation(req.messages), tools, req.tool_choice)
+                prompt_ids = tool_prompt_ids(prompts, text)
+            else:
+                messages = [ChatMessage(role=m.role, content=m.text()) for m in req.messages]
+                prompt_ids = prompts.ids(Task(id="serve", messages=messages))
+        except jinja2.TemplateError as exc:  # its raise_exception: roles, alternation...
+            raise ApiError(400, f"the model's chat template refused the messages: {exc}") from exc
         max_tokens = req.max_completion_tokens or req.max_tokens
         return await self._complete(request, req, prompt_ids, max_tokens, True, req.logprobs, tools)
 
@@ -358,6 +362,7 @@ class Handlers:
             or req.conversation_id
             or request.headers.get(CONVERSATION_HEADER)
         )
+        turns = self._read_calls(choices, req, tools) if tools else None  # never raises
         try:
             server.recorder.record(
                 response_id,
@@ -369,7 +374,6 @@ class Handlers:
             )
         except Full as exc:
             raise ApiError(503, str(exc), "server_error") from exc
-        turns = self._read_calls(choices, req, tools) if tools else None
         body = response_body(
             chat,
             response_id,
@@ -387,9 +391,8 @@ class Handlers:
         # recorded already: a client that goes away leaves it to its reward or its TTL
         usage = req.stream_options is not None and req.stream_options.include_usage
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(
-            events(body, usage), media_type="text/event-stream", headers=headers
-        )
+        frames = list(events(body, usage))  # a failure here is a 500, not a broken 200
+        return StreamingResponse(iter(frames), media_type="text/event-stream", headers=headers)
 
     def _check(
         self, req: ChatRequest | CompletionRequest, prompt_ids: list[int], max_tokens: int | None

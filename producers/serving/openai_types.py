@@ -15,6 +15,7 @@ The rule for a request's fields:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -38,7 +39,7 @@ class FunctionDef(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A function a request offers the model."""
 
     name: FunctionName
-    description: str = ""
+    description: str | None = ""
     parameters: dict[str, Any] = msgspec.field(
         default_factory=lambda: {"type": "object", "properties": {}}
     )
@@ -104,11 +105,8 @@ ACCEPTED_IGNORED = frozenset(
         "store",
         "service_tier",
         "parallel_tool_calls",
-        "modalities",
         "prediction",
         "reasoning_effort",
-        "web_search_options",
-        "audio",
         "prompt_cache_key",
         "safety_identifier",
         "verbosity",
@@ -119,14 +117,44 @@ or recorded (``parallel_tool_calls``: the calls a turn holds are returned whatev
 says)."""
 
 
+def _none_or(*harmless: Any) -> Callable[[Any], bool]:
+    return lambda value: value is None or value in harmless
+
+
+REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "functions": (_none_or(), "the legacy functions: send tools"),
+    "function_call": (_none_or(), "the legacy function_call: send tool_choice"),
+    "best_of": (_none_or(1), "best_of other than 1: not supported"),
+    "suffix": (_none_or(""), "suffix (insertion): not supported"),
+    "top_k": (_none_or(0, -1), "top_k: not supported (the trainer recomputes plain log-probs)"),
+    "min_p": (_none_or(0), "min_p: not supported (the trainer recomputes plain log-probs)"),
+    "repetition_penalty": (_none_or(1), "repetition_penalty: not supported"),
+    "modalities": (_none_or(["text"]), "modalities other than text: not supported"),
+    "web_search_options": (_none_or(), "web_search_options: no web search here"),
+    "audio": (_none_or(), "audio output: not supported"),
+}
+"""Fields (OpenAI's, and vLLM's extras) that would change the output and that serve mode
+cannot honour, outside the structs below: a value other than the harmless ones is a 400."""
+
+
 def unknown_fields(body: bytes, type_: type[msgspec.Struct]) -> list[str]:
     """The top-level fields of the JSON object ``body`` that ``type_`` does not read and
-    :data:`ACCEPTED_IGNORED` does not name (at most 16, each cut to 64 characters)."""
+    :data:`ACCEPTED_IGNORED` does not name (at most 16, each cut to 64 characters); a
+    :class:`SchemaError` for a field of :data:`REFUSED` with a value it cannot honour."""
     try:
         fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
     except msgspec.DecodeError:
         return []  # the typed decode says what is wrong with it
-    known = set(type_.__struct_fields__) | ACCEPTED_IGNORED
+    for name, (harmless, why) in REFUSED.items():
+        if name not in fields:
+            continue
+        try:
+            value = msgspec.json.decode(fields[name])
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise SchemaError(f"{name}: not a JSON value it can read") from exc
+        if not harmless(value):
+            raise SchemaError(f"{name}: {why}")
+    known = set(type_.__struct_fields__) | ACCEPTED_IGNORED | set(REFUSED)
     return [name[:64] for name in fields if name not in known][:16]
 
 

@@ -29,7 +29,7 @@ def pieces(text: str) -> list[str]:
 
 
 def _frame(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"  # ASCII: any str encodes
 
 
 DONE = b"data: [DONE]\n\n"

@@ -26,7 +26,6 @@ an answer without a call comes back as text and is counted (``unmet``).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +37,6 @@ from streamrft.producers.serving.openai_types import ChatMessageIn, NamedChoice,
 from streamrft.producers.workflows.conversation import template_takes_tools
 from streamrft.schemas.errors import SchemaError
 
-_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -85,8 +83,8 @@ def offered(tools: list[ToolDef] | None, choice: str | NamedChoice | None) -> li
 def _arguments(text: str, where: str) -> dict[str, Any]:
     try:
         value = json.loads(text or "{}")
-    except ValueError as exc:
-        raise SchemaError(f"{where}: arguments are not JSON ({exc})") from exc
+    except (ValueError, RecursionError) as exc:
+        raise SchemaError(f"{where}: arguments are not JSON ({type(exc).__name__})") from exc
     if not isinstance(value, dict):
         raise SchemaError(f"{where}: arguments must be a JSON object")
     return value
@@ -124,8 +122,9 @@ def conversation(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
 def compact_instructions(tools: list[ToolDef], choice: str | NamedChoice | None) -> str:
     """The compact format's system text: the functions and how to call them."""
     lines = [
-        f"- {t.function.name}: {t.function.description}".rstrip(": ")
-        + f" Parameters: {json.dumps(t.function.parameters, separators=(',', ':'))}"
+        f"- {t.function.name}: "
+        + (f"{t.function.description} " if t.function.description else "")
+        + f"Parameters: {json.dumps(t.function.parameters, separators=(',', ':'))}"
         for t in tools
     ]
     ask = "You may call these functions"
@@ -145,10 +144,12 @@ def _compact(
     """``messages`` in the compact format (see the module's docstring)."""
     out: list[dict[str, Any]] = []
     for m in messages:
-        if m["role"] == "tool":
-            out.append(
-                {"role": "user", "content": f"<tool_response>{m['content']}</tool_response>"}
-            )
+        if m["role"] == "tool":  # results in a row: one user turn (templates that alternate)
+            result = f"<tool_response>{m['content']}</tool_response>"
+            if out and out[-1].get("tool_results"):
+                out[-1]["content"] += "\n" + result
+            else:
+                out.append({"role": "user", "content": result, "tool_results": True})
             continue
         content = m["content"]
         for call in m.get("tool_calls", []):
@@ -161,7 +162,7 @@ def _compact(
             out[0] = {"role": "system", "content": out[0]["content"] + RAW_SEPARATOR + text}
         else:
             out.insert(0, {"role": "system", "content": text})
-    return out
+    return [{"role": m["role"], "content": m["content"]} for m in out]
 
 
 def prompt_text(
@@ -183,7 +184,7 @@ def prompt_text(
         return renderer.tokenizer.apply_chat_template(
             plain, tokenize=False, add_generation_prompt=True
         )
-    return RAW_SEPARATOR.join(m["content"] for m in plain) + RAW_SEPARATOR
+    return RAW_SEPARATOR.join(m["content"] for m in plain)
 
 
 def prompt_ids(renderer: PromptRenderer, text: str) -> list[int]:
@@ -194,37 +195,50 @@ def prompt_ids(renderer: PromptRenderer, text: str) -> list[int]:
 # -- parsing ----------------------------------------------------------------------------------
 
 
-def _call(body: Any, names: set[str], key: str = "arguments") -> Call | None:
-    """A call from a decoded object, or None when it is not one of the offered functions."""
-    if not isinstance(body, dict) or body.get("name") not in names:
+def _decoded(text: str) -> Any:
+    """``text`` as JSON, or None when it is not (any depth, any text: never raises)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
         return None
-    args = body.get(key, body.get("parameters", {}))
+
+
+def _call(body: Any, names: set[str]) -> Call | None:
+    """A call from a decoded object, or None when it is not one of the offered functions
+    with an object of arguments that is valid JSON again (no NaN, no lone surrogate)."""
+    if not isinstance(body, dict):
+        return None
+    name = body.get("name")
+    if not isinstance(name, str) or name not in names:
+        return None
+    args = body.get("arguments", body.get("parameters", {}))
     if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
+        args = _decoded(args)
     if not isinstance(args, dict):
         return None
-    return Call(body["name"], json.dumps(args, ensure_ascii=False))
+    try:
+        return Call(name, json.dumps(args, allow_nan=False))
+    except (ValueError, RecursionError):
+        return None
 
 
 def parse_hermes(text: str, names: set[str]) -> Turn:
-    """``<tool_call>{json}</tool_call>`` blocks; the text around them is the content."""
+    """``<tool_call>{json}</tool_call>`` blocks; the text around them is the content. One
+    pass over the text (a turn of many unclosed openings costs no more than its length)."""
     if OPEN not in text:
         return Turn(text)
-    calls = []
-    for block in _BLOCK.findall(text):
-        try:
-            call = _call(json.loads(block.strip()), names)
-        except ValueError:
-            call = None
+    calls, outside, at = [], [], 0
+    while (start := text.find(OPEN, at)) >= 0:
+        end = text.find(CLOSE, start + len(OPEN))
+        if end < 0:  # a block never closed
+            return Turn(text, malformed=True)
+        call = _call(_decoded(text[start + len(OPEN) : end].strip()), names)
         if call is None:
             return Turn(text, malformed=True)
         calls.append(call)
-    if text.count(OPEN) != len(calls):  # a block never closed
-        return Turn(text, malformed=True)
-    content = _BLOCK.sub("", text).strip()
+        outside.append(text[at:start])
+        at = end + len(CLOSE)
+    content = "".join([*outside, text[at:]]).strip()
     return Turn(content or None, calls)
 
 
@@ -233,10 +247,7 @@ def parse_json(text: str, names: set[str]) -> Turn:
     stripped = text.strip()
     if not stripped.startswith("{"):
         return Turn(text)
-    try:
-        call = _call(json.loads(stripped), names)
-    except ValueError:
-        call = None
+    call = _call(_decoded(stripped), names)
     return Turn(None, [call]) if call is not None else Turn(text, malformed=True)
 
 

@@ -25,6 +25,7 @@ instructions (a raw-format model learns the format from demonstrations, or from
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from streamrft.infra.prompts import RAW_SEPARATOR, PromptRenderer
@@ -39,8 +40,12 @@ _MARK = "STREAMRFTASSISTANTMARK"
 def template_takes_tools(tokenizer: Any) -> bool:
     """Whether ``tokenizer``'s chat template reads the ``tools`` variable."""
     template = getattr(tokenizer, "chat_template", None)
-    if not isinstance(template, str):
-        return False
+    return isinstance(template, str) and _reads_tools(template)
+
+
+@functools.lru_cache(maxsize=16)
+def _reads_tools(template: str) -> bool:
+    """Parsed once per template (a serve process asks on every request with tools)."""
     try:
         import jinja2
         from jinja2 import meta

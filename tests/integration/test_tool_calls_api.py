@@ -129,3 +129,34 @@ def test_a_model_without_tool_template_gets_the_compact_format_and_bad_calls_sta
             )
     finally:
         ep.stop()
+
+
+NO_SYSTEM = (
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}" + CHAT
+)
+"""A template that refuses a system turn, as Gemma's does."""
+
+
+def test_what_cannot_be_honoured_or_rendered_is_a_400_and_nothing_is_recorded():
+    ep, engine = serve(NO_SYSTEM, [CALL])
+    try:
+        client = client_of(ep, "e3")
+        ask = [{"role": "user", "content": "2+3?"}]
+        # the compact format's system turn meets a template that refuses one
+        with pytest.raises(openai.BadRequestError, match="chat template refused the messages"):
+            client.chat.completions.create(model="policy", messages=ask, tools=[ADD])
+        for extra, said in (
+            ({"functions": [{"name": "add"}]}, "legacy functions: send tools"),
+            ({"top_k": 5}, "top_k: not supported"),
+            ({"modalities": ["text", "audio"]}, "modalities other than text"),
+        ):
+            with pytest.raises(openai.BadRequestError, match=said):
+                client.chat.completions.create(model="policy", messages=ask, extra_body=extra)
+        with pytest.raises(openai.BadRequestError, match="best_of other than 1"):
+            client.completions.create(model="policy", prompt="1+1=", extra_body={"best_of": 3})
+        harmless = {"top_k": -1, "modalities": ["text"], "functions": None}
+        client.chat.completions.create(model="policy", messages=ask, extra_body=harmless)
+        assert len(engine.calls) == 1 and ep.recorder.held == 1  # only the harmless one
+    finally:
+        ep.stop()

@@ -149,3 +149,43 @@ def test_the_json_parser_reads_one_object_naming_a_function():
 def test_without_tools_nothing_is_read():
     text = '<tool_call>{"name": "add", "arguments": {}}</tool_call>'
     assert parse("hermes", text, []) == Turn(text)  # tool_choice none: the text as is
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": ["add"], "arguments": {}}',  # a name that is no string
+        '{"name": "add", "arguments": ' + "[" * 5000 + "]" * 5000 + "}",  # deeper than JSON goes
+        '{"name": "add", "arguments": {"a": NaN}}',  # not JSON for other clients
+        "[" * 5000,
+    ],
+)
+def test_what_a_drifting_policy_writes_never_raises(body):
+    text = f"<tool_call>{body}</tool_call>"
+    tools = request(tools=[ADD]).tools
+    assert parse("hermes", text, tools) == Turn(text, [], malformed=True)
+    assert parse("json", body, tools).calls == []
+
+
+def test_arguments_come_back_as_json_any_client_reads():
+    tools = request(tools=[ADD]).tools
+    turn = parse(
+        "hermes", '<tool_call>{"name": "add", "arguments": {"a": "\\ud800é"}}</tool_call>', tools
+    )
+    assert turn.calls[0].arguments == '{"a": "\\ud800\\u00e9"}'  # ASCII, escapes kept
+    many = "<tool_call>" * 20000  # unclosed openings: one pass, malformed
+    assert parse("hermes", many, tools) == Turn(many, [], malformed=True)
+
+
+def test_an_earlier_call_too_deep_to_read_is_a_bad_request():
+    deep = {**CALLED[1], "tool_calls": [{**CALLED[1]["tool_calls"][0]}]}
+    deep["tool_calls"][0]["function"] = {"name": "add", "arguments": "[" * 5000}
+    with pytest.raises(SchemaError, match="arguments are not JSON"):
+        conversation(request(messages=[CALLED[0], deep]).messages)
+
+
+def test_results_in_a_row_are_one_user_turn_in_the_compact_format():
+    results = [*CALLED, {"role": "tool", "tool_call_id": "call_2", "content": "7"}]
+    req = request(messages=results, tools=[ADD])
+    text = prompt_text(renderer(CHAT), conversation(req.messages), offered(req.tools, None), None)
+    assert "<|user|><tool_response>5</tool_response>\n<tool_response>7</tool_response></s>" in text
