@@ -13,12 +13,8 @@ import threading
 import openai
 import pytest
 
-from streamrft.infra.config import ExplorerConfig, ModelConfig
-from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
-from streamrft.infra.prompts import PromptRenderer
-from streamrft.producers.engines import make_engine
-from streamrft.producers.serving.endpoint import RecordingEndpoint
 from tests.helpers.browser import Browser, need_browser
+from tests.helpers.endpoints import tiny_endpoint
 
 pytestmark = pytest.mark.e2e
 
@@ -57,12 +53,7 @@ class _Page(http.server.BaseHTTPRequestHandler):
 
 def test_cross_site_and_rebinding_requests_record_nothing():
     need_browser()
-    tok = build_char_tokenizer()
-    model = build_tiny_model(ModelConfig(), tok).eval()
-    engine = make_engine("transformers", model, tok, ExplorerConfig())
-    endpoint = RecordingEndpoint(engine, PromptRenderer(tok), "web-run", "explorer-0")
-    endpoint.start()
-    endpoint.prepare(version=0, temperature=1.0, max_tokens=2)
+    endpoint = tiny_endpoint("web-run", version=0, max_tokens=2)
     site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)
     threading.Thread(target=site.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{endpoint.port}/ep/c1"

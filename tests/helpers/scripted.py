@@ -52,3 +52,17 @@ class ScriptedEngine:
     @staticmethod
     def logprobs(turn: int, n: int) -> list[float]:
         return [-0.25 * (turn + 1) - 0.01 * k for k in range(n)]
+
+
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two numbers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        },
+    },
+}
+"""A calculator tool as an OpenAI request offers it."""

@@ -7,11 +7,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from streamrft.infra.config import ExplorerConfig, ModelConfig
-from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
-from streamrft.infra.prompts import PromptRenderer
-from streamrft.producers.engines import make_engine
-from streamrft.producers.serving.endpoint import RecordingEndpoint
+from tests.helpers.endpoints import client_of, tiny_endpoint
 from tests.helpers.probes import check
 
 pytestmark = pytest.mark.integration
@@ -19,27 +15,21 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def endpoint():
-    tok = build_char_tokenizer()
-    model = build_tiny_model(ModelConfig(), tok).eval()
-    engine = make_engine("transformers", model, tok, ExplorerConfig())
+    ep = tiny_endpoint("limits-run", version=0, max_tokens=4)
     calls = []
-    real = engine.rollout
+    real = ep.engine.rollout
 
     def counted(*args, **kwargs):
         calls.append(args[0])
         return real(*args, **kwargs)
 
-    engine.rollout = counted
-    ep = RecordingEndpoint(engine, PromptRenderer(tok), "limits-run", "explorer-0")
-    ep.start()
-    ep.prepare(version=0, temperature=1.0, max_tokens=4)
+    ep.engine.rollout = counted
     ep.calls = calls
     yield ep
     ep.stop()
 
 
-def _client(ep, conversation: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=ep.base_url(conversation), api_key="unused", max_retries=0)
+_client = client_of
 
 
 def test_a_full_server_refuses_before_sampling(endpoint):

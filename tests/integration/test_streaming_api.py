@@ -13,13 +13,12 @@ import time
 import openai
 import pytest
 
-from streamrft.infra.config import ExplorerConfig, ModelConfig
-from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
+from streamrft.infra.modeling import build_char_tokenizer
 from streamrft.infra.prompts import PromptRenderer
-from streamrft.producers.engines import make_engine
 from streamrft.producers.serving.endpoint import RecordingEndpoint
 from streamrft.producers.serving.streaming import pieces
 from streamrft.schemas import unpack_f32, unpack_i32
+from tests.helpers.endpoints import client_of, tiny_endpoint
 from tests.helpers.scripted import CHARSET, HERMES, ScriptedEngine
 
 pytestmark = pytest.mark.integration
@@ -29,18 +28,9 @@ ASK = [{"role": "user", "content": "12+34="}]
 
 @pytest.fixture
 def tiny():
-    tok = build_char_tokenizer()
-    model = build_tiny_model(ModelConfig(), tok).eval()
-    engine = make_engine("transformers", model, tok, ExplorerConfig())
-    ep = RecordingEndpoint(engine, PromptRenderer(tok), "stream-run", "explorer-0")
-    ep.start()
-    ep.prepare(version=4, temperature=1.0, max_tokens=12)
+    ep = tiny_endpoint("stream-run", version=4, max_tokens=12)
     yield ep
     ep.stop()
-
-
-def client_of(ep, episode: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=ep.base_url(episode), api_key="unused", max_retries=0)
 
 
 def recorded(ep, episode: str):

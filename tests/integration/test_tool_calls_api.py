@@ -15,21 +15,11 @@ from streamrft.infra.modeling import build_char_tokenizer
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.producers.serving.endpoint import RecordingEndpoint
 from tests.helpers.probes import check
-from tests.helpers.scripted import CHARSET, CHAT, HERMES, ScriptedEngine
+from tests.helpers.scripted import ADD_TOOL, CHARSET, CHAT, HERMES, ScriptedEngine
 
 pytestmark = pytest.mark.integration
 
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two numbers",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-        },
-    },
-}
+ADD = ADD_TOOL
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 
 

@@ -21,18 +21,11 @@ from streamrft.producers.serving.tool_calls import (
     prompt_text,
 )
 from streamrft.schemas.errors import SchemaError
-from tests.helpers.scripted import CHARSET, CHAT, HERMES
+from tests.helpers.scripted import ADD_TOOL, CHARSET, CHAT, HERMES
 
 pytestmark = pytest.mark.unit
 
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two numbers.",
-        "parameters": {"type": "object", "properties": {"a": {"type": "number"}}},
-    },
-}
+ADD = ADD_TOOL
 MUL = {"type": "function", "function": {"name": "mul"}}
 
 
