@@ -49,31 +49,29 @@ def uses_chat(fmt: str, tokenizer: Any) -> bool:
     return fmt == "chat" or (fmt == "auto" and has_chat_template(tokenizer))
 
 
-def _needs_system(task: Task, system_prompt: str | None) -> bool:
-    """A system prompt is configured and the task's messages do not begin with their own."""
-    own = bool(task.messages) and task.messages[0].role == "system"
-    return system_prompt is not None and not own
+def with_system_prompt(messages: list[dict[str, Any]], system_prompt: str | None) -> list[dict]:
+    """``messages`` after ``system_prompt`` as a system message, unless none is configured
+    or they begin with their own."""
+    own = bool(messages) and messages[0]["role"] == "system"
+    if system_prompt is None or own:
+        return messages
+    return [{"role": "system", "content": str(system_prompt)}, *messages]
 
 
-def chat_messages(task: Task, system_prompt: str | None = None) -> list[dict[str, str]]:
+def chat_messages(task: Task, system_prompt: str | None = None) -> list[dict[str, Any]]:
     """The conversation a chat template renders: the task's messages, or its prompt as one
     user message, after ``system_prompt`` (unless the task brings a system message)."""
     messages = [{"role": m.role, "content": m.content} for m in task.messages] or [
         {"role": "user", "content": task.prompt}
     ]
-    if _needs_system(task, system_prompt):
-        messages.insert(0, {"role": "system", "content": str(system_prompt)})
-    return messages
+    return with_system_prompt(messages, system_prompt)
 
 
 def raw_text(task: Task, system_prompt: str | None = None) -> str:
     """The raw-format prompt: the prompt (or the messages' contents joined by blank lines),
     after ``system_prompt`` and a blank line. A prompt task without a system prompt: its
     prompt exactly."""
-    parts = [m.content for m in task.messages] or [task.prompt]
-    if _needs_system(task, system_prompt):
-        parts.insert(0, str(system_prompt))
-    return RAW_SEPARATOR.join(parts)
+    return RAW_SEPARATOR.join(m["content"] for m in chat_messages(task, system_prompt))
 
 
 class PromptRenderer:
@@ -95,17 +93,29 @@ class PromptRenderer:
         """The renderer the ``taskset`` section describes."""
         return cls(tokenizer, cfg.format, cfg.system_prompt)
 
-    def text(self, task: Task) -> str:
-        """The prompt as text (chat-templated, generation prompt included, or raw)."""
+    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
+        """``messages`` (after the system prompt, unless they bring one) as prompt text:
+        through the chat template with its generation prompt (and ``tools``, for a template
+        that reads them), or their contents joined (raw)."""
+        messages = with_system_prompt(messages, self.system_prompt)
         if not self.chat:
-            return raw_text(task, self.system_prompt)
+            return RAW_SEPARATOR.join(m["content"] for m in messages)
         return self.tokenizer.apply_chat_template(
-            chat_messages(task, self.system_prompt), tokenize=False, add_generation_prompt=True
+            messages, tools=tools, tokenize=False, add_generation_prompt=True
         )
 
+    def text(self, task: Task) -> str:
+        """The prompt as text (chat-templated, generation prompt included, or raw)."""
+        return self.render(chat_messages(task))
+
+    def tokenize(self, text: str) -> list[int]:
+        """The ids of a prompt text this renderer made, special tokens added once (see the
+        module's BOS note)."""
+        return list(self.tokenizer(text, add_special_tokens=not self.chat).input_ids)
+
     def ids(self, task: Task) -> list[int]:
-        """The prompt's token ids, special tokens added once (see the module's BOS note)."""
-        return list(self.tokenizer(self.text(task), add_special_tokens=not self.chat).input_ids)
+        """The prompt's token ids."""
+        return self.tokenize(self.text(task))
 
     def lengths(self, tasks: Sequence[Task]) -> list[int]:
         """How many tokens each task's prompt holds (:meth:`ids`, in one tokenizer call)."""

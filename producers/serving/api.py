@@ -53,7 +53,6 @@ from streamrft.producers.serving.tool_calls import (
     prompt_text,
 )
 from streamrft.producers.serving.tool_calls import parse as parse_turn
-from streamrft.producers.serving.tool_calls import prompt_ids as tool_prompt_ids
 from streamrft.schemas import limits
 from streamrft.schemas.errors import SchemaError
 from streamrft.schemas.experience import ChatMessage, ExperienceGroup, Task
@@ -304,7 +303,7 @@ class Handlers:
         try:
             if req.tools or any(m.tool_calls or m.role == "tool" for m in req.messages):
                 text = prompt_text(prompts, conversation(req.messages), tools, req.tool_choice)
-                prompt_ids = tool_prompt_ids(prompts, text)
+                prompt_ids = prompts.tokenize(text)
             else:
                 messages = [ChatMessage(role=m.role, content=m.text()) for m in req.messages]
                 prompt_ids = prompts.ids(Task(id="serve", messages=messages))

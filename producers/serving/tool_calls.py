@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from streamrft.infra.prompts import RAW_SEPARATOR, PromptRenderer
+from streamrft.infra.prompts import RAW_SEPARATOR, PromptRenderer, with_system_prompt
 from streamrft.producers.serving.openai_types import ChatMessageIn, NamedChoice, ToolDef
 from streamrft.producers.workflows.conversation import template_takes_tools
 from streamrft.schemas.errors import SchemaError
@@ -172,24 +172,10 @@ def prompt_text(
     choice: str | NamedChoice | None,
 ) -> str:
     """The prompt of a chat request with tools (or with earlier calls and results)."""
-    if renderer.system_prompt is not None and not (messages and messages[0]["role"] == "system"):
-        messages = [{"role": "system", "content": renderer.system_prompt}, *messages]
-    if renderer.chat and template_takes_tools(renderer.tokenizer):
-        schemas = [msgspec.to_builtins(t) for t in tools] or None
-        return renderer.tokenizer.apply_chat_template(
-            messages, tools=schemas, tokenize=False, add_generation_prompt=True
-        )
-    plain = _compact(messages, tools, choice)
-    if renderer.chat:
-        return renderer.tokenizer.apply_chat_template(
-            plain, tokenize=False, add_generation_prompt=True
-        )
-    return RAW_SEPARATOR.join(m["content"] for m in plain)
-
-
-def prompt_ids(renderer: PromptRenderer, text: str) -> list[int]:
-    """``text``'s ids, special tokens added once (as :meth:`PromptRenderer.ids`)."""
-    return list(renderer.tokenizer(text, add_special_tokens=not renderer.chat).input_ids)
+    messages = with_system_prompt(messages, renderer.system_prompt)  # before the compact
+    if renderer.chat and template_takes_tools(renderer.tokenizer):  # instructions join it
+        return renderer.render(messages, [msgspec.to_builtins(t) for t in tools] or None)
+    return renderer.render(_compact(messages, tools, choice))
 
 
 # -- parsing ----------------------------------------------------------------------------------
