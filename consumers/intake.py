@@ -132,7 +132,7 @@ class ExperienceIntake:
         pairs only by DPO."""
         topics = cfg.topics()
         self.topic = replay.bounds.topic if replay is not None else topics.experiences
-        self.group = f"{topics.prefix}.{topics.run}.trainer"
+        self.group = topics.group("trainer")
         self.consumer: Any = None  # made in start(), inside the event loop
         self.starved = False
         self.ended_idle = False

@@ -8,9 +8,10 @@ groups it uses, whether it makes the run's topics. One table (:data:`ROLES`), in
   its command) and every Kafka client of :mod:`streamrft.infra.kafka` asks
   :func:`check` before it writes a topic, reads one or names a group: by the topic's kind
   (a replay of another run, ``train --from-run``, reads that run's ``experiences``, which
-  the ACLs must grant besides). Something outside the table is logged once as an error; with ``STREAMRFT_ACCESS_STRICT=1`` (every test process
-  has it) it raises :class:`AccessError`, so the test suite, which runs every role as a
-  real process, fails when the code and the table part. A process with no role (a library
+  the ACLs must grant besides). Something outside the table is logged once as an error;
+  with ``STREAMRFT_ACCESS_STRICT=1`` (every test process has it) it raises
+  :class:`AccessError`, so the test suite, which runs every role as a real process, fails
+  when the code and the table part. A process with no role (a library
   user's application, a test's in-process component) is not checked.
 """
 
@@ -192,11 +193,14 @@ def acl_rows(topics: TopicNames, roles: tuple[str, ...] = tuple(ROLES)) -> list[
             for op in sorted(topic_ops)
         ]
         for suffix in a.groups:
-            group = f"{topics.prefix}.{topics.run}.{suffix}"
-            rows += [AclRow(name, "group", "literal", group, op) for op in ("DESCRIBE", "READ")]
-        for suffix in a.group_offsets:
-            group = f"{topics.prefix}.{topics.run}.{suffix}"
-            rows.append(AclRow(name, "group", "literal", group, "DESCRIBE"))
+            rows += [
+                AclRow(name, "group", "literal", topics.group(suffix), op)
+                for op in ("DESCRIBE", "READ")
+            ]
+        rows += [
+            AclRow(name, "group", "literal", topics.group(suffix), "DESCRIBE")
+            for suffix in a.group_offsets
+        ]
         if a.creates_topics:
             rows.append(
                 AclRow(name, "topic", "prefixed", f"{topics.prefix}.{topics.run}.", "CREATE")

@@ -56,12 +56,16 @@ class TopicNames(msgspec.Struct, frozen=True):
     def dead_letters(self) -> str:
         return self.of("dead_letters")
 
+    def group(self, role: str) -> str:
+        """The run's consumer group of ``role`` (``<prefix>.<run id>.<role>``): runs sharing
+        a cluster never share a group."""
+        return f"{self.prefix}.{self.run}.{role}"
+
     @property
     def explorers_group(self) -> str:
-        """The consumer group the explorers of one run share on ``tasks``
-        (``<prefix>.<run id>.explorers``): runs sharing a cluster never rebalance each
-        other's explorers."""
-        return f"{self.prefix}.{self.run}.explorers"
+        """The consumer group the explorers of one run share on ``tasks``: runs sharing a
+        cluster never rebalance each other's explorers."""
+        return self.group("explorers")
 
     def all(self) -> dict[str, str]:
         return {kind: self.of(kind) for kind in TOPIC_KINDS}
