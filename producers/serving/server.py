@@ -32,7 +32,7 @@ from streamrft.infra.config import Config
 from streamrft.infra.net import is_loopback
 from streamrft.infra.produce import send_groups
 from streamrft.infra.signals import install_stop_handlers
-from streamrft.infra.web_server import quiet_server
+from streamrft.infra.web_server import listening_socket, quiet_server
 from streamrft.producers.engines.base import Rollout
 from streamrft.producers.policy import followed_policy, start_sampler
 from streamrft.producers.serving.api import Delivery
@@ -298,23 +298,22 @@ class Server:
     async def run(self, app: Any, key: str | None) -> None:
         """Serve until SIGINT/SIGTERM (or a background loop fails), then publish what is
         rewarded and stop."""
-        sock = socket.socket(socket.AF_INET6 if ":" in self.cfg.serve.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.cfg.serve.host, self.cfg.serve.port))
+        # connections wait in the backlog from the moment the URL is written
+        serve = self.cfg.serve
+        sock = listening_socket(serve.host, serve.port, "set serve.port (0: a free port)", 2048)
         port = sock.getsockname()[1]
         # accepted connections inherit it: a response's head and body go out at once rather
         # than the body waiting ~40 ms for the client's delayed ACK (Nagle)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.listen(2048)  # connections wait in the backlog from the moment the URL is written
         install_stop_handlers(self.stop, self.name)
         stack = contextlib.AsyncExitStack()
         deadline: float | None = None
         try:
             await self._start(stack)
-            host = self.cfg.serve.host
+            host = serve.host
             url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
             stack.callback(self._announce(url, key is not None))
-            serve = self.cfg.serve  # beyond max_concurrency: 503 at once
+            # beyond max_concurrency: 503 at once
             http = quiet_server(
                 app, serve.shutdown_timeout_s, limit_concurrency=serve.max_concurrency
             )
@@ -327,7 +326,7 @@ class Server:
             log.info("%s: serving %s at %s/v1", self.name, self.model_name, url)
             serving = asyncio.create_task(http.serve(sockets=[sock]))
             await self.stop.wait()
-            deadline = asyncio.get_running_loop().time() + self.cfg.serve.shutdown_timeout_s
+            deadline = asyncio.get_running_loop().time() + serve.shutdown_timeout_s
             http.should_exit = True  # finishes the requests in flight, then returns
             await serving
             await asyncio.gather(*loops, return_exceptions=True)
