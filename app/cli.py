@@ -809,6 +809,47 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=cmd_plan)
 
 
+def _add_control_commands(sub: argparse._SubParsersAction) -> None:
+    """What acts on a run from outside it: ``stop``, and ``acls`` for its broker's ACLs."""
+    sp = sub.add_parser(
+        "stop",
+        help="ask a run to stop (a Shutdown on its control topic): every component, on any "
+        "host, stops after its current unit of work; resume it later with its id",
+    )
+    _optional_config(sp, "config naming the broker")
+    sp.add_argument("--run-id", required=True, metavar="ID", help="the run to stop")
+    sp.add_argument("--reason", default="streamrft stop", help="why, for the components' logs")
+    sp.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for the trainer to report STOPPED (exit status 1 if it "
+        "does not)",
+    )
+    _broker_options(sp)
+    sp.set_defaults(func=cmd_stop)
+    sp = sub.add_parser(
+        "acls",
+        help="print the kafka-acls.sh lines giving each role's principal what it needs on a "
+        "run (docs/reference/kafka-acls.md)",
+    )
+    sp.add_argument("--run-id", required=True, metavar="ID", help="the run")
+    sp.add_argument(
+        "--principal",
+        action="append",
+        default=[],
+        metavar="ROLE=PRINCIPAL",
+        help="a role (trainer, explorer, evaluator, serve, feeder, supervisor, operator, "
+        "watcher, app) and its principal, e.g. explorer=User:explorers; repeatable",
+    )
+    sp.add_argument("--prefix", default="streamrft", help="kafka.topic_prefix (default streamrft)")
+    sp.add_argument(
+        "--bootstrap", default="BROKER:9092", help="the broker, for the printed command lines"
+    )
+    sp.set_defaults(func=cmd_acls)
+
+
 def _add_watch_commands(sub: argparse._SubParsersAction) -> None:
     """The local services and what looks at runs from outside: ``infra``, ``topics``,
     ``tail``, ``status``, ``publish``, ``dashboard``, ``export-metrics``."""
@@ -877,43 +918,6 @@ def _add_watch_commands(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--run-id", required=True, metavar="ID", help="the run to publish to")
     sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
     sp.set_defaults(func=cmd_publish)
-    sp = sub.add_parser(
-        "stop",
-        help="ask a run to stop (a Shutdown on its control topic): every component, on any "
-        "host, stops after its current unit of work; resume it later with its id",
-    )
-    _optional_config(sp, "config naming the broker")
-    sp.add_argument("--run-id", required=True, metavar="ID", help="the run to stop")
-    sp.add_argument("--reason", default="streamrft stop", help="why, for the components' logs")
-    sp.add_argument(
-        "--wait",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="wait up to S seconds for the trainer to report STOPPED (exit status 1 if it "
-        "does not)",
-    )
-    _broker_options(sp)
-    sp.set_defaults(func=cmd_stop)
-    sp = sub.add_parser(
-        "acls",
-        help="print the kafka-acls.sh lines giving each role's principal what it needs on a "
-        "run (docs/reference/kafka-acls.md)",
-    )
-    sp.add_argument("--run-id", required=True, metavar="ID", help="the run")
-    sp.add_argument(
-        "--principal",
-        action="append",
-        default=[],
-        metavar="ROLE=PRINCIPAL",
-        help="a role (trainer, explorer, evaluator, serve, feeder, supervisor, operator, "
-        "watcher, app) and its principal, e.g. explorer=User:explorers; repeatable",
-    )
-    sp.add_argument("--prefix", default="streamrft", help="kafka.topic_prefix (default streamrft)")
-    sp.add_argument(
-        "--bootstrap", default="BROKER:9092", help="the broker, for the printed command lines"
-    )
-    sp.set_defaults(func=cmd_acls)
     sp = sub.add_parser("dashboard", help="a live page of runs: curves, components, dead letters")
     _optional_config(sp, "config naming the broker and run.dir")
     sp.add_argument("--run-id", metavar="ID", help="the run shown first (any run can be chosen)")
@@ -955,6 +959,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_commands(sub)
     _add_checkpoint_commands(sub)
     _add_watch_commands(sub)
+    _add_control_commands(sub)
     add_tasks_parser(sub)
     add_models_parser(sub)
     add_init_parser(sub)
