@@ -386,6 +386,10 @@ class ExplorerConfig(_Section, frozen=True):
     with ``explorer.reward``."""
     agent_concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8
     """Episodes of the ``agent`` workflow run at once (threads)."""
+    agent_record: Literal["episode", "completion"] = "episode"
+    """How the ``agent`` workflow records an episode (as ``serve.record``): ``episode``,
+    one experience per conversation the agent holds (its turns appended, tool results and
+    user turns masked); ``completion``, one experience per completion it asked for."""
     tasks_per_call: NonNeg = 0
     """Tasks of one workflow per workflow call (0: all of a step's tasks of that workflow
     in one call, the most batched); smaller calls run concurrently (``calls_in_flight``),
@@ -865,6 +869,14 @@ class ServeConfig(_Section, frozen=True):
     templates, and the compact format streamrft tells a model whose template takes no
     tools); ``json``, a response that is one JSON object naming a function (Llama 3.1).
     A call that does not parse comes back as text (docs/serve-and-agents.md)."""
+    record: Literal["episode", "completion"] = "episode"
+    """``episode``: a chat request that continues a recorded response (its last assistant
+    message: by the tool calls' ids, ``previous_response_id``, or the content within its
+    conversation) extends that response's experience, built by appending token ids, with
+    the mask 1 only on the policy's own tokens: one experience per conversation, and a
+    GRPO group is the episodes of one conversation id. A request whose history was
+    rewritten is recorded on its own (counted in ``/health``). ``completion``: every
+    completion is its own experience."""
     max_n: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
     """Largest ``n`` (choices per request)."""
     max_tokens: Pos = 256

@@ -93,15 +93,21 @@ class PromptRenderer:
         """The renderer the ``taskset`` section describes."""
         return cls(tokenizer, cfg.format, cfg.system_prompt)
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict] | None = None,
+        generation_prompt: bool = True,
+    ) -> str:
         """``messages`` (after the system prompt, unless they bring one) as prompt text:
-        through the chat template with its generation prompt (and ``tools``, for a template
-        that reads them), or their contents joined (raw)."""
+        through the chat template with its generation prompt (unless
+        ``generation_prompt`` is false; and ``tools``, for a template that reads them), or
+        their contents joined (raw)."""
         messages = with_system_prompt(messages, self.system_prompt)
         if not self.chat:
             return RAW_SEPARATOR.join(m["content"] for m in messages)
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True
+            messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
         )
 
     def text(self, task: Task) -> str:
@@ -112,6 +118,11 @@ class PromptRenderer:
         """The ids of a prompt text this renderer made, special tokens added once (see the
         module's BOS note)."""
         return list(self.tokenizer(text, add_special_tokens=not self.chat).input_ids)
+
+    def tokenize_within(self, text: str) -> list[int]:
+        """The ids of text that goes inside a sequence (between two turns): special tokens
+        written in it are read as such, none added."""
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
     def ids(self, task: Task) -> list[int]:
         """The prompt's token ids."""

@@ -226,6 +226,7 @@ class Explorer:
             prompts=self.prompts,
             agent=cfg.agent,
             agent_concurrency=cfg.agent_concurrency,
+            agent_record=cfg.agent_record,
         )
         return get_workflow(workflow)(self.engine, tasks, self.reward, spec)
 

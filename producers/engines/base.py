@@ -24,26 +24,32 @@ class Rollout:
     """Decoded response without special tokens."""
     truncated: bool = False
     """Cut at ``max_new_tokens`` before an EOS came."""
+    mask: list[int] | None = None
+    """Per response token 1 (sampled by the policy) or 0 (inserted: a tool's result, a
+    user turn, the chat template's glue between turns); None: every token is the policy's.
+    Inserted tokens carry log-prob 0.0."""
 
     def experience(
         self, eid: str, reward: float, version: int, info: dict[str, float]
     ) -> Experience:
-        """This rollout as an experience: every response token trained (mask 1), with
-        ``info``, its ``response_length`` and ``truncated`` (1: cut at ``max_new_tokens``)."""
+        """This rollout as an experience: the policy's tokens trained (mask 1), with
+        ``info``, its ``response_length`` (the policy's tokens) and ``truncated`` (1: cut
+        at ``max_new_tokens``); a rollout with inserted tokens also its ``episode_length``
+        (every token after the prompt)."""
+        mask = [1] * len(self.response_ids) if self.mask is None else self.mask
+        lengths = {"response_length": float(sum(mask))}
+        if self.mask is not None:
+            lengths["episode_length"] = float(len(self.response_ids))
         return Experience(
             id=eid,
             tokens=pack_i32(self.prompt_ids + self.response_ids),
             prompt_length=len(self.prompt_ids),
             logprobs=pack_f32(self.logprobs),
-            action_mask=pack_u8([1] * len(self.response_ids)),
+            action_mask=pack_u8(mask),
             reward=reward,
             model_version=version,
             response_text=self.text,
-            info={
-                **info,
-                "response_length": float(len(self.response_ids)),
-                "truncated": float(self.truncated),
-            },
+            info={**info, **lengths, "truncated": float(self.truncated)},
         )
 
 

@@ -11,6 +11,7 @@ spool for the broker (``spooled_groups``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import secrets
@@ -35,16 +36,18 @@ from streamrft.producers.serving.completions import (
     finish,
     response_body,
 )
+from streamrft.producers.serving.episodes import Episodes, digest
 from streamrft.producers.serving.openai_types import (
     ChatRequest,
     Commit,
     CompletionRequest,
     Feedback,
     NamedChoice,
+    ToolDef,
     refuse_unsupported,
     unknown_fields,
 )
-from streamrft.producers.serving.recorder import Full, Recorder, UnknownResponse
+from streamrft.producers.serving.recorder import Continuation, Full, Recorder, UnknownResponse
 from streamrft.producers.serving.streaming import events
 from streamrft.producers.serving.tool_calls import (
     Turn,
@@ -55,7 +58,7 @@ from streamrft.producers.serving.tool_calls import (
 from streamrft.producers.serving.tool_calls import parse as parse_turn
 from streamrft.schemas import limits
 from streamrft.schemas.errors import SchemaError
-from streamrft.schemas.experience import ChatMessage, ExperienceGroup, Task
+from streamrft.schemas.experience import ExperienceGroup, Task
 
 CONVERSATION_HEADER = "x-conversation-id"
 log = logging.getLogger(__name__)
@@ -239,6 +242,28 @@ def build_app(
     )
 
 
+@dataclass(frozen=True)
+class Episode:
+    """What a chat request brings to its recording (:mod:`.episodes`)."""
+
+    history: bytes
+    """The digest of its messages and tools."""
+    found: Continuation | None
+    """The recorded response it continues (``serve.record: episode``), if any."""
+    tools: list[ToolDef]
+    """The tools it offers: its choices are read for calls."""
+
+
+def _conversation(request: Request, req: ChatRequest | CompletionRequest) -> str | None:
+    """The conversation a request names: by its URL (an agent episode's), its
+    ``conversation_id`` or the header."""
+    return (
+        request.path_params.get("conversation")
+        or req.conversation_id
+        or request.headers.get(CONVERSATION_HEADER)
+    )
+
+
 def _authorised(request: Request, key: str) -> bool:
     given = request.headers.get("authorization", "")
     return secrets.compare_digest(given.encode(), f"Bearer {key}".encode())
@@ -251,6 +276,8 @@ class Handlers:
         self.server = server
         self.unknown_fields: Counter[str] = Counter()
         """Requests that carried each field no rule names (:mod:`.openai_types`)."""
+        self.episodes = Episodes(server.prompts)
+        """Finds the recorded response a chat request continues; counts the outcomes."""
         self.tool_stats: Counter[str] = Counter()
         """Tool calls answered, turns of malformed calls returned as text, and answers
         without the call ``tool_choice`` asked for (:mod:`.tool_calls`)."""
@@ -288,6 +315,9 @@ class Handlers:
             "recorded": self.server.recorder.held,
             "unknown_fields": dict(self.unknown_fields),
             "tool_calls": {k: self.tool_stats[k] for k in ("calls", "malformed", "unmet")},
+            "episodes": {
+                k: self.episodes.stats[k] for k in ("continued", "unmatched", "rewritten")
+            },
         }
 
     async def models(self, _request: Request) -> dict[str, Any]:
@@ -300,17 +330,29 @@ class Handlers:
         req = self._decode(await request.body(), ChatRequest)
         tools = offered(req.tools, req.tool_choice)
         prompts = self.server.prompts
+        messages = conversation(req.messages)
+        defs = msgspec.to_builtins(req.tools or [])
+        history = digest(messages, defs)
+        render = functools.partial(prompt_text, prompts, tools=tools, choice=req.tool_choice)
         try:
-            if req.tools or any(m.tool_calls or m.role == "tool" for m in req.messages):
-                text = prompt_text(prompts, conversation(req.messages), tools, req.tool_choice)
-                prompt_ids = prompts.tokenize(text)
-            else:
-                messages = [ChatMessage(role=m.role, content=m.text()) for m in req.messages]
-                prompt_ids = prompts.ids(Task(id="serve", messages=messages))
+            found = None
+            if self.cfg.record == "episode":
+                found = self.episodes.find(
+                    self.server.recorder,
+                    messages,
+                    defs,
+                    lambda m, gen: render(m, generation_prompt=gen),
+                    req.previous_response_id,
+                    _conversation(request, req),
+                )
+            prompt_ids = found.prompt_ids if found else prompts.tokenize(render(messages))
         except jinja2.TemplateError as exc:  # its raise_exception: roles, alternation...
             raise ApiError(400, f"the model's chat template refused the messages: {exc}") from exc
         max_tokens = req.max_completion_tokens or req.max_tokens
-        return await self._complete(request, req, prompt_ids, max_tokens, True, req.logprobs, tools)
+        episode = Episode(history, found, tools)
+        return await self._complete(
+            request, req, prompt_ids, max_tokens, True, req.logprobs, episode
+        )
 
     def _read_calls(
         self, choices: list[Choice], req: ChatRequest | CompletionRequest, tools: list
@@ -339,10 +381,11 @@ class Handlers:
         max_tokens: int | None,
         chat: bool,
         with_logprobs: bool,
-        tools: list | None = None,
+        episode: Episode | None = None,
     ) -> dict[str, Any] | Response:
-        """Check, sample, record and answer one completion request (``tools``: the ones a
-        chat request offers; its choices are read for calls); ``stream``: as SSE chunks."""
+        """Check, sample, record and answer one completion request (``episode``: a chat
+        request's history, what it continues and the tools it offers, for which its
+        choices are read); ``stream``: as SSE chunks."""
         max_tokens = self._check(req, prompt_ids, max_tokens)
         server = self.server
         self._refuse_when_full()
@@ -356,20 +399,24 @@ class Handlers:
         rollouts, version = await server.sample(prompt_ids, req.n, temperature, max_tokens, seed)
         choices = [finish(r, server.tokenizer, req.stops(), max_tokens) for r in rollouts]
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
-        conversation = (
-            request.path_params.get("conversation")
-            or req.conversation_id
-            or request.headers.get(CONVERSATION_HEADER)
-        )
+        tools = episode.tools if episode else None
         turns = self._read_calls(choices, req, tools) if tools else None  # never raises
+        contents = [c.rollout.text for c in choices]
+        if turns:
+            contents = [
+                t.content or "" if t.calls else c for t, c in zip(turns, contents, strict=True)
+            ]
         try:
             server.recorder.record(
                 response_id,
                 [c.rollout for c in choices],
                 version,
                 temperature,
-                conversation,
+                _conversation(request, req),
                 time.time(),
+                contents=contents,
+                digest=episode.history if episode else b"",
+                parent=episode.found if episode else None,
             )
         except Full as exc:
             raise ApiError(503, str(exc), "server_error") from exc

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from streamrft.producers.engines.base import Rollout
+from streamrft.producers.serving.episodes import tool_call_id
 from streamrft.producers.serving.tool_calls import Turn
 
 GREEDY_TEMPERATURE = 1e-3
@@ -147,10 +148,10 @@ def _choice(
         body: dict[str, Any] = {"text": text}
     elif turn is None or not turn.calls:
         body = {"message": {"role": "assistant", "content": text}}
-    else:  # ids unique in the response, the same for the same response
+    else:
         calls = [
             {
-                "id": f"call_{response_id.rpartition('-')[2]}_{index}_{k}",
+                "id": tool_call_id(response_id, index, k),
                 "type": "function",
                 "function": {"name": c.name, "arguments": c.arguments},
             }

@@ -55,12 +55,15 @@ class LockedRecorder(Recorder):
         temperature: float,
         conversation: str | None,
         now: float,
+        **episode: Any,
     ) -> None:
         with self._lock:
             if conversation in self.closed:
                 self.late += len(rollouts)
                 return
-            super().record(response_id, rollouts, version, temperature, conversation, now)
+            super().record(
+                response_id, rollouts, version, temperature, conversation, now, **episode
+            )
 
     def take(self, conversation: str, reward: float) -> list[ExperienceGroup]:
         """The responses of ``conversation`` rewarded with ``reward``, as groups (none if
@@ -110,11 +113,14 @@ class RecordingEndpoint:
     def version(self) -> int:
         return self._version
 
-    def prepare(self, version: int, temperature: float, max_tokens: int) -> None:
-        """Set the step's version and the defaults of a request that names none."""
+    def prepare(
+        self, version: int, temperature: float, max_tokens: int, record: str = "episode"
+    ) -> None:
+        """Set the step's version, the defaults of a request that names none and how
+        episodes are recorded (``explorer.agent_record``)."""
         self._version = version
         self.temperature = temperature
-        self.limits = ServeConfig(max_tokens=max_tokens)
+        self.limits = ServeConfig(max_tokens=max_tokens, record=record)  # type: ignore[arg-type]
 
     async def sample(
         self, prompt_ids: list[int], n: int, temperature: float, max_tokens: int, seed: int

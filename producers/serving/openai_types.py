@@ -204,6 +204,10 @@ class ChatRequest(_Sampling, kw_only=True):
     top_logprobs: int | None = None
     tools: list[ToolDef] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedChoice | None = None
+    previous_response_id: Id | None = None
+    """streamrft's own field (``extra_body``): the response whose answer is the request's
+    last assistant message (``serve.record: episode`` then extends that response's
+    experience; found without it by the tool calls' ids or within the conversation)."""
 
 
 class CompletionRequest(_Sampling, kw_only=True):

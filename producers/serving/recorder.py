@@ -7,12 +7,19 @@ sets rewards; a group is published (:meth:`Recorder.ready`, :meth:`Recorder.comm
 experience group per model version among its rewarded responses (a group's experiences
 share one version on the wire), and those responses are then forgotten. Responses that
 never get a reward expire after ``serve.unrewarded_ttl_s``.
+
+**Episodes** (``serve.record: episode``, :mod:`.episodes`): a response that continues an
+earlier one joins its group and holds the whole episode so far (the first prompt, every
+token after it, the mask 1 on the policy's own); the earlier one is then *continued*: never
+published itself (its continuations carry it), a reward given to it goes to the episodes
+that continue it, and it is forgotten once they all are. A GRPO group is then the episodes
+of one conversation id (an agent workflow's task: its episodes).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from streamrft.producers.engines.base import Rollout
 from streamrft.schemas import limits
@@ -32,8 +39,24 @@ class Full(StreamRFTError):
     already."""
 
 
+Ref = tuple[str, int]
+"""A recorded response: its response id and choice index."""
+
+
 def tokens_of(rollouts: list[Rollout]) -> int:
     return sum(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A request found to continue a recorded response (:mod:`.episodes`)."""
+
+    parent: Ref
+    glue: list[int]
+    """The ids after the recorded response up to the new turn's generation prompt."""
+    glue_text: str
+    prompt_ids: list[int]
+    """The recorded prompt and response, then ``glue``: what the new turn samples from."""
 
 
 @dataclass
@@ -41,9 +64,27 @@ class Recorded:
     """One choice of one completion, as sampled."""
 
     rollout: Rollout
+    """The choice as sampled; a later turn of an episode: the whole episode so far."""
     version: int
+    """The version that sampled it; an episode's: the oldest of its turns'."""
     temperature: float
     reward: float | None = None
+    text: str = ""
+    """This turn's own text (cut at a stop string): what a reward function reads."""
+    content: str = ""
+    """The message content the API answered with (a later request's assistant message
+    is matched against it)."""
+    digest: bytes = b""
+    """Of the request's messages and tools (:func:`.episodes.digest`); empty: not a chat
+    request, never continued."""
+    parent: Ref | None = None
+    """The response this one continues."""
+    children: list[Ref] = field(default_factory=list)
+    """The responses held that continue this one."""
+    continued: bool = False
+    """Some response continued this one: it is published only through them."""
+    turns: int = 1
+    """Policy turns in :attr:`rollout`."""
 
 
 @dataclass
@@ -51,11 +92,29 @@ class Group:
     """The responses of one conversation (or one request), in the order they came."""
 
     key: str
-    responses: dict[tuple[str, int], Recorded] = field(default_factory=dict)
+    responses: dict[Ref, Recorded] = field(default_factory=dict)
     last_seen: float = 0.0
 
-    def rewarded(self) -> list[tuple[tuple[str, int], Recorded]]:
-        return [(rid, r) for rid, r in self.responses.items() if r.reward is not None]
+    def rewarded(self) -> list[tuple[Ref, Recorded]]:
+        """The responses to publish: rewarded, not continued."""
+        return [
+            (rid, r)
+            for rid, r in self.responses.items()
+            if r.reward is not None and not r.continued
+        ]
+
+    def leaves(self, ref: Ref) -> list[Ref]:
+        """``ref``, or the episodes that continue it (the held responses no other one
+        continues)."""
+        out, stack = [], [ref]
+        while stack:
+            at = stack.pop()
+            recorded = self.responses[at]
+            if recorded.continued:
+                stack += [c for c in recorded.children if c in self.responses]
+            else:
+                out.append(at)
+        return out
 
 
 class Recorder:
@@ -95,18 +154,52 @@ class Recorder:
         temperature: float,
         conversation: str | None,
         now: float,
+        *,
+        contents: list[str] | None = None,
+        digest: bytes = b"",
+        parent: Continuation | None = None,
     ) -> None:
-        """Remember the choices of completion ``response_id``."""
-        tokens = tokens_of(rollouts)
-        self.check_room(len(rollouts), tokens)
+        """Remember the choices of completion ``response_id`` (``contents``: what the API
+        answered each with; ``digest``: of the request's history). With ``parent`` (still
+        held), each choice is an episode: the parent's, one turn longer, in its group."""
+        before = self.get(parent.parent) if parent is not None else None
+        made = [
+            Recorded(r, version, temperature, text=r.text, content=c, digest=digest)
+            for r, c in zip(rollouts, contents or [r.text for r in rollouts], strict=True)
+        ]
+        if parent is not None and before is not None:
+            made = [_extend(before, parent, m) for m in made]
+            conversation = self.group_of[parent.parent[0]]
+        tokens = tokens_of([m.rollout for m in made])
+        self.check_room(len(made), tokens)
         key = conversation or response_id
         group = self.groups.setdefault(key, Group(key))
-        for i, rollout in enumerate(rollouts):
-            group.responses[(response_id, i)] = Recorded(rollout, version, temperature)
+        for i, recorded in enumerate(made):
+            group.responses[(response_id, i)] = recorded
+        if parent is not None and before is not None:
+            before.continued = True
+            before.children += [(response_id, i) for i in range(len(made))]
         group.last_seen = now
         self.group_of[response_id] = key
-        self.held += len(rollouts)
+        self.held += len(made)
         self.held_tokens += tokens
+
+    def get(self, ref: Ref) -> Recorded | None:
+        """The response ``ref``, if held."""
+        key = self.group_of.get(ref[0])
+        return None if key is None else self.groups[key].responses.get(ref)
+
+    def choices_of(self, response_id: str) -> list[tuple[Ref, Recorded]]:
+        """The held choices of ``response_id``, in order."""
+        key = self.group_of.get(response_id)
+        if key is None:
+            return []
+        return [(rid, r) for rid, r in self.groups[key].responses.items() if rid[0] == response_id]
+
+    def responses_of(self, conversation: str) -> list[tuple[Ref, Recorded]]:
+        """The held responses of group ``conversation``, in the order they came."""
+        group = self.groups.get(conversation)
+        return list(group.responses.items()) if group else []
 
     def check_room(self, responses: int, tokens: int) -> None:
         """Raise :class:`Full` unless ``responses`` more of ``tokens`` in all fit: asked
@@ -131,19 +224,24 @@ class Recorder:
         choice: int | None = None,
     ) -> int:
         """Set ``reward`` on a response's choices (or one ``choice``), or on every response
-        of ``conversation``; how many responses it reached."""
+        of ``conversation``; how many responses it reached. A continued response's reward
+        goes to the episodes that continue it."""
         targets = self._targets(response_id, conversation)
         if choice is not None:
             targets = [(rid, r) for rid, r in targets if rid[1] == choice]
             if not targets:
                 raise UnknownResponse(f"response {response_id!r} has no choice {choice}")
-        for _, recorded in targets:
-            recorded.reward = reward
-        return len(targets)
+        if not targets:
+            return 0
+        group = self.groups[self.group_of[targets[0][0][0]]]
+        reached = {leaf for rid, _ in targets for leaf in group.leaves(rid)}
+        for leaf in reached:
+            group.responses[leaf].reward = reward
+        return len(reached)
 
     def _targets(
         self, response_id: str | None, conversation: str | None
-    ) -> list[tuple[tuple[str, int], Recorded]]:
+    ) -> list[tuple[Ref, Recorded]]:
         if (response_id is None) == (conversation is None):
             raise UnknownResponse("give exactly one of response_id and conversation_id")
         if conversation is not None:
@@ -193,20 +291,16 @@ class Recorder:
     def _expire(self, group: Group, now: float, ttl_s: float) -> None:
         if now - group.last_seen < ttl_s:
             return
-        stale = [(rid, r) for rid, r in group.responses.items() if r.reward is None]
-        for rid, _ in stale:
-            del group.responses[rid]
+        stale = [rid for rid, r in group.responses.items() if r.reward is None and not r.continued]
         self.expired += len(stale)
-        self._forget(group, stale)
+        self._remove(group, stale)
 
     def _close(self, key: str, now: float) -> list[ExperienceGroup]:
         """The rewarded responses of group ``key`` as experience groups (one per version);
         the rest of the group stays."""
         group = self.groups[key]
         rewarded = group.rewarded()
-        for rid, _ in rewarded:
-            del group.responses[rid]
-        self._forget(group, rewarded)
+        self._remove(group, [rid for rid, _ in rewarded])
         by_version: dict[int, list[Recorded]] = {}
         for _, recorded in rewarded:
             by_version.setdefault(recorded.version, []).append(recorded)
@@ -216,7 +310,23 @@ class Recorder:
             for part in _parts(rs, self.max_group_bytes)
         ]
 
-    def _forget(self, group: Group, removed: list[tuple[tuple[str, int], Recorded]]) -> None:
+    def _remove(self, group: Group, refs: list[Ref]) -> None:
+        """Drop ``refs`` from ``group``, and each continued response once nothing held
+        continues it."""
+        removed, stack = [], list(refs)
+        while stack:
+            recorded = group.responses.pop(ref := stack.pop(), None)
+            if recorded is None:
+                continue
+            removed.append((ref, recorded))
+            parent = group.responses.get(recorded.parent) if recorded.parent else None
+            if parent is not None:
+                parent.children.remove(ref)
+                if not parent.children:
+                    stack.append(recorded.parent)  # type: ignore[arg-type]
+        self._forget(group, removed)
+
+    def _forget(self, group: Group, removed: list[tuple[Ref, Recorded]]) -> None:
         """Book ``removed`` responses of ``group`` gone; forget what is left empty."""
         self.held -= len(removed)
         self.held_tokens -= tokens_of([r.rollout for _, r in removed])
@@ -267,7 +377,26 @@ def _parts(responses: list[Recorded], max_bytes: int) -> list[list[Recorded]]:
     return parts
 
 
+def _extend(before: Recorded, how: Continuation, turn: Recorded) -> Recorded:
+    """``turn`` (sampled after ``before`` and the glue of ``how``) as the episode they
+    make: inserted tokens with mask 0 and log-prob 0.0."""
+    old, new = before.rollout, turn.rollout
+    mask = [1] * len(old.response_ids) if old.mask is None else old.mask
+    rollout = Rollout(
+        prompt_ids=old.prompt_ids,
+        response_ids=old.response_ids + how.glue + new.response_ids,
+        logprobs=old.logprobs + [0.0] * len(how.glue) + new.logprobs,
+        text=old.text + how.glue_text + new.text,
+        truncated=new.truncated,
+        mask=mask + [0] * len(how.glue) + [1] * len(new.response_ids),
+    )
+    version = min(before.version, turn.version)
+    return replace(
+        turn, rollout=rollout, version=version, parent=how.parent, turns=before.turns + 1
+    )
+
+
 def _experience(eid: str, recorded: Recorded, version: int) -> Experience:
     assert recorded.reward is not None
-    info = {"temperature": recorded.temperature}
+    info = {"temperature": recorded.temperature, "turns": float(recorded.turns)}
     return recorded.rollout.experience(eid, recorded.reward, version, info)

@@ -170,12 +170,15 @@ def prompt_text(
     messages: list[dict[str, Any]],
     tools: list[ToolDef],
     choice: str | NamedChoice | None,
+    generation_prompt: bool = True,
 ) -> str:
-    """The prompt of a chat request with tools (or with earlier calls and results)."""
+    """The prompt of a chat request (with its tools, earlier calls and results);
+    ``generation_prompt`` false: the conversation alone (what a later turn appends to)."""
     messages = with_system_prompt(messages, renderer.system_prompt)  # before the compact
     if renderer.chat and template_takes_tools(renderer.tokenizer):  # instructions join it
-        return renderer.render(messages, [msgspec.to_builtins(t) for t in tools] or None)
-    return renderer.render(_compact(messages, tools, choice))
+        defs = [msgspec.to_builtins(t) for t in tools] or None
+        return renderer.render(messages, defs, generation_prompt)
+    return renderer.render(_compact(messages, tools, choice), None, generation_prompt)
 
 
 # -- parsing ----------------------------------------------------------------------------------

@@ -10,10 +10,15 @@ client at it (``openai.OpenAI(base_url=base_url, api_key="none")``) and call
 likes. The function returns the episode's reward (a float, or ``(float, info)``), or None
 to score the last response with ``explorer.reward``.
 
-Each completion of an episode is one experience (its prompt: the conversation the agent
-sent; its response: the tokens sampled), rewarded with the episode's reward; the task's
-group holds every completion of all its episodes. An episode that raises is dropped (and
-logged); a task none of whose episodes produced a completion yields no group.
+An episode is recorded as one experience per conversation it holds
+(``explorer.agent_record: episode``, :mod:`streamrft.producers.serving.episodes`): a
+request that continues an earlier response of the episode (the tool results or the next
+user turn after it) extends that response's experience by appending token ids, the mask 1
+only on the policy's own tokens; an agent that rewrote its history starts a new one
+(counted). ``completion``: each completion is its own experience. Every experience of an
+episode gets the episode's reward; the task's group holds those of all its episodes (a
+GRPO group: the episodes of one task). An episode that raises is dropped (and logged); a
+task none of whose episodes produced a completion yields no group.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ def agent_workflow(
         spec.agent, "explorer.agent", ("task", "base_url", "model"), "-> reward"
     )
     endpoint = recording_endpoint(engine, spec.renderer(engine), spec.run, spec.explorer)
-    endpoint.prepare(spec.model_version, spec.temperature, spec.max_new_tokens)
+    endpoint.prepare(spec.model_version, spec.temperature, spec.max_new_tokens, spec.agent_record)
     episodes = [(task, i) for task in tasks for i in range(spec.repeat_times)]
     done = _map_on_daemon_threads(
         lambda ep: _episode(agent, endpoint, reward, *ep), episodes, spec.agent_concurrency
@@ -103,7 +108,7 @@ def _reward_of(
     if result is not None:
         return float(result), {}
     group = endpoint.recorder.groups.get(episode)
-    last = list(group.responses.values())[-1].rollout.text if group else ""
+    last = list(group.responses.values())[-1].text if group else ""
     return reward(last, task)
 
 

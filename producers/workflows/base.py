@@ -36,6 +36,8 @@ class RolloutSpec:
     """``module:function`` of the ``agent`` workflow (``explorer.agent``)."""
     agent_concurrency: int = 8
     """Episodes the ``agent`` workflow runs at once (``explorer.agent_concurrency``)."""
+    agent_record: str = "episode"
+    """How the ``agent`` workflow records an episode (``explorer.agent_record``)."""
 
     def renderer(self, engine: RolloutEngine) -> PromptRenderer:
         """:attr:`prompts`, or the default renderer around ``engine``'s tokenizer."""

@@ -26,6 +26,7 @@ instructions (a raw-format model learns the format from demonstrations, or from
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from streamrft.infra.prompts import RAW_SEPARATOR, PromptRenderer
@@ -56,11 +57,43 @@ def _reads_tools(template: str) -> bool:
     return "tools" in names
 
 
+def assistant_closing(render: Callable[[list[Message], bool], str]) -> str:
+    """The chat template's text after an assistant turn's content (``<|im_end|>\\n``...),
+    found by rendering (``render(messages, generation_prompt)``) a marked assistant turn;
+    :class:`ConfigError` for a template that drops the assistant's content."""
+    text = render(
+        [{"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK}], False
+    )
+    if _MARK not in text:
+        raise ConfigError(
+            "taskset.format: the model's chat template drops the assistant's content; "
+            "multi-turn conversations need a template that renders assistant turns"
+        )
+    return text[text.rindex(_MARK) + len(_MARK) :]
+
+
+def glue_text(
+    close: str, tokenizer: Any, policy_ids: list[int], before: str, after: str
+) -> str | None:
+    """The text after a policy turn (sampled as ``policy_ids``) up to the next generation
+    prompt: the template's ``close`` of the turn (less the EOS the policy sampled itself),
+    then what rendering the conversation with the new messages (``after``) adds to
+    rendering it up to the policy's turn (``before``); None when ``after`` does not begin
+    with ``before`` (the template renders earlier turns differently once one is added)."""
+    eos = tokenizer.eos_token
+    if policy_ids and policy_ids[-1] == tokenizer.eos_token_id and eos and close.startswith(eos):
+        close = close[len(eos) :]  # the policy closed its turn itself
+    if not after.startswith(before):
+        return None
+    return close + after[len(before) :]
+
+
 class TurnRenderer:
     """Renders one episode's non-policy tokens, by the ``taskset`` prompt settings of
     ``prompts`` (format, system prompt) and the environment's ``tools``."""
 
     def __init__(self, prompts: PromptRenderer, tools: list[dict]) -> None:
+        self.prompts = prompts
         self.tokenizer = prompts.tokenizer
         self.chat = prompts.chat
         self.system_prompt = prompts.system_prompt
@@ -77,15 +110,7 @@ class TurnRenderer:
         )
 
     def _closing(self) -> str:
-        text = self._render(
-            [{"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK}], False
-        )
-        if _MARK not in text:
-            raise ConfigError(
-                "taskset.format: the model's chat template drops the assistant's content; "
-                "multi-turn workflows need a template that renders assistant turns"
-            )
-        return text[text.rindex(_MARK) + len(_MARK) :]
+        return assistant_closing(self._render)
 
     def _system(self, messages: list[Message]) -> list[Message]:
         """``messages`` with one system message first: the task's own (else the system
@@ -113,7 +138,7 @@ class TurnRenderer:
             return list(messages), list(self.tokenizer(text).input_ids)
         conversation = self._system(messages)
         text = self._render(conversation, True)
-        return conversation, self._ids(text)
+        return conversation, self.prompts.tokenize_within(text)
 
     def glue(
         self, conversation: list[Message], policy_ids: list[int], message: Message
@@ -121,19 +146,13 @@ class TurnRenderer:
         """The ids after a policy turn (the last message of ``conversation``, sampled as
         ``policy_ids``) up to the next turn's generation prompt, ``message`` included."""
         if not self.chat:
-            return self._ids(RAW_SEPARATOR + message["content"] + RAW_SEPARATOR)
-        close, eos = self.close, self.tokenizer.eos_token
-        if policy_ids and policy_ids[-1] == self.tokenizer.eos_token_id and close.startswith(eos):
-            close = close[len(eos) :]  # the policy closed its turn itself
+            return self.prompts.tokenize_within(RAW_SEPARATOR + message["content"] + RAW_SEPARATOR)
         before = self._render(conversation, False)
         after = self._render([*conversation, message], True)
-        if not after.startswith(before):
+        text = glue_text(self.close, self.tokenizer, policy_ids, before, after)
+        if text is None:
             raise ConfigError(
                 "taskset.format: the model's chat template renders earlier turns differently "
                 "once a message is added, so a conversation cannot be extended token by token"
             )
-        return self._ids(close + after[len(before) :])
-
-    def _ids(self, text: str) -> list[int]:
-        """``text``'s ids; special tokens written in it are read as such, none added."""
-        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+        return self.prompts.tokenize_within(text)

@@ -5,7 +5,8 @@ serve API in process): a LangGraph ReAct graph (model node, ``ToolNode``, ``tool
 tool, for several episodes. The engine answers a script (a Hermes tool call, then the
 answer), so what is checked is the API as the frameworks use it: the call reaches the
 tool with its arguments, the tool's result reaches the model's next prompt, the final
-answer reaches the agent, and every completion of an episode is recorded under it."""
+answer reaches the agent, and each episode is recorded as one experience whose mask is 1
+exactly on the policy's tokens (checked token by token)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from streamrft.infra.modeling import build_char_tokenizer
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.producers.engines.base import Rollout
 from streamrft.producers.serving.endpoint import RecordingEndpoint
+from streamrft.schemas.arrays import unpack_f32, unpack_i32, unpack_u8
 from tests.helpers.scripted import CHARSET, HERMES, ScriptedEngine
 
 pytestmark = pytest.mark.integration
@@ -57,11 +59,25 @@ def endpoint():
 
 
 def _check_episode(ep, episode: str, seen: list) -> None:
-    """The tool ran with the model's arguments, and both completions were recorded."""
+    """The tool ran with the model's arguments, and the episode was recorded as one
+    experience: the call then the answer, each as sampled (mask 1, their log-probs), and
+    between them the tool's result as the template renders it (mask 0, log-prob 0.0)."""
     assert seen == [(2.0, 3.0)]
-    experiences = ep.collect(episode, 1.0)
-    assert len(experiences) == 2 and {e.model_version for e in experiences} == {2}
-    assert all(e.reward == 1.0 for e in experiences)
+    (e,) = ep.collect(episode, 1.0)
+    assert (e.model_version, e.reward, e.info["turns"]) == (2, 1.0, 2.0)
+    tok = ep.engine.tokenizer
+    call = [*tok(CALL, add_special_tokens=False).input_ids, tok.eos_token_id]
+    answer = [*tok(ANSWER, add_special_tokens=False).input_ids, tok.eos_token_id]
+    response = unpack_i32(e.tokens)[e.prompt_length :]
+    glue = response[len(call) : len(response) - len(answer)]
+    assert response == call + glue + answer
+    assert tok.decode(glue) == "\n<|tool|>5.0</s>\n<|assistant|>"  # after the call's EOS
+    assert unpack_u8(e.action_mask) == [1] * len(call) + [0] * len(glue) + [1] * len(answer)
+    logprobs = ScriptedEngine.logprobs(0, len(call)) + [0.0] * len(glue)
+    logprobs += ScriptedEngine.logprobs(0, len(answer))
+    assert unpack_f32(e.logprobs) == pytest.approx(logprobs)
+    assert e.info["response_length"] == len(call) + len(answer)
+    assert tok.decode(unpack_i32(e.tokens)[: e.prompt_length]).endswith("2+3?</s>\n<|assistant|>")
 
 
 def _langgraph_episode(endpoint, episode: str) -> tuple[list, list]:

@@ -30,7 +30,7 @@ def _engine() -> TransformersEngine:
     return TransformersEngine(model.eval(), tokenizer)
 
 
-def _spec(agent: str, repeat: int = 2) -> RolloutSpec:
+def _spec(agent: str, repeat: int = 2, record: str = "episode") -> RolloutSpec:
     return RolloutSpec(
         repeat_times=repeat,
         temperature=1.0,
@@ -40,24 +40,56 @@ def _spec(agent: str, repeat: int = 2) -> RolloutSpec:
         explorer="explorer-0",
         model_version=3,
         agent=f"tests.helpers.agents:{agent}",
+        agent_record=record,
     )
 
 
-def test_every_completion_of_an_episode_is_an_experience_with_the_episode_reward():
+def _sent(transcript: list) -> list[list[float]]:
+    """The log-probs the agent got with each completion of its episode."""
+    return [[t.logprob for t in c.choices[0].logprobs.content] for c in transcript]
+
+
+def test_an_episode_is_one_experience_its_answers_trained_and_the_rest_masked():
     engine = _engine()
     agents.TRANSCRIPTS.clear()
     groups = get_workflow("agent")(engine, TASKS, exact_match, _spec("two_turn_agent"))
     assert [g.task_id for g in groups] == ["t0", "t1", "t2"]
     assert len(agents.TRANSCRIPTS) == 6  # 3 tasks x 2 episodes, each its own base URL
-    sent = [
-        [t.logprob for t in c.choices[0].logprobs.content]
-        for pair in agents.TRANSCRIPTS.values()
-        for c in pair
-    ]
+    episodes = [_sent(t) for t in agents.TRANSCRIPTS.values()]
     tok = engine.tokenizer
     for group in groups:
         validate_group(group)
         assert group.model_version == 3 and group.workflow == "agent"
+        assert len(group.experiences) == 2  # the task's 2 episodes, one experience each
+        task = next(t for t in TASKS if t.id == group.task_id)
+        for exp in group.experiences:
+            assert exp.model_version == 3 and exp.info["turns"] == 2.0
+            first, second = next(e for e in episodes if unpack_f32(exp.logprobs)[0] == e[0][0])
+            mask = list(exp.action_mask)
+            glue = len(mask) - len(first) - len(second)
+            # raw format: the user's next turn after a blank line, never trained
+            assert mask == [1] * len(first) + [0] * glue + [1] * len(second)
+            expected = first + [0.0] * glue + second
+            assert unpack_f32(exp.logprobs) == pytest.approx(expected, abs=1e-6)
+            response = unpack_i32(exp.tokens)[exp.prompt_length :]
+            inserted = tok("\n\nsure?", add_special_tokens=False).input_ids
+            assert response[len(first) : len(first) + glue] == inserted
+            prompt = unpack_i32(exp.tokens)[: exp.prompt_length]
+            assert tok.decode(prompt, skip_special_tokens=True) == task.prompt
+            answer = tok.decode(response[: len(first)], skip_special_tokens=True)
+            assert exp.reward == float(answer.strip() == task.answer)
+
+
+def test_per_completion_recording_makes_each_completion_an_experience():
+    engine = _engine()
+    agents.TRANSCRIPTS.clear()
+    spec = _spec("two_turn_agent", record="completion")
+    groups = get_workflow("agent")(engine, TASKS, exact_match, spec)
+    assert [g.task_id for g in groups] == ["t0", "t1", "t2"]
+    sent = [s for t in agents.TRANSCRIPTS.values() for s in _sent(t)]
+    tok = engine.tokenizer
+    for group in groups:
+        validate_group(group)
         assert len(group.experiences) == 4  # 2 episodes x 2 turns
         for exp in group.experiences:
             assert exp.model_version == 3 and exp.info["turns"] == 2.0

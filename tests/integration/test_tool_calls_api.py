@@ -66,7 +66,9 @@ def test_a_call_comes_back_as_tool_calls_and_the_result_goes_on_the_next_turn():
         assert prompt.endswith("<|tool|>5</s>\n<|assistant|>")
         _, health = check(ep.base_url("e1").removesuffix("/v1"), "/health")
         assert health["tool_calls"] == {"calls": 1, "malformed": 0, "unmet": 0}
-        assert len(ep.collect("e1", 1.0)) == 2  # both completions recorded
+        assert health["episodes"] == {"continued": 1, "unmatched": 0, "rewritten": 0}
+        (episode,) = ep.collect("e1", 1.0)  # both turns: one experience
+        assert episode.info["turns"] == 2.0
     finally:
         ep.stop()
 

@@ -135,6 +135,7 @@ def test_rollout_spec_holds_exactly_the_old_keyword_arguments():
         "prompts",  # added with a default (issue 10: chat templates); old calls still work
         "agent",  # added with defaults (issue 12: the agent workflow)
         "agent_concurrency",
+        "agent_record",  # added with a default (issue 32: one experience per conversation)
     ]
     with pytest.raises(AttributeError):
         SPEC.seed = 1  # type: ignore[misc]
