@@ -1,8 +1,11 @@
 """Batched autoregressive sampling with a KV cache, returning exact per-token log-probs.
 
-A plain loop rather than ``generate()``: every logit processor is explicit (temperature
-only), so the log-probs recorded here are exactly what the trainer recomputes with the same
-temperature, and the completion of each row ends at its first EOS.
+A plain loop rather than ``generate()``: every logit processor is explicit (temperature,
+and on request top-k and top-p), so the log-probs recorded here are exactly those of the
+distribution each token was drawn from, and the completion of each row ends at its first
+EOS. With ``top_p`` = 1 and ``top_k`` = 0 (the default) that distribution is the one the
+trainer recomputes at the same temperature; a truncated one (:func:`truncate`) differs from
+it, which the trainer handles with an off-policy correction.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ class SampleOutput:
     tokens: torch.Tensor
     """``(batch, steps)`` sampled token ids; positions after a row's first EOS hold pad."""
     logprobs: torch.Tensor
-    """``(batch, steps)`` log-prob of each sampled token under ``logits / temperature``."""
+    """``(batch, steps)`` log-prob of each sampled token under the distribution it was drawn
+    from: ``softmax(logits / temperature)``, truncated by top-k / top-p when asked."""
     lengths: torch.Tensor
     """``(batch,)`` response length of each row, its first EOS included."""
 
@@ -40,6 +44,24 @@ def _keyword_of(model_cls: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def truncate(logp: torch.Tensor, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
+    """The log-probs ``logp`` (``(..., vocab)``) renormalised over the tokens top-k and then
+    top-p keep, ``-inf`` elsewhere: top-k keeps the ``top_k`` likeliest (0: all; tokens
+    tied with the k-th are kept too), top-p the likeliest tokens until their mass reaches
+    ``top_p`` (at least one). Unchanged when neither truncates."""
+    vocab = logp.shape[-1]
+    if 0 < top_k < vocab:
+        kth = logp.topk(top_k, dim=-1).values[..., -1:]
+        logp = logp.masked_fill(logp < kth, float("-inf")).log_softmax(dim=-1)
+    if top_p < 1.0:
+        ordered, order = logp.sort(dim=-1, descending=True)
+        probs = ordered.exp()
+        before = probs.cumsum(dim=-1) - probs  # the mass of the likelier tokens
+        drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before >= top_p)
+        logp = logp.masked_fill(drop, float("-inf")).log_softmax(dim=-1)
+    return logp
+
+
 @torch.no_grad()
 def sample(
     model: torch.nn.Module,
@@ -52,10 +74,13 @@ def sample(
     temperature: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> SampleOutput:
     """Sample up to ``max_new_tokens`` for each left-padded prompt row, on the device of
-    ``input_ids`` (the model's; ``generator`` must be on it too). Log-probs are computed in
-    float32 whatever the model's dtype."""
+    ``input_ids`` (the model's; ``generator`` must be on it too), from ``softmax(logits /
+    temperature)`` truncated by ``top_k`` and ``top_p`` (:func:`truncate`). Log-probs are
+    computed in float32 whatever the model's dtype."""
     batch = input_ids.shape[0]
     keyword = cache_keyword(model)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
@@ -76,7 +101,7 @@ def sample(
     logps: list[torch.Tensor] = []
     mask = attention_mask.long()
     for step in range(max_new_tokens):
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        logp = truncate(torch.log_softmax(logits.float() / temperature, dim=-1), top_p, top_k)
         if greedy:
             tok = logp.argmax(dim=-1)
         else:

@@ -227,6 +227,7 @@ class Explorer:
             agent=cfg.agent,
             agent_concurrency=cfg.agent_concurrency,
             agent_record=cfg.agent_record,
+            corrected=self.cfg.algorithm.off_policy_correction != "none",
         )
         return get_workflow(workflow)(self.engine, tasks, self.reward, spec)
 

@@ -70,9 +70,18 @@ class RolloutEngine(Protocol):
     """Decodes responses; workflows render prompts with it."""
 
     def rollout(
-        self, prompts: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+        self,
+        prompts: list[list[int]],
+        n: int,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> list[list[Rollout]]:
-        """``n`` samples of each prompt (its token ids), grouped per prompt."""
+        """``n`` samples of each prompt (its token ids), grouped per prompt, from the
+        policy at ``temperature`` truncated by ``top_k`` (0: none) and ``top_p`` (1: none),
+        each token's log-prob under the distribution it was drawn from."""
         ...
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
@@ -103,10 +112,19 @@ class SerialEngine:
         return getattr(self.engine, name)
 
     def rollout(
-        self, prompts: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+        self,
+        prompts: list[list[int]],
+        n: int,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> list[list[Rollout]]:
         with self._lock:
-            return self.engine.rollout(prompts, n, temperature, max_new_tokens, seed)
+            return self.engine.rollout(
+                prompts, n, temperature, max_new_tokens, seed, top_p=top_p, top_k=top_k
+            )
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
         with self._lock:

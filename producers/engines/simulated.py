@@ -61,10 +61,18 @@ class SimulatedEngine(ModuleTarget):
         return rng.choices(self.ordinary, k=length)
 
     def rollout(
-        self, prompts: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+        self,
+        prompts: list[list[int]],
+        n: int,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> list[list[Rollout]]:
         """``n`` random responses of ``max_new_tokens`` tokens per prompt (its token ids),
-        grouped per prompt; sleeps for all their tokens once."""
+        grouped per prompt; sleeps for all their tokens once (no model: ``temperature``,
+        ``top_p`` and ``top_k`` change nothing)."""
         rng = random.Random(seed)
         groups = []
         for ids in prompts:

@@ -41,6 +41,8 @@ class TransformersEngine(ModuleTarget):
         max_new_tokens: int,
         greedy: bool,
         seed: int,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ):
         ids, mask = self.encode_prompts(prompts)
         gen = torch.Generator(device=ids.device).manual_seed(seed)
@@ -54,16 +56,25 @@ class TransformersEngine(ModuleTarget):
             temperature=temperature,
             greedy=greedy,
             generator=gen,
+            top_p=top_p,
+            top_k=top_k,
         )
         return ids, mask, out
 
     @torch.no_grad()
     def rollout(
-        self, prompts: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+        self,
+        prompts: list[list[int]],
+        n: int,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> list[list[Rollout]]:
         """``n`` samples of each prompt (its token ids), grouped per prompt."""
         flat = [p for p in prompts for _ in range(n)]
-        _, _, out = self._run(flat, temperature, max_new_tokens, False, seed)
+        _, _, out = self._run(flat, temperature, max_new_tokens, False, seed, top_p, top_k)
         responses = _responses(out.tokens, out.lengths)
         # one conversion of the whole batch, not one small tensor per row
         logprobs = out.logprobs.tolist()

@@ -4,8 +4,10 @@ What it gives is what the transformers engine gives (:mod:`.transformers_engine`
 
 - prompts come as token ids (rendered by the workflow) and go to vLLM as they are;
 - ``n`` samples per prompt, each with the log-prob of every sampled token under
-  ``logits / temperature`` (vLLM's ``logprobs_mode="processed_logprobs"``, no top-k/top-p),
-  which is what the trainer recomputes;
+  ``logits / temperature`` (vLLM's ``logprobs_mode="processed_logprobs"``), which is what
+  the trainer recomputes; with ``top_p`` < 1 or ``top_k`` > 0 (serve mode's requests),
+  vLLM's processed log-probs are those after its top-k / top-p truncation (not run on a
+  GPU here);
 - a response runs up to and including the tokenizer's EOS (the only stop: vLLM's
   ``generation_config="vllm"`` ignores a model's extra stop ids), or ``max_new_tokens``;
 - ``greedy`` for evaluation (temperature 0).
@@ -204,7 +206,14 @@ class VLLMEngine:
         return self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
 
     def rollout(
-        self, prompts: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+        self,
+        prompts: list[list[int]],
+        n: int,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> list[list[Rollout]]:
         """``n`` samples of each prompt (its token ids), grouped per prompt."""
         if not prompts:
@@ -214,8 +223,8 @@ class VLLMEngine:
             self._vllm.SamplingParams(
                 n=n,
                 temperature=temperature,
-                top_p=1.0,
-                top_k=0,
+                top_p=top_p,
+                top_k=top_k,
                 max_tokens=max_new_tokens,
                 logprobs=0,  # the sampled token's log-prob only
                 seed=seed * _SEED_STRIDE + i * n,

@@ -30,6 +30,7 @@ from streamrft.infra.config import ServeConfig
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.infra.web_guard import WebGuard
 from streamrft.producers.engines.base import Rollout
+from streamrft.producers.serving.batcher import Sampling
 from streamrft.producers.serving.completions import (
     GREEDY_TEMPERATURE,
     Choice,
@@ -45,6 +46,7 @@ from streamrft.producers.serving.openai_types import (
     NamedChoice,
     ToolDef,
     refuse_unsupported,
+    truncation,
     unknown_fields,
 )
 from streamrft.producers.serving.recorder import Continuation, Full, Recorder, UnknownResponse
@@ -88,6 +90,9 @@ class Backend(Protocol):
     limits: ServeConfig
     temperature: float
     """Temperature of a request that names none (``explorer.temperature``)."""
+    corrected: bool
+    """The run's trainer corrects for a sampling distribution other than its policy's
+    (``algorithm.off_policy_correction``): ``top_p`` < 1 and ``top_k`` are served."""
     context: int | None
     """The model's context length in tokens (None: unknown)."""
     prompts: PromptRenderer
@@ -102,7 +107,7 @@ class Backend(Protocol):
     def version(self) -> int: ...
 
     async def sample(
-        self, prompt_ids: list[int], n: int, temperature: float, max_tokens: int, seed: int
+        self, prompt_ids: list[int], sampling: Sampling, seed: int
     ) -> tuple[list[Rollout], int]: ...
 
     async def publish(self, groups: list) -> Delivery: ...
@@ -396,7 +401,9 @@ class Handlers:
         temperature = server.temperature if req.temperature is None else req.temperature
         seed = req.seed if req.seed is not None else secrets.randbits(31)
         temperature = max(temperature, GREEDY_TEMPERATURE)  # recorded as sampled
-        rollouts, version = await server.sample(prompt_ids, req.n, temperature, max_tokens, seed)
+        top_p, top_k = truncation(req)
+        sampling = Sampling(req.n, temperature, max_tokens, top_p, top_k)
+        rollouts, version = await server.sample(prompt_ids, sampling, seed)
         choices = [finish(r, server.tokenizer, req.stops(), max_tokens) for r in rollouts]
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
         tools = episode.tools if episode else None
@@ -444,7 +451,7 @@ class Handlers:
         self, req: ChatRequest | CompletionRequest, prompt_ids: list[int], max_tokens: int | None
     ) -> int:
         """Refuse what cannot be served; the request's ``max_tokens`` (or the default)."""
-        refuse_unsupported(req)
+        refuse_unsupported(req, self.server.corrected)
         req.stops()
         if req.model and req.model != self.server.model_name:
             raise ApiError(

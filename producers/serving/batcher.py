@@ -1,7 +1,8 @@
 """Concurrent requests coalesced into one engine call.
 
 Requests that arrive while the engine is busy wait in a queue; when it is free, every
-waiting request with the same ``(n, temperature, max_tokens)`` as the oldest one (up to
+waiting request with the same ``n`` and sampling settings (temperature, ``max_tokens``,
+``top_p``, ``top_k``) as the oldest one (up to
 ``max_batch`` prompts) goes into the next engine call, the others into the calls after it.
 One caller at a time reaches the engine, so a version swapped in by the caller between two
 calls (``call`` holds the caller's lock) never lands inside one. A request's ``seed`` seeds
@@ -16,17 +17,44 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from streamrft.producers.engines.base import Rollout
+from streamrft.producers.engines.base import Rollout, RolloutEngine
 from streamrft.schemas.errors import ServiceError
 
-Call = Callable[[list[list[int]], int, float, int, int], Awaitable[tuple[list[list[Rollout]], int]]]
-"""``(prompts, n, temperature, max_tokens, seed) -> (rollouts per prompt, version)``."""
+
+@dataclass(frozen=True)
+class Sampling:
+    """What one engine call samples with, besides its prompts and seed."""
+
+    n: int
+    temperature: float
+    max_tokens: int
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+Call = Callable[[list[list[int]], Sampling, int], Awaitable[tuple[list[list[Rollout]], int]]]
+"""``(prompts, sampling, seed) -> (rollouts per prompt, version)``."""
+
+
+def engine_call(
+    engine: RolloutEngine, prompts: list[list[int]], sampling: Sampling, seed: int
+) -> list[list[Rollout]]:
+    """One ``engine.rollout`` call of ``prompts`` with ``sampling`` (blocking)."""
+    return engine.rollout(
+        prompts,
+        sampling.n,
+        sampling.temperature,
+        sampling.max_tokens,
+        seed,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+    )
 
 
 @dataclass
 class _Waiting:
     prompt: list[int]
-    key: tuple[int, float, int]
+    key: Sampling
     seed: int
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -45,13 +73,13 @@ class Batcher:
         self.calls = 0
 
     async def sample(
-        self, prompt: list[int], n: int, temperature: float, max_tokens: int, seed: int
+        self, prompt: list[int], sampling: Sampling, seed: int
     ) -> tuple[list[Rollout], int]:
-        """``n`` rollouts of ``prompt`` and the version that sampled them."""
+        """``sampling.n`` rollouts of ``prompt`` and the version that sampled them."""
         if self._worker is None:
             self._worker = asyncio.create_task(self._run())
             self._worker.add_done_callback(self._ended)
-        waiting = _Waiting(prompt, (n, temperature, max_tokens), seed)
+        waiting = _Waiting(prompt, sampling, seed)
         self.queue.append(waiting)
         self._wake.set()
         return await waiting.done
@@ -69,12 +97,9 @@ class Batcher:
             self._wake.clear()
             while self.queue:
                 batch = self._current = self._next_batch()
-                n, temperature, max_tokens = batch[0].key
                 prompts = [w.prompt for w in batch]
                 try:
-                    rollouts, version = await self.call(
-                        prompts, n, temperature, max_tokens, batch[0].seed
-                    )
+                    rollouts, version = await self.call(prompts, batch[0].key, batch[0].seed)
                     answers = list(zip(batch, rollouts, strict=True))
                 except Exception as exc:  # handed to every request of the batch
                     for w in batch:

@@ -23,7 +23,7 @@ from typing import Any
 from streamrft.infra.config import ServeConfig
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.producers.engines.base import Rollout, RolloutEngine
-from streamrft.producers.serving.batcher import Batcher
+from streamrft.producers.serving.batcher import Batcher, Sampling, engine_call
 from streamrft.producers.serving.recorder import Recorder
 from streamrft.schemas.errors import ServiceError, StreamRFTError
 from streamrft.schemas.experience import Experience, ExperienceGroup
@@ -96,6 +96,7 @@ class RecordingEndpoint:
         self.model_name = MODEL_NAME
         self.limits = ServeConfig()
         self.temperature = 1.0
+        self.corrected = False
         self.context = getattr(
             getattr(engine.model, "config", None), "max_position_embeddings", None
         )
@@ -114,31 +115,38 @@ class RecordingEndpoint:
         return self._version
 
     def prepare(
-        self, version: int, temperature: float, max_tokens: int, record: str = "episode"
+        self,
+        version: int,
+        temperature: float,
+        max_tokens: int,
+        record: str = "episode",
+        corrected: bool = False,
     ) -> None:
-        """Set the step's version, the defaults of a request that names none and how
-        episodes are recorded (``explorer.agent_record``)."""
+        """Set the step's version, the defaults of a request that names none, how
+        episodes are recorded (``explorer.agent_record``) and whether truncated sampling
+        is served (``corrected``: the run's ``algorithm.off_policy_correction`` is set)."""
         self._version = version
+        self.corrected = corrected
         self.temperature = temperature
         self.limits = ServeConfig(max_tokens=max_tokens, record=record)  # type: ignore[arg-type]
 
     async def sample(
-        self, prompt_ids: list[int], n: int, temperature: float, max_tokens: int, seed: int
+        self, prompt_ids: list[int], sampling: Sampling, seed: int
     ) -> tuple[list[Rollout], int]:
         """Batched with the concurrent episodes' requests (:mod:`.batcher`)."""
         if self._batcher is None:  # made on the server's own event loop
             self._batcher = Batcher(self._call, self.limits.max_batch)
-        return await self._batcher.sample(prompt_ids, n, temperature, max_tokens, seed)
+        return await self._batcher.sample(prompt_ids, sampling, seed)
 
     async def _call(
-        self, prompts: list[list[int]], n: int, t: float, max_tokens: int, seed: int
+        self, prompts: list[list[int]], sampling: Sampling, seed: int
     ) -> tuple[list[list[Rollout]], int]:
         version = self._version
-        return await asyncio.to_thread(self._rollout, prompts, n, t, max_tokens, seed), version
+        return await asyncio.to_thread(self._rollout, prompts, sampling, seed), version
 
-    def _rollout(self, prompts: list[list[int]], n: int, t: float, max_tokens: int, seed: int):
+    def _rollout(self, prompts: list[list[int]], sampling: Sampling, seed: int):
         with self._engine_lock:
-            return self.engine.rollout(prompts, n, t, max_tokens, seed)
+            return engine_call(self.engine, prompts, sampling, seed)
 
     async def publish(self, groups: list) -> Any:
         raise StreamRFTError("the agent workflow collects its episodes itself")

@@ -3,9 +3,9 @@
 The rule for a request's fields:
 
 - a field it honours is used (the structs below);
-- a field whose value it cannot honour (``top_p`` other than 1, ``top_logprobs``,
-  ``echo``...) is refused with a 400 by :func:`refuse_unsupported`,
-  never silently ignored;
+- a field whose value it cannot honour (``top_logprobs``, ``echo``, ``top_p`` below 1
+  while the run's trainer has no off-policy correction...) is refused with a 400 by
+  :func:`refuse_unsupported`, never silently ignored;
 - a field of OpenAI's API that changes nothing about what is sampled or recorded here
   (:data:`ACCEPTED_IGNORED`: ``metadata``, ``store``, ``service_tier``...) is accepted;
 - any other field is accepted too (agent frameworks add their own), and named by
@@ -126,7 +126,6 @@ REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "function_call": (_none_or(), "the legacy function_call: send tool_choice"),
     "best_of": (_none_or(1), "best_of other than 1: not supported"),
     "suffix": (_none_or(""), "suffix (insertion): not supported"),
-    "top_k": (_none_or(0, -1), "top_k: not supported (the trainer recomputes plain log-probs)"),
     "min_p": (_none_or(0), "min_p: not supported (the trainer recomputes plain log-probs)"),
     "repetition_penalty": (_none_or(1), "repetition_penalty: not supported"),
     "modalities": (_none_or(["text"]), "modalities other than text: not supported"),
@@ -172,7 +171,12 @@ class _Sampling(msgspec.Struct, kw_only=True):
     model: str = ""
     n: Annotated[int, msgspec.Meta(ge=1)] = 1
     temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
-    top_p: float | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    """Nucleus sampling; below 1 only when the run's trainer corrects for it
+    (:func:`refuse_unsupported`)."""
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    """vLLM's extra: sample among the ``top_k`` likeliest tokens (0 or -1: all); above 0
+    only when the run's trainer corrects for it."""
     max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     stop: Stop = None
     seed: int | None = None
@@ -244,13 +248,26 @@ class Commit(msgspec.Struct, kw_only=True):
     conversation_id: Id | None = None
 
 
-def refuse_unsupported(req: ChatRequest | CompletionRequest) -> None:
-    """Raise SchemaError for a field serve mode cannot honour."""
+def truncation(req: ChatRequest | CompletionRequest) -> tuple[float, int]:
+    """The request's ``(top_p, top_k)``, 1.0 and 0 when it does not truncate."""
+    top_k = req.top_k if req.top_k and req.top_k > 0 else 0
+    return (1.0 if req.top_p is None else req.top_p), top_k
+
+
+def refuse_unsupported(req: ChatRequest | CompletionRequest, corrected: bool) -> None:
+    """Raise SchemaError for a field serve mode cannot honour; ``corrected``: whether the
+    run's trainer corrects for a sampling distribution other than the policy's
+    (``algorithm.off_policy_correction``), which ``top_p`` < 1 and ``top_k`` > 0 need."""
     wants_logprobs = req.logprobs is not None and req.logprobs is not False  # 0: its own
     if req.stream and wants_logprobs:
         raise SchemaError("logprobs: not with stream=true (send stream=false for log-probs)")
-    if req.top_p is not None and req.top_p != 1:
-        raise SchemaError("top_p: only 1 is supported (the trainer recomputes plain log-probs)")
+    if truncation(req) != (1.0, 0) and not corrected:
+        raise SchemaError(
+            "top_p < 1 and top_k > 0 sample from a truncated distribution, and this run's "
+            "trainer trains with the ratio to the rollout log-probs "
+            "(algorithm.off_policy_correction: none): set an off-policy correction "
+            "(truncated_is_token, for one) or send top_p=1 and no top_k"
+        )
     if req.logit_bias or req.presence_penalty or req.frequency_penalty:
         raise SchemaError(
             "logit_bias, presence_penalty, frequency_penalty: not supported (the trainer "

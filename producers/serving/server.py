@@ -36,7 +36,7 @@ from streamrft.infra.web_server import listening_socket, quiet_server
 from streamrft.producers.engines.base import Rollout
 from streamrft.producers.policy import followed_policy, start_sampler
 from streamrft.producers.serving.api import Delivery
-from streamrft.producers.serving.batcher import Batcher
+from streamrft.producers.serving.batcher import Batcher, Sampling, engine_call
 from streamrft.producers.serving.recorder import Recorder
 from streamrft.producers.serving.spool import Spool, SpoolFull
 from streamrft.schemas.errors import ConfigError, StreamRFTError
@@ -88,6 +88,7 @@ class Server:
         self.model_name = cfg.serve.model_name or str(cfg.run.id)
         self.limits = cfg.serve
         self.temperature = cfg.explorer.temperature
+        self.corrected = cfg.algorithm.off_policy_correction != "none"
         self.stop = asyncio.Event()
         self.counters = Counters()
         self.events = EventSender(cfg, self.name, "serve", self.counters, self._position)
@@ -130,24 +131,22 @@ class Server:
 
     # -- what the handlers call --------------------------------------------------------------
     async def sample(
-        self, prompt_ids: list[int], n: int, temperature: float, max_tokens: int, seed: int
+        self, prompt_ids: list[int], sampling: Sampling, seed: int
     ) -> tuple[list[Rollout], int]:
-        """``n`` rollouts of one prompt and the version that sampled them all (batched
-        with concurrent requests: :mod:`.batcher`)."""
-        rollouts, version = await self.batcher.sample(prompt_ids, n, temperature, max_tokens, seed)
+        """``sampling.n`` rollouts of one prompt and the version that sampled them all
+        (batched with concurrent requests: :mod:`.batcher`)."""
+        rollouts, version = await self.batcher.sample(prompt_ids, sampling, seed)
         self.counters.add("completions")
-        self.counters.add("choices", n)
+        self.counters.add("choices", sampling.n)
         return rollouts, version
 
     async def _call(
-        self, prompts: list[list[int]], n: int, temperature: float, max_tokens: int, seed: int
+        self, prompts: list[list[int]], sampling: Sampling, seed: int
     ) -> tuple[list[list[Rollout]], int]:
         """One engine call, under the lock a version swap takes."""
         async with self.lock:
             version = self.version
-            batches = await asyncio.to_thread(
-                self.engine.rollout, prompts, n, temperature, max_tokens, seed
-            )
+            batches = await asyncio.to_thread(engine_call, self.engine, prompts, sampling, seed)
         return batches, version
 
     async def publish(self, groups: list[ExperienceGroup]) -> Delivery:

@@ -55,7 +55,13 @@ def agent_workflow(
         spec.agent, "explorer.agent", ("task", "base_url", "model"), "-> reward"
     )
     endpoint = recording_endpoint(engine, spec.renderer(engine), spec.run, spec.explorer)
-    endpoint.prepare(spec.model_version, spec.temperature, spec.max_new_tokens, spec.agent_record)
+    endpoint.prepare(
+        spec.model_version,
+        spec.temperature,
+        spec.max_new_tokens,
+        spec.agent_record,
+        spec.corrected,
+    )
     episodes = [(task, i) for task in tasks for i in range(spec.repeat_times)]
     done = _map_on_daemon_threads(
         lambda ep: _episode(agent, endpoint, reward, *ep), episodes, spec.agent_concurrency

@@ -38,6 +38,9 @@ class RolloutSpec:
     """Episodes the ``agent`` workflow runs at once (``explorer.agent_concurrency``)."""
     agent_record: str = "episode"
     """How the ``agent`` workflow records an episode (``explorer.agent_record``)."""
+    corrected: bool = False
+    """The run's trainer corrects for a sampling distribution other than its policy's
+    (``algorithm.off_policy_correction``): an agent's ``top_p`` / ``top_k`` are served."""
 
     def renderer(self, engine: RolloutEngine) -> PromptRenderer:
         """:attr:`prompts`, or the default renderer around ``engine``'s tokenizer."""

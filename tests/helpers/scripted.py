@@ -37,7 +37,7 @@ class ScriptedEngine:
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
-    def rollout(self, prompts, n, temperature, max_new_tokens, seed):
+    def rollout(self, prompts, n, temperature, max_new_tokens, seed, **truncation):
         turn = len(self.calls)
         self.calls.append([list(p) for p in prompts])
         text = self.script[min(turn, len(self.script) - 1)]

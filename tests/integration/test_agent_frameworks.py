@@ -36,7 +36,7 @@ class PerEpisode(ScriptedEngine):
     """The script restarts for each new prompt that holds no tool result: every episode
     calls the tool once, then answers."""
 
-    def rollout(self, prompts, n, temperature, max_new_tokens, seed):
+    def rollout(self, prompts, n, temperature, max_new_tokens, seed, **truncation):
         self.calls.append([list(p) for p in prompts])
         said = self.tokenizer.decode(prompts[0])
         text = ANSWER if ("<|tool|>" in said or "tool_response" in said) else CALL

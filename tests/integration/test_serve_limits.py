@@ -7,6 +7,7 @@ from __future__ import annotations
 import openai
 import pytest
 
+from streamrft.schemas.arrays import unpack_f32
 from tests.helpers.endpoints import client_of, tiny_endpoint
 from tests.helpers.probes import check
 
@@ -83,3 +84,26 @@ def test_the_fields_agents_send_are_honoured_accepted_or_named(endpoint):
     status, health = check(endpoint.base_url("c4").removesuffix("/v1"), "/health")
     assert status == 200
     assert health["unknown_fields"] == {"framework_trace_id": 2, "x": 1}
+
+
+def test_top_p_and_top_k_are_served_when_the_trainer_corrects_for_them(endpoint):
+    """Refused while the run has no off-policy correction; with one, sampled from the
+    truncated distribution, whose log-probs are the ones returned and recorded (top_k=1:
+    the argmax, each token certain)."""
+    client = _client(endpoint, "c5")
+    asked = {"model": "policy", "messages": [{"role": "user", "content": "1+2="}]}
+    with pytest.raises(openai.BadRequestError, match="set an off-policy correction"):
+        client.chat.completions.create(**asked, top_p=0.5)
+    assert endpoint.calls == []
+    endpoint.prepare(version=0, temperature=1.0, max_tokens=4, corrected=True)
+    out = client.chat.completions.create(
+        **asked, logprobs=True, max_tokens=4, extra_body={"top_k": 1}
+    )
+    returned = [t.logprob for t in out.choices[0].logprobs.content]
+    assert returned == [0.0] * len(returned)
+    nucleus = client.chat.completions.create(**asked, logprobs=True, max_tokens=4, top_p=0.5)
+    sent = [t.logprob for t in nucleus.choices[0].logprobs.content]
+    (first, second) = endpoint.collect("c5", 1.0)
+    assert unpack_f32(first.logprobs) == returned
+    assert unpack_f32(second.logprobs) == pytest.approx(sent, abs=1e-6)
+    assert all(lp <= 0 for lp in sent)

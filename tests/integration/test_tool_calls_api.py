@@ -140,7 +140,8 @@ def test_what_cannot_be_honoured_or_rendered_is_a_400_and_nothing_is_recorded():
             client.chat.completions.create(model="policy", messages=ask, tools=[ADD])
         for extra, said in (
             ({"functions": [{"name": "add"}]}, "legacy functions: send tools"),
-            ({"top_k": 5}, "top_k: not supported"),
+            ({"top_k": 5}, "top_k > 0 sample from a truncated distribution"),
+            ({"top_p": 0.9}, r"off_policy_correction: none\): set an off-policy correction"),
             ({"modalities": ["text", "audio"]}, "modalities other than text"),
         ):
             with pytest.raises(openai.BadRequestError, match=said):

@@ -59,7 +59,9 @@ class Demonstrator:
         self.model = torch.nn.Linear(1, 1)
         self.model.config = type("Config", (), {"max_position_embeddings": 64})()
 
-    def rollout(self, prompts, n, temperature, max_new_tokens, seed) -> list[list[Rollout]]:
+    def rollout(
+        self, prompts, n, temperature, max_new_tokens, seed, **truncation
+    ) -> list[list[Rollout]]:
         out = []
         for ids in prompts:
             text = self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,5 +1,6 @@
-"""The transformers engine's sampling loop does no work it throws away, and its batched
-post-processing gives exactly the rollouts a row-by-row reading of the samples gives."""
+"""The transformers engine's sampling loop does no work it throws away, its batched
+post-processing gives exactly the rollouts a row-by-row reading of the samples gives, and
+top-k / top-p sampling records the log-probs of the truncated distribution it drew from."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from streamrft.infra.config import ModelConfig
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
-from streamrft.producers.decoding import sample
+from streamrft.producers.decoding import sample, truncate
 from streamrft.producers.engines import TransformersEngine
 
 pytestmark = [pytest.mark.unit, pytest.mark.numeric]
@@ -149,3 +150,44 @@ def test_the_kv_cache_is_used_under_the_installed_transformers_name(tokenizer):
     wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
     assert cache_keyword(wrapped) == cache_keyword(model)
     assert cache_keyword(model) in ("cache", "past_key_values")
+
+
+def test_truncation_keeps_the_top_k_then_the_nucleus_and_renormalises():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]])
+    logp = probs.log()
+
+    def kept(top_p: float = 1.0, top_k: int = 0) -> list[list[float]]:
+        return truncate(logp, top_p, top_k).exp().tolist()
+
+    assert kept()[0] == pytest.approx(probs[0].tolist())
+    assert kept(top_p=0.7)[0] == pytest.approx([0.5 / 0.8, 0.3 / 0.8, 0, 0])
+    assert kept(top_p=0.85)[0] == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0])
+    assert kept(top_p=0.01)[0] == pytest.approx([1, 0, 0, 0])  # at least the likeliest
+    assert kept(top_k=2)[0] == pytest.approx([0.5 / 0.8, 0.3 / 0.8, 0, 0])
+    assert kept(top_k=2)[1] == pytest.approx([0.25] * 4)  # tied with the 2nd: all kept
+    assert kept(top_k=2, top_p=0.6)[0] == pytest.approx([1, 0, 0, 0])  # the nucleus of the top 2
+    assert kept(top_k=9)[0] == pytest.approx(probs[0].tolist())  # more than the vocabulary
+
+
+def test_truncated_sampling_records_the_log_probs_of_the_distribution_it_drew_from(tokenizer):
+    model = tiny_model(tokenizer, eos_bias=-1e4)
+    engine = TransformersEngine(model, tokenizer)
+    prompts = prompt_ids(tokenizer)
+    # top_k=1 is greedy decoding, each token certain under the truncated distribution
+    (first, *_), *_ = engine.rollout(prompts, 1, 0.9, 6, 3, top_k=1)
+    ids, mask = engine.encode_prompts(prompts[:1])
+    assert first.response_ids == greedy(model, tokenizer, ids, mask, 6).tokens[0].tolist()
+    assert first.logprobs == [0.0] * 6
+    # nucleus: every token inside the nucleus of a full forward pass over the sequence, its
+    # log-prob the renormalised one, above the full distribution's
+    for group in engine.rollout(prompts, 4, 0.9, 6, 5, top_p=0.6):
+        for r in group:
+            with torch.no_grad():
+                logits = model(torch.tensor([r.prompt_ids + r.response_ids])).logits[0]
+            steps = logits[len(r.prompt_ids) - 1 : -1].float() / 0.9
+            full = torch.log_softmax(steps, dim=-1)
+            drawn = truncate(full, top_p=0.6)
+            at = torch.tensor(r.response_ids).unsqueeze(-1)
+            assert drawn.gather(-1, at).squeeze(-1).tolist() == pytest.approx(r.logprobs, abs=1e-4)
+            assert torch.isfinite(drawn.gather(-1, at)).all()
+            assert (full.gather(-1, at).squeeze(-1) <= torch.tensor(r.logprobs) + 1e-6).all()

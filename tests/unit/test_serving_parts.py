@@ -8,7 +8,7 @@ import pytest
 
 from streamrft.infra.modeling import build_char_tokenizer
 from streamrft.producers.engines.base import Rollout
-from streamrft.producers.serving.batcher import Batcher
+from streamrft.producers.serving.batcher import Batcher, Sampling
 from streamrft.producers.serving.completions import finish, response_body
 from streamrft.producers.serving.recorder import Full, Recorder, UnknownResponse
 from streamrft.schemas.arrays import unpack_f32, unpack_i32
@@ -117,25 +117,29 @@ def test_response_bodies_carry_logprobs_usage_and_the_version():
 def test_the_batcher_coalesces_requests_with_the_same_settings_into_one_call():
     calls = []
 
-    async def call(prompts, n, temperature, max_tokens, seed):
-        calls.append((len(prompts), n, temperature, max_tokens))
+    async def call(prompts, sampling, seed):
+        calls.append((len(prompts), sampling))
         await asyncio.sleep(0.01)
-        return [[_rollout("p", str(p[0]))] * n for p in prompts], len(calls)
+        return [[_rollout("p", str(p[0]))] * sampling.n for p in prompts], len(calls)
+
+    plain, nucleus = Sampling(1, 1.0, 4), Sampling(1, 1.0, 4, top_p=0.9)
+    other_n = Sampling(2, 0.5, 4)
 
     async def main():
         batcher = Batcher(call, max_batch=3)
-        first = asyncio.create_task(batcher.sample([9], 1, 1.0, 4, 0))  # alone: runs at once
+        first = asyncio.create_task(batcher.sample([9], plain, 0))  # alone: runs at once
         await asyncio.sleep(0)
-        rest = [batcher.sample([i], 1, 1.0, 4, 0) for i in range(4)]
-        other = batcher.sample([7], 2, 0.5, 4, 0)
-        out = await asyncio.gather(first, *rest, other)
+        rest = [batcher.sample([i], plain, 0) for i in range(4)]
+        truncated = batcher.sample([8], nucleus, 0)
+        other = batcher.sample([7], other_n, 0)
+        out = await asyncio.gather(first, *rest, truncated, other)
         await batcher.close()
         return out
 
     out = asyncio.run(main())
-    assert calls == [(1, 1, 1.0, 4), (3, 1, 1.0, 4), (1, 1, 1.0, 4), (1, 2, 0.5, 4)]
-    assert [o[0][0].text for o in out] == ["9", "0", "1", "2", "3", "7"]
-    assert [o[1] for o in out] == [1, 2, 2, 2, 3, 4]  # the version of the call that sampled
+    assert calls == [(1, plain), (3, plain), (1, plain), (1, nucleus), (1, other_n)]
+    assert [o[0][0].text for o in out] == ["9", "0", "1", "2", "3", "8", "7"]
+    assert [o[1] for o in out] == [1, 2, 2, 2, 3, 4, 5]  # the version of the call that sampled
 
 
 class _WorkerDeath(BaseException):
@@ -147,22 +151,22 @@ def test_a_dead_batcher_fails_its_requests_and_the_next_request_starts_a_new_one
 
     calls = []
 
-    async def call(prompts, n, temperature, max_tokens, seed):
+    async def call(prompts, sampling, seed):
         calls.append(len(prompts))
         if len(calls) == 1:
             await asyncio.sleep(0.01)
             raise _WorkerDeath
-        return [[_rollout("p", "ok")] * n for _ in prompts], 5
+        return [[_rollout("p", "ok")] * sampling.n for _ in prompts], 5
 
     async def main():
         batcher = Batcher(call, max_batch=1)
-        first = asyncio.create_task(batcher.sample([1], 1, 1.0, 4, 0))
+        first = asyncio.create_task(batcher.sample([1], Sampling(1, 1.0, 4), 0))
         await asyncio.sleep(0)
-        queued = asyncio.create_task(batcher.sample([2], 1, 1.0, 4, 0))
+        queued = asyncio.create_task(batcher.sample([2], Sampling(1, 1.0, 4), 0))
         results = await asyncio.wait_for(
             asyncio.gather(first, queued, return_exceptions=True), 5
         )  # before: both waited for ever
-        again = await asyncio.wait_for(batcher.sample([3], 1, 1.0, 4, 0), 5)
+        again = await asyncio.wait_for(batcher.sample([3], Sampling(1, 1.0, 4), 0), 5)
         await batcher.close()
         return results, again
 
