@@ -450,7 +450,8 @@ class Handlers:
     def _check(
         self, req: ChatRequest | CompletionRequest, prompt_ids: list[int], max_tokens: int | None
     ) -> int:
-        """Refuse what cannot be served; the request's ``max_tokens`` (or the default)."""
+        """Refuse what cannot be served; the request's ``max_tokens``, or for one that names
+        none the default (``serve.max_tokens``) cut to what the model's context leaves."""
         refuse_unsupported(req, self.server.corrected)
         req.stops()
         if req.model and req.model != self.server.model_name:
@@ -467,12 +468,16 @@ class Handlers:
             )
         if req.n > self.cfg.max_n:
             raise ApiError(400, f"n: {req.n} is over serve.max_n={self.cfg.max_n}")
-        max_tokens = max_tokens or self.cfg.max_tokens
+        context = self.server.context
+        if max_tokens is None:  # as many as the context leaves, up to the default
+            room = None if context is None else context - len(prompt_ids)
+            max_tokens = (
+                self.cfg.max_tokens if room is None else max(1, min(room, self.cfg.max_tokens))
+            )
         if max_tokens > self.cfg.max_tokens:
             raise ApiError(
                 400, f"max_tokens: {max_tokens} is over serve.max_tokens={self.cfg.max_tokens}"
             )
-        context = self.server.context
         if context is not None and len(prompt_ids) + max_tokens > context:
             raise ApiError(
                 400,

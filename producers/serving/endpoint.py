@@ -121,14 +121,18 @@ class RecordingEndpoint:
         max_tokens: int,
         record: str = "episode",
         corrected: bool = False,
+        max_batch: int = 32,
     ) -> None:
         """Set the step's version, the defaults of a request that names none, how
-        episodes are recorded (``explorer.agent_record``) and whether truncated sampling
-        is served (``corrected``: the run's ``algorithm.off_policy_correction`` is set)."""
+        episodes are recorded (``explorer.agent_record``), whether truncated sampling is
+        served (``corrected``: the run's ``algorithm.off_policy_correction`` is set) and
+        the most requests one engine call samples (the episodes that run at once)."""
         self._version = version
         self.corrected = corrected
         self.temperature = temperature
-        self.limits = ServeConfig(max_tokens=max_tokens, record=record)  # type: ignore[arg-type]
+        self.limits = ServeConfig(max_tokens=max_tokens, record=record, max_batch=max_batch)  # type: ignore[arg-type]
+        if self._batcher is not None:
+            self._batcher.max_batch = max_batch
 
     async def sample(
         self, prompt_ids: list[int], sampling: Sampling, seed: int

@@ -61,6 +61,7 @@ def agent_workflow(
         spec.max_new_tokens,
         spec.agent_record,
         spec.corrected,
+        max_batch=spec.agent_concurrency,  # every episode running at once: one engine call
     )
     episodes = [(task, i) for task in tasks for i in range(spec.repeat_times)]
     done = _map_on_daemon_threads(

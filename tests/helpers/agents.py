@@ -4,7 +4,9 @@ endpoint, as an application's agent would (``explorer.agent: tests.helpers.agent
 from __future__ import annotations
 
 import threading
+from typing import Any
 
+import httpx
 import openai
 
 TRANSCRIPTS: dict[str, list] = {}
@@ -77,3 +79,54 @@ def no_limit_agent(task, base_url: str, model: str):
     with _LOCK:
         TRANSCRIPTS[base_url] = [out]
     return 0.0
+
+
+_HTTP, _ASYNC_HTTP = httpx.Client(timeout=60.0), httpx.AsyncClient(timeout=60.0)
+"""HTTP clients for every LangGraph episode: ``ChatOpenAI`` makes its own otherwise, ~25 ms
+each (a TLS context)."""
+
+
+def calculator_graph(**chat_openai: Any) -> tuple[Any, list[tuple[int, int]]]:
+    """LangGraph's ReAct graph (the graph of its tutorial: the model node, a ``ToolNode``,
+    ``tools_condition``) with ``langchain-openai``'s ``ChatOpenAI(**chat_openai)`` and an
+    ``add`` tool; and the list of the calls the tool gets."""
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    calls: list[tuple[int, int]] = []
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        calls.append((a, b))
+        return a + b
+
+    settings = {"api_key": "none", "max_retries": 0, "http_client": _HTTP, **chat_openai}
+    llm = ChatOpenAI(http_async_client=_ASYNC_HTTP, **settings).bind_tools([add])
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", lambda state: {"messages": [llm.invoke(state["messages"])]})
+    graph.add_node("tools", ToolNode([add]))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    return graph.compile(), calls
+
+
+def langgraph_calculator(task, base_url: str, model: str):
+    """The :func:`calculator_graph` agent on ``task`` (``a+b=``). Reward: 0.25 for each of
+    the task's two numbers in its one call of ``add``, and 0.5 for then answering their sum;
+    ``info``: ``called`` (1: the call of the task's numbers was made)."""
+    from langgraph.errors import GraphRecursionError
+
+    a, b = (int(x) for x in task.prompt.rstrip("=").split("+"))
+    graph, calls = calculator_graph(model=model, base_url=base_url)
+    try:  # agent, tools, agent: the task needs no more
+        out = graph.invoke({"messages": [("user", task.prompt)]}, {"recursion_limit": 4})
+    except GraphRecursionError:
+        return 0.0, {"called": 0.0}  # called again and again
+    args = calls[0] if len(calls) == 1 else (None, None)
+    answered = bool(calls) and str(out["messages"][-1].content).strip() == str(a + b)
+    reward = 0.25 * (args[0] == a) + 0.25 * (args[1] == b) + 0.5 * answered
+    return reward, {"called": float(args == (a, b))}
