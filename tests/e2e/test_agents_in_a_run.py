@@ -1,6 +1,6 @@
 """Agents written with LangGraph and the OpenAI Agents SDK, unchanged, train a model in a
-real run: against a ``streamrft serve`` process (rewards through ``/feedback``) and as a
-run's ``explorer.agent`` (rewards from the function's return), each on the session's
+real run: against a ``streamrft serve`` process (rewards through ``/feedback``) and each as
+a run's ``explorer.agent`` (rewards from the function's return), each on the session's
 broker and store with a real trainer process; the trainer trains every episode published,
 once (the books balance), and each episode is one experience whose mask is 1 exactly on the
 model's own tokens.
@@ -27,7 +27,7 @@ import pytest
 from streamrft.infra.config import load_config, with_run_id
 from streamrft.infra.modeling import save_policy
 from streamrft.schemas.arrays import unpack_f32, unpack_i32
-from tests.helpers.calculator import AGENT, MAX_NEW_TOKENS, calculator_warm_start
+from tests.helpers.calculator import MAX_NEW_TOKENS, calculator_warm_start
 from tests.helpers.cli import env, overrides, run_argv, run_ok, service_overrides, streamrft_cmd
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.processes import wait_for
@@ -255,8 +255,9 @@ def service_overrides_kv(services) -> list[str]:
     return [args[i + 1] for i in range(0, len(args), 2)]
 
 
-def test_a_langgraph_agent_as_a_runs_explorer_agent_trains_and_the_books_balance(
-    services, calculator_model, tmp_path, monkeypatch
+@pytest.mark.parametrize("agent", ["langgraph_calculator", "agents_sdk_calculator"])
+def test_an_agent_as_a_runs_explorer_agent_trains_and_the_books_balance(
+    agent, services, calculator_model, tmp_path, monkeypatch
 ):
     run_id, runs = f"agents-run-{os.getpid()}-{int(time.time())}", tmp_path / "runs"
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the explorer imports the agent from tests/
@@ -265,7 +266,7 @@ def test_a_langgraph_agent_as_a_runs_explorer_agent_trains_and_the_books_balance
         calculator_model,
         runs,
         "taskset.workflow=agent",
-        f"explorer.agent={AGENT}",
+        f"explorer.agent=tests.helpers.agents:{agent}",
         "explorer.batch_size=4",
         "explorer.repeat_times=4",
         "explorer.agent_concurrency=16",

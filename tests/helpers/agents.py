@@ -130,3 +130,39 @@ def langgraph_calculator(task, base_url: str, model: str):
     answered = bool(calls) and str(out["messages"][-1].content).strip() == str(a + b)
     reward = 0.25 * (args[0] == a) + 0.25 * (args[1] == b) + 0.5 * answered
     return reward, {"called": float(args == (a, b))}
+
+
+def agents_sdk_calculator(task, base_url: str, model: str):
+    """The OpenAI Agents SDK's agent on ``task`` (``a+b=``): a chat-completions model on an
+    ``AsyncOpenAI`` client, an ``add`` tool, two model turns at most, tracing off. Reward
+    and ``info`` as :func:`langgraph_calculator`'s."""
+    import asyncio
+
+    import agents
+    from openai import AsyncOpenAI
+
+    agents.set_tracing_disabled(True)
+    a, b = (int(x) for x in task.prompt.rstrip("=").split("+"))
+    calls: list[tuple[int, int]] = []
+
+    @agents.function_tool
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        calls.append((a, b))
+        return a + b
+
+    async def run() -> str | None:
+        # its own client: an async HTTP client belongs to the event loop it first ran on
+        client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
+        llm = agents.OpenAIChatCompletionsModel(model=model, openai_client=client)
+        agent = agents.Agent(name="calc", instructions="", tools=[add], model=llm)
+        try:
+            return str((await agents.Runner.run(agent, task.prompt, max_turns=2)).final_output)
+        except agents.exceptions.MaxTurnsExceeded:
+            return None  # called again
+
+    answer = asyncio.run(run())
+    args = calls[0] if len(calls) == 1 else (None, None)
+    answered = bool(calls) and answer is not None and answer.strip() == str(a + b)
+    reward = 0.25 * (args[0] == a) + 0.25 * (args[1] == b) + 0.5 * answered
+    return reward, {"called": float(args == (a, b))}
