@@ -880,7 +880,8 @@ class ServeConfig(_Section, frozen=True):
     max_n: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
     """Largest ``n`` (choices per request)."""
     max_tokens: Pos = 256
-    """Largest ``max_tokens`` of a request, and its default."""
+    """Largest ``max_tokens`` of a request, and its default (for a request that names
+    none, cut to what the model's context leaves after the prompt)."""
     group_size: NonNeg = 0
     """A group (the responses of one conversation id, or of one request) is published as
     soon as this many of its responses have a reward (0: only at ``/commit`` or after

@@ -12,6 +12,7 @@ spool for the broker (``spooled_groups``).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import secrets
@@ -37,7 +38,7 @@ from streamrft.producers.serving.completions import (
     finish,
     response_body,
 )
-from streamrft.producers.serving.episodes import Episodes, digest
+from streamrft.producers.serving.episodes import Episodes, Found, answer, digest
 from streamrft.producers.serving.openai_types import (
     ChatRequest,
     Commit,
@@ -49,7 +50,7 @@ from streamrft.producers.serving.openai_types import (
     truncation,
     unknown_fields,
 )
-from streamrft.producers.serving.recorder import Continuation, Full, Recorder, UnknownResponse
+from streamrft.producers.serving.recorder import Full, Recorder, UnknownResponse
 from streamrft.producers.serving.streaming import events
 from streamrft.producers.serving.tool_calls import (
     Turn,
@@ -251,9 +252,9 @@ def build_app(
 class Episode:
     """What a chat request brings to its recording (:mod:`.episodes`)."""
 
-    history: bytes
-    """The digest of its messages and tools."""
-    found: Continuation | None
+    prompt: bytes
+    """The digest of its rendered prompt."""
+    found: Found
     """The recorded response it continues (``serve.record: episode``), if any."""
     tools: list[ToolDef]
     """The tools it offers: its choices are read for calls."""
@@ -336,25 +337,25 @@ class Handlers:
         tools = offered(req.tools, req.tool_choice)
         prompts = self.server.prompts
         messages = conversation(req.messages)
-        defs = msgspec.to_builtins(req.tools or [])
-        history = digest(messages, defs)
         render = functools.partial(prompt_text, prompts, tools=tools, choice=req.tool_choice)
         try:
-            found = None
-            if self.cfg.record == "episode":
-                found = self.episodes.find(
-                    self.server.recorder,
-                    messages,
-                    defs,
-                    lambda m, gen: render(m, generation_prompt=gen),
-                    req.previous_response_id,
-                    _conversation(request, req),
-                )
-            prompt_ids = found.prompt_ids if found else prompts.tokenize(render(messages))
+            text = render(messages)
         except jinja2.TemplateError as exc:  # its raise_exception: roles, alternation...
             raise ApiError(400, f"the model's chat template refused the messages: {exc}") from exc
+        found = Found(None, None)
+        if self.cfg.record == "episode":
+            found = self.episodes.find(
+                self.server.recorder,
+                messages,
+                lambda m, gen: render(m, generation_prompt=gen),
+                text,
+                req.previous_response_id,
+                _conversation(request, req),
+            )
+        cont = found.continuation
+        prompt_ids = cont.prompt_ids if cont else prompts.tokenize(text)
         max_tokens = req.max_completion_tokens or req.max_tokens
-        episode = Episode(history, found, tools)
+        episode = Episode(digest(text), found, tools)
         return await self._complete(
             request, req, prompt_ids, max_tokens, True, req.logprobs, episode
         )
@@ -408,10 +409,13 @@ class Handlers:
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
         tools = episode.tools if episode else None
         turns = self._read_calls(choices, req, tools) if tools else None  # never raises
-        contents = [c.rollout.text for c in choices]
+        answers = [answer(c.rollout.text, []) for c in choices]
         if turns:
-            contents = [
-                t.content or "" if t.calls else c for t, c in zip(turns, contents, strict=True)
+            answers = [
+                answer(t.content or "", [(c.name, json.loads(c.arguments)) for c in t.calls])
+                if t.calls
+                else a
+                for t, a in zip(turns, answers, strict=True)
             ]
         try:
             server.recorder.record(
@@ -421,12 +425,14 @@ class Handlers:
                 temperature,
                 _conversation(request, req),
                 time.time(),
-                contents=contents,
-                digest=episode.history if episode else b"",
-                parent=episode.found if episode else None,
+                answers=answers if chat else None,
+                digest=episode.prompt if episode else b"",
+                parent=episode.found.continuation if episode else None,
             )
         except Full as exc:
             raise ApiError(503, str(exc), "server_error") from exc
+        if episode:
+            self.episodes.count(episode.found)
         body = response_body(
             chat,
             response_id,

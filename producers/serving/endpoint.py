@@ -24,7 +24,7 @@ from streamrft.infra.config import ServeConfig
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.producers.engines.base import Rollout, RolloutEngine
 from streamrft.producers.serving.batcher import Batcher, Sampling, engine_call
-from streamrft.producers.serving.recorder import Recorder
+from streamrft.producers.serving.recorder import Recorded, Recorder, Ref
 from streamrft.schemas.errors import ServiceError, StreamRFTError
 from streamrft.schemas.experience import Experience, ExperienceGroup
 
@@ -43,7 +43,7 @@ class LockedRecorder(Recorder):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # record looks its parent up
         self.closed: OrderedDict[str, None] = OrderedDict()
         self.late = 0
 
@@ -64,6 +64,23 @@ class LockedRecorder(Recorder):
             super().record(
                 response_id, rollouts, version, temperature, conversation, now, **episode
             )
+
+    # what the server's thread looks up while a workflow's thread may take or expire
+    def get(self, ref: Ref) -> Recorded | None:
+        with self._lock:
+            return super().get(ref)
+
+    def group_key(self, response_id: str) -> str | None:
+        with self._lock:
+            return super().group_key(response_id)
+
+    def choices_of(self, response_id: str) -> list[tuple[Ref, Recorded]]:
+        with self._lock:
+            return super().choices_of(response_id)
+
+    def responses_of(self, conversation: str) -> list[tuple[Ref, Recorded]]:
+        with self._lock:
+            return super().responses_of(conversation)
 
     def take(self, conversation: str, reward: float) -> list[ExperienceGroup]:
         """The responses of ``conversation`` rewarded with ``reward``, as groups (none if

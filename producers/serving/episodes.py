@@ -3,14 +3,16 @@ a response this server recorded is sampled from that response's own token ids wi
 messages appended, and recorded as the same episode, one turn longer.
 
 **Which response a request continues.** Its last assistant message is the turn it
-continues, found among the recorded responses by, in order: the ids of its tool calls
-(``call_<response>_<choice>_<k>``, which this server gave them), ``previous_response_id``
-(streamrft's field) with the message's content, or its content among the responses of the
-request's conversation (``conversation_id``, the ``X-Conversation-Id`` header, an agent
-episode's URL). The match holds only when the messages before that turn, and the tools
-offered, are those the recorded response answered (a digest of both is kept with each
-response): a framework that rewrote, trimmed or summarised its history has the turn
-recorded as its own experience, and counted.
+continues, found among the recorded responses by the ids of its tool calls
+(``call_<response>_<choice>_<k>``, which this server gave them), by
+``previous_response_id`` (streamrft's field), or among the responses of the request's
+conversation (``conversation_id``, the ``X-Conversation-Id`` header, an agent episode's
+URL), and always within that conversation when the request names one. The match holds
+only when the message is the answer the server gave (its content and calls, arguments
+compared as objects) and the prompt before it renders exactly as the recorded response's
+prompt did (a digest of that text is kept with each response: the same messages, system
+prompt, tools and ``tool_choice``). A framework that rewrote, trimmed or summarised its
+history, or edited the answer, has the turn recorded as its own experience, and counted.
 
 **The new prompt** is the recorded prompt and response ids, then the ids of the chat
 template's text after the assistant turn (its closing, less the EOS the policy sampled)
@@ -26,8 +28,10 @@ import hashlib
 import re
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import jinja2
 import msgspec
 
 from streamrft.infra.prompts import PromptRenderer
@@ -53,18 +57,41 @@ def called_in(call_id: str) -> Ref | None:
     return (f"chatcmpl-{match[1]}", int(match[2])) if match else None
 
 
-def digest(messages: list[dict[str, Any]], tools: list[Any]) -> bytes:
-    """What a continuation's history must equal: the messages (as the chat templates read
-    them) and the tools' definitions, keys sorted."""
-    body = msgspec.json.encode([messages, tools], order="sorted")
+def digest(prompt: str) -> bytes:
+    """Of a request's rendered prompt: what a continuation's history must render as."""
+    return hashlib.blake2b(prompt.encode(), digest_size=16).digest()
+
+
+def answer(content: str, calls: list[tuple[str, Any]]) -> bytes:
+    """Of an assistant message: its content and its calls (name, arguments as an object),
+    keys sorted."""
+    body = msgspec.json.encode([content, calls], order="sorted")
     return hashlib.blake2b(body, digest_size=16).digest()
+
+
+def answer_of(message: dict[str, Any]) -> bytes:
+    """:func:`answer` of an assistant message as a request sends it back."""
+    calls = [
+        (c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])
+    ]
+    return answer(message["content"], calls)
+
+
+@dataclass(frozen=True)
+class Found:
+    """What :meth:`Episodes.find` found for a request."""
+
+    continuation: Continuation | None
+    outcome: str | None
+    """``continued``, ``unmatched``, ``rewritten``, or None (a first turn)."""
 
 
 class Episodes:
     """Finds the response a chat request continues (see the module's docstring); counts
-    what it found: ``continued``, ``unmatched`` (no recorded response is the one the
-    request's last assistant message names), ``rewritten`` (one is, but the history or the
-    tools before it differ, or the template renders it differently once messages follow)."""
+    the outcomes of the requests recorded (:meth:`count`): ``continued``, ``unmatched`` (no
+    recorded response of the conversation is the one the request's last assistant message
+    names), ``rewritten`` (one is, but the answer or the prompt before it differ, or the
+    template renders it differently once messages follow)."""
 
     def __init__(self, prompts: PromptRenderer) -> None:
         self.prompts = prompts
@@ -81,42 +108,48 @@ class Episodes:
                 render = self.prompts.render
                 try:
                     self._close = assistant_closing(lambda m, gen: render(m, None, gen))
-                except ConfigError:
+                except (ConfigError, jinja2.TemplateError):
                     return None
         return self._close
+
+    def count(self, found: Found) -> None:
+        """Count what was found for a request that was then recorded."""
+        if found.outcome is not None:
+            self.stats[found.outcome] += 1
 
     def find(
         self,
         recorder: Recorder,
         messages: list[dict[str, Any]],
-        tools: list[Any],
         render: Render,
+        prompt: str,
         previous: str | None,
         conversation: str | None,
-    ) -> Continuation | None:
-        """What the request of ``messages`` (offering ``tools``, rendered by ``render``)
-        continues; None for a fresh conversation or no match."""
+    ) -> Found:
+        """What the request of ``messages`` (rendered by ``render``; its whole prompt:
+        ``prompt``) continues."""
         turn = next((i for i in reversed(range(len(messages))) if _is_assistant(messages[i])), None)
         if turn is None:
-            return None  # a first turn
+            return Found(None, None)  # a first turn
         found = _parent(recorder, messages[turn], previous, conversation)
         if found is None:
-            self.stats["unmatched"] += 1
-            return None
+            return Found(None, "unmatched")
         ref, parent = found
         close = self.closing()
-        text = None
-        if close is not None and parent.digest == digest(messages[:turn], tools):
-            rollout = parent.rollout
-            before, after = render(messages[: turn + 1], False), render(messages, True)
-            text = glue_text(close, self.prompts.tokenizer, rollout.response_ids, before, after)
+        if close is None or parent.answer != answer_of(messages[turn]):
+            return Found(None, "rewritten")
+        try:
+            if parent.digest != digest(render(messages[:turn], True)):
+                return Found(None, "rewritten")
+            before = render(messages[: turn + 1], False)
+        except jinja2.TemplateError:  # a template that refuses a conversation ending so
+            return Found(None, "rewritten")
+        text = glue_text(close, self.prompts.tokenizer, parent.rollout.response_ids, before, prompt)
         if text is None:
-            self.stats["rewritten"] += 1
-            return None
-        self.stats["continued"] += 1
+            return Found(None, "rewritten")
         glue = self.prompts.tokenize_within(text)
         ids = parent.rollout.prompt_ids + parent.rollout.response_ids + glue
-        return Continuation(ref, glue, text, ids)
+        return Found(Continuation(ref, glue, text, ids), "continued")
 
 
 def _is_assistant(message: dict[str, Any]) -> bool:
@@ -126,20 +159,24 @@ def _is_assistant(message: dict[str, Any]) -> bool:
 def _parent(
     recorder: Recorder, message: dict[str, Any], previous: str | None, conversation: str | None
 ) -> tuple[Ref, Recorded] | None:
-    """The recorded response ``message`` (an assistant turn) is: by its calls' ids, else by
-    its content among ``previous``'s choices or ``conversation``'s responses."""
+    """The recorded response ``message`` (an assistant turn) names: by its calls' ids,
+    else by its answer among ``previous``'s choices or ``conversation``'s responses; within
+    ``conversation`` when one is named."""
     for call in message.get("tool_calls", []):
         ref = called_in(call["id"])
-        recorded = recorder.get(ref) if ref else None
+        if ref is None or conversation not in (None, recorder.group_key(ref[0])):
+            continue
+        recorded = recorder.get(ref)
         if recorded is not None:
-            return ref, recorded  # type: ignore[return-value]
-    if message.get("tool_calls") or not message["content"]:
-        return None  # calls of ids it never gave; no content to match
+            return ref, recorded
     if previous is not None:
         candidates = recorder.choices_of(previous)
+        if conversation is not None and recorder.group_key(previous) != conversation:
+            candidates = []
     elif conversation is not None:
         candidates = recorder.responses_of(conversation)
     else:
         return None
-    same = [(ref, r) for ref, r in candidates if r.content == message["content"]]
+    said = answer_of(message)
+    same = [(ref, r) for ref, r in candidates if r.answer == said]
     return same[-1] if same else None  # the latest: a retried request answered again

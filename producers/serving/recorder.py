@@ -71,12 +71,12 @@ class Recorded:
     reward: float | None = None
     text: str = ""
     """This turn's own text (cut at a stop string): what a reward function reads."""
-    content: str = ""
-    """The message content the API answered with (a later request's assistant message
-    is matched against it)."""
+    answer: bytes = b""
+    """Of the message the API answered with (:func:`.episodes.answer`): a later request's
+    assistant message must be it. Empty: not a chat request, never continued."""
     digest: bytes = b""
-    """Of the request's messages and tools (:func:`.episodes.digest`); empty: not a chat
-    request, never continued."""
+    """Of the request's rendered prompt (:func:`.episodes.digest`): what a continuation's
+    history must render as."""
     parent: Ref | None = None
     """The response this one continues."""
     children: list[Ref] = field(default_factory=list)
@@ -155,17 +155,18 @@ class Recorder:
         conversation: str | None,
         now: float,
         *,
-        contents: list[str] | None = None,
+        answers: list[bytes] | None = None,
         digest: bytes = b"",
         parent: Continuation | None = None,
     ) -> None:
-        """Remember the choices of completion ``response_id`` (``contents``: what the API
-        answered each with; ``digest``: of the request's history). With ``parent`` (still
-        held), each choice is an episode: the parent's, one turn longer, in its group."""
+        """Remember the choices of completion ``response_id`` (``answers``: of the message
+        the API answered each with; ``digest``: of the request's prompt). With ``parent``
+        (still held), each choice is an episode: the parent's, one turn longer, in its
+        group, with the parent's reward until it gets its own."""
         before = self.get(parent.parent) if parent is not None else None
         made = [
-            Recorded(r, version, temperature, text=r.text, content=c, digest=digest)
-            for r, c in zip(rollouts, contents or [r.text for r in rollouts], strict=True)
+            Recorded(r, version, temperature, text=r.text, answer=a, digest=digest)
+            for r, a in zip(rollouts, answers or [b""] * len(rollouts), strict=True)
         ]
         if parent is not None and before is not None:
             made = [_extend(before, parent, m) for m in made]
@@ -186,15 +187,19 @@ class Recorder:
 
     def get(self, ref: Ref) -> Recorded | None:
         """The response ``ref``, if held."""
-        key = self.group_of.get(ref[0])
-        return None if key is None else self.groups[key].responses.get(ref)
+        group = self.groups.get(self.group_of.get(ref[0], ""))
+        return None if group is None else group.responses.get(ref)
+
+    def group_key(self, response_id: str) -> str | None:
+        """The group (conversation) ``response_id`` belongs to, if held."""
+        return self.group_of.get(response_id)
 
     def choices_of(self, response_id: str) -> list[tuple[Ref, Recorded]]:
         """The held choices of ``response_id``, in order."""
-        key = self.group_of.get(response_id)
-        if key is None:
+        group = self.groups.get(self.group_of.get(response_id, ""))
+        if group is None:
             return []
-        return [(rid, r) for rid, r in self.groups[key].responses.items() if rid[0] == response_id]
+        return [(rid, r) for rid, r in group.responses.items() if rid[0] == response_id]
 
     def responses_of(self, conversation: str) -> list[tuple[Ref, Recorded]]:
         """The held responses of group ``conversation``, in the order they came."""
@@ -390,9 +395,13 @@ def _extend(before: Recorded, how: Continuation, turn: Recorded) -> Recorded:
         truncated=new.truncated,
         mask=mask + [0] * len(how.glue) + [1] * len(new.response_ids),
     )
-    version = min(before.version, turn.version)
     return replace(
-        turn, rollout=rollout, version=version, parent=how.parent, turns=before.turns + 1
+        turn,
+        rollout=rollout,
+        version=min(before.version, turn.version),
+        reward=before.reward,
+        parent=how.parent,
+        turns=before.turns + 1,
     )
 
 

@@ -12,7 +12,13 @@ import pytest
 from streamrft.infra.modeling import build_char_tokenizer
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.producers.engines.base import Rollout
-from streamrft.producers.serving.episodes import Episodes, called_in, digest, tool_call_id
+from streamrft.producers.serving.episodes import (
+    Episodes,
+    answer,
+    called_in,
+    digest,
+    tool_call_id,
+)
 from streamrft.producers.serving.openai_types import ToolDef
 from streamrft.producers.serving.recorder import Continuation, Recorder
 from streamrft.producers.serving.tool_calls import prompt_text
@@ -105,80 +111,100 @@ def test_two_continuations_of_one_turn_are_two_episodes_and_expiry_takes_the_who
     assert rec.expired == 1  # the episode (its continued first turn went with it)
 
 
-def _render(tools: list | None = None, prompts: PromptRenderer = PROMPTS):
+def _render(tools: list | None = None, prompts: PromptRenderer = PROMPTS, choice=None):
     offered = [msgspec.convert(t, ToolDef) for t in tools or []]
-    return lambda messages, gen: prompt_text(prompts, messages, offered, None, gen)
+    return lambda messages, gen: prompt_text(prompts, messages, offered, choice, gen)
 
 
-def _recorded_first(
-    rec: Recorder, response_id: str, text: str, conversation: str | None, tools: list | None = None
-):
-    prompt = PROMPTS.tokenize(_render(tools)(ASK, True))
-    rollout = _turn(prompt, text, -0.5)
+CALL = {"name": "add", "arguments": {"a": 2, "b": 3}}
+CALL_TEXT = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+
+def _first(
+    rec: Recorder,
+    response_id: str,
+    text: str,
+    conversation: str | None,
+    render=None,
+    calls: list | None = None,
+) -> Rollout:
+    """Record the answer ``text`` to :data:`ASK` as the API does (``calls``: the calls it
+    was read as, its content then empty)."""
+    prompt = (render or _render())(ASK, True)
+    rollout = _turn(PROMPTS.tokenize(prompt), text, -0.5)
+    said = answer("", calls) if calls else answer(text, [])
     rec.record(
-        response_id, [rollout], 0, 1.0, conversation, now=0.0, digest=digest(ASK, tools or [])
+        response_id, [rollout], 0, 1.0, conversation, 0.0, answers=[said], digest=digest(prompt)
     )
     return rollout
 
 
+def _find(episodes: Episodes, rec: Recorder, messages, render=None, previous=None, conv=None):
+    """:meth:`Episodes.find` as the chat route calls it, the outcome counted."""
+    render = render or _render()
+    found = episodes.find(rec, messages, render, render(messages, True), previous, conv)
+    episodes.count(found)
+    return found.continuation
+
+
+REPLY = [{"role": "assistant", "content": "5"}, {"role": "user", "content": "sure?"}]
+
+
 def test_a_continuation_appends_the_templates_glue_to_the_recorded_ids():
     rec, episodes = Recorder("run", "s", 0, 100), Episodes(PROMPTS)
-    first = _recorded_first(rec, "chatcmpl-01", "5", "conv")
-    then = [*ASK, {"role": "assistant", "content": "5"}, {"role": "user", "content": "sure?"}]
-    found = episodes.find(rec, then, [], _render(), None, "conv")
+    first = _first(rec, "chatcmpl-01", "5", "conv")
+    then = [*ASK, *REPLY]
+    found = _find(episodes, rec, then, conv="conv")
     assert found is not None and found.parent == ("chatcmpl-01", 0)
     # the policy closed its turn with EOS: the glue is the rest of the template's closing
     # ("\n") and the new user turn up to the generation prompt
     assert found.glue_text == "\n<|user|>sure?</s>\n<|assistant|>"
     assert found.prompt_ids == first.prompt_ids + first.response_ids + _ids(found.glue_text)
     assert TOK.decode(found.prompt_ids) == _render()(then, True)  # here, what rendering gives
-    assert episodes.find(rec, then, [], _render(), "chatcmpl-01", None).parent == found.parent
+    assert _find(episodes, rec, then, previous="chatcmpl-01").parent == found.parent
     assert episodes.stats == {"continued": 2}
 
 
-def test_a_turn_is_found_by_its_tool_call_ids_without_a_conversation():
+def test_a_turn_is_found_by_its_tool_call_ids_within_its_conversation():
     rec, episodes = Recorder("run", "s", 0, 100), Episodes(PROMPTS)
-    response_id = "chatcmpl-00ff"
-    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
-    _recorded_first(rec, response_id, call, None, [ADD_TOOL])
+    response_id, tools = "chatcmpl-00ff", [ADD_TOOL]
+    _first(rec, response_id, CALL_TEXT, None, _render(tools), [("add", CALL["arguments"])])
     call_id = tool_call_id(response_id, 0, 0)
     assert called_in(call_id) == (response_id, 0) and called_in("call_xyz") is None
-    calls = [
-        {
-            "id": call_id,
-            "type": "function",
-            "function": {"name": "add", "arguments": {"a": 2, "b": 3}},
-        }
-    ]
-    then = [
-        *ASK,
-        {"role": "assistant", "content": "", "tool_calls": calls},
-        {"role": "tool", "tool_call_id": call_id, "content": "5"},
-    ]
-    found = episodes.find(rec, then, [ADD_TOOL], _render([ADD_TOOL]), None, None)
+
+    def then(call: dict) -> list[dict]:
+        sent = {"id": call_id, "type": "function", "function": call}
+        return [
+            *ASK,
+            {"role": "assistant", "content": "", "tool_calls": [sent]},
+            {"role": "tool", "tool_call_id": call_id, "content": "5"},
+        ]
+
+    found = _find(episodes, rec, then(CALL), _render(tools))
     assert found is not None and found.parent == (response_id, 0)
     assert found.glue_text.endswith("<|user|><tool_response>5</tool_response></s>\n<|assistant|>")
-    foreign = [{**calls[0], "id": "call_made_up_by_the_framework"}]
-    then[1] = {"role": "assistant", "content": "", "tool_calls": foreign}
-    assert episodes.find(rec, then, [ADD_TOOL], _render([ADD_TOOL]), None, None) is None
-    assert episodes.stats == {"continued": 1, "unmatched": 1}
+    # the arguments edited (a guardrail rewrote them): not the answer the server gave
+    edited = {"name": "add", "arguments": {"a": 2, "b": 4}}
+    assert _find(episodes, rec, then(edited), _render(tools)) is None
+    # the call's id names a response of another conversation (the request names its own)
+    assert _find(episodes, rec, then(CALL), _render(tools), conv="elsewhere") is None
+    assert episodes.stats == {"continued": 1, "rewritten": 1, "unmatched": 1}
 
 
-def test_a_rewritten_history_changed_tools_or_an_unstable_template_get_no_match():
+def test_a_rewritten_history_other_tools_or_an_unstable_template_get_no_match():
     rec, episodes = Recorder("run", "s", 0, 100), Episodes(PROMPTS)
-    _recorded_first(rec, "chatcmpl-01", "5", "conv")
-    reply = [{"role": "assistant", "content": "5"}, {"role": "user", "content": "sure?"}]
-    assert episodes.find(rec, ASK, [], _render(), None, "conv") is None  # a first turn
+    _first(rec, "chatcmpl-01", "5", "conv")
+    assert _find(episodes, rec, ASK, conv="conv") is None  # a first turn
     assert episodes.stats == {}
     # an answer it never gave; no conversation to look in
-    wrong = [*ASK, {"role": "assistant", "content": "6"}, reply[1]]
-    assert episodes.find(rec, wrong, [], _render(), None, "conv") is None
-    assert episodes.find(rec, [*ASK, *reply], [], _render(), None, None) is None
+    wrong = [*ASK, {"role": "assistant", "content": "6"}, REPLY[1]]
+    assert _find(episodes, rec, wrong, conv="conv") is None
+    assert _find(episodes, rec, [*ASK, *REPLY]) is None
     assert episodes.stats == {"unmatched": 2}
-    # the question before the answer was edited; the tools are not those it answered with
-    edited = [{"role": "user", "content": "2+3? (summarised)"}, *reply]
-    assert episodes.find(rec, edited, [], _render(), None, "conv") is None
-    assert episodes.find(rec, [*ASK, *reply], [ADD_TOOL], _render([ADD_TOOL]), None, "conv") is None
+    # the question before the answer was edited; the prompt renders other tools
+    edited = [{"role": "user", "content": "2+3? (summarised)"}, *REPLY]
+    assert _find(episodes, rec, edited, conv="conv") is None
+    assert _find(episodes, rec, [*ASK, *REPLY], _render([ADD_TOOL]), conv="conv") is None
     assert episodes.stats == {"unmatched": 2, "rewritten": 2}
 
     hides = build_char_tokenizer(CHARSET)  # earlier answers hidden once a turn follows
@@ -189,21 +215,61 @@ def test_a_rewritten_history_changed_tools_or_an_unstable_template_get_no_match(
     )
     unstable = PromptRenderer(hides, format="chat")
     other = Episodes(unstable)
-    assert other.find(rec, [*ASK, *reply], [], _render(None, unstable), None, "conv") is None
-    assert other.stats == {"rewritten": 1}
+    assert _find(other, rec, [*ASK, *REPLY], _render(None, unstable), conv="conv") is None
+    refuses = build_char_tokenizer(CHARSET)  # a conversation may not end with the assistant
+    refuses.chat_template = (
+        "{% if messages[-1]['role'] == 'assistant' and not add_generation_prompt %}"
+        "{{ raise_exception('ends with the assistant') }}{% endif %}" + CHAT
+    )
+    strict = PromptRenderer(refuses, format="chat")
+    third = Episodes(strict)
+    assert _find(third, rec, [*ASK, *REPLY], _render(None, strict), conv="conv") is None
+    assert other.stats == third.stats == {"rewritten": 1}  # served, recorded on its own
+
+
+def test_another_tool_choice_renders_another_prompt_before_the_turn():
+    """The compact format asks for a call under ``required``: a turn answered so, continued
+    under ``auto``, was not sampled from the prompt the request renders."""
+    rec, episodes = Recorder("run", "s", 0, 100), Episodes(PROMPTS)
+    response_id, tools = "chatcmpl-0a", [ADD_TOOL]
+    required = _render(tools, choice="required")
+    _first(rec, response_id, CALL_TEXT, "c", required, [("add", CALL["arguments"])])
+    call_id = tool_call_id(response_id, 0, 0)
+    sent = {"id": call_id, "type": "function", "function": CALL}
+    then = [
+        *ASK,
+        {"role": "assistant", "content": "", "tool_calls": [sent]},
+        {"role": "tool", "tool_call_id": call_id, "content": "5"},
+    ]
+    assert _find(episodes, rec, then, _render(tools, choice="auto"), conv="c") is None
+    assert _find(episodes, rec, then, required, conv="c") is not None
+    assert episodes.stats == {"rewritten": 1, "continued": 1}
+
+
+def test_a_reward_given_before_a_turn_is_continued_goes_to_the_episode():
+    rec = Recorder("run", "s", 0, 100)
+    first = _turn(_ids("<|user|>2+3?"), "5", -0.5)
+    rec.record("r1", [first], 0, 1.0, "conv", now=0.0)
+    assert rec.feedback(0.75, response_id="r1") == 1
+    how = _glue("<|user|>sure?", ("r1", 0), first)
+    rec.record("r2", [_turn(how.prompt_ids, "yes", -0.25)], 0, 1.0, None, now=1.0, parent=how)
+    (group,) = rec.commit(2.0)
+    assert [(e.reward, e.info["turns"]) for e in group.experiences] == [(0.75, 2.0)]
+    assert rec.held == 0
 
 
 @pytest.mark.parametrize("text", ["", "plain"])
 def test_raw_format_continues_after_a_blank_line(text):
     raw = PromptRenderer(TOK, format="raw")
     rec, episodes = Recorder("run", "s", 0, 100), Episodes(raw)
-    prompt = raw.tokenize(_render(None, raw)(ASK, True))
-    rollout = _turn(prompt, "5" + text, -0.5)
-    rec.record("r1", [rollout], 0, 1.0, "conv", now=0.0, digest=digest(ASK, []))
+    prompt = _render(None, raw)(ASK, True)
+    rollout = _turn(raw.tokenize(prompt), "5" + text, -0.5)
+    said = answer("5" + text, [])
+    rec.record("r1", [rollout], 0, 1.0, "conv", 0.0, answers=[said], digest=digest(prompt))
     then = [
         *ASK,
         {"role": "assistant", "content": "5" + text},
         {"role": "user", "content": "sure?"},
     ]
-    found = episodes.find(rec, then, [], _render(None, raw), None, "conv")
+    found = _find(episodes, rec, then, _render(None, raw), conv="conv")
     assert found is not None and found.glue_text == "\n\nsure?"
