@@ -34,6 +34,10 @@ class registered here by name (:data:`SAMPLE_STRATEGIES`, one line per strategy)
   memory and is not checkpointed: after a restart it starts empty; nothing is lost,
   since fresh groups are still committed only after the checkpoint of the step that
   trained them. A replayed group is in the ledger of every step that trains it.
+- ``available`` (:class:`Available`): the ``n`` oldest groups buffered, in batch order
+  like ``default``, but a step never waits for the rest of a batch: it trains what has
+  arrived (the default of the ``fully_async`` sync style). Groups a slow explorer leaves
+  behind are trained when they come, first, if still within ``trainer.max_staleness``.
 - ``mix`` (:class:`Mix`): batch order, plus ``algorithm.expert_per_step`` expert groups
   of the trainer's expert source (``consumers/expert_data.py``: the answers of
   ``algorithm.expert_data``) as :attr:`Choice.extra`, for SFT + RL in the CHORD style; the
@@ -170,6 +174,17 @@ class FreshestFirst(SampleStrategy):
         return Choice(sorted(ready, key=lambda i: (-i.group.model_version, i.order))[:n])
 
 
+class Available(SampleStrategy):
+    """``available``: the first ``n`` in batch order, never waiting for a batch."""
+
+    def choose(
+        self, items: Sequence[Buffered], n: int, force: bool, complete: Complete
+    ) -> Choice | None:
+        if len(items) < n:
+            return None
+        return Choice(sorted(items, key=lambda item: item.order)[:n])
+
+
 @dataclass
 class Replay:
     """A trained group in the replay pool."""
@@ -288,6 +303,7 @@ class Mix(BatchOrder):
 SAMPLE_STRATEGIES: dict[str, Callable[[SamplingOptions], SampleStrategy]] = {
     "default": BatchOrder,
     "staleness_aware": FreshestFirst,
+    "available": Available,
     "priority_replay": PriorityReplay,
     "mix": Mix,
 }

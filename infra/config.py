@@ -688,8 +688,9 @@ class AlgorithmConfig(_Section, frozen=True):
     be complete), ``staleness_aware`` (of the groups of complete batches, the newest model
     version first), ``priority_replay`` (fresh groups first; a batch that would otherwise
     wait is filled with groups trained before, highest reward variance first), ``mix``
-    (batch order, plus ``expert_per_step`` expert groups of ``expert_data``). None:
-    ``default``."""
+    (batch order, plus ``expert_per_step`` expert groups of ``expert_data``), ``available``
+    (batch order, never waiting for the rest of a batch). None: the preset's, else
+    ``default`` (``available`` under ``synchronizer.style: fully_async``)."""
     dynamic_sampling: bool | None = None
     """Drop groups whose rewards are all equal (no signal) and fill the batch with later
     groups from the stream (DAPO); counted as ``train/zero_variance_dropped``. Groups
@@ -782,8 +783,11 @@ class SynchronizerConfig(_Section, frozen=True):
     trainer's host (``/dev/shm``; explorers on other hosts cannot load it), or ``auto``:
     shared memory for the explorers on the trainer's host (``run.host_id``) and, written
     in the background, the object store for every other one (and for late joiners)."""
-    style: Literal["fixed", "dynamic_by_trainer", "dynamic_by_explorer"] = "fixed"
-    """Who decides when to sync: a fixed schedule, the trainer, or the explorers."""
+    style: Literal["fixed", "dynamic_by_trainer", "dynamic_by_explorer", "fully_async"] = "fixed"
+    """Who decides when to sync: a fixed schedule, the trainer, or the explorers; or
+    nobody waits (``fully_async``: explorers on the newest version they have at each step,
+    the trainer on the groups that have arrived; bounded by ``trainer.max_staleness``
+    only). See docs/sync.md."""
     sync_interval: Pos = 1
     """The trainer publishes every this many steps; explorers sync every this many steps."""
     sync_offset: NonNeg = 1

@@ -17,6 +17,10 @@ a task of batch *b* samples it as follows (*k* = ``sync_interval``):
 - ``dynamic_by_explorer``: every *k* explorer steps an explorer asks for a newer version
   (``SyncRequest``) and waits (WAITING_SYNC) until the trainer, at its next step boundary,
   publishes one. The trainer publishes only when asked.
+- ``fully_async``: the trainer publishes every *k* steps and never waits for the rest of
+  a batch (its default sample strategy is ``available``: the oldest groups that have
+  arrived); an explorer takes the newest version announced at each step boundary and
+  never waits for one, except for the backpressure below.
 
 **Backpressure**, in every style: batch *b* is never sampled with a version more than
 ``max_staleness`` below the one the trainer will hold when it trains *b*
@@ -31,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Style = Literal["fixed", "dynamic_by_trainer", "dynamic_by_explorer"]
+Style = Literal["fixed", "dynamic_by_trainer", "dynamic_by_explorer", "fully_async"]
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,7 @@ def explorer_sync(schedule: Schedule, batch: int, step: int, current: int) -> Ex
     if schedule.style == "fixed":
         need = batch_version(batch, schedule.sync_interval, schedule.sync_offset)
         return ExplorerSync(wait_for=need, target=need, apply=need > current)
-    if schedule.style == "dynamic_by_trainer":
+    if schedule.style in ("dynamic_by_trainer", "fully_async"):  # the newest, bar the floor
         return ExplorerSync(wait_for=floor if floor > current else None)
     if schedule.style == "dynamic_by_explorer":
         if current < 0:  # no weights yet: version 0 is always published; ask for more

@@ -178,6 +178,9 @@ def resolve_algorithm(cfg: Config) -> ResolvedAlgorithm:
     """The settings and parts ``cfg.algorithm`` names; a :class:`ConfigError` naming the
     field for any unknown name."""
     spec = algorithm_spec(cfg.algorithm, cfg.explorer.max_new_tokens)
+    unset = cfg.algorithm.sample_strategy is None and spec.sample_strategy == "default"
+    if cfg.synchronizer.style == "fully_async" and unset:
+        spec = dataclasses.replace(spec, sample_strategy="available")  # a step waits for no batch
     check_critic(spec, cfg)
     check_pairs(spec, cfg)
     check_mini_batches(spec, cfg)

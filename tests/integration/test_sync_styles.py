@@ -22,6 +22,7 @@ from streamrft.schemas import (
 from streamrft.sync.styles import required_version
 from tests.helpers.cli import env, run_argv, style_settings
 from tests.helpers.paths import EXAMPLE
+from tests.helpers.topics import groups_and_trainer_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -158,3 +159,24 @@ def test_dynamic_by_trainer_explorer_waits_only_for_v0_or_when_too_far_ahead(
         )
         assert need == max(0, batch - batch % 2 - 4), wait.detail
     assert all(v >= e - e % 2 - 4 for e, v in enumerate(versions)), versions
+
+
+def test_fully_async_explorer_takes_the_newest_and_the_trainer_waits_for_no_batch(
+    services, make_config, tmp_path
+):
+    run_id = _run(services, tmp_path, "fully_async", interval=1, offset=1, staleness=2)
+    versions, control, status = _read(make_config, run_id)
+    published = _published(control)
+    # a version waiting to be sent is replaced by a newer one (the trainer does not wait
+    # for the explorer's batches); the first and the last are always sent
+    assert published == sorted(set(published)) and published[0] == 0 and published[-1] >= STEPS
+    # each step on the newest version announced: never older than the step before, never
+    # more than max_staleness (2) below the version its batch is trained with (its index)
+    assert versions == sorted(versions) and set(versions) <= set(published)
+    assert all(v >= e - 2 for e, v in enumerate(versions)), versions
+    assert not [s for s in status if s.component == "trainer" and s.state == RunState.REQUIRE_SYNC]
+    _, metrics = groups_and_trainer_metrics(make_config(run={"id": run_id}))
+    trained = [row.group_id for m in metrics for row in m.trained]
+    assert len(trained) == len(set(trained)) == STEPS * 8  # each group of each step once
+    final = next(m.values for m in reversed(metrics) if "trainer/stale_dropped" in m.values)
+    assert final["trainer/stale_dropped"] == 0

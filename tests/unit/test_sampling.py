@@ -12,6 +12,7 @@ from streamrft.consumers.intake import StreamActivity
 from streamrft.consumers.state import STATE_DECODER, STATE_ENCODER
 from streamrft.consumers.strategies import (
     SAMPLE_STRATEGIES,
+    Available,
     FreshestFirst,
     PriorityReplay,
     SamplingOptions,
@@ -187,6 +188,32 @@ def test_staleness_aware_does_not_wait_on_an_incomplete_oldest_batch():
     assert ids(resumed.take(2)) == ["new", "new2"]
     assert ids(resumed.take(1)) == ["old"]
     assert resumed.resume_offsets() == {P0: 4, P1: 1}
+
+
+def test_available_takes_the_oldest_groups_buffered_and_never_waits_for_a_batch():
+    buf = ExperienceBuffer(1, strategy=Available(SamplingOptions(batch_size=2)))
+    buf.offer(group("b1", 1, batch=1), P0, 0)  # a fast explorer's later batch first
+    buf.offer(group("b0", 0, batch=0), P1, 0)  # batch 0: 1 of 2, the other still exploring
+    assert ids(buf.take(2)) == ["b0", "b1"]  # batch order, neither batch complete
+    buf.offer(group("b2", 1, batch=1), P0, 1)
+    assert buf.take(2) is None  # only the count is waited for
+    buf.offer(group("late", 0, batch=0), P1, 1)
+    assert ids(buf.take(2)) == ["late", "b2"]  # the straggler first
+    assert buf.resume_offsets() == {P0: 2, P1: 2}
+    buf.offer(group("s", 0, batch=0), P0, 2)
+    assert ids(buf.drop_stale(2)) == ["s"]  # still bounded by max_staleness
+
+
+def test_fully_async_waits_for_no_batch_unless_a_strategy_is_named():
+    from streamrft.consumers.algorithms.presets import resolve_algorithm
+
+    fully = {"synchronizer": {"style": "fully_async"}}
+    assert resolve_algorithm(from_dict(cfg_of(**fully))).spec.sample_strategy == "available"
+    named = cfg_of(**fully, algorithm={"sample_strategy": "default"})
+    assert resolve_algorithm(from_dict(named)).spec.sample_strategy == "default"
+    chord = cfg_of(**fully, algorithm={"type": "chord", "expert_data": "x.jsonl"})
+    assert resolve_algorithm(from_dict(chord)).spec.sample_strategy == "mix"  # the preset's
+    assert resolve_algorithm(from_dict(cfg_of())).spec.sample_strategy == "default"
 
 
 def test_staleness_aware_still_drops_stale_and_a_forced_step_takes_the_freshest_of_all():

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_first_version_is_awaited_by_every_style():
-    for style in ("fixed", "dynamic_by_trainer", "dynamic_by_explorer"):
+    for style in ("fixed", "dynamic_by_trainer", "dynamic_by_explorer", "fully_async"):
         plan = explorer_sync(Schedule(style, 2, 1, 2), 0, 0, -1)
         assert plan.wait_for == 0 and plan.apply and plan.request is None
 
@@ -69,7 +69,9 @@ def test_dynamic_by_trainer_takes_the_newest_and_waits_only_when_ahead():
     assert explorer_sync(style, 7, 7, 3) == ExplorerSync(wait_for=4)
 
 
-@pytest.mark.parametrize("style", ["fixed", "dynamic_by_trainer", "dynamic_by_explorer"])
+@pytest.mark.parametrize(
+    "style", ["fixed", "dynamic_by_trainer", "dynamic_by_explorer", "fully_async"]
+)
 @pytest.mark.parametrize(("interval", "offset"), [(1, 0), (1, 1), (2, 1), (3, 2), (4, 0)])
 def test_no_batch_is_sampled_staler_than_the_trainer_allows(style, interval, offset):
     """Whatever version a plan lets a batch be sampled with is within ``max_staleness``
@@ -99,6 +101,24 @@ def test_required_version_table():
     assert [required_version(e, 2, 1) for e in range(8)] == [0, 0, 0, 2, 2, 4, 4, 6]
     assert [required_version(e, 1, 0) for e in range(4)] == [0, 1, 2, 3]
     assert [required_version(e, 3, 2) for e in range(7)] == [0, 0, 0, 0, 0, 3, 3]
+
+
+def test_fully_async_takes_the_newest_at_every_step_and_waits_only_at_the_floor():
+    style = Schedule("fully_async", sync_interval=1, sync_offset=1, max_staleness=2)
+    for step in range(6):  # never a request, a target or an exact version
+        plan = explorer_sync(style, step, step, max(0, step - 1))
+        assert plan.request is None and plan.target is None and plan.apply
+        assert plan.wait_for is None or plan.wait_for == step - 2
+    assert choose_version([0, 1, 2, 3], explorer_sync(style, 3, 3, 0), 0, 2) == 3
+    # batch 6 is trained with version 6: version 3 is too stale, it waits for 4
+    assert explorer_sync(style, 6, 6, 3) == ExplorerSync(wait_for=4)
+    assert trainer_publishes("fully_async", 3, 1, 0)
+    assert [trainer_publishes("fully_async", s, 2, 0) for s in range(1, 5)] == [
+        False,
+        True,
+        False,
+        True,
+    ]
 
 
 def test_trainer_publishing_rule():
