@@ -12,7 +12,6 @@ spool for the broker (``spooled_groups``).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import secrets
@@ -38,7 +37,7 @@ from streamrft.producers.serving.completions import (
     finish,
     response_body,
 )
-from streamrft.producers.serving.episodes import Episodes, Found, answer, digest
+from streamrft.producers.serving.episodes import Episodes, Found, answer_given, digest
 from streamrft.producers.serving.openai_types import (
     ChatRequest,
     Commit,
@@ -409,14 +408,9 @@ class Handlers:
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
         tools = episode.tools if episode else None
         turns = self._read_calls(choices, req, tools) if tools else None  # never raises
-        answers = [answer(c.rollout.text, []) for c in choices]
-        if turns:
-            answers = [
-                answer(t.content or "", [(c.name, json.loads(c.arguments)) for c in t.calls])
-                if t.calls
-                else a
-                for t, a in zip(turns, answers, strict=True)
-            ]
+        answers = [
+            answer_given(c.rollout.text, turns[i] if turns else None) for i, c in enumerate(choices)
+        ]
         try:
             server.recorder.record(
                 response_id,

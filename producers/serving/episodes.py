@@ -24,7 +24,9 @@ never re-tokenized. Pure bookkeeping over the recorder: no I/O.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -36,6 +38,7 @@ import msgspec
 
 from streamrft.infra.prompts import PromptRenderer
 from streamrft.producers.serving.recorder import Continuation, Recorded, Recorder, Ref
+from streamrft.producers.serving.tool_calls import Turn
 from streamrft.producers.workflows.conversation import assistant_closing, glue_text
 from streamrft.schemas.errors import ConfigError
 
@@ -69,6 +72,14 @@ def answer(content: str, calls: list[tuple[str, Any]]) -> bytes:
     return hashlib.blake2b(body, digest_size=16).digest()
 
 
+def answer_given(text: str, turn: Turn | None) -> bytes:
+    """:func:`answer` of a choice as the API answers it: the content and calls of its
+    ``turn`` when it was read for calls and made some, else its ``text``."""
+    if turn is None or not turn.calls:
+        return answer(text, [])
+    return answer(turn.content or "", [(c.name, json.loads(c.arguments)) for c in turn.calls])
+
+
 def answer_of(message: dict[str, Any]) -> bytes:
     """:func:`answer` of an assistant message as a request sends it back."""
     calls = [
@@ -96,21 +107,18 @@ class Episodes:
     def __init__(self, prompts: PromptRenderer) -> None:
         self.prompts = prompts
         self.stats: Counter[str] = Counter()
-        self._close: str | None = None
 
+    @functools.cached_property
     def closing(self) -> str | None:
         """The template's text after an assistant turn (raw format: none); None when the
-        template drops the assistant's content (nothing can be continued)."""
-        if self._close is None:
-            if not self.prompts.chat:
-                self._close = ""
-            else:
-                render = self.prompts.render
-                try:
-                    self._close = assistant_closing(lambda m, gen: render(m, None, gen))
-                except (ConfigError, jinja2.TemplateError):
-                    return None
-        return self._close
+        template drops the assistant's content (nothing can be continued). Found once."""
+        if not self.prompts.chat:
+            return ""
+        render = self.prompts.render
+        try:
+            return assistant_closing(lambda m, gen: render(m, None, gen))
+        except (ConfigError, jinja2.TemplateError):
+            return None
 
     def count(self, found: Found) -> None:
         """Count what was found for a request that was then recorded."""
@@ -135,7 +143,7 @@ class Episodes:
         if found is None:
             return Found(None, "unmatched")
         ref, parent = found
-        close = self.closing()
+        close = self.closing
         if close is None or parent.answer != answer_of(messages[turn]):
             return Found(None, "rewritten")
         try:

@@ -250,16 +250,16 @@ class Recorder:
         if (response_id is None) == (conversation is None):
             raise UnknownResponse("give exactly one of response_id and conversation_id")
         if conversation is not None:
-            group = self.groups.get(conversation)
-            if group is None:
+            targets = self.responses_of(conversation)  # a group is forgotten once empty
+            if not targets:
                 raise UnknownResponse(
                     f"unknown (or already committed) conversation {conversation!r}"
                 )
-            return list(group.responses.items())
-        key = self.group_of.get(response_id or "")
-        if key is None:
+            return targets
+        targets = self.choices_of(response_id or "")  # so is a response without choices
+        if not targets:
             raise UnknownResponse(f"unknown (or already committed) response {response_id!r}")
-        return [(rid, r) for rid, r in self.groups[key].responses.items() if rid[0] == response_id]
+        return targets
 
     def commit(
         self, now: float, response_id: str | None = None, conversation: str | None = None

@@ -114,35 +114,43 @@ def calculator_graph(**chat_openai: Any) -> tuple[Any, list[tuple[int, int]]]:
     return graph.compile(), calls
 
 
-def langgraph_calculator(task, base_url: str, model: str):
-    """The :func:`calculator_graph` agent on ``task`` (``a+b=``). Reward: 0.25 for each of
-    the task's two numbers in its one call of ``add``, and 0.5 for then answering their sum;
-    ``info``: ``called`` (1: the call of the task's numbers was made)."""
-    from langgraph.errors import GraphRecursionError
-
+def calculator_reward(
+    task, calls: list[tuple[int, int]], answer: str | None
+) -> tuple[float, dict[str, float]]:
+    """The calculator agents' reward on ``task`` (``a+b=``): 0.25 for each of its two
+    numbers in the agent's one call of ``add``, and 0.5 for then answering their sum
+    (``answer`` None: the episode ended on a call); ``info``: ``called`` (1: the call of
+    the task's numbers was made)."""
     a, b = (int(x) for x in task.prompt.rstrip("=").split("+"))
-    graph, calls = calculator_graph(model=model, base_url=base_url)
-    try:  # agent, tools, agent: the task needs no more
-        out = graph.invoke({"messages": [("user", task.prompt)]}, {"recursion_limit": 4})
-    except GraphRecursionError:
-        return 0.0, {"called": 0.0}  # called again and again
     args = calls[0] if len(calls) == 1 else (None, None)
-    answered = bool(calls) and str(out["messages"][-1].content).strip() == str(a + b)
+    answered = bool(calls) and answer is not None and answer.strip() == str(a + b)
     reward = 0.25 * (args[0] == a) + 0.25 * (args[1] == b) + 0.5 * answered
     return reward, {"called": float(args == (a, b))}
 
 
+def langgraph_calculator(task, base_url: str, model: str):
+    """The :func:`calculator_graph` agent on ``task`` (``a+b=``), scored by
+    :func:`calculator_reward`."""
+    from langgraph.errors import GraphRecursionError
+
+    graph, calls = calculator_graph(model=model, base_url=base_url)
+    try:  # agent, tools, agent: the task needs no more
+        out = graph.invoke({"messages": [("user", task.prompt)]}, {"recursion_limit": 4})
+    except GraphRecursionError:
+        return calculator_reward(task, calls, None)  # called again and again
+    return calculator_reward(task, calls, str(out["messages"][-1].content))
+
+
 def agents_sdk_calculator(task, base_url: str, model: str):
     """The OpenAI Agents SDK's agent on ``task`` (``a+b=``): a chat-completions model on an
-    ``AsyncOpenAI`` client, an ``add`` tool, two model turns at most, tracing off. Reward
-    and ``info`` as :func:`langgraph_calculator`'s."""
+    ``AsyncOpenAI`` client, an ``add`` tool, two model turns at most, tracing off; scored
+    by :func:`calculator_reward`."""
     import asyncio
 
     import agents
     from openai import AsyncOpenAI
 
     agents.set_tracing_disabled(True)
-    a, b = (int(x) for x in task.prompt.rstrip("=").split("+"))
     calls: list[tuple[int, int]] = []
 
     @agents.function_tool
@@ -161,8 +169,4 @@ def agents_sdk_calculator(task, base_url: str, model: str):
         except agents.exceptions.MaxTurnsExceeded:
             return None  # called again
 
-    answer = asyncio.run(run())
-    args = calls[0] if len(calls) == 1 else (None, None)
-    answered = bool(calls) and answer is not None and answer.strip() == str(a + b)
-    reward = 0.25 * (args[0] == a) + 0.25 * (args[1] == b) + 0.5 * answered
-    return reward, {"called": float(args == (a, b))}
+    return calculator_reward(task, calls, asyncio.run(run()))
