@@ -285,7 +285,9 @@ def test_an_agent_as_a_runs_explorer_agent_trains_and_the_books_balance(
 
     tokenizer = AutoTokenizer.from_pretrained(calculator_model)
     trained = [by_id[i] for ids in ledger.values() for i in ids]
-    assert all(g.workflow == "agent" and len(g.experiences) == 4 for g in trained)
+    log = (runs / run_id / "logs" / "explorer-0.log").read_text()
+    dropped = [line for line in log.splitlines() if "agent episode" in line]
+    assert all(g.workflow == "agent" and len(g.experiences) == 4 for g in trained), dropped
     for g in trained:
         for exp in g.experiences:
             _check_episode(exp, tokenizer)

@@ -138,6 +138,8 @@ def langgraph_calculator(task, base_url: str, model: str):
         out = graph.invoke({"messages": [("user", task.prompt)]}, {"recursion_limit": 4})
     except GraphRecursionError:
         return calculator_reward(task, calls, None)  # called again and again
+    except openai.BadRequestError:  # a long first turn left the second no context
+        return calculator_reward(task, calls, None)
     return calculator_reward(task, calls, str(out["messages"][-1].content))
 
 
@@ -160,13 +162,16 @@ def agents_sdk_calculator(task, base_url: str, model: str):
         return a + b
 
     async def run() -> str | None:
-        # its own client: an async HTTP client belongs to the event loop it first ran on
-        client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
-        llm = agents.OpenAIChatCompletionsModel(model=model, openai_client=client)
-        agent = agents.Agent(name="calc", instructions="", tools=[add], model=llm)
-        try:
-            return str((await agents.Runner.run(agent, task.prompt, max_turns=2)).final_output)
-        except agents.exceptions.MaxTurnsExceeded:
-            return None  # called again
+        # its own client, closed in this loop: an async HTTP client belongs to its loop
+        async with AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0) as client:
+            llm = agents.OpenAIChatCompletionsModel(model=model, openai_client=client)
+            agent = agents.Agent(name="calc", instructions="", tools=[add], model=llm)
+            try:
+                result = await agents.Runner.run(agent, task.prompt, max_turns=2)
+            except agents.exceptions.MaxTurnsExceeded:
+                return None  # called again
+            except openai.BadRequestError:  # a long first turn left the second no context
+                return None
+            return str(result.final_output)
 
     return calculator_reward(task, calls, asyncio.run(run()))
