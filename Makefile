@@ -117,6 +117,7 @@ bench: setup
 	OMP_NUM_THREADS=1 $(BIN)/python bench/presets_learn.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/sync_in_loop.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/sync_styles.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/partial_rollout.py
 
 infra-up: setup
 	$(BIN)/streamrft infra up

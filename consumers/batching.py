@@ -23,7 +23,7 @@ class PolicyBatch:
     response_mask: torch.Tensor  # (B, R) float, 1 on trained response tokens
     old_logprobs: torch.Tensor  # (B, R)
     rewards: torch.Tensor  # (B,)
-    versions: torch.Tensor  # (B,) the model version each rollout was sampled with
+    versions: torch.Tensor  # (B, R) the model version that sampled each response token
 
     @property
     def response_ids(self) -> torch.Tensor:
@@ -48,7 +48,7 @@ class PolicyBatch:
             self.response_mask[lo:hi, :width_r],
             self.old_logprobs[lo:hi, :width_r],
             self.rewards[lo:hi],
-            self.versions[lo:hi],
+            self.versions[lo:hi, :width_r],
         )
 
     def to(self, device: torch.device) -> PolicyBatch:
@@ -95,6 +95,7 @@ def collate(experiences: list[Experience], pad_id: int) -> PolicyBatch:
     attention = np.zeros((b, width_p + width_r), dtype=np.int64)
     response_mask = np.zeros((b, width_r), dtype=np.float32)
     old = np.zeros((b, width_r), dtype=np.float32)
+    versions = np.zeros((b, width_r), dtype=np.int64)
     for i, (t, e) in enumerate(zip(tokens, experiences, strict=True)):
         lo, hi = width_p - e.prompt_length, width_p + len(t) - e.prompt_length
         input_ids[i, lo:hi] = t
@@ -102,8 +103,10 @@ def collate(experiences: list[Experience], pad_id: int) -> PolicyBatch:
         n = hi - width_p
         response_mask[i, :n] = np.frombuffer(e.action_mask, dtype=np.uint8)
         old[i, :n] = np.frombuffer(e.logprobs, dtype="<f4")
+        versions[i, :] = e.model_version
+        for seg in e.segments[1:]:  # a partial rollout: each segment's version onwards
+            versions[i, seg.start :] = seg.version
     rewards = torch.tensor([e.reward for e in experiences], dtype=torch.float32)
-    versions = torch.tensor([e.model_version for e in experiences], dtype=torch.long)
     return PolicyBatch(
         torch.from_numpy(input_ids),
         torch.from_numpy(attention),
@@ -111,7 +114,7 @@ def collate(experiences: list[Experience], pad_id: int) -> PolicyBatch:
         torch.from_numpy(response_mask),
         torch.from_numpy(old),
         rewards,
-        versions,
+        torch.from_numpy(versions),
     )
 
 

@@ -390,6 +390,14 @@ class ExplorerConfig(_Section, frozen=True):
     """How the ``agent`` workflow records an episode (as ``serve.record``): ``episode``,
     one experience per conversation the agent holds (its turns appended, tool results and
     user turns masked); ``completion``, one experience per completion it asked for."""
+    partial_rollout: bool = False
+    """Partial rollouts: a multi-turn episode (``multi_turn``, ``tool_calling``) takes the
+    newest version announced between two of its turns, never inside an engine call, so a
+    long episode samples with fresh weights and the explorer waits for none. Each turn's
+    tokens carry the version that sampled them (``Experience.segments``); staleness
+    counts the episode by its oldest. Other workflow calls of the step sample with
+    whichever version the engine holds then, each response stamped with it. Off: a step
+    samples with one version throughout."""
     tasks_per_call: NonNeg = 0
     """Tasks of one workflow per workflow call (0: all of a step's tasks of that workflow
     in one call, the most batched); smaller calls run concurrently (``calls_in_flight``),

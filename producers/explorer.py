@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 60.0
 """How long a step may go on after the run's Shutdown before it is stopped."""
+REFRESH_TIMEOUT_S = 600.0
+"""Longest an episode waits between two turns for a newer version to be applied
+(``explorer.partial_rollout``) before it goes on with the weights held."""
 
 
 def explorer_identity(index: int | None) -> tuple[str, int]:
@@ -84,6 +87,7 @@ class Explorer:
         self.reward = get_reward(cfg.explorer.reward, cfg.explorer.reward_skips_thinking)
         self.intake = TaskIntake(cfg, self.name, self.events, self.counters)
         self.producer: Any = None  # made in _start(), inside the event loop
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def _position(self) -> Position:
         held = self.follower.version
@@ -97,6 +101,7 @@ class Explorer:
 
     # -- the loop ----------------------------------------------------------------------------
     async def run(self) -> None:
+        self.loop = asyncio.get_running_loop()
         install_stop_handlers(self.stop, self.name)
         async with contextlib.AsyncExitStack() as stack:  # stops what started, in reverse
             await self._start(stack)
@@ -227,9 +232,31 @@ class Explorer:
             agent=cfg.agent,
             agent_concurrency=cfg.agent_concurrency,
             agent_record=cfg.agent_record,
+            refresh=self._refresh if cfg.partial_rollout else None,
             corrected=self.cfg.algorithm.off_policy_correction != "none",
         )
         return get_workflow(workflow)(self.engine, tasks, self.reward, spec)
+
+    def _refresh(self) -> None:
+        """Between two turns of an episode (on a scheduler thread): apply the newest
+        usable version if it is newer than the one held (``explorer.partial_rollout``)."""
+        if self.loop is None or self._stopping():
+            return
+        applied = asyncio.run_coroutine_threadsafe(self._take_newer(), self.loop)
+        try:
+            applied.result(REFRESH_TIMEOUT_S)
+        except TimeoutError:
+            applied.cancel()
+            log.warning(
+                "%s: a newer version took over %.0f s; going on", self.name, REFRESH_TIMEOUT_S
+            )
+
+    async def _take_newer(self) -> None:
+        held = self.follower.version
+        if max(self.follower.usable(), default=-1) > held:
+            await self.follower.apply_newest()
+            if self.follower.version > held:
+                self.counters.add("versions_applied_mid_step")
 
     async def _give_up(self, taken: Taken, failed: list[tuple[Task, str]]) -> None:
         """Dead-letter each task the scheduler gave up on, with its reason."""

@@ -6,6 +6,7 @@ Readers ignore fields they do not know, so an old reader decodes a newer writer'
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import msgspec
@@ -53,6 +54,17 @@ class Task(msgspec.Struct, kw_only=True):
     a plain-prompt task."""
 
 
+class Segment(msgspec.Struct, kw_only=True):
+    """Where the response tokens one model version sampled begin (a partial rollout,
+    ``explorer.partial_rollout``: a long episode takes newer weights between turns)."""
+
+    start: int
+    """Offset in the response (0: its first token) of the segment's first token; the
+    segment runs to the next segment's start, or to the end."""
+    version: int
+    """Model version that sampled the segment's policy tokens."""
+
+
 class Experience(msgspec.Struct, kw_only=True):
     """One rollout: prompt + response tokens with the log-probs that sampled them."""
 
@@ -69,11 +81,17 @@ class Experience(msgspec.Struct, kw_only=True):
     reward: float
     """Scalar reward of the whole rollout."""
     model_version: int
-    """Model version that produced this rollout."""
+    """Model version that produced this rollout (of a partial rollout, the oldest of its
+    :attr:`segments`)."""
     response_text: str = ""
     """Decoded response, for humans reading the topic."""
     info: dict[str, float] = {}
     """Per-rollout numbers (reward components, lengths) for metrics."""
+    segments: list[Segment] = []
+    """A rollout sampled by more than one version (a partial rollout): its segments in
+    order, the first at offset 0 with version :attr:`model_version` (the oldest, by which
+    staleness counts the rollout), each next one newer. Empty: every token was sampled by
+    :attr:`model_version`."""
 
     @property
     def num_tokens(self) -> int:
@@ -101,7 +119,8 @@ class ExperienceGroup(msgspec.Struct, kw_only=True):
     explorer: str
     """Component id of the explorer that sampled it (``explorer-0``...)."""
     model_version: int
-    """Model version the explorer held when it sampled the group."""
+    """Oldest model version that sampled any of its rollouts (each experience's own is
+    this or newer); staleness and the books count the group by it."""
     experiences: list[Experience]
     """The rollouts, ``repeat_times`` of them."""
     created_at: float = 0.0
@@ -204,8 +223,36 @@ def _check_experience(exp: Experience, version: int) -> None:
         raise SchemaError(f"{where}: reward {exp.reward} is not finite")
     if abs(exp.reward) > limits.MAX_ABS_REWARD:
         raise SchemaError(f"{where}: reward {exp.reward} beyond +-{limits.MAX_ABS_REWARD:g}")
-    if exp.model_version != version:
-        raise SchemaError(f"{where}: model_version {exp.model_version} != group's {version}")
+    if exp.model_version < version:
+        raise SchemaError(f"{where}: model_version {exp.model_version} below the group's {version}")
+    if exp.segments:
+        _check_segments(exp, n_resp, where)
+
+
+def _check_segments(exp: Experience, n_resp: int, where: str) -> None:
+    """Segments start at 0 with the experience's version, then each later in the response
+    and with a newer version."""
+    segments = exp.segments
+    if len(segments) > limits.MAX_SEGMENTS_PER_EXPERIENCE:
+        raise SchemaError(
+            f"{where}: {len(segments)} segments, over {limits.MAX_SEGMENTS_PER_EXPERIENCE}"
+        )
+    first = segments[0]
+    if first.start != 0 or first.version != exp.model_version:
+        raise SchemaError(
+            f"{where}: the first segment starts at {first.start} with version "
+            f"{first.version}, not at 0 with model_version {exp.model_version}"
+        )
+    for i, (before, seg) in enumerate(itertools.pairwise(segments), start=1):
+        if not before.start < seg.start < n_resp:
+            raise SchemaError(
+                f"{where}: segments[{i}] starts at {seg.start}, not within "
+                f"({before.start}, {n_resp})"
+            )
+        if seg.version <= before.version:
+            raise SchemaError(
+                f"{where}: segments[{i}] has version {seg.version}, not newer than {before.version}"
+            )
 
 
 def validate_group(group: ExperienceGroup) -> ExperienceGroup:

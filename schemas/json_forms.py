@@ -18,7 +18,7 @@ import msgspec
 
 from streamrft.schemas.arrays import pack_f32, pack_i32, pack_u8, unpack_f32, unpack_i32
 from streamrft.schemas.errors import SchemaError
-from streamrft.schemas.experience import Experience, ExperienceGroup
+from streamrft.schemas.experience import Experience, ExperienceGroup, Segment
 
 JSON_CONTENT_TYPE = "application/json"
 MSGPACK_CONTENT_TYPE = "application/msgpack"
@@ -45,11 +45,15 @@ class ExperienceJSON(msgspec.Struct, kw_only=True):
     reward: float
     """Scalar reward of the whole rollout."""
     model_version: int
-    """Model version that produced this rollout (the group's ``model_version``)."""
+    """Model version that produced this rollout (the group's ``model_version`` or newer;
+    of a partial rollout, the oldest of its ``segments``)."""
     response_text: str = ""
     """Decoded response, for humans reading the topic."""
     info: dict[str, float] = {}
     """Per-rollout numbers (reward components, lengths) for metrics."""
+    segments: list[Segment] = []
+    """A rollout sampled by several versions: where each version's tokens begin in the
+    response, oldest first (empty: all by ``model_version``)."""
 
 
 class ExperienceGroupJSON(msgspec.Struct, kw_only=True):
@@ -66,7 +70,7 @@ class ExperienceGroupJSON(msgspec.Struct, kw_only=True):
     explorer: str
     """Who sampled it (an app's own name)."""
     model_version: int
-    """Model version that sampled the group (>= 0)."""
+    """Oldest model version that sampled any of its rollouts (>= 0)."""
     experiences: list[ExperienceJSON]
     """The rollouts (1 to 1024)."""
     created_at: float = 0.0

@@ -44,6 +44,9 @@ MAX_EXPERIENCES_PER_GROUP = 1024
 """Same bound as ``explorer.repeat_times``."""
 MAX_TOKENS_PER_EXPERIENCE = 1 << 18
 """Prompt + response tokens of one rollout (262,144: beyond any context window in use)."""
+MAX_SEGMENTS_PER_EXPERIENCE = 1024
+"""Version segments of one rollout (:attr:`~.experience.Experience.segments`): a segment
+starts at a policy turn, and no episode runs a thousand turns."""
 MAX_RETIRED_PER_EVENT = 100_000
 """Versions one ``VersionsRetired`` names (a run retires a few at a time)."""
 MAX_REJECTIONS_REPORTED = 64

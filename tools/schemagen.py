@@ -42,7 +42,7 @@ from streamrft.schemas.codec import (
     Codec,
 )
 from streamrft.schemas.events import ControlEvent, ModelVersionReady, Shutdown, SyncRequest
-from streamrft.schemas.experience import GROUP_KINDS, ChatMessage, Task
+from streamrft.schemas.experience import GROUP_KINDS, ChatMessage, Segment, Task
 from streamrft.schemas.json_forms import (
     HEADER_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
@@ -60,6 +60,7 @@ _ID = {"minLength": 1, "maxLength": limits.MAX_ID_CHARS}
 LIMITS: dict[type, dict[str, dict[str, Any]]] = {
     Task: {"id": _ID, "workflow": _ID, "epoch": {"minimum": 0}, "batch": {"minimum": -1}},
     ChatMessage: {"role": _ID},
+    Segment: {"start": {"minimum": 0}, "version": {"minimum": 0}},
     ExperienceGroupJSON: {
         "id": _ID,
         "run": _ID,
@@ -78,6 +79,7 @@ LIMITS: dict[type, dict[str, dict[str, Any]]] = {
         "logprobs": {"items": {"minimum": limits.MIN_LOGPROB, "maximum": limits.MAX_LOGPROB}},
         "reward": {"minimum": -limits.MAX_ABS_REWARD, "maximum": limits.MAX_ABS_REWARD},
         "model_version": {"minimum": 0},
+        "segments": {"maxItems": limits.MAX_SEGMENTS_PER_EXPERIENCE},
     },
     ModelVersionReady: {
         "version": {"minimum": 0},
@@ -102,7 +104,9 @@ RULES: dict[type, str] = {
     ExperienceJSON: (
         "Checked on decoding beyond the keywords here: `prompt_length` is less than the "
         "length of `tokens`; `logprobs` and `action_mask` hold one entry per response token "
-        "(the length of `tokens` minus `prompt_length`); `model_version` equals the group's. "
+        "(the length of `tokens` minus `prompt_length`); `model_version` is the group's or "
+        "newer; `segments`, when given, start at 0 with `model_version`, then each later "
+        "in the response (before its end) with a newer version. "
         "A trainer also rejects a token id outside its model's vocabulary."
     ),
     ExperienceGroupJSON: (

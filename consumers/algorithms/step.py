@@ -399,7 +399,7 @@ class Mismatch:
         """The tokens of ``mask`` sampled with ``version``."""
         if version is None:
             return
-        mask = mask * (batch.versions == version)[:, None]
+        mask = mask * (batch.versions == version)
         diff = (logp - batch.old_logprobs).abs() * mask
         self.total += float(diff.sum())
         self.tokens += float(mask.sum())

@@ -28,6 +28,13 @@ class Rollout:
     """Per response token 1 (sampled by the policy) or 0 (inserted: a tool's result, a
     user turn, the chat template's glue between turns); None: every token is the policy's.
     Inserted tokens carry log-prob 0.0."""
+    version: int = -1
+    """The model version that sampled it (:class:`SerialEngine` stamps it); -1: unknown,
+    the workflow's step version stands."""
+
+    def sampled_by(self, step_version: int) -> int:
+        """:attr:`version` when stamped, else ``step_version``."""
+        return self.version if self.version >= 0 else step_version
 
     def experience(
         self, eid: str, reward: float, version: int, info: dict[str, float]
@@ -35,7 +42,8 @@ class Rollout:
         """This rollout as an experience: the policy's tokens trained (mask 1), with
         ``info``, its ``response_length`` (the policy's tokens) and ``truncated`` (1: cut
         at ``max_new_tokens``); a rollout with inserted tokens also its ``episode_length``
-        (every token after the prompt)."""
+        (every token after the prompt). ``version``: the step's, unless the engine stamped
+        the one that sampled it."""
         mask = [1] * len(self.response_ids) if self.mask is None else self.mask
         lengths = {"response_length": float(sum(mask))}
         if self.mask is not None:
@@ -47,7 +55,7 @@ class Rollout:
             logprobs=pack_f32(self.logprobs),
             action_mask=pack_u8(mask),
             reward=reward,
-            model_version=version,
+            model_version=self.sampled_by(version),
             response_text=self.text,
             info={**info, **lengths, "truncated": float(self.truncated)},
         )
@@ -107,6 +115,8 @@ class SerialEngine:
     def __init__(self, engine: RolloutEngine) -> None:
         self.engine = engine
         self._lock = threading.Lock()
+        self.version = -1
+        """The version loaded last (-1: none loaded through this engine)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
@@ -122,9 +132,13 @@ class SerialEngine:
         top_k: int = 0,
     ) -> list[list[Rollout]]:
         with self._lock:
-            return self.engine.rollout(
+            grouped = self.engine.rollout(
                 prompts, n, temperature, max_new_tokens, seed, top_p=top_p, top_k=top_k
             )
+            for rollouts in grouped:  # the version cannot change inside the call
+                for r in rollouts:
+                    r.version = self.version
+            return grouped
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
         with self._lock:
@@ -135,7 +149,9 @@ class SerialEngine:
     def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
         with self._lock:
             self.engine.load_weights(version, tensors)
+            self.version = version
 
     def load_adapter(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
         with self._lock:
             self.engine.load_adapter(version, tensors)
+            self.version = version

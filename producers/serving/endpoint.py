@@ -3,12 +3,13 @@
 The ``agent`` workflow (:mod:`streamrft.producers.workflows.agent`) gives each episode a
 base URL ``http://127.0.0.1:<port>/ep/<episode>/v1`` of this endpoint; the user's agent
 code talks to it with any OpenAI client, and every completion it asks for is sampled by the
-explorer's engine with the version of the current step and recorded under that episode.
+explorer's engine and recorded under that episode with the version that sampled it.
 When the agent returns, the workflow takes the episode's responses with its reward
 (:meth:`RecordingEndpoint.collect`). The endpoint runs uvicorn on its own thread and event
 loop, started on first use and kept for the life of the process; engine calls are
-serialised (one at a time), and the explorer only applies versions between steps, so a
-step's responses all carry the step's version.
+serialised (one at a time) and a version is applied only between two of them: at step
+boundaries, and with ``explorer.partial_rollout`` also when another workflow call of the
+step takes a newer version between its turns; an episode counts by its oldest turn.
 """
 
 from __future__ import annotations
@@ -162,8 +163,8 @@ class RecordingEndpoint:
     async def _call(
         self, prompts: list[list[int]], sampling: Sampling, seed: int
     ) -> tuple[list[list[Rollout]], int]:
-        version = self._version
-        return await asyncio.to_thread(self._rollout, prompts, sampling, seed), version
+        grouped = await asyncio.to_thread(self._rollout, prompts, sampling, seed)
+        return grouped, grouped[0][0].sampled_by(self._version)  # one call: one version
 
     def _rollout(self, prompts: list[list[int]], sampling: Sampling, seed: int):
         with self._engine_lock:

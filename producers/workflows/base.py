@@ -41,6 +41,10 @@ class RolloutSpec:
     corrected: bool = False
     """The run's trainer corrects for a sampling distribution other than its policy's
     (``algorithm.off_policy_correction``): an agent's ``top_p`` / ``top_k`` are served."""
+    refresh: Callable[[], None] | None = None
+    """Applies the newest version the explorer may take, if newer than the engine's
+    (``explorer.partial_rollout``); an episode workflow calls it between two turns, never
+    during an engine call. None: the step's version for the whole step."""
 
     def renderer(self, engine: RolloutEngine) -> PromptRenderer:
         """:attr:`prompts`, or the default renderer around ``engine``'s tokenizer."""
@@ -67,15 +71,18 @@ def task_group(
 ) -> ExperienceGroup:
     """The group of ``task`` sampled under ``spec`` (id ``<run>/<task id>@<epoch>``, the same
     whichever explorer samples it); ``experiences(group_id)`` makes its experiences, whose
-    ids are ``<group id>#<index>``."""
+    ids are ``<group id>#<index>``. Its version: the oldest of its experiences' (a version
+    applied during the step, ``explorer.partial_rollout``, may have sampled them), else
+    the step's."""
     gid = make_group_id(spec.run, task.id, task.epoch)
+    made = experiences(gid)
     return ExperienceGroup(
         id=gid,
         run=spec.run,
         task_id=task.id,
         explorer=spec.explorer,
-        model_version=spec.model_version,
-        experiences=experiences(gid),
+        model_version=min((e.model_version for e in made), default=spec.model_version),
+        experiences=made,
         created_at=now,
         workflow=task.workflow,
         epoch=task.epoch,

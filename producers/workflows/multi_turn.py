@@ -23,6 +23,12 @@ most ``spec.max_new_tokens`` and never past the budget (the first turn samples a
 one token whatever the prompt's length); an episode ends, ``truncated``, when a turn would
 not fit, or at ``max_turns`` with a message still to insert.
 
+Partial rollouts (``explorer.partial_rollout``, ``spec.refresh``): before every turn but
+the first the explorer may apply a newer version (between two engine calls, never inside
+one); each turn's tokens carry the version that sampled them (the engine's stamp), and an
+episode sampled by several versions records where each one's tokens begin
+(``Experience.segments``), its ``model_version`` being the oldest.
+
 Reward: the environment's own reward of the episode when it gives one, else the
 configured reward on the last policy turn's text. ``info``: the reward's and the
 environment's numbers, ``turns``, ``truncated``, ``response_length`` (policy tokens) and
@@ -43,7 +49,7 @@ from streamrft.producers.workflows.conversation import TurnRenderer
 from streamrft.producers.workflows.environments import Environment, Message, make_environment
 from streamrft.schemas.arrays import pack_f32, pack_i32, pack_u8
 from streamrft.schemas.errors import SchemaError
-from streamrft.schemas.experience import Experience, ExperienceGroup, Task
+from streamrft.schemas.experience import Experience, ExperienceGroup, Segment, Task
 
 MAX_TURNS = 8
 """Policy turns per episode unless the task's ``metadata["max_turns"]`` says otherwise."""
@@ -72,6 +78,8 @@ class Episode:
     reward: float | None = None
     done: bool = False
     truncated: bool = False
+    segments: list[Segment] = field(default_factory=list)
+    """Where each version's policy tokens begin in :attr:`response`, oldest first."""
 
     @property
     def ids(self) -> list[int]:
@@ -82,13 +90,17 @@ class Episode:
         left = self.budget - len(self.prompt_ids) - len(self.response)
         return max(left, 1) if self.policy_turns == 0 else left
 
-    def add_policy(self, rollout: Rollout, limit: int, tokenizer) -> None:
+    def add_policy(self, rollout: Rollout, limit: int, tokenizer, step_version: int) -> None:
         """Append a policy turn, cut to ``limit`` tokens (a prefix of a sample is a sample
-        of the shorter length: its log-probs are unchanged)."""
+        of the shorter length: its log-probs are unchanged), sampled by the rollout's
+        version (``step_version`` when the engine did not stamp one)."""
         ids, logps = rollout.response_ids[:limit], rollout.logprobs[:limit]
         text = rollout.text
         if len(ids) < len(rollout.response_ids):
             text = tokenizer.decode(ids, skip_special_tokens=True)
+        version = rollout.sampled_by(step_version)
+        if ids and (not self.segments or version > self.segments[-1].version):
+            self.segments.append(Segment(start=len(self.response), version=version))
         self.response += ids
         self.mask += [1] * len(ids)
         self.logprobs += logps
@@ -157,6 +169,8 @@ def play(engine: RolloutEngine, episodes: list[Episode], spec: RolloutSpec) -> N
     """Play ``episodes`` to their ends: one engine call per turn over the live ones."""
     turn = 0
     while live := [e for e in episodes if not e.done]:
+        if turn and spec.refresh is not None:
+            spec.refresh()  # a partial rollout: newer weights between two turns
         limits = [min(spec.max_new_tokens, e.room()) for e in live]
         samples = engine.rollout(
             [e.ids for e in live],
@@ -166,13 +180,15 @@ def play(engine: RolloutEngine, episodes: list[Episode], spec: RolloutSpec) -> N
             spec.seed + turn * _TURN_SEED,
         )
         for episode, limit, (rollout,) in zip(live, limits, samples, strict=True):
-            episode.add_policy(rollout, limit, engine.tokenizer)
+            episode.add_policy(rollout, limit, engine.tokenizer, spec.model_version)
             episode.advance(rollout.response_ids[:limit])
         turn += 1
 
 
 def experience(eid: str, e: Episode, reward: RewardFn, version: int, tokenizer) -> Experience:
-    """The episode as one experience (see the module docstring for what is trained)."""
+    """The episode as one experience (see the module docstring for what is trained);
+    ``version``: the step's, unless its turns were stamped with the ones that sampled
+    them."""
     info: dict[str, float] = {}
     value = e.reward
     if value is None:
@@ -184,7 +200,8 @@ def experience(eid: str, e: Episode, reward: RewardFn, version: int, tokenizer) 
         logprobs=pack_f32(e.logprobs),
         action_mask=pack_u8(e.mask),
         reward=value,
-        model_version=version,
+        model_version=e.segments[0].version if e.segments else version,
+        segments=e.segments if len(e.segments) > 1 else [],
         response_text=tokenizer.decode(e.response),
         info={
             **info,

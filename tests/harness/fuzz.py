@@ -47,7 +47,13 @@ from streamrft.schemas.events import (
     TrainedGroup,
     VersionsRetired,
 )
-from streamrft.schemas.experience import ChatMessage, ExperienceGroup, Task, check_token_ids
+from streamrft.schemas.experience import (
+    ChatMessage,
+    ExperienceGroup,
+    Segment,
+    Task,
+    check_token_ids,
+)
 from streamrft.schemas.topics import TOPIC_KINDS, TopicNames
 from tests.helpers.groups import make_group
 
@@ -96,7 +102,9 @@ def sample_messages(kind: str) -> list[bytes]:
 
 
 def _experience_samples() -> list[ExperienceGroup]:
-    """Groups of 2, 4 and 3 experiences whose responses are 3, 2 and 5 tokens long."""
+    """Groups of 2, 4 and 3 experiences whose responses are 3, 2 and 5 tokens long; the
+    last group's first experience a partial rollout (versions 0 then 1 from its third
+    response token)."""
     groups = []
     for g, (n, width) in enumerate([(2, 3), (4, 2), (3, 5)]):
         groups.append(
@@ -118,6 +126,11 @@ def _experience_samples() -> list[ExperienceGroup]:
                 created_at=1.7e9,
             )
         )
+    last = groups[-1]
+    partial = msgspec.structs.replace(
+        last.experiences[0], segments=[Segment(start=0, version=0), Segment(start=2, version=1)]
+    )
+    groups[-1] = msgspec.structs.replace(last, experiences=[partial, *last.experiences[1:]])
     return groups
 
 

@@ -137,6 +137,7 @@ def test_rollout_spec_holds_exactly_the_old_keyword_arguments():
         "agent_concurrency",
         "agent_record",  # added with a default (issue 32: one experience per conversation)
         "corrected",  # added with a default (issue 32: top_p, top_k)
+        "refresh",  # added with a default (issue 33: partial rollouts)
     ]
     with pytest.raises(AttributeError):
         SPEC.seed = 1  # type: ignore[misc]

@@ -26,6 +26,7 @@ from streamrft.schemas import (
     ExperienceGroup,
     ModelVersionReady,
     SchemaError,
+    Segment,
     Task,
 )
 from streamrft.schemas.json_forms import ExperienceGroupJSON, ExperienceJSON
@@ -275,11 +276,19 @@ def _ready() -> ModelVersionReady:
     )
 
 
+def _partial_group() -> dict[str, Any]:
+    """A group whose first experience is a partial rollout (two version segments)."""
+    group = make_group("run-1", "task-7", 2, n=3, batch=0)
+    first = msgspec.structs.replace(
+        group.experiences[0], segments=[Segment(start=0, version=2), Segment(start=1, version=3)]
+    )
+    group = msgspec.structs.replace(group, experiences=[first, *group.experiences[1:]])
+    return json.loads(EXPERIENCE_GROUP.encode_json(group))
+
+
 INSTANCES = {  # every field present (msgspec writes defaults too)
     "task.schema.json": json.loads(TASK.encode_json(_task())),
-    "experience_group.schema.json": json.loads(
-        EXPERIENCE_GROUP.encode_json(make_group("run-1", "task-7", 2, n=3, batch=0))
-    ),
+    "experience_group.schema.json": _partial_group(),
     "control_event.schema.json": msgspec.msgpack.decode(CONTROL.encode(_ready())),
 }
 

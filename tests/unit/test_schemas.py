@@ -30,6 +30,7 @@ from streamrft.schemas import (
     ModelVersionReady,
     RunState,
     SchemaError,
+    Segment,
     ShardInfo,
     Shutdown,
     StatusEvent,
@@ -394,6 +395,20 @@ def test_valid_group_passes_validation():
     assert validate_group(group) is group
 
 
+def _seg(start: int, version: int) -> Segment:
+    return Segment(start=start, version=version)
+
+
+def test_a_partial_rollout_passes_and_counts_by_its_oldest_segment():
+    """An experience sampled by versions 3 then 5 (its first response token by 3, the
+    second by 5) in a group of version 3 passes; so does a whole experience newer than its
+    group (an episode started after a version changed mid-step)."""
+    group = _with_first(segments=[_seg(0, 3), _seg(1, 5)])
+    assert validate_group(EXPERIENCE_GROUP.decode(EXPERIENCE_GROUP.encode(group))) == group
+    newer = _with_first(model_version=4)
+    assert validate_group(newer).experiences[0].model_version == 4
+
+
 def _with_first(**changes) -> ExperienceGroup:
     group = two_experiences()
     first = msgspec.structs.replace(group.experiences[0], **changes)
@@ -415,9 +430,15 @@ def _with_first(**changes) -> ExperienceGroup:
         (lambda: _with_first(reward=math.nan), "not finite"),
         (lambda: _with_first(reward=math.inf), "not finite"),
         (lambda: _with_first(reward=-math.inf), "not finite"),
-        (lambda: _with_first(model_version=2), "model_version 2 != group's 3"),
+        (lambda: _with_first(model_version=2), "model_version 2 below the group's 3"),
         (lambda: make_group("run", "t1", 3, 0), "no experiences"),
         (lambda: two_experiences(version=-1), "model_version -1 < 0"),
+        (lambda: _with_first(segments=[Segment(start=1, version=3)]), "starts at 1 with"),
+        (lambda: _with_first(segments=[Segment(start=0, version=4)]), "not at 0 with model"),
+        (lambda: _with_first(segments=[_seg(0, 3), _seg(2, 4)]), r"not within \(0, 2\)"),
+        (lambda: _with_first(segments=[_seg(0, 3), _seg(0, 4)]), r"not within \(0, 2\)"),
+        (lambda: _with_first(segments=[_seg(0, 3), _seg(1, 3)]), "not newer than 3"),
+        (lambda: _with_first(segments=[_seg(0, 3)] * 1025), "1025 segments, over 1024"),
     ],
     ids=[
         "tokens-bytes",
@@ -435,6 +456,12 @@ def _with_first(**changes) -> ExperienceGroup:
         "version-mismatch",
         "empty",
         "negative-version",
+        "segment-not-at-0",
+        "segment-version-not-the-experiences",
+        "segment-past-the-response",
+        "segment-not-after-the-one-before",
+        "segment-not-newer",
+        "segments-too-many",
     ],
 )
 def test_validate_group_rejects(group_factory, message):
