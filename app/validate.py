@@ -79,7 +79,7 @@ def _names(cfg: Config) -> str:
     from streamrft.producers.engines import check_engine
     from streamrft.producers.rewards import get_reward
 
-    get_reward(cfg.explorer.reward, cfg.explorer.reward_skips_thinking)
+    get_reward(cfg.explorer.reward, cfg.explorer.reward_skips_thinking, cfg.reward)
     check_engine(cfg.explorer.engine)
     if cfg.eval.engine is not None:
         check_engine(cfg.eval.engine, "eval.engine")

@@ -364,7 +364,9 @@ class ExplorerConfig(_Section, frozen=True):
     """Longest response, EOS included."""
     reward: str = "exact_match"
     """Reward function: a registered name (``exact_match``, ``last_number``,
-    ``math_answer``, ``format``, ``math_answer_format``; see ``producers/rewards.py``) or a function of yours as ``"package.module:function"``,
+    ``math_answer``, ``format``, ``math_answer_format``; see ``producers/rewards.py``), a
+    reward service (``judge``: a model grades each response; ``code_tests``: the
+    response's code runs against the task's ``tests``; both set under ``reward``) or a function of yours as ``"package.module:function"``,
     importable by the explorer and callable as ``(response_text, task) -> (reward, info)``
     with ``info`` a ``dict[str, float]``."""
     reward_skips_thinking: bool = True
@@ -1004,6 +1006,76 @@ class MonitorConfig(_Section, frozen=True):
     answer at all, which a probe counts as a failure too."""
 
 
+DEFAULT_RUBRIC = (
+    "You grade a response to a task.\n\nTask:\n{prompt}\n\nReference answer (may be "
+    "empty):\n{answer}\n\nResponse:\n{response}\n\nGrade how correct and complete the "
+    "response is from 0 to {max_score}. Reply with one line: Score: <number>"
+)
+"""The judge's default rubric (``reward.rubric``)."""
+
+
+class SandboxConfig(_Section, frozen=True):
+    time_limit_s: PosF = 5.0
+    """Wall-clock seconds one test of one response may run (its CPU time to a second
+    more, a backstop); past it the program is killed and the test fails."""
+    memory_mb: Annotated[int, msgspec.Meta(ge=32)] = 512
+    """Address space of the program (``RLIMIT_AS``), in MiB; an allocation past it fails."""
+    output_kb: Pos = 64
+    """Output of a test program kept (stdout and stderr, each) and largest file it may
+    write (``RLIMIT_FSIZE``), in KiB."""
+    isolation: Literal["auto", "namespace", "audit"] = "auto"
+    """How the program is kept off the network: ``namespace``, a user and network namespace
+    of its own (``unshare``: no interface but a loopback that is down), else refused;
+    ``audit``, only a Python audit hook that refuses sockets, subprocesses and ``ctypes``
+    (weaker: code that escapes the interpreter escapes it); ``auto``, the namespace where
+    the kernel allows one, else the hook with a warning. The hook is installed in every
+    case."""
+    python: str = ""
+    """Interpreter the tests run with (empty: the explorer's own); started with ``-I``
+    (isolated: no user site, no ``PYTHON*`` variables) in an empty temporary folder."""
+
+
+class RewardConfig(_Section, frozen=True):
+    """The reward services: ``explorer.reward: judge`` (a model behind an OpenAI-compatible
+    endpoint grades each response) and ``explorer.reward: code_tests`` (a response's code
+    is run against the task's tests in a sandbox)."""
+
+    base_url: str = ""
+    """The judge's endpoint, e.g. ``http://judge:8000/v1`` (a ``streamrft serve``, vLLM,
+    or any OpenAI-compatible server); ``/chat/completions`` is called under it."""
+    model: str = ""
+    """The model name sent to the judge (empty: the endpoint's first ``/models`` entry)."""
+    api_key_env: str = ""
+    """Environment variable holding the judge's API key, sent as a bearer token (empty:
+    none)."""
+    rubric: str = DEFAULT_RUBRIC
+    """The judge's prompt: a template given ``{prompt}`` (the task's prompt, or its chat
+    messages as ``role: content`` lines), ``{response}``, ``{answer}`` and
+    ``{max_score}``; sent as one user message."""
+    score_pattern: str = r"(?i)score\s*[:=]\s*(-?\d+(?:\.\d+)?)"
+    """Regular expression whose first group, in its last match in the judge's reply, is
+    the score."""
+    max_score: PosF = 10.0
+    """The top of the rubric's scale: the reward is the score over it, clipped to
+    [0, 1]."""
+    max_tokens: Pos = 64
+    """Longest judge reply."""
+    temperature: NonNegF = 0.0
+    """The judge's sampling temperature."""
+    timeout_s: PosF = 60.0
+    """Longest wait for one judge reply."""
+    retries: NonNeg = 2
+    """Further tries of a judge call that failed (no answer, a server error, a reply with
+    no score), 1 s apart then doubling; then the task's workflow call fails with the
+    reason, is retried by ``explorer.task_retries`` and the task dead-lettered."""
+    concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8
+    """Judge calls (or sandboxed test programs) at once, per explorer."""
+    cache_size: NonNeg = 4096
+    """Scores kept by (task, response) digest, the newest; 0: none."""
+    sandbox: SandboxConfig = SandboxConfig()
+    """Limits of ``code_tests``."""
+
+
 class Config(_Section, frozen=True):
     """Everything a streamrft run needs; each process reads the sections it uses."""
 
@@ -1019,6 +1091,7 @@ class Config(_Section, frozen=True):
     synchronizer: SynchronizerConfig = SynchronizerConfig()
     monitor: MonitorConfig = MonitorConfig()
     serve: ServeConfig = ServeConfig()
+    reward: RewardConfig = RewardConfig()
 
     def topics(self) -> TopicNames:
         if not self.run.id:

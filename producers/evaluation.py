@@ -147,7 +147,9 @@ class EvalSuite:
     def __init__(self, cfg: Config) -> None:
         e = cfg.eval
         self.tasks = eval_tasks(cfg)
-        self.reward = get_reward(cfg.explorer.reward, cfg.explorer.reward_skips_thinking)
+        self.reward = get_reward(
+            cfg.explorer.reward, cfg.explorer.reward_skips_thinking, cfg.reward
+        )
         self.max_new_tokens = e.max_new_tokens or cfg.explorer.max_new_tokens
         self.temperature = e.temperature or cfg.explorer.temperature
         self.seed = cfg.run.seed

@@ -84,7 +84,9 @@ class Explorer:
                 cfg.explorer.task_retries,
             ),
         )
-        self.reward = get_reward(cfg.explorer.reward, cfg.explorer.reward_skips_thinking)
+        self.reward = get_reward(
+            cfg.explorer.reward, cfg.explorer.reward_skips_thinking, cfg.reward
+        )
         self.intake = TaskIntake(cfg, self.name, self.events, self.counters)
         self.producer: Any = None  # made in _start(), inside the event loop
         self.loop: asyncio.AbstractEventLoop | None = None

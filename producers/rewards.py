@@ -1,4 +1,5 @@
-"""Reward functions: ``(response text, task) -> (reward, info)``. Pure.
+"""Reward functions: ``(response text, task) -> (reward, info)``. Pure, but for the reward
+services (``judge``, ``code_tests``: :data:`SERVICES`), whose I/O lives in their own modules.
 
 ``explorer.reward`` names one: a key of :data:`REWARDS`, or a user function as
 ``"package.module:function"``, imported when the explorer starts. Adding a built-in reward is
@@ -15,9 +16,10 @@ import functools
 import importlib
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from streamrft.infra.answer_extract import without_thinking
+from streamrft.infra.config import RewardConfig
 from streamrft.producers import answers
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import Task
@@ -99,20 +101,53 @@ REWARDS: dict[str, RewardFn] = {
 """Built-in rewards by ``explorer.reward`` name."""
 
 
-def get_reward(name: str, skips_thinking: bool = True) -> RewardFn:
-    """The reward ``explorer.reward`` names: a registered name or ``"module:function"``;
-    a built-in answer reader reads the whole response when not ``skips_thinking``
+def _judge(service: RewardConfig) -> RewardFn:
+    from streamrft.producers.reward_judge import JudgeReward
+
+    return JudgeReward(service)
+
+
+def _code_tests(service: RewardConfig) -> RewardFn:
+    from streamrft.producers.reward_sandbox import CodeTestsReward
+
+    return CodeTestsReward(service.sandbox, service.concurrency, service.cache_size)
+
+
+SERVICES: dict[str, Callable[[RewardConfig], RewardFn]] = {
+    "judge": _judge,
+    "code_tests": _code_tests,
+}
+"""Rewards scored by a service (I/O, set under ``reward``), by ``explorer.reward`` name."""
+
+
+def get_reward(
+    name: str, skips_thinking: bool = True, service: RewardConfig | None = None
+) -> RewardFn:
+    """The reward ``explorer.reward`` names: a registered name, a reward service (its
+    settings: ``service``, the ``reward`` section) or ``"module:function"``; a built-in
+    answer reader reads the whole response when not ``skips_thinking``
     (``explorer.reward_skips_thinking``)."""
     if ":" in name:
         return _import_reward(name)
+    if name in SERVICES:
+        return SERVICES[name](service or RewardConfig())
     try:
         fn = REWARDS[name]
     except KeyError:
         raise ConfigError(
             f"explorer.reward: unknown reward {name!r}; known: {', '.join(REWARDS)}, "
-            "or a function as 'package.module:function'"
+            f"{', '.join(SERVICES)}, or a function as 'package.module:function'"
         ) from None
     return fn if skips_thinking else getattr(fn, "whole_response", fn)
+
+
+def score_all(reward: RewardFn, pairs: Sequence[tuple[str, Task]]) -> list[tuple[float, dict]]:
+    """``reward`` of each (response, task): at once where the reward is a service that
+    scores many together (``score_all``), else one by one."""
+    many = getattr(reward, "score_all", None)
+    if many is not None:
+        return many(pairs)
+    return [reward(response, task) for response, task in pairs]
 
 
 def _import_reward(path: str) -> RewardFn:

@@ -62,3 +62,9 @@ class SyncTimeout(SyncError):
 class RolloutError(StreamRFTError):
     """A task's workflow kept failing (raised, timed out or produced no group) through its
     retries; the task goes to the dead-letter topic with this reason."""
+
+
+class RewardServiceError(RolloutError):
+    """A reward service (a judge model, the code sandbox) failed to score a response after
+    its retries: the task's workflow call fails with this reason, and the task is tried
+    again (``explorer.task_retries``), then dead-lettered with it."""

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 
 from streamrft.producers.engines.base import Rollout, RolloutEngine
-from streamrft.producers.rewards import RewardFn
+from streamrft.producers.rewards import RewardFn, score_all
 from streamrft.producers.workflows.base import RolloutSpec, task_group
 from streamrft.schemas.experience import Experience, ExperienceGroup, Task
 
@@ -33,15 +33,9 @@ def math_workflow(
 def _experiences(
     rollouts: Sequence[Rollout], task: Task, reward: RewardFn, spec: RolloutSpec, gid: str
 ) -> list[Experience]:
-    """The experiences of group ``gid``: one per rollout of ``task``."""
+    """The experiences of group ``gid``: one per rollout of ``task``, scored together."""
+    scored = score_all(reward, [(r.text, task) for r in rollouts])
     return [
-        _experience(f"{gid}#{i}", r, task, reward, spec.model_version)
-        for i, r in enumerate(rollouts)
+        r.experience(f"{gid}#{i}", value, spec.model_version, info)
+        for i, (r, (value, info)) in enumerate(zip(rollouts, scored, strict=True))
     ]
-
-
-def _experience(
-    eid: str, r: Rollout, task: Task, reward: RewardFn, model_version: int
-) -> Experience:
-    value, info = reward(r.text, task)
-    return r.experience(eid, value, model_version, info)

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from streamrft.producers.engines.base import Rollout, RolloutEngine
-from streamrft.producers.rewards import RewardFn
+from streamrft.producers.rewards import RewardFn, score_all
 from streamrft.producers.workflows.base import RolloutSpec, task_group
 from streamrft.producers.workflows.conversation import TurnRenderer
 from streamrft.producers.workflows.environments import Environment, Message, make_environment
@@ -185,14 +185,13 @@ def play(engine: RolloutEngine, episodes: list[Episode], spec: RolloutSpec) -> N
         turn += 1
 
 
-def experience(eid: str, e: Episode, reward: RewardFn, version: int, tokenizer) -> Experience:
-    """The episode as one experience (see the module docstring for what is trained);
-    ``version``: the step's, unless its turns were stamped with the ones that sampled
-    them."""
-    info: dict[str, float] = {}
-    value = e.reward
-    if value is None:
-        value, info = reward(e.last_text, e.task)
+def experience(
+    eid: str, e: Episode, scored: tuple[float, dict[str, float]], version: int, tokenizer
+) -> Experience:
+    """The episode as one experience (see the module docstring for what is trained), with
+    its reward and the reward's info (``scored``); ``version``: the step's, unless its
+    turns were stamped with the ones that sampled them."""
+    value, info = scored
     return Experience(
         id=eid,
         tokens=pack_i32(e.ids),
@@ -217,8 +216,15 @@ def experience(eid: str, e: Episode, reward: RewardFn, version: int, tokenizer) 
 def _experiences(
     group: list[Episode], reward: RewardFn, version: int, tokenizer, gid: str
 ) -> list[Experience]:
-    """The experiences of group ``gid``: one per episode."""
-    return [experience(f"{gid}#{i}", e, reward, version, tokenizer) for i, e in enumerate(group)]
+    """The experiences of group ``gid``: one per episode, those the environment did not
+    reward scored together by ``reward`` on their last policy turn."""
+    unscored = [e for e in group if e.reward is None]
+    by_reward = iter(score_all(reward, [(e.last_text, e.task) for e in unscored]))
+    scored = [next(by_reward) if e.reward is None else (e.reward, {}) for e in group]
+    return [
+        experience(f"{gid}#{i}", e, s, version, tokenizer)
+        for i, (e, s) in enumerate(zip(group, scored, strict=True))
+    ]
 
 
 def run_episodes(

@@ -181,7 +181,8 @@ def test_unknown_reward_names_the_field_the_rewards_and_the_import_form():
     with pytest.raises(
         ConfigError,
         match=r"^explorer\.reward: unknown reward 'nope'; known: exact_match, last_number, "
-        r"math_answer, format, math_answer_format, or a function as 'package\.module:function'$",
+        r"math_answer, format, math_answer_format, judge, code_tests, or a function as "
+        r"'package\.module:function'$",
     ):
         get_reward("nope")
 

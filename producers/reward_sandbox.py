@@ -1,0 +1,207 @@
+"""``explorer.reward: code_tests``: a response's code is run against the task's tests in a
+sandbox; the reward is the share of tests that pass.
+
+The task's tests: ``metadata["tests"]``, a JSON list of Python snippets (each usually an
+``assert``; a JSONL task's ``tests`` list lands there), or one snippet. The response's
+code: its last fenced block (```` ```python ```` or plain ```` ``` ````), else the whole
+response, ``<think>`` segments skipped. Each test is its own process
+(:mod:`~streamrft.producers.sandbox_harness`): the code, then the test, in a fresh
+temporary folder, with ``reward.sandbox`` limits: wall-clock and CPU time
+(``time_limit_s``; CPU time a second more, a backstop), address space (``memory_mb``), output and file size (``output_kb``),
+no core files; off the network in a user and network namespace of its own when the
+kernel allows (``isolation``), and always behind an audit hook that refuses sockets,
+subprocesses, ``ctypes`` and writing outside the folder. A test passes only when the code
+and the test both ran to their end (an early exit does not pass). ``info``:
+``tests_passed``, ``tests_total``, ``tests_timed_out``, ``code_found``.
+
+A sandbox is a bound on what the code can do to the explorer's machine, not a wall
+against an attacker who targets it: run explorers that score untrusted code in
+containers of their own as well.
+
+Programs run ``reward.concurrency`` at once per explorer; scores are cached by
+(task, response) digest like the judge's. A task whose tests cannot be read fails its
+workflow call with :class:`~streamrft.schemas.errors.RewardServiceError` (dead-lettered
+after its retries), as does a sandbox that cannot start at all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from streamrft.infra.answer_extract import without_thinking
+from streamrft.infra.config import SandboxConfig
+from streamrft.producers.reward_judge import PooledReward, Scored
+from streamrft.schemas.errors import ConfigError, RewardServiceError
+from streamrft.schemas.experience import Task
+
+log = logging.getLogger(__name__)
+
+TESTS_KEY = "tests"
+"""The task metadata key holding its tests."""
+HARNESS = Path(__file__).with_name("sandbox_harness.py")
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
+KILL_GRACE_S = 2.0
+"""Wait for a killed program's process group to be reaped."""
+
+
+def extract_code(response: str) -> tuple[str, bool]:
+    """The response's code: its last fenced block (python or no language), else the whole
+    response; and whether a fenced block was found."""
+    text = without_thinking(response)
+    blocks = [body for lang, body in _FENCE.findall(text) if lang.lower() in ("", "python", "py")]
+    return (blocks[-1], True) if blocks else (text, False)
+
+
+def task_tests(task: Task) -> list[str]:
+    """The task's tests (see the module docstring); RewardServiceError when it has none
+    that can be read."""
+    raw = task.metadata.get(TESTS_KEY)
+    if raw is None:
+        raise RewardServiceError(f"task {task.id!r}: no metadata[{TESTS_KEY!r}] to run")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw  # one snippet, as text
+    tests = [value] if isinstance(value, str) else value
+    if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+        raise RewardServiceError(
+            f"task {task.id!r}: metadata[{TESTS_KEY!r}] is not a test or a list of tests"
+        )
+    return tests
+
+
+@cache
+def namespace_works() -> bool:
+    """Whether ``unshare`` can give a program a user and network namespace here."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    try:
+        done = subprocess.run(
+            [unshare, "--user", "--map-root-user", "--net", "true"],
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def isolation_prefix(cfg: SandboxConfig) -> list[str]:
+    """The command prefix that takes a program off the network (empty: the hook only)."""
+    if cfg.isolation == "audit":
+        return []
+    if namespace_works():
+        return [str(shutil.which("unshare")), "--user", "--map-root-user", "--net", "--"]
+    if cfg.isolation == "namespace":
+        raise ConfigError(
+            "reward.sandbox.isolation: namespace, but this machine gives no user and network "
+            "namespace (unshare --user --net fails: user namespaces are off, or a container "
+            "forbids them); use auto or audit to run behind the audit hook only"
+        )
+    _warn_once()
+    return []
+
+
+@cache
+def _warn_once() -> None:
+    log.warning(
+        "code_tests: no network namespace on this machine; test programs are kept off the "
+        "network by an audit hook only"
+    )
+
+
+class CodeTestsReward(PooledReward):
+    """``explorer.reward: code_tests`` (see the module docstring)."""
+
+    def __init__(self, cfg: SandboxConfig, concurrency: int, cache_size: int) -> None:
+        python = cfg.python or sys.executable
+        if shutil.which(python) is None and not Path(python).is_file():
+            raise ConfigError(f"reward.sandbox.python: {python!r} is not an interpreter found")
+        super().__init__(concurrency, cache_size)
+        self.cfg, self.python = cfg, python
+        self.prefix = isolation_prefix(cfg)
+
+    def score_one(self, response: str, task: Task) -> Scored:
+        tests = task_tests(task)
+        code, fenced = extract_code(response)
+        results = [self.run_test(code, test) for test in tests]
+        passed = sum(r == "passed" for r in results)
+        return passed / len(tests), {
+            "tests_passed": float(passed),
+            "tests_total": float(len(tests)),
+            "tests_timed_out": float(sum(r == "timed out" for r in results)),
+            "code_found": float(fenced),
+        }
+
+    def run_test(self, code: str, test: str) -> str:
+        """``passed``, ``failed`` or ``timed out``: ``code`` then ``test`` in a fresh folder
+        under the limits."""
+        cfg = self.cfg
+        limit_bytes = cfg.output_kb * 1024
+        with tempfile.TemporaryDirectory(prefix="streamrft-sandbox-") as folder:
+            root = Path(folder)
+            (root / "solution.py").write_text(code)
+            (root / "test.py").write_text(test)
+            token = secrets.token_hex(16)
+            argv = [
+                *self.prefix,
+                self.python,
+                "-I",
+                str(HARNESS),
+                str(cfg.memory_mb << 20),
+                str(int(cfg.time_limit_s + 0.999) + 1),  # a backstop behind the wall clock
+                str(limit_bytes),
+            ]
+            with (root / "stdout").open("wb") as out, (root / "stderr").open("wb") as err:
+                try:
+                    proc = subprocess.Popen(
+                        argv,
+                        cwd=root,
+                        stdin=subprocess.PIPE,
+                        stdout=out,
+                        stderr=err,
+                        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
+                        start_new_session=True,
+                    )
+                except OSError as exc:
+                    raise RewardServiceError(f"code_tests: cannot start {argv[0]}: {exc}") from exc
+                try:
+                    proc.communicate((token + "\n").encode(), timeout=cfg.time_limit_s)
+                except subprocess.TimeoutExpired:
+                    _kill(proc)
+                    return "timed out"
+            tail = _tail(root / "stdout", limit_bytes)
+            if proc.returncode == 0 and tail.rstrip().endswith(token):
+                return "passed"
+            return "timed out" if proc.returncode == -signal.SIGXCPU else "failed"
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the program's whole process group, then reap it."""
+    try:
+        os.killpg(proc.pid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        log.warning("code_tests: program %d outlived its kill", proc.pid)
+
+
+def _tail(path: Path, limit: int) -> str:
+    """The last 200 characters of a program's output (it is at most ``limit`` bytes)."""
+    with path.open("rb") as f:
+        f.seek(max(0, min(path.stat().st_size, limit) - 200))
+        return f.read(200).decode("utf-8", "replace")
