@@ -101,6 +101,7 @@ class PooledReward:
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix=type(self).__name__)
         self.calls = 0
         """Responses scored by the service (cache misses)."""
+        self._count = threading.Lock()
 
     def score_one(self, response: str, task: Task) -> Scored:
         raise NotImplementedError
@@ -126,7 +127,8 @@ class PooledReward:
         return [out[key] for key in keys]
 
     def _scored(self, key: str, response: str, task: Task) -> Scored:
-        self.calls += 1
+        with self._count:
+            self.calls += 1
         value = self.score_one(response, task)
         self.cache.put(key, value)
         return value
