@@ -880,7 +880,7 @@ def _add_watch_commands(sub: argparse._SubParsersAction) -> None:
                 "target",
                 metavar="TOPIC|KIND",
                 help="a topic name, or with --run-id a kind: tasks, experiences, control, "
-                "status, metrics, dead_letters",
+                "status, metrics, dead_letters, samples",
             )
             sp.add_argument("--run-id", help="the run whose KIND topic to print")
             sp.add_argument("--max", type=int, default=0, help="stop after N messages (0: all)")
@@ -900,7 +900,7 @@ def _add_watch_commands(sub: argparse._SubParsersAction) -> None:
             sp.add_argument(
                 "--create",
                 action="store_true",
-                help="make the six topics of --run-id (tasks partitions from the config's "
+                help="make the seven topics of --run-id (tasks partitions from the config's "
                 "kafka.partitions and explorer.count), as its trainer would at its start; "
                 "those that exist are left as they are",
             )

@@ -71,7 +71,7 @@ ROLES: dict[str, Access] = {
     ),
     "explorer": Access(
         "`streamrft explore`",
-        writes=("experiences", *EVENTS_OUT),
+        writes=("experiences", "samples", *EVENTS_OUT),
         reads=("tasks", "control", "status"),
         groups=("explorers",),
     ),
@@ -100,7 +100,7 @@ ROLES: dict[str, Access] = {
     "watcher": Access(
         "`streamrft status`, `runs`, `tail`, `dashboard`, `export-metrics`, `topics`, "
         "`validate --connect`",
-        reads=("tasks", "experiences", "control", "status", "metrics", "dead_letters"),
+        reads=("tasks", "experiences", "control", "status", "metrics", "dead_letters", "samples"),
         lists_topics=True,
         every_run=True,
     ),

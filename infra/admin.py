@@ -1,4 +1,4 @@
-"""Topic admin: partitions, configs and creation of a run's six topics (their names come
+"""Topic admin: partitions, configs and creation of a run's seven topics (their names come
 from ``schemas.topics``). Tasks and experiences are partitioned (explorers share the tasks
 through one consumer group; a partition goes to one member at a time); the event topics
 (control, status, metrics, dead letters) have one partition each, so every reader sees one
@@ -30,7 +30,8 @@ def tasks_partitions(cfg: KafkaConfig, explorers: int = 1) -> int:
 
 
 def topic_specs(cfg: KafkaConfig, topics: TopicNames, explorers: int = 1) -> list[NewTopic]:
-    """The six topics of a run: tasks and experiences partitioned, events single-partition.
+    """The seven topics of a run: tasks and experiences partitioned, events and samples
+    single-partition.
 
     Tasks get :func:`tasks_partitions`, experiences ``kafka.partitions``. Single-partition
     event topics keep a total order of control events for every reader.

@@ -392,6 +392,10 @@ class ExplorerConfig(_Section, frozen=True):
     """How the ``agent`` workflow records an episode (as ``serve.record``): ``episode``,
     one experience per conversation the agent holds (its turns appended, tool results and
     user turns masked); ``completion``, one experience per completion it asked for."""
+    samples_per_step: NonNeg = 2
+    """Rollouts of each step an explorer publishes decoded on the run's ``samples`` topic
+    (for the dashboard's samples panel and ``streamrft tail --run-id ID samples``); 0:
+    none."""
     partial_rollout: bool = False
     """Partial rollouts: a multi-turn episode (``multi_turn``, ``tool_calling``) takes the
     newest version announced between two of its turns, never inside an engine call, so a

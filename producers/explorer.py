@@ -31,6 +31,7 @@ from streamrft.infra.produce import OutRecord, fitting_records, send_all
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.policy import followed_policy, start_sampler
 from streamrft.producers.rewards import get_reward
+from streamrft.producers.samples import pick_samples, sample_records
 from streamrft.producers.scheduler import RolloutScheduler, SchedulerLimits
 from streamrft.producers.task_intake import UNSTAMPED, Taken, TaskIntake
 from streamrft.producers.workflows import RolloutSpec, get_workflow
@@ -186,6 +187,11 @@ class Explorer:
                 if g.id in big and g.task_id in by_task
             )
             groups = [g for g in groups if g.id not in big]
+        if self.cfg.explorer.samples_per_step:  # after the groups: their order on no topic
+            shown = pick_samples(
+                groups, self.cfg.explorer.samples_per_step, self.engine.tokenizer, seed
+            )
+            records += sample_records(self.topics.samples, shown)
         await self.publish(records)
         if outcome.aborted:
             log.info(
@@ -286,7 +292,7 @@ class Explorer:
         await send_all(
             self.producer,
             records,
-            f"{self.name}: publishing {len(records)} experience groups",
+            f"{self.name}: publishing {len(records)} records (experience groups, samples)",
             self.cfg.run.outage_timeout_s,
             lambda _exc: self.counters.add("publish_retries"),
         )

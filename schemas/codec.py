@@ -44,6 +44,7 @@ from streamrft.schemas.json_forms import (
     group_to_json,
 )
 from streamrft.schemas.manifest import WeightManifest
+from streamrft.schemas.samples import Sample, validate_sample
 
 SCHEMA_VERSION = 1
 """Bumped only for an incompatible change; additive changes keep it (fields at the end)."""
@@ -196,6 +197,7 @@ METRICS: Codec[MetricsEvent] = Codec(
     MetricsEvent, "metrics", validate_metrics, limits.METRICS_MAX_BYTES
 )
 DEAD_LETTER: Codec[DeadLetter] = Codec(DeadLetter, "dead_letter", None, limits.DATA_MAX_BYTES)
+SAMPLE: Codec[Sample] = Codec(Sample, "sample", validate_sample, limits.EVENT_MAX_BYTES)
 
 CODEC_BY_KIND: dict[str, Codec[Any]] = {
     "tasks": TASK,
@@ -204,6 +206,7 @@ CODEC_BY_KIND: dict[str, Codec[Any]] = {
     "status": STATUS,
     "metrics": METRICS,
     "dead_letters": DEAD_LETTER,
+    "samples": SAMPLE,
 }
 """Codec for each topic kind of a run namespace (see :mod:`streamrft.schemas.topics`)."""
 

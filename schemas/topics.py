@@ -1,6 +1,6 @@
 """Topic names of a run namespace: ``<prefix>.<run>.<kind>``.
 
-Several runs can share one Kafka cluster; each has its own six topics.
+Several runs can share one Kafka cluster; each has its own seven topics.
 """
 
 from __future__ import annotations
@@ -11,7 +11,15 @@ import msgspec
 
 from streamrft.schemas.errors import ConfigError
 
-TOPIC_KINDS = ("tasks", "experiences", "control", "status", "metrics", "dead_letters")
+TOPIC_KINDS = (
+    "tasks",
+    "experiences",
+    "control",
+    "status",
+    "metrics",
+    "dead_letters",
+    "samples",
+)
 NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -55,6 +63,10 @@ class TopicNames(msgspec.Struct, frozen=True):
     @property
     def dead_letters(self) -> str:
         return self.of("dead_letters")
+
+    @property
+    def samples(self) -> str:
+        return self.of("samples")
 
     def group(self, role: str) -> str:
         """The run's consumer group of ``role`` (``<prefix>.<run id>.<role>``): runs sharing

@@ -61,6 +61,8 @@ TOPIC_KEYS: dict[str, str] = {
     "status": "component id",
     "metrics": "run id",
     "dead_letters": "id of the component that could not handle the message",
+    # producers/samples.py: a few decoded rollouts per explorer step
+    "samples": "task id (`Sample.task_id`)",
 }
 
 

@@ -26,7 +26,7 @@ from streamrft.infra.config import Config, KafkaConfig
 from streamrft.infra.consume import Record, consume
 from streamrft.infra.endpoints import INFRA_DIR, infra_up, of_run, of_run_config
 from streamrft.infra.pids import port_open
-from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, STATUS, Codec
+from streamrft.schemas.codec import CONTROL, DEAD_LETTER, METRICS, SAMPLE, STATUS, Codec
 from streamrft.schemas.errors import StreamRFTError
 from streamrft.schemas.topics import TopicNames
 
@@ -37,8 +37,10 @@ EVENT_CODECS: dict[str, Codec[Any]] = {
     "status": STATUS,
     "control": CONTROL,
     "dead_letters": DEAD_LETTER,
+    "samples": SAMPLE,
 }
-"""The run's event topics by kind, and how each decodes."""
+"""The run's event topics by kind, and how each decodes (``samples``: the decoded
+rollouts explorers show)."""
 
 
 @dataclass(frozen=True)

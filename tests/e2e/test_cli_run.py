@@ -181,6 +181,13 @@ def _watch_from_another_shell(cwd: Path, run_id: str) -> None:
     assert len(got) == 3 and {v["component"] for v in got} == {"trainer"}
     one = cli("tail", "--run-id", run_id, "status", "--where", "component=explorer-0", "--max", "1")
     assert json.loads(one)["value"]["role"] == "explorer"
+    # what the policy said: two decoded rollouts a step (explorer.samples_per_step)
+    lines = cli("tail", "--run-id", run_id, "samples", "--max", "2").splitlines()
+    for sample in (json.loads(line)["value"] for line in lines):
+        assert sample["explorer"] == "explorer-0" and sample["experience_id"].startswith(run_id)
+        roles = [p["role"] for p in sample["parts"]]
+        assert roles == ["prompt", "policy"]  # the math workflow: one policy turn
+        assert sample["parts"][0]["text"].endswith("=")  # an addition task, decoded
 
 
 def test_bad_config_is_a_clear_error(tmp_path):

@@ -4,7 +4,8 @@ The page renders and updates without a reload: the trainer's reward curve gains 
 experiences/s rises above 0, an explorer started by hand appears (and the others are
 reassigned: a rebalance) and its STOPPED shows once it is sent SIGTERM, the dead-letter
 counter moves when garbage is produced to the run's experiences topic, and markup in a
-dead letter shows as text. A finished run whose broker is gone is shown from its
+dead letter shows as text; the samples panel shows both explorers' decoded rollouts, a
+hostile sample's markup as text, and filters by reward and task. A finished run whose broker is gone is shown from its
 ``metrics.jsonl``, with what that file cannot know shown as unknown. A screenshot of each page is
 kept in ``test-artifacts/`` (gitignored). Without Chromium or ``tests/browser``'s
 node_modules the tests skip, except under ``CI=true``.
@@ -28,8 +29,9 @@ import pytest
 from streamrft.app.watch import run_events
 from streamrft.app.watch.metrics_log import MetricsLog, metrics_path
 from streamrft.infra.config import Config, with_run_id
-from streamrft.schemas.codec import DEAD_LETTER
+from streamrft.schemas.codec import DEAD_LETTER, SAMPLE
 from streamrft.schemas.events import DeadLetter, MetricsEvent
+from streamrft.schemas.samples import Sample, SamplePart
 from tests.helpers.browser import Browser, need_browser
 from tests.helpers.cli import env, explore_argv, run_argv, start_logged, streamrft_cmd
 from tests.helpers.paths import EXAMPLE
@@ -93,6 +95,70 @@ async def _produce_garbage(bootstrap: str, topic: str, letters: str) -> None:
         )
     finally:
         await producer.stop()
+
+
+async def _produce_sample(bootstrap: str, topic: str) -> None:
+    """A sample whose task id, policy text and inserted text hold markup, reward 9 (no
+    rollout of the run has it: a filter finds this one alone)."""
+    from aiokafka import AIOKafkaProducer
+
+    sample = Sample(
+        experience_id="hostile#0", task_id=f"xss-{XSS}", explorer="app", explorer_step=0,
+        workflow="math", model_version=0, reward=9.0, created_at=time.time(),
+        parts=[
+            SamplePart(role="prompt", text="<b>bold?</b> 2+2="),
+            SamplePart(role="policy", text=f"4 {XSS}"),
+            SamplePart(role="inserted", text="<script>window.__pwned = 2</script>"),
+        ],
+    )  # fmt: skip
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, SAMPLE.encode(sample), headers=SAMPLE.headers())
+    finally:
+        await producer.stop()
+
+
+def _filter_samples(browser: Browser, field: str, value: str) -> int:
+    """Type ``value`` into the samples filter ``field``; the samples shown."""
+    browser.eval(
+        f"(() => {{ const f = document.querySelector('#sample-{field}'); f.value = {value!r}; "
+        "f.dispatchEvent(new Event('input')); return f.value; })()"
+    )
+    return _count(browser, "#samples", "count")
+
+
+def _check_samples(browser: Browser, bootstrap: str, topic: str) -> None:
+    """The run's explorers' samples are shown decoded; a hostile one is shown as text; the
+    filters by reward and task work."""
+    browser.wait("Number(document.querySelector('#samples').dataset.count) >= 2", 60, "samples")
+    prompts = browser.eval(
+        "[...document.querySelectorAll('#samples .part-prompt')].map(p => p.textContent)"
+    )
+    assert all(p.endswith("=") for p in prompts), prompts  # addition tasks, decoded
+    explorers = browser.eval(
+        "[...document.querySelectorAll('#samples .sample')].map(s => s.dataset.explorer)"
+    )
+    assert {"explorer-0", "explorer-1"} <= set(explorers), explorers
+    asyncio.run(_produce_sample(bootstrap, topic))
+    browser.wait(
+        "[...document.querySelectorAll('#samples .sample')].some(s => s.dataset.explorer === 'app')",
+        60,
+        "the hostile sample",
+    )
+    assert _filter_samples(browser, "min", "5") == 1  # rewards of the run are at most 1
+    text = browser.eval("document.querySelector('#samples .sample-text').textContent")
+    assert text == f"<b>bold?</b> 2+2=4 {XSS}<script>window.__pwned = 2</script>"
+    assert (
+        browser.eval(
+            "document.querySelectorAll('#samples img, #samples b, #samples script').length"
+        )
+        == 0
+    )
+    assert browser.eval("window.__pwned === undefined") is True
+    assert _filter_samples(browser, "min", "") >= 3
+    assert _filter_samples(browser, "task", "xss-") == 1
+    assert _filter_samples(browser, "task", "") >= 3
 
 
 def _assert_shown_as_text(browser: Browser, table: str) -> None:
@@ -180,6 +246,7 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
         )
         assert sum(topic in row for row in letters) >= 2, letters
         _assert_shown_as_text(browser, "#dead-letters")
+        _check_samples(browser, broker.kafka.bootstrap_servers, cfg.topics().samples)
         assert browser.eval("window.__loadedOnce") == "same page"  # all of it without a reload
         shot = browser.screenshot("dashboard.png")
         assert shot.stat().st_size > 10_000

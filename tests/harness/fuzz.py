@@ -54,6 +54,7 @@ from streamrft.schemas.experience import (
     Task,
     check_token_ids,
 )
+from streamrft.schemas.samples import Sample, SamplePart
 from streamrft.schemas.topics import TOPIC_KINDS, TopicNames
 from tests.helpers.groups import make_group
 
@@ -204,6 +205,26 @@ _SAMPLES: dict[str, Any] = {
             reason="experience_group: bad",
             error_type="SchemaError",
             component="trainer-fuzz",
+            created_at=1.7e9,
+        )
+    ],
+    "samples": lambda: [
+        Sample(
+            experience_id="fuzz/task-0@0#1",
+            task_id="task-0",
+            explorer="explorer-fuzz",
+            explorer_step=3,
+            workflow="tool_calling",
+            model_version=2,
+            reward=0.5,
+            parts=[
+                SamplePart(role="prompt", text="3+4="),
+                SamplePart(role="policy", text="<tool>calculator(3+4)</tool>"),
+                SamplePart(role="inserted", text="\n\n7\n\n"),
+                SamplePart(role="policy", text="7"),
+            ],
+            versions=[2, 3],
+            info={"turns": 2.0},
             created_at=1.7e9,
         )
     ],

@@ -14,6 +14,7 @@ import pytest
 
 from streamrft.infra.consume import read_history
 from streamrft.schemas import CONTROL, ModelVersionReady
+from streamrft.schemas.codec import SAMPLE
 from tests.helpers.cli import env, run_argv, style_settings
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.topics import groups_and_trainer_metrics
@@ -62,6 +63,7 @@ def test_long_episodes_take_newer_versions_between_turns(services, make_config, 
     cfg = make_config(run={"id": run_id})
     groups, metrics = groups_and_trainer_metrics(cfg)
     control = asyncio.run(read_history(cfg.kafka, cfg.topics().control, CONTROL, "t-control"))
+    samples = asyncio.run(read_history(cfg.kafka, cfg.topics().samples, SAMPLE, "t-samples"))
     published = {ev.version for ev in control if isinstance(ev, ModelVersionReady)}
     partial = [e for g in groups for e in g.experiences if e.segments]
     assert partial, "no episode took a newer version between its turns"
@@ -73,6 +75,17 @@ def test_long_episodes_take_newer_versions_between_turns(services, make_config, 
             mask = list(e.action_mask)
             turn_starts = {0} | {i for i in range(1, len(mask)) if mask[i] and not mask[i - 1]}
             assert {s.start for s in e.segments} <= turn_starts  # never inside a turn
+    # the decoded samples: the conversation turn by turn, the versions that sampled it
+    by_id = {e.id: e for g in groups for e in g.experiences}
+    assert len(samples) >= 2 * STEPS
+    for sample in samples:
+        exp = by_id[sample.experience_id]
+        roles = [p.role for p in sample.parts]
+        turns = int(exp.info["turns"])  # four, or fewer where the context ran out
+        assert roles[: 2 * turns] == ["prompt", *["policy", "inserted"] * turns][: 2 * turns]
+        assert roles.count("policy") == turns and len(roles) in (2 * turns, 2 * turns + 1)
+        assert sample.versions == [seg.version for seg in exp.segments]
+        assert sample.reward == exp.reward
     trained = [row.group_id for m in metrics for row in m.trained]
     assert len(trained) == len(set(trained)) == STEPS * 8  # each group trained once
     assert set(trained) <= {g.id for g in groups}  # the explorer ran ahead: not all trained

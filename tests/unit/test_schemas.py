@@ -535,7 +535,8 @@ def test_topic_names():
     assert names.metrics == "streamrft.arith-20260101_1.metrics"
     assert names.dead_letters == "streamrft.arith-20260101_1.dead_letters"
     assert names.all() == {k: f"streamrft.arith-20260101_1.{k}" for k in TOPIC_KINDS}
-    assert len(set(names.all().values())) == 6
+    assert names.samples == "streamrft.arith-20260101_1.samples"
+    assert len(set(names.all().values())) == 7
     assert TopicNames.kind_of(names.control) == "control"
     assert TopicNames.kind_of("some.other.topic") is None
     with pytest.raises(ConfigError, match="unknown topic kind 'bogus'"):

@@ -40,6 +40,8 @@ from streamrft.schemas.events import MetricsEvent
 log = logging.getLogger(__name__)
 
 KINDS = ("metrics", "status", "control", "dead_letters")
+"""The event topics every run has; ``samples`` too where the run has that topic (a run
+made before it was added has not)."""
 RETRY_S = 2.0
 """How often a feed with nothing to read looks again for the run's broker or file."""
 FILE_POLL_S = 1.0
@@ -135,6 +137,8 @@ class Feed:
         self.kind = ""
         """Where the view comes from: "broker", "file" (metrics only), "" (nowhere yet)."""
         self.live = False
+        self.kinds: tuple[str, ...] = KINDS
+        """The run's event topics the broker holds."""
         self.undecodable = 0
         self.seq = 0
         """Bumped at every change; listeners compare it with what they sent."""
@@ -268,7 +272,10 @@ class Feed:
         if broker is None:
             return None
         names = await topic_names(broker)
-        return broker if names is not None and self.cfg.topics().metrics in names else None
+        if names is None or self.cfg.topics().metrics not in names:
+            return None
+        self.kinds = (*KINDS, "samples") if self.cfg.topics().samples in names else KINDS
+        return broker
 
     async def _from_broker(self, broker: run_events.Broker, fresh: bool) -> None:
         """Read the run's topics from the beginning until the broker is gone. ``fresh``:
@@ -290,7 +297,7 @@ class Feed:
             run_events.read_events(
                 broker.kafka,
                 self.cfg.topics(),
-                KINDS,
+                self.kinds,
                 view.apply,
                 follow=True,
                 on_bad=self._bad,

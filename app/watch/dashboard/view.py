@@ -27,7 +27,9 @@ Where the numbers come from:
   tasks partitions, the first one too, and every member counts each group rebalance: an
   explorer's reassignments are that count minus one (its largest across restarts), and the
   run's rebalances the most reassignments any one explorer saw;
-- dead letters: every event of the dead-letter topic, the last :data:`LATEST_LETTERS` kept.
+- dead letters: every event of the dead-letter topic, the last :data:`LATEST_LETTERS` kept;
+- samples: the decoded rollouts explorers publish, the last :data:`LATEST_SAMPLES` of each
+  explorer kept (the page filters them by reward and task, and shows their text as text).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from streamrft.schemas.events import (
     StatusEvent,
     SyncRequest,
 )
+from streamrft.schemas.samples import Sample
 
 MAX_POINTS = 2000
 """Points a curve keeps before it halves its resolution."""
@@ -57,6 +60,10 @@ REDO_WINDOW_STEPS = 1000
 (always one of the last few: the trainer resumes from its newest checkpoint)."""
 RATE_WINDOW_S = 20.0
 """Experiences/s is the rise of the published total over this many seconds."""
+LATEST_SAMPLES = 10
+"""Samples kept per explorer (the newest)."""
+MAX_SAMPLE_SOURCES = 64
+"""Explorers whose samples are kept (more: the first ones)."""
 LATEST_LETTERS = 10
 """Dead letters listed with their reason."""
 LATEST_VERSIONS = 10
@@ -213,7 +220,13 @@ class RunView:
 
     run: str = ""
     events: dict[str, int] = field(
-        default_factory=lambda: {"metrics": 0, "status": 0, "control": 0, "dead_letters": 0}
+        default_factory=lambda: {
+            "metrics": 0,
+            "status": 0,
+            "control": 0,
+            "dead_letters": 0,
+            "samples": 0,
+        }
     )
     started_at: float = 0.0
     updated_at: float = 0.0
@@ -239,6 +252,8 @@ class RunView:
     shutdown: str | None = None
     dead_letters: int = 0
     letters: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=LATEST_LETTERS))
+    samples: dict[str, deque[dict[str, Any]]] = field(default_factory=dict)
+    """Explorer -> its newest samples."""
 
     def apply(self, kind: str, event: Any) -> None:
         """Fold one event of topic ``kind`` (``metrics``, ``status``, ``control``,
@@ -248,6 +263,7 @@ class RunView:
             "status": self._status,
             "control": self._control,
             "dead_letters": self._dead_letter,
+            "samples": self._sample,
         }
         if kind not in handlers:
             raise ValueError(f"unknown event kind {kind!r}; known: {', '.join(handlers)}")
@@ -382,6 +398,26 @@ class RunView:
             }
         )
 
+    def _sample(self, ev: Sample) -> None:
+        kept = self.samples.get(ev.explorer)
+        if kept is None:
+            if len(self.samples) >= MAX_SAMPLE_SOURCES:
+                return
+            kept = self.samples[ev.explorer] = deque(maxlen=LATEST_SAMPLES)
+        kept.append(
+            {
+                "explorer": ev.explorer,
+                "step": ev.explorer_step,
+                "task_id": ev.task_id,
+                "workflow": ev.workflow,
+                "version": ev.model_version,
+                "versions": list(ev.versions),
+                "reward": ev.reward if math.isfinite(ev.reward) else None,
+                "parts": [{"role": p.role, "text": p.text} for p in ev.parts],
+                "created_at": ev.created_at,
+            }
+        )
+
     # -- the page's data -----------------------------------------------------------------------
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         """Everything the page shows, as plain JSON-able data (times are Unix seconds;
@@ -426,6 +462,11 @@ class RunView:
             "sync_requests": self.sync_requests,
             "shutdown": self.shutdown,
             "dead_letters": {"count": self.dead_letters, "latest": list(self.letters)},
+            "samples": sorted(
+                (x for kept in self.samples.values() for x in kept),
+                key=lambda x: x["created_at"],
+                reverse=True,
+            ),
         }
 
     def _row(self, c: Component) -> dict[str, Any]:

@@ -261,7 +261,46 @@ function render(p) {
   renderComponents(v.components);
   renderVersions(v.versions.recent);
   renderLetters(v.dead_letters.latest);
+  latestSamples = v.samples || [];
+  renderSamples();
 }
+
+let latestSamples = [];  // the shown payload's samples, newest first
+
+function sampleFilter() {
+  const task = $("sample-task").value.trim();
+  const lo = $("sample-min").value === "" ? -Infinity : Number($("sample-min").value);
+  const hi = $("sample-max").value === "" ? Infinity : Number($("sample-max").value);
+  return (s) => (!task || s.task_id.includes(task)) && s.reward !== null && s.reward >= lo && s.reward <= hi;
+}
+
+// every text of a sample goes through textContent: what a model or a task says is never markup
+function renderSamples() {
+  const host = $("samples");
+  const shown = latestSamples.filter(sampleFilter());
+  host.replaceChildren();
+  host.dataset.count = String(shown.length);
+  $("sample-count").dataset.count = String(shown.length);
+  $("sample-count").textContent = `${shown.length} of ${latestSamples.length}`;
+  $("samples-empty").hidden = latestSamples.length > 0;
+  for (const s of shown) {
+    const box = el("article", { class: "sample", "data-task": s.task_id, "data-explorer": s.explorer });
+    const versions = s.versions.length ? `versions ${s.versions.join(" → ")}` : `version ${s.version}`;
+    const head = el("div", { class: "sample-head" });
+    head.append(el("span", { class: "mono" }, s.task_id));
+    head.append(el("span", { class: "reward" }, `reward ${fmt(s.reward, 3)}`));
+    head.append(el("span", { class: "muted" },
+      `${s.explorer} step ${s.step} · ${s.workflow} · ${versions} · `));
+    head.lastChild.append(el("span", { class: "age", "data-t": String(s.created_at) }, age(s.created_at)));
+    box.append(head);
+    const text = el("pre", { class: "sample-text" });
+    for (const part of s.parts) text.append(el("span", { class: `part part-${part.role}`, title: part.role }, part.text));
+    box.append(text);
+    host.append(box);
+  }
+}
+
+for (const id of ["sample-task", "sample-min", "sample-max"]) $(id).addEventListener("input", renderSamples);
 
 function renderComponents(rows) {
   const body = $("components");
