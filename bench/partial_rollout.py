@@ -36,20 +36,18 @@ import os
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
-import argparse
 import asyncio
 import json
 import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scale_explorers import _endpoint_settings, run_to_end  # bench/, beside us
-from sync_styles import figures  # bench/, beside us
+from sync_styles import ab_parser, figures, report, run_points  # bench/, beside us
 
 from streamrft.infra.config import load_config, with_run_id
 from streamrft.infra.consume import read_history
@@ -183,14 +181,8 @@ def compare(points: list[dict]) -> list[dict]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="seed 0, 8 + 6 steps")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--simulated-steps", type=int, default=12)
-    parser.add_argument("--seeds", default="0,1")
+    parser = ab_parser(__doc__, 20, 12, 0.0015, "seed 0, 8 + 6 steps")
     parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--seconds-per-token", type=float, default=0.0015)
-    parser.add_argument("--kinds", default="tiny,simulated")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.simulated_steps, args.seeds = 8, 6, "0"
@@ -198,28 +190,16 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="partial-bench-"))
     tasks = workdir / "turns.jsonl"
     write_tasks(tasks, args.turns)
-    points = []
     try:
-        for kind in args.kinds.split(","):
-            for seed in seeds if kind == "tiny" else seeds[:1]:
-                for partial in MODES:
-                    print(f"# {kind} partial={partial} seed {seed}", file=sys.stderr, flush=True)
-                    points.append(run_point(partial, kind, seed, args, workdir, tasks))
+        points = run_points(
+            args.kinds.split(","),
+            seeds,
+            MODES,
+            lambda partial, kind, seed: run_point(partial, kind, seed, args, workdir, tasks),
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    ratios = compare(points)
-    for p in points:
-        print("  ".join(f"{k}={v}" for k, v in p.items() if not k.startswith("_")))
-    for r in ratios:
-        print("partial vs whole: " + "  ".join(f"{k}={v}" for k, v in r.items()))
-    line = {
-        "bench": "partial_rollout",
-        "turns": args.turns,
-        "ratios": ratios,
-        "points": [{k: v for k, v in p.items() if not k.startswith("_")} for p in points],
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    print(json.dumps(line))
+    report("partial_rollout", points, compare(points), "partial vs whole", turns=args.turns)
     return 0
 
 

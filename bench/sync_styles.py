@@ -44,6 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # the run's command line comes from the test helpers (tests/), not part of the package
@@ -184,44 +185,62 @@ def compare(points: list[dict]) -> list[dict]:
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="seed 0, 12 + 10 steps")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--simulated-steps", type=int, default=30)
+def ab_parser(doc: str, steps: int, simulated_steps: int, cost: float, quick: str):
+    """The options an A/B bench of whole runs shares (``--quick``: ``quick`` says what)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--simulated-steps", type=int, default=simulated_steps)
     parser.add_argument("--seeds", default="0,1")
-    parser.add_argument("--explorers", type=int, default=2)
-    parser.add_argument("--seconds-per-token", type=float, default=0.002)
+    parser.add_argument("--seconds-per-token", type=float, default=cost)
     parser.add_argument("--kinds", default="tiny,simulated")
+    return parser
+
+
+def run_points(
+    kinds: list[str], seeds: list[int], modes: tuple, run: Callable[[object, str, int], dict]
+) -> list[dict]:
+    """``run(mode, kind, seed)`` of every mode, for each seed of the tiny model and the
+    first seed of the simulated engine; progress on stderr."""
+    points = []
+    for kind in kinds:
+        for seed in seeds if kind == "tiny" else seeds[:1]:
+            for mode in modes:
+                print(f"# {kind} {mode} seed {seed}", file=sys.stderr, flush=True)
+                points.append(run(mode, kind, seed))
+    return points
+
+
+def report(bench: str, points: list[dict], ratios: list[dict], versus: str, **extra) -> None:
+    """The human-readable lines (``versus``: what the ratios compare), then the one JSON
+    line (the points without their ``_`` keys)."""
+    shown = [{k: v for k, v in p.items() if not k.startswith("_")} for p in points]
+    for p in shown:
+        print("  ".join(f"{k}={v}" for k, v in p.items()))
+    for r in ratios:
+        print(f"{versus}: " + "  ".join(f"{k}={v}" for k, v in r.items()))
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    print(json.dumps({"bench": bench, **extra, "ratios": ratios, "points": shown, "at": at}))
+
+
+def main() -> int:
+    parser = ab_parser(__doc__, 40, 30, 0.002, "seed 0, 12 + 10 steps")
+    parser.add_argument("--explorers", type=int, default=2)
     args = parser.parse_args()
     if args.quick:
         args.steps, args.simulated_steps, args.seeds = 12, 10, "0"
     seeds = [int(s) for s in args.seeds.split(",")]
-    kinds = args.kinds.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="styles-bench-"))
-    points = []
     try:
-        for kind in kinds:
-            for seed in seeds if kind == "tiny" else seeds[:1]:
-                for style in STYLES:
-                    print(f"# {kind} {style} seed {seed}", file=sys.stderr, flush=True)
-                    points.append(run_point(style, kind, seed, args, workdir))
+        points = run_points(
+            args.kinds.split(","),
+            seeds,
+            STYLES,
+            lambda style, kind, seed: run_point(style, kind, seed, args, workdir),
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    ratios = compare(points)
-    for p in points:
-        shown = {k: v for k, v in p.items() if not k.startswith("_")}
-        print("  ".join(f"{k}={v}" for k, v in shown.items()))
-    for r in ratios:
-        print("fully_async vs fixed: " + "  ".join(f"{k}={v}" for k, v in r.items()))
-    line = {
-        "bench": "sync_styles",
-        "explorers": args.explorers,
-        "ratios": ratios,
-        "points": [{k: v for k, v in p.items() if not k.startswith("_")} for p in points],
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    print(json.dumps(line))
+    report("sync_styles", points, compare(points), "fully_async vs fixed", explorers=args.explorers)
     return 0
 
 

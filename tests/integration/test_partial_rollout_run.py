@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 
 import pytest
 
 from streamrft.infra.consume import read_history
 from streamrft.schemas import CONTROL, ModelVersionReady
 from streamrft.schemas.codec import SAMPLE
-from tests.helpers.cli import env, run_argv, style_settings
+from tests.helpers.cli import run_argv, run_ok, style_settings
 from tests.helpers.paths import EXAMPLE
 from tests.helpers.topics import groups_and_trainer_metrics
 
@@ -37,29 +36,17 @@ def test_long_episodes_take_newer_versions_between_turns(services, make_config, 
     tasks = tmp_path / "turns.jsonl"
     _tasks(tasks)
     run_id = f"partial-{tmp_path.name[-8:]}"
-    proc = subprocess.run(
-        run_argv(
-            EXAMPLE,
-            run_id,
-            STEPS,
-            tmp_path / "runs",
-            services,
-            *style_settings("fully_async", 1, 1, 4),
-            f"taskset.path={tasks}",
-            "taskset.workflow=multi_turn",
-            "explorer.partial_rollout=true",
-            "explorer.engine=simulated",
-            "explorer.simulated_seconds_per_token=0.01",  # 16 episodes x 8 tokens: 1.3 s a turn
-            "explorer.max_new_tokens=8",
-            "explorer.repeat_times=2",
-        ),
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=400,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    settings = [
+        *style_settings("fully_async", 1, 1, 4),
+        f"taskset.path={tasks}",
+        "taskset.workflow=multi_turn",
+        "explorer.partial_rollout=true",
+        "explorer.engine=simulated",
+        "explorer.simulated_seconds_per_token=0.01",  # 16 episodes x 8 tokens: 1.3 s a turn
+        "explorer.max_new_tokens=8",
+        "explorer.repeat_times=2",
+    ]
+    run_ok(run_argv(EXAMPLE, run_id, STEPS, tmp_path / "runs", services, *settings), tmp_path, 400)
     cfg = make_config(run={"id": run_id})
     groups, metrics = groups_and_trainer_metrics(cfg)
     control = asyncio.run(read_history(cfg.kafka, cfg.topics().control, CONTROL, "t-control"))
