@@ -49,6 +49,7 @@ from streamrft.infra.taskset import read_training_set
 from streamrft.schemas.codec import EXPERIENCE_GROUP
 from streamrft.schemas.errors import (
     ConfigError,
+    RewardServiceError,
     SchemaError,
     ServiceError,
     Stalled,
@@ -510,7 +511,12 @@ class Trainer:
         (``eval.in_trainer``; an evaluator process evaluates the versions otherwise)."""
         if self._evaluate is None:
             return
-        values = await asyncio.to_thread(self.engine.evaluate, self._evaluate)
+        try:
+            values = await asyncio.to_thread(self.engine.evaluate, self._evaluate)
+        except RewardServiceError as exc:  # a judge down: this step goes unevaluated
+            self.counters.add("evaluations_failed")
+            log.warning("trainer: step %d not evaluated: %s", self.step, exc)
+            return
         await self.events.metrics(values)
         self._note_best(values)
         log.info(

@@ -1067,7 +1067,7 @@ class RewardConfig(_Section, frozen=True):
     temperature: NonNegF = 0.0
     """The judge's sampling temperature."""
     timeout_s: PosF = 60.0
-    """Longest wait for one judge reply."""
+    """Longest wait for the judge to answer, and for each read of its reply."""
     retries: NonNeg = 2
     """Further tries of a judge call that failed (no answer, a server error, a reply with
     no score), 1 s apart then doubling; then the task's workflow call fails with the

@@ -23,7 +23,7 @@ from streamrft.infra.prompts import PromptRenderer
 from streamrft.infra.taskset import read_taskset, read_training_set
 from streamrft.producers.engines import RolloutEngine, TransformersEngine
 from streamrft.producers.pass_at_k import mean_pass_at_k
-from streamrft.producers.rewards import RewardFn, get_reward
+from streamrft.producers.rewards import RewardFn, get_reward, score_all
 from streamrft.schemas.experience import Task
 
 
@@ -49,10 +49,8 @@ def greedy_accuracy(
     total = 0.0
     for lo in range(0, len(tasks), batch):
         chunk = tasks[lo : lo + batch]
-        for task, text in zip(
-            chunk, engine.greedy(render.batch(chunk), max_new_tokens), strict=True
-        ):
-            total += reward(text, task)[0]
+        texts = engine.greedy(render.batch(chunk), max_new_tokens)
+        total += sum(v for v, _ in score_all(reward, list(zip(texts, chunk, strict=True))))
     return total / len(tasks)
 
 

@@ -30,7 +30,7 @@ from streamrft.infra.config import Config
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.producers.evaluation import EvalSuite
 from streamrft.producers.policy import followed_policy, start_sampler
-from streamrft.schemas.errors import ConfigError, SyncError, SyncTimeout
+from streamrft.schemas.errors import ConfigError, RewardServiceError, SyncError, SyncTimeout
 from streamrft.schemas.events import RunState
 
 log = logging.getLogger(__name__)
@@ -205,9 +205,16 @@ class Evaluator:
         self.step = step
         await self.events.status(RunState.RUNNING, f"evaluating version {version}")
         e = self.cfg.eval
-        result = await asyncio.to_thread(
-            self.suite.measure, self.engine, self.prompts, e.pass_k, e.sample_count
-        )
+        try:
+            result = await asyncio.to_thread(
+                self.suite.measure, self.engine, self.prompts, e.pass_k, e.sample_count
+            )
+        except RewardServiceError as exc:  # a judge down: this version goes unevaluated
+            self.done = version
+            self.counters.add("evaluations_failed")
+            log.warning("%s: version %d not evaluated: %s", self.name, version, exc)
+            await self.events.status(RunState.RUNNING, f"version {version} not evaluated: {exc}")
+            return
         self.done = version
         self.counters.add("versions_evaluated")
         values = result.metrics()

@@ -13,6 +13,7 @@ explorer that dies mid-step loses nothing: its tasks are explored again (at-leas
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -45,6 +46,10 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 60.0
 """How long a step may go on after the run's Shutdown before it is stopped."""
+SAMPLE_SEND_S = 10.0
+"""Longest try to publish a step's samples (best effort, after its groups)."""
+SAMPLE_FAILURES = 3
+"""Steps in a row whose samples failed after which an explorer makes no more."""
 REFRESH_TIMEOUT_S = 600.0
 """Longest an episode waits between two turns for a newer version to be applied
 (``explorer.partial_rollout``) before it goes on with the weights held."""
@@ -91,6 +96,8 @@ class Explorer:
         self.intake = TaskIntake(cfg, self.name, self.events, self.counters)
         self.producer: Any = None  # made in _start(), inside the event loop
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.sample_failures = 0
+        """Steps in a row whose samples were not published."""
 
     def _position(self) -> Position:
         held = self.follower.version
@@ -187,12 +194,8 @@ class Explorer:
                 if g.id in big and g.task_id in by_task
             )
             groups = [g for g in groups if g.id not in big]
-        if self.cfg.explorer.samples_per_step:  # after the groups: their order on no topic
-            shown = pick_samples(
-                groups, self.cfg.explorer.samples_per_step, self.engine.tokenizer, seed
-            )
-            records += sample_records(self.topics.samples, shown)
         await self.publish(records)
+        await self._show(groups, seed)
         if outcome.aborted:
             log.info(
                 "%s: step aborted; %d groups published, nothing committed", self.name, len(groups)
@@ -248,16 +251,19 @@ class Explorer:
     def _refresh(self) -> None:
         """Between two turns of an episode (on a scheduler thread): apply the newest
         usable version if it is newer than the one held (``explorer.partial_rollout``)."""
-        if self.loop is None or self._stopping():
+        if self.loop is None or self.stop.is_set() or self.view.shutdown.is_set():
             return
         applied = asyncio.run_coroutine_threadsafe(self._take_newer(), self.loop)
         try:
             applied.result(REFRESH_TIMEOUT_S)
-        except TimeoutError:
+        except concurrent.futures.TimeoutError:
             applied.cancel()
             log.warning(
                 "%s: a newer version took over %.0f s; going on", self.name, REFRESH_TIMEOUT_S
             )
+        except Exception as exc:
+            # sync point meets the same fault (a control reader gone, a store down) itself
+            log.warning("%s: no newer version between turns: %r", self.name, exc)
 
     async def _take_newer(self) -> None:
         held = self.follower.version
@@ -292,10 +298,43 @@ class Explorer:
         await send_all(
             self.producer,
             records,
-            f"{self.name}: publishing {len(records)} records (experience groups, samples)",
+            f"{self.name}: publishing {len(records)} experience groups",
             self.cfg.run.outage_timeout_s,
             lambda _exc: self.counters.add("publish_retries"),
         )
+
+    async def _show(self, groups: list[ExperienceGroup], seed: int) -> None:
+        """Publish a few of the step's rollouts decoded (``explorer.samples_per_step``),
+        best effort: samples that cannot be made or sent are counted and skipped, and after
+        :data:`SAMPLE_FAILURES` failures in a row (a run without a ``samples`` topic, one
+        made before it existed) the explorer stops making them, saying so once."""
+        k = self.cfg.explorer.samples_per_step
+        if not k or not groups or self.sample_failures >= SAMPLE_FAILURES:
+            return
+        try:
+            shown = pick_samples(groups, k, self.engine.tokenizer, seed)
+            await asyncio.wait_for(
+                send_all(
+                    self.producer,
+                    sample_records(self.topics.samples, shown),
+                    f"{self.name}: publishing {len(shown)} samples",
+                    SAMPLE_SEND_S,
+                ),
+                SAMPLE_SEND_S + 5,
+            )
+            self.sample_failures = 0
+        except Exception as exc:
+            self.sample_failures += 1
+            self.counters.add("samples_dropped", k)
+            log.warning("%s: samples of step %d not published: %r", self.name, self.step, exc)
+            if self.sample_failures >= SAMPLE_FAILURES:
+                log.warning(
+                    "%s: no samples published %d steps in a row (is there a %s topic?); "
+                    "publishing none from now on",
+                    self.name,
+                    SAMPLE_FAILURES,
+                    self.topics.samples,
+                )
 
     async def report(self, groups: list[ExperienceGroup], rollout_s: float) -> None:
         rewards = [e.reward for g in groups for e in g.experiences]

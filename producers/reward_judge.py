@@ -21,6 +21,7 @@ same task is graded once.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import logging
 import math
@@ -61,9 +62,10 @@ def task_text(task: Task) -> str:
     return task.prompt
 
 
-def digest(task: Task, response: str) -> str:
-    """The cache key of ``response`` to ``task`` (its id, prompt or messages, answer)."""
-    body = json.dumps([task.id, task_text(task), task.answer, response])
+def digest(task: Task, response: str, *more: str) -> str:
+    """The cache key of ``response`` to ``task`` (its id, prompt or messages, answer) and
+    whatever else decides the score (``more``)."""
+    body = json.dumps([task.id, task_text(task), task.answer, response, *more])
     return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -106,13 +108,17 @@ class PooledReward:
     def score_one(self, response: str, task: Task) -> Scored:
         raise NotImplementedError
 
+    def key(self, response: str, task: Task) -> str:
+        """The cache key of a (response, task)."""
+        return digest(task, response)
+
     def __call__(self, response: str, task: Task) -> Scored:
         return self.score_all([(response, task)])[0]
 
     def score_all(self, pairs: Sequence[tuple[str, Task]]) -> list[Scored]:
         """Each pair's score, the uncached ones at once (up to ``concurrency``); raises the
         first failure."""
-        keys = [digest(task, response) for response, task in pairs]
+        keys = [self.key(response, task) for response, task in pairs]
         out: dict[str, Scored] = {}
         todo: dict[str, tuple[str, Task]] = {}
         for key, pair in zip(keys, pairs, strict=True):
@@ -185,7 +191,7 @@ class JudgeReward(PooledReward):
         }
         reply = self._request("/chat/completions", body)
         try:
-            text = reply["choices"][0]["message"]["content"] or ""
+            text = str(reply["choices"][0]["message"]["content"] or "")
         except (KeyError, IndexError, TypeError):
             raise _Retry(f"a reply that is no chat completion: {str(reply)[:200]!r}") from None
         found = self.pattern.findall(text)
@@ -223,14 +229,17 @@ class JudgeReward(PooledReward):
             with urllib.request.urlopen(request, timeout=self.cfg.timeout_s) as resp:
                 raw = resp.read(REPLY_MAX_BYTES + 1)
         except urllib.error.HTTPError as exc:
-            detail = exc.read(300).decode("utf-8", "replace")
+            try:
+                detail = exc.read(300).decode("utf-8", "replace")
+            except (OSError, http.client.HTTPException):
+                detail = exc.reason
             if exc.code >= 500 or exc.code == 429:
                 raise _Retry(f"HTTP {exc.code}: {detail}") from None
             raise RewardServiceError(
                 f"judge at {self.url}: {path} refused with HTTP {exc.code}: {detail}"
             ) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-            raise _Retry(f"no answer ({getattr(exc, 'reason', exc)})") from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            raise _Retry(f"no answer ({getattr(exc, 'reason', exc)!s})") from None
         if len(raw) > REPLY_MAX_BYTES:
             raise _Retry(f"a reply over {REPLY_MAX_BYTES} bytes")
         try:

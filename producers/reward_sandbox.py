@@ -8,10 +8,12 @@ response, ``<think>`` segments skipped. Each test is its own process
 (:mod:`~streamrft.producers.sandbox_harness`): the code, then the test, in a fresh
 temporary folder, with ``reward.sandbox`` limits: wall-clock and CPU time
 (``time_limit_s``; CPU time a second more, a backstop), address space (``memory_mb``), output and file size (``output_kb``),
-no core files; off the network in a user and network namespace of its own when the
-kernel allows (``isolation``), and always behind an audit hook that refuses sockets,
-subprocesses, ``ctypes`` and writing outside the folder. A test passes only when the code
-and the test both ran to their end (an early exit does not pass). ``info``:
+no core files, no new processes; off the network in a user, network and PID namespace of
+its own when the kernel allows (``isolation``: every process it starts dies with it), and
+always behind an audit hook (:mod:`~streamrft.producers.sandbox_harness`: sockets,
+subprocesses, ``ctypes``, frames, writing outside the folder). A test passes only when the
+code and the test both ran to their end (an early exit does not pass); its process group
+is killed after every test. ``info``:
 ``tests_passed``, ``tests_total``, ``tests_timed_out``, ``code_found``.
 
 A sandbox is a bound on what the code can do to the explorer's machine, not a wall
@@ -41,7 +43,7 @@ from pathlib import Path
 
 from streamrft.infra.answer_extract import without_thinking
 from streamrft.infra.config import SandboxConfig
-from streamrft.producers.reward_judge import PooledReward, Scored
+from streamrft.producers.reward_judge import PooledReward, Scored, digest
 from streamrft.schemas.errors import ConfigError, RewardServiceError
 from streamrft.schemas.experience import Task
 
@@ -51,6 +53,9 @@ TESTS_KEY = "tests"
 """The task metadata key holding its tests."""
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
+NAMESPACES = ("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child")
+"""``unshare`` options: a user namespace (no privilege outside it), a network namespace
+(no interface), a PID namespace whose every process dies with the program."""
 KILL_GRACE_S = 2.0
 """Wait for a killed program's process group to be reaped."""
 
@@ -89,7 +94,7 @@ def namespace_works() -> bool:
         return False
     try:
         done = subprocess.run(
-            [unshare, "--user", "--map-root-user", "--net", "true"],
+            [unshare, *NAMESPACES, "true"],
             capture_output=True,
             timeout=10,
         )
@@ -103,7 +108,7 @@ def isolation_prefix(cfg: SandboxConfig) -> list[str]:
     if cfg.isolation == "audit":
         return []
     if namespace_works():
-        return [str(shutil.which("unshare")), "--user", "--map-root-user", "--net", "--"]
+        return [str(shutil.which("unshare")), *NAMESPACES, "--"]
     if cfg.isolation == "namespace":
         raise ConfigError(
             "reward.sandbox.isolation: namespace, but this machine gives no user and network "
@@ -132,6 +137,11 @@ class CodeTestsReward(PooledReward):
         super().__init__(concurrency, cache_size)
         self.cfg, self.python = cfg, python
         self.prefix = isolation_prefix(cfg)
+
+    def key(self, response: str, task: Task) -> str:
+        """The cache key: the response and the task's tests (the same task id may come
+        with other tests: two task sets, corrected tests)."""
+        return digest(task, response, task.metadata.get(TESTS_KEY, ""))
 
     def score_one(self, response: str, task: Task) -> Scored:
         tests = task_tests(task)
@@ -180,8 +190,9 @@ class CodeTestsReward(PooledReward):
                 try:
                     proc.communicate((token + "\n").encode(), timeout=cfg.time_limit_s)
                 except subprocess.TimeoutExpired:
-                    _kill(proc)
                     return "timed out"
+                finally:
+                    _kill(proc)  # whatever it left behind in its process group
             tail = _tail(root / "stdout", limit_bytes)
             if proc.returncode == 0 and tail.rstrip().endswith(token):
                 return "passed"
@@ -189,9 +200,10 @@ class CodeTestsReward(PooledReward):
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    """Kill the program's whole process group, then reap it."""
+    """Kill the program's whole process group (a PID namespace's whole tree goes with its
+    first process), then reap it."""
     try:
-        os.killpg(proc.pid, 9)
+        os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     try:

@@ -140,6 +140,7 @@ class WeightFollower:
         self.receivers = Receivers(cfg, name)
         self.version = -1
         """The version the model holds (-1: none yet)."""
+        self._applying = asyncio.Lock()
         self.schedule = Schedule(
             cfg.synchronizer.style,
             cfg.synchronizer.sync_interval,
@@ -301,7 +302,13 @@ class WeightFollower:
         return None if chosen is None else usable[chosen]
 
     async def _apply_chosen(self, plan: ExplorerSync, moved: Callable[[], bool]) -> bool:
-        """Load the chosen version, handling failures by :func:`on_failure`. False: stop."""
+        """Load the chosen version, handling failures by :func:`on_failure`, one load at a
+        time (a sync point, and a partial rollout's refresh between two turns, may ask at
+        once: the second chooses again once the first is done). False: stop."""
+        async with self._applying:
+            return await self._apply_chosen_alone(plan, moved)
+
+    async def _apply_chosen_alone(self, plan: ExplorerSync, moved: Callable[[], bool]) -> bool:
         await self.remember_rejections()
         started = time.monotonic()
         while (event := self._choose(plan)) is not None:

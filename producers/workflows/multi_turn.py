@@ -99,7 +99,9 @@ class Episode:
         if len(ids) < len(rollout.response_ids):
             text = tokenizer.decode(ids, skip_special_tokens=True)
         version = rollout.sampled_by(step_version)
-        if ids and (not self.segments or version > self.segments[-1].version):
+        if not self.segments:  # the first one covers the response from its start
+            self.segments.append(Segment(start=0, version=version))
+        elif ids and version > self.segments[-1].version:
             self.segments.append(Segment(start=len(self.response), version=version))
         self.response += ids
         self.mask += [1] * len(ids)

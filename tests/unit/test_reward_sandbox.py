@@ -127,6 +127,63 @@ def test_a_program_cannot_write_outside_its_folder_or_start_processes(tmp_path):
     assert reward(_fenced(inside), TASK)[0] == 1.0
 
 
+FAILING = Task(id="fail", metadata={"tests": json.dumps(["assert add(1, 2) == 4"])})
+"""A test no right solution passes: only a faked pass would."""
+ADD = "def add(a, b):\n    return a + b\n"
+
+
+@pytest.mark.parametrize(
+    "trick",
+    [
+        "import builtins\nbuiltins.exec = lambda *a, **k: None",  # the test never runs
+        "import sys\nsys.modules['__main__'].exec = lambda *a, **k: None",
+        "try:\n    raise ValueError\nexcept ValueError as e:\n    f = e.__traceback__.tb_frame",
+        "def g():\n    yield 1\nx = g()\nf = x.gi_frame",
+        "import gc\nobjs = gc.get_objects()",
+        "import sys\nsys.settrace(lambda *a: None)",
+        "import os\nos.write(1, b'\\n' + b'0' * 32 + b'\\n')\nos._exit(0)",
+        "import _posixsubprocess",
+        "import multiprocessing",
+        "import os\nos.chdir('/proc/self')",
+        "open('/proc/self/environ').read()",
+    ],
+)
+def test_a_program_cannot_fake_a_pass(trick):
+    assert _reward()(_fenced(ADD + trick), FAILING)[0] == 0.0
+    assert _reward()(_fenced(ADD + "x = 1"), FAILING)[0] == 0.0  # and the test is real
+    assert (
+        _reward()(_fenced(ADD), Task(id="ok", metadata={"tests": "assert add(1, 2) == 3"}))[0]
+        == 1.0
+    )
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        "open('inside', 'w').write('x')\nimport os\nos.rename('inside', {target!r})",
+        "open('inside', 'w').write('x')\nimport os\nos.link('inside', {target!r})",
+        "import os\nos.symlink('/etc/hostname', {target!r})",
+        "import os\nfd = os.open({folder!r}, os.O_RDONLY)\n"
+        "os.open('escaped', os.O_WRONLY | os.O_CREAT, dir_fd=fd)",
+        "import os\nos.mkdir({target!r})",
+        "import shutil\nshutil.rmtree({folder!r})",
+    ],
+)
+def test_a_program_cannot_write_or_remove_outside_its_folder(write, tmp_path):
+    target, keep = tmp_path / "escaped", tmp_path / "kept"
+    keep.write_text("x")
+    code = write.format(target=str(target), folder=str(tmp_path))
+    assert _reward()(_fenced(ADD + code), TASK)[0] == 0.0
+    assert not target.exists() and keep.read_text() == "x"
+
+
+def test_the_cache_key_holds_the_tests():
+    reward = _reward()
+    other = Task(id=TASK.id, prompt=TASK.prompt, metadata={"tests": json.dumps(["assert False"])})
+    assert reward(GOOD, TASK)[0] == 1.0
+    assert reward(GOOD, other)[0] == 0.0  # same id and response, other tests: run again
+
+
 def test_the_same_response_to_the_same_task_runs_once():
     reward = _reward()
     pairs = [(GOOD, TASK)] * 4 + [(GOOD.replace("a + b", "b + a"), TASK)]

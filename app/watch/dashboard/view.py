@@ -64,6 +64,8 @@ LATEST_SAMPLES = 10
 """Samples kept per explorer (the newest)."""
 MAX_SAMPLE_SOURCES = 64
 """Explorers whose samples are kept (more: the first ones)."""
+SAMPLES_SHOWN = 40
+"""Samples a payload carries, the newest (each payload carries them whole)."""
 LATEST_LETTERS = 10
 """Dead letters listed with their reason."""
 LATEST_VERSIONS = 10
@@ -466,7 +468,7 @@ class RunView:
                 (x for kept in self.samples.values() for x in kept),
                 key=lambda x: x["created_at"],
                 reverse=True,
-            ),
+            )[:SAMPLES_SHOWN],
         }
 
     def _row(self, c: Component) -> dict[str, Any]:
