@@ -14,7 +14,7 @@ from streamrft.infra.config import LoraConfig, ModelConfig
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.schemas.errors import IntegrityError, StoreUnavailable, SyncError, SyncTimeout
 from streamrft.schemas.events import ModelVersionReady
-from streamrft.sync.follower import OnFailure, on_failure
+from streamrft.sync.follower import OnFailure, WeightFollower, on_failure
 from streamrft.sync.payload import ModelWeights
 from streamrft.sync.publisher import VersionPublisher
 from streamrft.sync.transport import Payload, WeightSender
@@ -140,3 +140,31 @@ def test_an_explorer_applies_the_base_then_the_adapter():
         trainer_model.state_dict().items(), explorer_model.state_dict().values(), strict=True
     ):
         assert torch.equal(a, b), name
+
+
+def test_versions_are_applied_one_at_a_time():
+    """A partial rollout's refresh between two turns and the next step's sync point may
+    ask at once: the second waits for the first, then chooses again (here: nothing left,
+    the version is held)."""
+    follower = WeightFollower.__new__(WeightFollower)
+    follower._applying = asyncio.Lock()
+    follower.version = 3
+    loads, inside = [], []
+
+    async def alone(plan, moved) -> bool:
+        inside.append(1)
+        assert len(inside) == 1  # never two at once
+        if follower.version < 4:  # chooses against the version held now
+            await asyncio.sleep(0.05)
+            follower.version = 4
+            loads.append(4)
+        inside.pop()
+        return True
+
+    follower._apply_chosen_alone = alone
+
+    async def both() -> list[bool]:
+        return list(await asyncio.gather(follower.apply_newest(), follower.apply_newest()))
+
+    assert asyncio.run(both()) == [True, True]
+    assert loads == [4]
