@@ -2,8 +2,9 @@
 
     python bench/sync_styles.py [--quick] [--steps 40] [--seeds 0,1] [--explorers 2]
                                 [--simulated-steps 30] [--seconds-per-token 0.002]
+                                [--kinds tiny,simulated,uneven] [--slow 4]
 
-Two kinds of run, each under ``synchronizer.style: fixed`` (``sync_offset: 1``,
+Kinds of run, each under ``synchronizer.style: fixed`` (``sync_offset: 1``,
 ``sync_interval: 1``) and ``fully_async`` (same interval), ``trainer.max_staleness: 2``,
 each on its own local services (``LocalServices``: a Tansu broker and a JuiceFS S3
 gateway), the real ``streamrft run`` of ``examples/arithmetic.yaml`` with ``--explorers
@@ -21,6 +22,10 @@ N``:
   explorers whatever the CPU), no warm-up or evaluation, ``--simulated-steps`` steps:
   ``step_s`` (median interval between trainer steps), ``explorer_busy``, ``wait_s``
   (median ``train/wait_seconds``), ``stale_dropped``.
+- **uneven** (``--kinds uneven``, not run by default): the simulated engine with an uneven
+  fleet: ``--explorers`` minus one explorers of the run at ``--seconds-per-token``, and one
+  more started by hand (``streamrft explore --run-id``) ``--slow`` times slower. Figures as
+  for ``simulated``.
 
 The baseline is ``fixed``, measured in the same run: ``ratios`` gives ``fully_async``'s
 ``wall_s`` and ``step_s`` over ``fixed``'s (below 1: faster), and its reward and
@@ -40,9 +45,12 @@ import asyncio
 import itertools
 import json
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,7 +63,7 @@ from scale_explorers import _endpoint_settings, read_back, run_to_end  # bench/,
 from streamrft.infra.config import load_config, with_run_id
 from streamrft.infra.local.services import LocalServices
 from streamrft.schemas.events import MetricsEvent
-from tests.helpers.cli import run_argv
+from tests.helpers.cli import env, explore_argv, run_argv
 from tests.helpers.paths import EXAMPLE
 
 STYLES = ("fixed", "fully_async")
@@ -74,7 +82,7 @@ def settings(style: str, kind: str, seed: int, cost: float) -> list[str]:
         f"model.seed={seed}",
         "kafka.partitions=4",
     ]
-    if kind == "simulated":
+    if kind in ("simulated", "uneven"):
         return [
             *common,
             "explorer.engine=simulated",
@@ -120,13 +128,49 @@ def figures(metrics: list[MetricsEvent], explorers: int) -> dict:
     }
 
 
+class SlowExplorer:
+    """``streamrft explore`` (``argv``) started once the run's ``config.yaml`` exists, on a
+    thread of its own, and stopped (SIGTERM) with the run."""
+
+    def __init__(self, argv: list[str], ready: Path, folder: Path) -> None:
+        self.argv, self.ready, self.folder = argv, ready, folder
+        self.proc: subprocess.Popen | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.ready.is_file():
+            if self.done.wait(0.5):
+                return
+        with (self.folder / "slow-explorer.log").open("wb") as out:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, env=env(), cwd=self.folder
+            )
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.thread.is_alive():
+            self.thread.join(5)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
 def run_point(style: str, kind: str, seed: int, args, workdir: Path) -> dict:
     """One ``streamrft run`` on its own services; its figures."""
     folder = workdir / f"{kind}-{style}-{seed}"
     runs, summary_path = folder / "runs", folder / "summary.json"
     run_id = f"styles-{kind}-{style.replace('_', '-')}-{seed}-{os.getpid()}"
-    steps = args.simulated_steps if kind == "simulated" else args.steps
+    steps = args.simulated_steps if kind in ("simulated", "uneven") else args.steps
     extra = settings(style, kind, seed, args.seconds_per_token)
+    uneven = kind == "uneven"  # the run's explorers, and one more, slower, joining by hand
+    folder.mkdir(parents=True, exist_ok=True)
     with LocalServices(folder / "services") as services:
         eps = services.endpoints
         argv = run_argv(
@@ -136,12 +180,33 @@ def run_point(style: str, kind: str, seed: int, args, workdir: Path) -> dict:
             runs,
             eps,
             *extra,
-            explorers=args.explorers,
+            explorers=args.explorers - uneven,
             summary=summary_path,
         )
-        proc, finished = run_to_end(
-            argv, folder, runs, RUN_TIMEOUT_S, lambda s: f"{kind} {style} seed {seed}: {s:.0f} s"
+        slow = SlowExplorer(
+            explore_argv(
+                EXAMPLE,
+                run_id,
+                runs,
+                eps,
+                *extra,
+                f"explorer.simulated_seconds_per_token={args.seconds_per_token * args.slow}",
+            ),
+            runs / run_id / "config.yaml",
+            folder,
         )
+        if uneven:
+            slow.start()
+        try:
+            proc, finished = run_to_end(
+                argv,
+                folder,
+                runs,
+                RUN_TIMEOUT_S,
+                lambda s: f"{kind} {style} seed {seed}: {s:.0f} s",
+            )
+        finally:
+            slow.stop()
         cfg = load_config(EXAMPLE, [*extra, *_endpoint_settings(eps)])
         metrics, _ = asyncio.run(read_back(with_run_id(cfg, run_id)))
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -226,6 +291,9 @@ def report(bench: str, points: list[dict], ratios: list[dict], versus: str, **ex
 def main() -> int:
     parser = ab_parser(__doc__, 40, 30, 0.002, "seed 0, 12 + 10 steps")
     parser.add_argument("--explorers", type=int, default=2)
+    parser.add_argument(
+        "--slow", type=float, default=4.0, help="uneven: the slow explorer's cost, times"
+    )
     args = parser.parse_args()
     if args.quick:
         args.steps, args.simulated_steps, args.seeds = 12, 10, "0"

@@ -72,7 +72,7 @@ def test_a_run_operated_from_outside(services, make_config, tmp_path):
         env=env(), capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr[-2000:]
-    assert made.stdout.count(" created") == 6, made.stdout
+    assert made.stdout.count(" created") == 7, made.stdout  # the seven topics of a run
 
     explorer_port, run_port = free_port(), free_port()
     explorer = start_logged(
