@@ -3,9 +3,11 @@
     python bench/sync_styles.py [--quick] [--steps 40] [--seeds 0,1] [--explorers 2]
                                 [--simulated-steps 30] [--seconds-per-token 0.002]
                                 [--kinds tiny,simulated,uneven] [--slow 4]
+                                [--max-staleness 2]
 
 Kinds of run, each under ``synchronizer.style: fixed`` (``sync_offset: 1``,
-``sync_interval: 1``) and ``fully_async`` (same interval), ``trainer.max_staleness: 2``,
+``sync_interval: 1``) and ``fully_async`` (same interval), ``trainer.max_staleness: 2``
+(``--max-staleness``),
 each on its own local services (``LocalServices``: a Tansu broker and a JuiceFS S3
 gateway), the real ``streamrft run`` of ``examples/arithmetic.yaml`` with ``--explorers
 N``:
@@ -70,13 +72,13 @@ STYLES = ("fixed", "fully_async")
 RUN_TIMEOUT_S = 900.0
 
 
-def settings(style: str, kind: str, seed: int, cost: float) -> list[str]:
+def settings(style: str, kind: str, seed: int, cost: float, staleness: int = 2) -> list[str]:
     """The ``-o`` settings of one run."""
     common = [
         f"synchronizer.style={style}",
         "synchronizer.sync_interval=1",
         "synchronizer.sync_offset=1",
-        "trainer.max_staleness=2",
+        f"trainer.max_staleness={staleness}",
         "trainer.save_interval=0",
         f"run.seed={seed}",
         f"model.seed={seed}",
@@ -168,7 +170,7 @@ def run_point(style: str, kind: str, seed: int, args, workdir: Path) -> dict:
     runs, summary_path = folder / "runs", folder / "summary.json"
     run_id = f"styles-{kind}-{style.replace('_', '-')}-{seed}-{os.getpid()}"
     steps = args.simulated_steps if kind in ("simulated", "uneven") else args.steps
-    extra = settings(style, kind, seed, args.seconds_per_token)
+    extra = settings(style, kind, seed, args.seconds_per_token, args.max_staleness)
     uneven = kind == "uneven"  # the run's explorers, and one more, slower, joining by hand
     folder.mkdir(parents=True, exist_ok=True)
     with LocalServices(folder / "services") as services:
@@ -294,6 +296,7 @@ def main() -> int:
     parser.add_argument(
         "--slow", type=float, default=4.0, help="uneven: the slow explorer's cost, times"
     )
+    parser.add_argument("--max-staleness", type=int, default=2)
     args = parser.parse_args()
     if args.quick:
         args.steps, args.simulated_steps, args.seeds = 12, 10, "0"
@@ -308,7 +311,14 @@ def main() -> int:
         )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    report("sync_styles", points, compare(points), "fully_async vs fixed", explorers=args.explorers)
+    report(
+        "sync_styles",
+        points,
+        compare(points),
+        "fully_async vs fixed",
+        explorers=args.explorers,
+        max_staleness=args.max_staleness,
+    )
     return 0
 
 
