@@ -98,6 +98,7 @@ class Explorer:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sample_failures = 0
         """Steps in a row whose samples were not published."""
+        self._showing: asyncio.Task[None] | None = None
 
     def _position(self) -> Position:
         held = self.follower.version
@@ -118,6 +119,9 @@ class Explorer:
             watch = asyncio.create_task(self._stop_after_shutdown(), name="shutdown-grace")
             stack.callback(watch.cancel)
             await self._loop()
+            if self._showing is not None:  # the last step's samples, if they go at all
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._showing), SAMPLE_SEND_S)
 
     async def _stop_after_shutdown(self) -> None:
         """A Shutdown lets the step in progress finish; one still running
@@ -195,7 +199,7 @@ class Explorer:
             )
             groups = [g for g in groups if g.id not in big]
         await self.publish(records)
-        await self._show(groups, seed)
+        self._show_soon(groups, seed)
         if outcome.aborted:
             log.info(
                 "%s: step aborted; %d groups published, nothing committed", self.name, len(groups)
@@ -302,6 +306,16 @@ class Explorer:
             self.cfg.run.outage_timeout_s,
             lambda _exc: self.counters.add("publish_retries"),
         )
+
+    def _show_soon(self, groups: list[ExperienceGroup], seed: int) -> None:
+        """:meth:`_show` in the background: the next step does not wait for it (a step
+        whose predecessor's samples are still on their way shows none)."""
+        if not self.cfg.explorer.samples_per_step:
+            return
+        if self._showing is not None and not self._showing.done():
+            self.counters.add("samples_skipped", self.cfg.explorer.samples_per_step)
+            return
+        self._showing = asyncio.create_task(self._show(groups, seed), name="samples")
 
     async def _show(self, groups: list[ExperienceGroup], seed: int) -> None:
         """Publish a few of the step's rollouts decoded (``explorer.samples_per_step``),
