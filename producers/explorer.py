@@ -271,7 +271,7 @@ class Explorer:
 
     async def _take_newer(self) -> None:
         held = self.follower.version
-        if max(self.follower.usable(), default=-1) > held:
+        if self.follower.newest() > held:
             await self.follower.apply_newest()
             if self.follower.version > held:
                 self.counters.add("versions_applied_mid_step")
@@ -323,7 +323,7 @@ class Explorer:
         :data:`SAMPLE_FAILURES` failures in a row (a run without a ``samples`` topic, one
         made before it existed) the explorer stops making them, saying so once."""
         k = self.cfg.explorer.samples_per_step
-        if not k or not groups or self.sample_failures >= SAMPLE_FAILURES:
+        if not groups or self.sample_failures >= SAMPLE_FAILURES:
             return
         try:
             shown = pick_samples(groups, k, self.engine.tokenizer, seed)

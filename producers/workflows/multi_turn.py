@@ -188,11 +188,11 @@ def play(engine: RolloutEngine, episodes: list[Episode], spec: RolloutSpec) -> N
 
 
 def experience(
-    eid: str, e: Episode, scored: tuple[float, dict[str, float]], version: int, tokenizer
+    eid: str, e: Episode, scored: tuple[float, dict[str, float]], tokenizer
 ) -> Experience:
-    """The episode as one experience (see the module docstring for what is trained), with
-    its reward and the reward's info (``scored``); ``version``: the step's, unless its
-    turns were stamped with the ones that sampled them."""
+    """The played episode as one experience (see the module docstring for what is
+    trained), with its reward and the reward's info (``scored``); its version: its first
+    segment's (every turn adds to one)."""
     value, info = scored
     return Experience(
         id=eid,
@@ -201,7 +201,7 @@ def experience(
         logprobs=pack_f32(e.logprobs),
         action_mask=pack_u8(e.mask),
         reward=value,
-        model_version=e.segments[0].version if e.segments else version,
+        model_version=e.segments[0].version,
         segments=e.segments if len(e.segments) > 1 else [],
         response_text=tokenizer.decode(e.response),
         info={
@@ -215,16 +215,14 @@ def experience(
     )
 
 
-def _experiences(
-    group: list[Episode], reward: RewardFn, version: int, tokenizer, gid: str
-) -> list[Experience]:
+def _experiences(group: list[Episode], reward: RewardFn, tokenizer, gid: str) -> list[Experience]:
     """The experiences of group ``gid``: one per episode, those the environment did not
     reward scored together by ``reward`` on their last policy turn."""
     unscored = [e for e in group if e.reward is None]
     by_reward = iter(score_all(reward, [(e.last_text, e.task) for e in unscored]))
     scored = [next(by_reward) if e.reward is None else (e.reward, {}) for e in group]
     return [
-        experience(f"{gid}#{i}", e, s, version, tokenizer)
+        experience(f"{gid}#{i}", e, s, tokenizer)
         for i, (e, s) in enumerate(zip(group, scored, strict=True))
     ]
 
@@ -248,7 +246,7 @@ def run_episodes(
             task,
             spec,
             now,
-            functools.partial(_experiences, group, reward, spec.model_version, engine.tokenizer),
+            functools.partial(_experiences, group, reward, engine.tokenizer),
         )
         for task, group in zip(tasks, episodes, strict=True)
     ]

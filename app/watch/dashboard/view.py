@@ -414,7 +414,7 @@ class RunView:
                 "workflow": ev.workflow,
                 "version": ev.model_version,
                 "versions": list(ev.versions),
-                "reward": ev.reward if math.isfinite(ev.reward) else None,
+                "reward": ev.reward,  # finite: the codec checked it
                 "parts": [{"role": p.role, "text": p.text} for p in ev.parts],
                 "created_at": ev.created_at,
             }

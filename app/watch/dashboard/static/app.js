@@ -271,7 +271,7 @@ function sampleFilter() {
   const task = $("sample-task").value.trim();
   const lo = $("sample-min").value === "" ? -Infinity : Number($("sample-min").value);
   const hi = $("sample-max").value === "" ? Infinity : Number($("sample-max").value);
-  return (s) => (!task || s.task_id.includes(task)) && s.reward !== null && s.reward >= lo && s.reward <= hi;
+  return (s) => (!task || s.task_id.includes(task)) && s.reward >= lo && s.reward <= hi;
 }
 
 // every text of a sample goes through textContent: what a model or a task says is never markup
