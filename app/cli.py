@@ -12,7 +12,7 @@ streamrft serve CONFIG --run-id ID [--host H] [--port P]   (OpenAI-compatible AP
 streamrft infra up|down|status [--dir DIR]
 streamrft init [--out FILE] [--expert] [--yes] [--model M] [--data F] ...   (write a config)
 streamrft validate CONFIG [-o k=v ...] [--connect]   (check a config, start nothing)
-streamrft plan CONFIG [--device-memory 80GiB] [--prompt-tokens N] [--json]   (memory per process)
+streamrft plan CONFIG [--model NAME] [--device-memory 80GiB] [--prompt-tokens N] [--json]
 streamrft topics [CONFIG] [--create --run-id ID]   (list topics; or make a run's six)
 streamrft tail [CONFIG] TOPIC [--max N] [--follow] [--where FIELD=VALUE]
 streamrft tail [CONFIG] --run-id ID KIND [--follow] [--where FIELD=VALUE]   (KIND: status, metrics, ...)
@@ -385,9 +385,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from streamrft.infra.memory_plan import parse_size
 
     setup_logging("WARNING")
-    cfg = load_config(args.config, args.override, needs_secrets=False)
+    cfg = load_config(args.config, args.override, needs_secrets=False, check_files=False)
     size = parse_size(args.device_memory) if args.device_memory else cuda_memory()
-    plan = make_plan(cfg, args.prompt_tokens, size)
+    plan = make_plan(cfg, args.prompt_tokens, size, args.model)
     print(json.dumps(as_json(plan)) if args.json else render(plan))
     return 1 if plan.fits() is False else 0
 
@@ -804,6 +804,11 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction) -> None:
         type=int,
         help=f"prompt length to plan for (default: taskset.max_prompt_tokens, else "
         f"{DEFAULT_PROMPT_TOKENS})",
+    )
+    sp.add_argument(
+        "--model",
+        help="plan this model in place of the config's: a known name (qwen2.5-1.5b, "
+        "smollm2-135m, ...), a model folder or its config.json; no weights or data needed",
     )
     sp.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     sp.set_defaults(func=cmd_plan)

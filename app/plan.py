@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamrft.app.model_shapes import KNOWN_MODELS, known_name, shape_of_config
 from streamrft.app.placement import check_gpu_shares, engine_gpus, physical_device, span
 from streamrft.infra.config import Config, ModelConfig, role_device, role_engine
 from streamrft.infra.memory_plan import (
@@ -65,6 +66,8 @@ class Plan:
     shares_refused: str | None = None
     """Why ``streamrft run`` would refuse the vLLM engines' shares of their GPUs
     (``app.placement.check_gpu_shares``), whatever the byte counts say; None: it would not."""
+    model_source: str = ""
+    """Where the model's shape was read (:func:`shape_and_source`)."""
 
     def by_device(self) -> dict[str, int]:
         """Each device's total (``cuda`` and ``cuda:0`` are one)."""
@@ -89,11 +92,22 @@ class Plan:
         return fit and self.shares_refused is None
 
 
-def model_shape(cfg: ModelConfig) -> ModelShape:
-    """The shape of the model ``cfg`` names, without loading it."""
+def model_shape(cfg: ModelConfig, named: str | None = None) -> ModelShape:
+    """The shape of the model ``cfg`` names (or ``named``: see :func:`shape_and_source`),
+    without loading it."""
+    return shape_and_source(cfg, named)[0]
+
+
+def shape_and_source(cfg: ModelConfig, named: str | None = None) -> tuple[ModelShape, str]:
+    """The shape of the model, and where it was read: ``named`` (``--model``: a known
+    model's name, a folder or its ``config.json``) in place of ``cfg``'s; the tiny model's
+    fields; a folder's ``config.json`` (the safetensors headers give the exact count); or,
+    for a folder without one (not downloaded yet), the known model its name spells."""
+    if named is not None:
+        return _named_shape(named)
     if cfg.source == "tiny":
         vocab = SPECIAL_TOKENS + len(dict.fromkeys(cfg.charset))
-        return llama_shape(
+        shape = llama_shape(
             vocab,
             cfg.hidden_size,
             cfg.intermediate_size,
@@ -102,24 +116,42 @@ def model_shape(cfg: ModelConfig) -> ModelShape:
             cfg.num_heads,
             tied=True,
         )
+        return shape, "tiny"
     folder = Path(str(cfg.path))
+    if not (folder / "config.json").is_file():
+        known = known_name(folder.name)
+        if known is None:
+            raise ConfigError(
+                f"model.path: {folder} has no config.json (not downloaded yet?): plan a known "
+                f"model's shape with --model NAME ({', '.join(KNOWN_MODELS)}), or give a folder "
+                f"holding the model's config.json"
+            )
+        shape = shape_of_config(KNOWN_MODELS[known], known)
+        return shape, f"{known}, a known shape ({folder} has no config.json)"
+    return _folder_shape(folder), str(folder)
+
+
+def _named_shape(named: str) -> tuple[ModelShape, str]:
+    known = known_name(named)
+    if known is not None:
+        return shape_of_config(KNOWN_MODELS[known], known), f"{known}, a known shape"
+    path = Path(named)
+    if path.is_file() and path.name == "config.json":
+        path = path.parent
+    if (path / "config.json").is_file():
+        return _folder_shape(path), str(path)
+    raise ConfigError(
+        f"--model: {named!r} is not a model folder, a config.json, nor a known model "
+        f"({', '.join(KNOWN_MODELS)})"
+    )
+
+
+def _folder_shape(folder: Path) -> ModelShape:
     try:
         conf = json.loads((folder / "config.json").read_text())
-        heads = int(conf["num_attention_heads"])
-        shape = llama_shape(
-            int(conf["vocab_size"]),
-            int(conf["hidden_size"]),
-            int(conf["intermediate_size"]),
-            int(conf["num_hidden_layers"]),
-            heads,
-            int(conf.get("num_key_value_heads") or heads),
-            tied=bool(conf.get("tie_word_embeddings", False)),
-            head_dim=int(conf["head_dim"]) if conf.get("head_dim") else None,
-        )
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(
-            f"model.path: cannot read the shape of {folder}/config.json: {exc}"
-        ) from exc
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model.path: cannot read {folder}/config.json: {exc}") from exc
+    shape = shape_of_config(conf, f"model.path: {folder}/config.json")
     counted = safetensors_params(folder)
     return dataclasses.replace(shape, params=counted or shape.params)
 
@@ -145,11 +177,13 @@ def make_plan(
     cfg: Config,
     prompt_tokens: int | None = None,
     device_bytes: int | None = None,
+    model: str | None = None,
 ) -> Plan:
-    """The estimate of every process of ``cfg``'s run."""
+    """The estimate of every process of ``cfg``'s run (``model``: the shape of this model in
+    place of ``cfg``'s, as :func:`shape_and_source` reads it)."""
     from streamrft.consumers.algorithms.presets import resolve_algorithm
 
-    shape = model_shape(cfg.model)
+    shape, source = shape_and_source(cfg.model, model)
     spec = resolve_algorithm(cfg).spec
     lora = cfg.model.lora
     t, e = cfg.trainer, cfg.explorer
@@ -194,7 +228,7 @@ def make_plan(
         refused = None
     except ConfigError as exc:
         refused = str(exc)
-    return Plan(shape, work, processes, device_bytes, t.gpu_memory_fraction, refused)
+    return Plan(shape, work, processes, device_bytes, t.gpu_memory_fraction, refused, source)
 
 
 def _sampler(
@@ -236,7 +270,8 @@ def render(plan: Plan) -> str:
     """The table ``streamrft plan`` prints."""
     w, s = plan.work, plan.shape
     lines = [
-        f"model: {s.params / 1e6:,.1f}M parameters ({w.trainable / 1e6:,.2f}M trained), "
+        f"model: {plan.model_source or 'as configured'}",
+        f"  {s.params / 1e6:,.1f}M parameters ({w.trainable / 1e6:,.2f}M trained), "
         f"{s.layers} layers of {s.hidden}, vocabulary {s.vocab:,}; values of {w.dtype_bytes} bytes",
         f"step: micro-batches of {w.micro_batch_tokens:,} tokens; explorers sample "
         f"{w.rows_sampled} rows of {w.prompt_tokens} + {w.response_tokens} tokens",
@@ -261,10 +296,10 @@ def render(plan: Plan) -> str:
     size = plan.device_bytes
     for device, total in plan.by_device().items():
         if size is None:
-            verdict = "device size unknown: give --device-memory"
+            verdict = "; device size unknown: give --device-memory"
         else:
-            verdict = f"of {_gib(size)}: {'fits' if total <= size else 'does NOT fit'}"
-        lines.append(f"{device}: {_gib(total)} {verdict}")
+            verdict = f" of {_gib(size)} GiB: {'fits' if total <= size else 'does NOT fit'}"
+        lines.append(f"{device}: {_gib(total)} GiB{verdict}")
     if plan.shares_refused is not None:
         lines.append(f"vLLM's shares of the GPUs: does NOT start: {plan.shares_refused}")
     if plan.trainer_over_cap():
@@ -273,7 +308,8 @@ def render(plan: Plan) -> str:
             f"({plan.trainer_share:g} of the GPU): does NOT fit"
         )
     lines.append(
-        "GiB; estimates without the CUDA context and allocator slack (add ~0.5 GiB a process)"
+        "figures in GiB; estimates without the CUDA context and allocator slack (add ~0.5 GiB "
+        "a process)"
     )
     return "\n".join(lines)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from streamrft.app.placement import check_gpu_shares, placement, start_order
+from streamrft.app.placement import check_gpu_shares, physical_device, placement, start_order
 from streamrft.app.process import EXIT_CONFIG, EXIT_STALLED
 from streamrft.app.resume import check_resume
 from streamrft.app.watch.curves import draw
@@ -473,7 +473,7 @@ def header(cfg: Config, services: LocalServices | None) -> str:
             f"  services  broker {cfg.kafka.bootstrap_servers}{broker_own}, "
             f"object store {cfg.object_store.endpoint or 'none'}{store_own}",
             f"  model     {model}, {m.dtype}; explorer engine {cfg.explorer.engine}",
-            f"  placement {'; '.join(f'{role} on {device}' for role, device, _ in placement(cfg))}",
+            f"  placement {'; '.join(f'{role} on {_here(d)}' for role, d, _ in placement(cfg))}",
             f"  training  {cfg.algorithm.type}, {steps} steps, {cfg.explorer.count} explorer(s), "
             f"sync {cfg.synchronizer.method} / {cfg.synchronizer.style}",
             f"  eval      {_eval_line(cfg)}",
@@ -482,6 +482,12 @@ def header(cfg: Config, services: LocalServices | None) -> str:
             f"streamrft dashboard --run-id {cfg.run.id}",
         )
     )
+
+
+def _here(device: str) -> str:
+    """``device`` as the header shows it: ``auto`` with what it resolves to on this host
+    (as ``streamrft validate`` says it)."""
+    return f"auto: {physical_device(device)} here" if device == "auto" else device
 
 
 def _eval_line(cfg: Config) -> str:

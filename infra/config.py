@@ -17,6 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 import yaml
 
+from streamrft.infra.config_messages import explain, override_value
 from streamrft.infra.net import split_host_port
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.topics import TopicNames
@@ -1174,9 +1175,8 @@ def from_dict(data: dict[str, Any]) -> Config:
         cfg = msgspec.convert(data, Config, strict=False)
     except msgspec.ValidationError as exc:
         msg = str(exc)
-        where = _field_path(msg) or "config"
         reason = _PATH.sub("", msg).replace(" - at ", "").strip()
-        raise ConfigError(f"{where}: {reason}") from exc
+        raise ConfigError(explain(Config, _field_path(msg), reason, data)) from exc
     validate(cfg)
     return cfg
 
@@ -1473,9 +1473,12 @@ def load_config(
     path: str | Path,
     overrides: list[str] | None = None,
     needs_secrets: bool | tuple[str, ...] = True,
+    check_files: bool = True,
 ) -> Config:
     """Read a YAML config, fill credentials from the environment (:data:`ENV_CREDENTIALS`),
-    apply ``key.path=value`` overrides, resolve relative paths against the file's folder.
+    apply ``key.path=value`` overrides, resolve relative paths against the file's folder;
+    ``check_files``: the task files must exist (``validate`` and ``plan`` pass False: they
+    report a missing file, or do not need it).
 
     A secret redacted in the file (a run folder's ``config.yaml``) and not in the
     environment is an error for the sections ``needs_secrets`` names (True: all; a tuple
@@ -1490,7 +1493,9 @@ def load_config(
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r}: top level must be a mapping")
-    return config_from_data(data, path.resolve().parent, overrides, needs_secrets, repr(str(path)))
+    return config_from_data(
+        data, path.resolve().parent, overrides, needs_secrets, repr(str(path)), check_files
+    )
 
 
 def fill_credentials(data: dict[str, Any], sections: tuple[str, ...] = ()) -> None:
@@ -1506,9 +1511,11 @@ def fill_credentials(data: dict[str, Any], sections: tuple[str, ...] = ()) -> No
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
-    """Set each ``key.path=value`` of ``overrides`` in config tree ``data``, in place."""
+    """Set each ``key.path=value`` of ``overrides`` in config tree ``data``, in place; a
+    text field given what YAML reads as something else (``{question}``) takes the text."""
     for item in overrides:
         keys, value = parse_override(item)
+        value = override_value(Config, keys, item.split("=", 1)[1], value)
         node = data
         for k in keys[:-1]:
             node = node.setdefault(k, {})
