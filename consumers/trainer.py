@@ -454,11 +454,12 @@ class Trainer:
     async def retire_versions(self, final: bool = False) -> None:
         """Announce retired the versions no explorer needs any more
         (``synchronizer.keep_versions``: :func:`~streamrft.sync.retention.to_retire` over
-        the versions this trainer numbered; a version above its own, announced by someone
-        else, counts for nothing), and delete their files one call later (an explorer in
-        the middle of fetching one finishes first), all of them when ``final``. Files a
-        store failed to delete are tried again at the next call; the run goes on either
-        way."""
+        every announcement of the versions this trainer numbered, counted per place; a
+        version above its own, announced by someone else, counts for nothing; what its
+        sender writes in the background, or wrote there last, is pinned), and delete their
+        files one call later (an explorer in the middle of fetching one finishes first),
+        all of them when ``final``. Files a store failed to delete are tried again at the
+        next call; the run goes on either way."""
         assert self.publisher is not None
         if not self._retired:  # first call: what an earlier trainer retired may be left
             self._retired.update(self.view.retired)
@@ -466,13 +467,16 @@ class Trainer:
             self._unremoved.update(sorted(self.view.retired)[-REDELETE_ON_START:])
         self._unremoved.update(self._retiring)  # announced one call ago
         self._retiring = set()
-        own = {v: e for v, e in self.view.versions.items() if v <= self.publisher.announced}
+        own = {
+            v: self.view.announcements(v)
+            for v in self.view.versions
+            if v <= self.publisher.announced
+        }
         last = self.publisher.last_event  # announced just now: the view may not have it yet
         if last is not None:
-            own[last.version] = last
-        retire = [
-            v for v in to_retire(own, self.cfg.synchronizer.keep_versions) if v not in self._retired
-        ]
+            own[last.version] = [*own.get(last.version, []), last]
+        keep, pinned = self.cfg.synchronizer.keep_versions, self.publisher.sender.pinned()
+        retire = [v for v in to_retire(own, keep, pinned) if v not in self._retired]
         if retire:
             await self.events.control(VersionsRetired(versions=retire, created_at=time.time()))
             self._retired.update(retire)

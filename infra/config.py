@@ -810,8 +810,10 @@ class SynchronizerConfig(_Section, frozen=True):
     sync_timeout: PosF = 300.0
     """Longest wait (s) for a needed version, or for a collective, before giving up."""
     keep_versions: NonNeg = 8
-    """Weight versions kept in the object store or folder: the newest this many, and those
-    they are built on (a delta's chain back to its full version, an adapter's base). After
+    """Weight versions kept in the object store or folder: the newest this many of each place
+    they are announced in (``auto``: the shared ones and the store copies apart), the store
+    copy ``auto`` is writing and the newest it wrote, and those they are built on (a
+    delta's chain back to its full version, an adapter's base). After
     each publish the trainer announces the others retired (``VersionsRetired``: explorers
     forget them) and deletes their files. 0: every version is kept (the store grows by one
     version a publish)."""

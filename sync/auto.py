@@ -11,6 +11,13 @@ takes the newest (read back from its shared file, whose digest it checks), and a
 that needs a version at least some number takes a newer one. An explorer picks, for each
 version, the cheapest announcement it can load (``sync/follower.py``).
 
+Retention (``synchronizer.keep_versions``) counts the store copies apart from the shared
+ones (``sync/retention.py``), and the version the lane is writing, and the newest it wrote,
+are :meth:`AutoSender.pinned`: a lane slower than ``keep_versions`` steps still leaves its
+copies to explorers elsewhere. A version retired all the same while the lane wrote it (a
+retirement by an earlier trainer, a LoRA run's queue) is dropped: what the lane wrote is
+deleted, it is not announced, and the lane goes on with the newest (``store_copies_dropped``).
+
 A LoRA run's store lane sends every version in order (adapters are small, and a remote
 explorer needs the base each adapter names). When shared memory cannot be written (a
 ``/dev/shm`` too small for the model), the store carries every version from then on, with
@@ -20,7 +27,6 @@ one warning.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections import deque
 from collections.abc import Sequence
@@ -30,13 +36,9 @@ from streamrft.schemas.errors import SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.shared import SharedReceiver, SharedSender
 from streamrft.sync.transport import Announce, MakePayload, Payload, WeightSender
+from streamrft.sync.versions import StoreSender
 
 log = logging.getLogger(__name__)
-
-
-def _given(payload: Payload, _full: bool) -> Payload:
-    """A :data:`MakePayload` that hands over a payload made already."""
-    return payload
 
 
 class AutoSender(WeightSender):
@@ -48,7 +50,7 @@ class AutoSender(WeightSender):
         self,
         shared: SharedSender,
         reader: SharedReceiver,
-        store: WeightSender,
+        store: StoreSender,
         counters: Counters,
     ) -> None:
         self.shared: SharedSender | None = shared
@@ -67,8 +69,22 @@ class AutoSender(WeightSender):
         self._error: BaseException | None = None
         self._shared_version = -1
         """The newest version written (or being written) to shared memory."""
+        self._lane_version = -1
+        """The version the store lane is reading back or writing (-1: none)."""
+        self._stored = -1
+        """The newest version the store lane announced."""
+        self._retired: set[int] = set()
+        """Versions retired (:meth:`retire`, from the trainer's thread): never announced."""
+
+    def pinned(self) -> set[int]:
+        """The version the store lane is writing or will write next, and the newest it
+        wrote: retention keeps them (see the module's docstring)."""
+        waiting = [self._newest[1].version] if self._newest is not None else []
+        waiting += [p.version for p in self._in_order]
+        return {v for v in (self._lane_version, self._stored, *waiting) if v >= 0}
 
     def retire(self, versions: Sequence[int]) -> None:
+        self._retired.update(versions)  # a copy on its way is dropped (_store_lane)
         self.store.retire(versions)  # shared memory holds only its two newest slots
 
     async def send(self, make: MakePayload, announce: Announce) -> ModelVersionReady:
@@ -114,9 +130,7 @@ class AutoSender(WeightSender):
                 self._wake.clear()
                 self._writing = True
                 while (payload := await self._next_for_store()) is not None:
-                    assert self._announce is not None
-                    await self.store.send(functools.partial(_given, payload), self._announce)
-                    self.counters.add("store_copies")
+                    await self._copy(payload)
                 self._writing = False
         except asyncio.CancelledError:
             raise
@@ -124,16 +138,40 @@ class AutoSender(WeightSender):
             log.error("store lane failed: %r", exc)
             self._error = exc
             self._writing = False
+        finally:
+            self._lane_version = -1
+
+    async def _copy(self, payload: Payload) -> None:
+        """Write one version to the store and announce it, unless it was retired before
+        or while it was written: then what was written is deleted and it is dropped."""
+        assert self._announce is not None
+        v = payload.version
+        try:
+            if v not in self._retired:
+                event = await self.store.publish(payload)
+                if v not in self._retired:
+                    await self._announce(event)
+                    self._stored = v
+                    self.counters.add("store_copies")
+                    return
+                await asyncio.to_thread(self.store.retire, [v])
+            log.info("store lane: version %d was retired while on its way: dropped", v)
+            self.counters.add("store_copies_dropped")
+        finally:
+            self._lane_version = -1
 
     async def _next_for_store(self) -> Payload | None:
         """The next version the store lane writes: a LoRA run's next in order, else the
         newest in shared memory, read back (digest checked) so that the trainer's snapshot
         buffers are free again; a read the trainer overwrote is retried on the newer one."""
         if self._in_order:
-            return self._in_order.popleft()
+            payload = self._in_order.popleft()
+            self._lane_version = payload.version
+            return payload
         while self._newest is not None:
             event, payload = self._newest
             self._newest = None
+            self._lane_version = event.version
             try:
                 tensors = await asyncio.to_thread(self.reader.receive, event, payload.tensors)
             except SyncError:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +30,9 @@ from streamrft.infra.bus import Counters
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
+
+if TYPE_CHECKING:
+    from streamrft.sync.versions import StoreSender
 
 Announce = Callable[[ModelVersionReady], Awaitable[None]]
 """Sends a ``ModelVersionReady`` on the control topic (the trainer's ``EventSender.control``)."""
@@ -89,6 +93,12 @@ class WeightSender(abc.ABC):
         ``synchronizer.keep_versions``). Blocking: run it off the event loop. A broadcast
         and shared memory keep nothing of an old version."""
 
+    def pinned(self) -> set[int]:
+        """Versions retention must keep whatever their age: what the sender is writing in
+        the background, or wrote there last (``auto``'s store lane: the copy explorers on
+        other hosts load). Read on the event loop."""
+        return set()
+
     async def drain(self) -> None:  # noqa: B027 - optional hook, nothing queued by default
         """Wait until what the sender does in the background after :meth:`send` (``auto``:
         the store copy) is done; raise what it failed with."""
@@ -128,7 +138,7 @@ class WeightReceiver(abc.ABC):
         """Leave what the receiver joined; safe to call twice."""
 
 
-def _object_store_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
+def _object_store_sender(cfg: Config, ctx: SenderContext) -> StoreSender:
     from streamrft.sync.object_store import ObjectStorePublisher
     from streamrft.sync.versions import StoreSender
 

@@ -22,8 +22,20 @@ def _v(version: int, delta_base: int = -1, lora: bool = False, base: int = -1):
     )  # fmt: skip
 
 
+def _shm(version: int):
+    return ModelVersionReady(
+        version=version, method="shared", uri=f"shm://host/streamrft-r-1-{version % 2}",
+        manifest_sha256="0" * 32, bytes=8, step=version,
+    )  # fmt: skip
+
+
+def _one_place(events: dict) -> dict:
+    """Versions announced once each (a single method)."""
+    return {v: [e] for v, e in events.items()}
+
+
 def test_full_versions_keep_the_newest():
-    versions = {v: _v(v) for v in range(10)}
+    versions = _one_place({v: _v(v) for v in range(10)})
     assert to_retire(versions, 3) == list(range(7))
     assert to_retire(versions, 10) == [] and to_retire(versions, 50) == []
     assert to_retire(versions, 0) == []  # 0: keep every version
@@ -33,7 +45,7 @@ def test_full_versions_keep_the_newest():
 def test_a_kept_delta_keeps_its_chain_down_to_the_full_version():
     # 0 full, 1-3 deltas on the one before, 4 full, 5 a delta on 4
     bases = {0: -1, 1: 0, 2: 1, 3: 2, 4: -1, 5: 4}
-    versions = {v: _v(v, b) for v, b in bases.items()}
+    versions = _one_place({v: _v(v, b) for v, b in bases.items()})
     assert needed(versions, 2) == {4, 5}
     assert to_retire(versions, 2) == [0, 1, 2, 3]
     upto3 = {v: versions[v] for v in range(4)}
@@ -43,11 +55,41 @@ def test_a_kept_delta_keeps_its_chain_down_to_the_full_version():
 
 
 def test_a_kept_adapter_keeps_its_base():
-    versions = {0: _v(0), 1: _v(1, lora=True, base=0), 2: _v(2, lora=True, base=0)}
+    versions = _one_place({0: _v(0), 1: _v(1, lora=True, base=0), 2: _v(2, lora=True, base=0)})
     assert to_retire(versions, 1) == [1]
-    versions[3] = _v(3)  # a new full base
-    versions[4] = _v(4, lora=True, base=3)
+    versions[3] = [_v(3)]  # a new full base
+    versions[4] = [_v(4, lora=True, base=3)]
     assert to_retire(versions, 2) == [0, 1, 2]
+
+
+def test_each_place_keeps_its_newest_and_a_store_copy_on_its_way_is_pinned():
+    """``auto``: every version in shared memory, a slow store lane copies a few of them
+    later. The store's newest ``keep`` copies stay whatever the age of their numbers, and
+    the version the lane is writing (pinned) is never retired under it."""
+    keep = 2
+    versions = {v: [_shm(v)] for v in range(20)}
+    for v in (0, 7, 14):  # the store copies announced so far
+        versions[v].append(_v(v))
+    assert needed(versions, keep) == {18, 19, 7, 14}
+    assert to_retire(versions, keep) == [v for v in range(18) if v not in (7, 14)]
+    # the lane is writing 19's copy... and, once shared memory moved on, still is
+    versions.update({v: [_shm(v)] for v in range(20, 30)})
+    retire = to_retire(versions, keep, pinned={19})
+    assert 19 not in retire and 7 not in retire and 14 not in retire
+    assert retire == [v for v in range(28) if v not in (7, 14, 19)]
+    # the copy announced: the store's newest two are 14 and 19; 7 can go
+    versions[19].append(_v(19))
+    assert to_retire(versions, keep) == [v for v in range(28) if v not in (14, 19)]
+    # pinned numbers not announced count for nothing; keep 0 keeps everything
+    assert to_retire(versions, keep, pinned={99}) == to_retire(versions, keep)
+    assert to_retire(versions, 0, pinned={19}) == []
+
+
+def test_a_pinned_delta_keeps_its_chain():
+    bases = {0: -1, 1: 0, 2: 1, 3: -1, 4: 3}
+    versions = _one_place({v: _v(v, b) for v, b in bases.items()})
+    assert to_retire(versions, 1) == [0, 1, 2]
+    assert to_retire(versions, 1, pinned={2}) == []  # 2 is rebuilt from 0 through 1
 
 
 def _view() -> ControlView:
