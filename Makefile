@@ -81,7 +81,7 @@ test-e2e: setup
 test-vllm: $(VLLM_VENV)/.installed
 	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest tests/vllm tests/unit/test_sampling_loop.py -p no:cacheprovider
 
-$(VLLM_VENV)/.installed: pyproject.toml tools/build_vllm_venv.sh
+$(VLLM_VENV)/.installed: pyproject.toml tools/build_vllm_venv.sh tools/vllm-tier.constraints
 	PY=$(PY) tools/build_vllm_venv.sh $(VLLM_VENV)
 	touch $@
 
