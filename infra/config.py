@@ -851,6 +851,15 @@ class SynchronizerConfig(_Section, frozen=True):
     delta_max_ratio: Frac = 0.5
     """``delta: auto`` sends a delta only when its bytes are at most this share of the full
     version's."""
+    staging: Literal["host", "device", "none"] = "host"
+    """Where an explorer receives a version it will need: as soon as it is announced, in
+    the background, while it samples with the weights it holds, into a staging copy it
+    verifies there; at the sync point only the copy into the model is left. ``host``: host
+    memory (pinned when the model is on a GPU); ``device``: the model's GPU when a version
+    fits in its free memory (else pinned host memory, with a warning; on a CPU, host
+    memory); ``none``: no staging copy, a version is received at the sync point. Costs one
+    version of memory in ``model.dtype`` per explorer (two with LoRA while an adapter's
+    base is being fetched); ``streamrft plan`` counts it."""
 
 
 class ServeConfig(_Section, frozen=True):

@@ -3,9 +3,10 @@
 One explorer step:
   take up to ``batch_size`` tasks of one batch (:class:`~.task_intake.TaskIntake`) ->
   sync point (:class:`~streamrft.sync.follower.WeightFollower`: the version that batch
-  needs, waiting while this explorer is ahead of the trainer) -> workflow (roll out and
-  score) -> publish the groups (acks=all) -> commit the tasks' offsets -> metrics and
-  status.
+  needs, waiting while this explorer is ahead of the trainer; received in the background
+  as soon as it was announced, so mostly only its copy into the model is left) -> workflow
+  (roll out and score) -> publish the groups (acks=all) -> commit the tasks' offsets ->
+  metrics (with the step's sync times) and status.
 A task's offset is committed only after its group is acknowledged by the broker, so an
 explorer that dies mid-step loses nothing: its tasks are explored again (at-least-once).
 """
@@ -356,6 +357,11 @@ class Explorer:
         self.counters.add("groups_published", len(groups))
         self.counters.add("experiences_published", len(rewards))
         values = {"explorer/rollout_seconds": rollout_s, "explorer/groups": float(len(groups))}
+        times = self.follower.take_times()  # this step's sync point, and receives meanwhile
+        values["explorer/version_wait_s"] = times.version_wait_s
+        values["explorer/sync_wait_s"] = times.sync_wait_s
+        values["explorer/apply_s"] = times.apply_s
+        values["explorer/receive_s"] = times.receive_s
         if rewards:  # a step whose every task was given up has none
             values["explorer/reward_mean"] = sum(rewards) / len(rewards)
             values["explorer/response_length"] = sum(lengths) / len(lengths)
@@ -371,6 +377,7 @@ class Explorer:
         await self.intake.start()
         # before the first status: what an earlier process of this explorer rejected
         await self.follower.remember_rejections()
+        self.follower.start_staging()  # versions are received from now on, in the background
         await self.events.status(RunState.RUNNING, "started")
         model = self.engine.model
         log.info(

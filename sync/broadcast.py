@@ -31,6 +31,7 @@ from streamrft.sync.collective import (
     tensor_specs,
 )
 from streamrft.sync.delta import state_sha256, verify_state
+from streamrft.sync.staging import Stage
 from streamrft.sync.transport import (
     Announce,
     MakePayload,
@@ -138,7 +139,8 @@ class BroadcastSender(WeightSender):
 
 class BroadcastReceiver(WeightReceiver):
     """Explorer side: take part in a broadcast this explorer is a member of, receiving into
-    staging tensors (the caller applies them only when complete)."""
+    tensors of its own (new ones for every version, or the staging copy's) that the caller
+    applies only when complete and checked."""
 
     refetchable = False
     needs_template = True
@@ -171,6 +173,17 @@ class BroadcastReceiver(WeightReceiver):
     def receive(
         self, event: ModelVersionReady, like: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
+        return self._receive(event, {k: torch.empty_like(v) for k, v in like.items()})
+
+    def receive_into(
+        self, event: ModelVersionReady, like: Mapping[str, torch.Tensor], stage: Stage
+    ) -> dict[str, torch.Tensor]:
+        """Into the stage's tensors, in place (no copy after the broadcast)."""
+        return self._receive(event, stage.like(like))
+
+    def _receive(
+        self, event: ModelVersionReady, into: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         what = f"broadcast version {event.version}"
         why = self.refusal(event)
         if why is not None:
@@ -179,10 +192,9 @@ class BroadcastReceiver(WeightReceiver):
             raise IntegrityError(f"{what}: no digest of its bytes (state_sha256): refused")
         if self._receiver is None:
             self._receiver = CollectiveReceiver(self.member, self.timeout_s)
-        staging = {k: torch.empty_like(v) for k, v in like.items()}
-        self._receiver.receive(event.uri, staging, event.version)
-        verify_state(staging, event.state_sha256, what)  # before anything is applied
-        return staging
+        self._receiver.receive(event.uri, into, event.version)
+        verify_state(into, event.state_sha256, what)  # before anything is applied
+        return into
 
     def close(self) -> None:
         if self._receiver is not None:

@@ -16,12 +16,22 @@ them) :meth:`WeightFollower.sync_point` does, in order:
    it has, counter ``sync_waits_cut``);
 3. **choose** — the version to apply (:func:`~.styles.choose_version`; a newer broadcast
    this explorer is a member of always wins: its group waits for every member);
-4. **apply** — receive it through the transport its event names, verified, and copy it in
-   (:mod:`.payload` knows adapters and bases);
-5. **on failure** — one policy (:func:`on_failure`): keep the current weights and try at
-   the next sync point (the store is down), retry soon (down, and no weights yet), wait for
-   the store fallback (a broadcast failed), or reject the version for good (it failed
-   verification) and wait for the next one.
+4. **apply** — copy it in (:mod:`.payload` knows adapters and bases) from its staging
+   copy: the :class:`~.stager.Stager` receives the version the explorer will need, through
+   the transport its event names and verified, in the background as soon as it is
+   announced (``synchronizer.staging``; with ``none``, it is received here, at the sync
+   point); the sync point waits only for what is left of that receive, or receives the
+   version it chose when it is not the one staged;
+5. **on failure** — one policy (:func:`on_failure`), at the sync point and for a receive in
+   the background alike: keep the current weights and try at the next sync point (the store
+   is down), retry soon (down, and no weights yet), wait for the store fallback (a broadcast
+   failed), or reject the version for good (it failed verification) and wait for the next
+   one.
+
+Times (:meth:`WeightFollower.take_times`, and counters of the same names in seconds): the
+wait for a version to be announced (``version_wait``: backpressure), the sampling held from
+the choice of a version until it is applied (``sync_wait``), the copy into the model
+(``apply``) and the receives, in the background or not (``receive``).
 """
 
 from __future__ import annotations
@@ -30,20 +40,25 @@ import asyncio
 import contextlib
 import enum
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender
 from streamrft.infra.config import Config
+from streamrft.infra.modeling import model_device
 from streamrft.schemas.errors import IntegrityError, ServiceError, StreamRFTError, SyncError
 from streamrft.schemas.events import ModelVersionReady, Rejection, RunState, SyncRequest
 from streamrft.sync.delta import verify_state
 from streamrft.sync.payload import ModelWeights
+from streamrft.sync.stager import Staged, Stager, StagerHooks
+from streamrft.sync.staging import Stage, StagingArea, staging_memory
 from streamrft.sync.styles import ExplorerSync, Schedule, choose_version, explorer_sync
 from streamrft.sync.transport import COST, Receivers
-from streamrft.sync.weights import largest_version
+from streamrft.sync.weights import largest_version, live_tensors, nbytes
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +69,20 @@ REJECTION_TEXT_CHARS = 500
 """A rejection's reason (and method) is cut to this many characters."""
 RETRY_SOON_S = 1.0
 """Pause before loading again when the store is down and there are no weights to go on with."""
+UNEXPECTED = (StreamRFTError, ValueError, RuntimeError, OSError, MemoryError)
+"""What a version can make a decoder or an allocation raise (a manifest of another schema, a
+header that lies, a size past memory): that version is refused, the process lives on (the
+model is touched only after every check)."""
+
+
+@dataclass
+class SyncTimes:
+    """Seconds of one stretch of an explorer's work (see the module: times)."""
+
+    version_wait_s: float = 0.0
+    sync_wait_s: float = 0.0
+    apply_s: float = 0.0
+    receive_s: float = 0.0
 
 
 class Synced(enum.Enum):
@@ -157,6 +186,40 @@ class WeightFollower:
         """(version, rendezvous) of broadcasts this explorer failed to receive: a broadcast
         happens once, so it is never tried again (its trainer may be gone for good: the
         version then comes by the store, or a newer one does)."""
+        self._state = threading.Lock()
+        """Held while a version is copied in, and while a delta receive reads the state held."""
+        self._times = SyncTimes()
+        self.stager = self._make_stager()
+        """Receives versions in the background (None: ``synchronizer.staging: none``)."""
+
+    def _make_stager(self) -> Stager | None:
+        device = model_device(self.weights.model)
+        size = nbytes(live_tensors(self.weights.model))  # a version, and an adapter's base
+        memory = staging_memory(self.cfg.synchronizer.staging, device, size)
+        if memory is None:
+            return None
+        log.info("%s: versions are staged in %s", self.name, memory.describe())
+        hooks = StagerHooks(
+            wanted=self._to_stage,
+            receive=self._received,
+            serves=self._serves,
+            failed=self._staging_failed,
+            held=lambda: self.version,
+        )
+        area = StagingArea(memory)
+        return Stager(area, hooks, self.view, self.stop, self.counters, self.name)
+
+    def start_staging(self) -> None:
+        """Receive versions in the background from now on (on the event loop; once)."""
+        if self.stager is not None:
+            self.stager.start()
+
+    def take_times(self) -> SyncTimes:
+        """The times since the last call (an explorer's step reports them)."""
+        times, self._times = self._times, SyncTimes()
+        if self.stager is not None:
+            times.receive_s += self.stager.take_receive_s()
+        return times
 
     # -- what can be loaded ------------------------------------------------------------------
     def usable(self, report: bool = True) -> dict[int, ModelVersionReady]:
@@ -208,7 +271,10 @@ class WeightFollower:
         return None
 
     def broadcast_pending(self) -> bool:
-        """A newer broadcast this explorer is a member of is waiting for it."""
+        """A newer broadcast this explorer is a member of is waiting for it to join (the
+        stager, when it runs, joins it in the background: nothing waits)."""
+        if self.stager is not None and self.stager.running:
+            return False
         return self._waiting_broadcast(self.usable()) is not None
 
     # -- the sync point ----------------------------------------------------------------------
@@ -219,6 +285,7 @@ class WeightFollower:
         tasks of ``batch`` (None: no tasks; only join a broadcast that waits for this
         explorer). ``moved()``: the tasks partitions moved since the tasks were taken."""
         await self.remember_rejections()
+        self.start_staging()
         if batch is None:
             plan = ExplorerSync(apply=False)
         else:
@@ -259,12 +326,18 @@ class WeightFollower:
         """Wait for a usable version >= ``floor``, for the partitions to move, or for the
         starvation cut (see module)."""
         since = time.time()
-        ready = await self.view.wait_until(
-            lambda: self.newest() >= floor or moved() or self._deadlocked(since),
-            self.cfg.synchronizer.sync_timeout,
-            self.stop,
-            what,
-        )
+        t0 = time.perf_counter()
+        try:
+            ready = await self.view.wait_until(
+                lambda: self.newest() >= floor or moved() or self._deadlocked(since),
+                self.cfg.synchronizer.sync_timeout,
+                self.stop,
+                what,
+            )
+        finally:
+            waited = time.perf_counter() - t0
+            self._times.version_wait_s += waited
+            self.counters.add("version_wait_seconds", waited)
         if not ready:
             return Synced.STOP
         if self.newest() >= floor:
@@ -309,6 +382,18 @@ class WeightFollower:
             return await self._apply_chosen_alone(plan, moved)
 
     async def _apply_chosen_alone(self, plan: ExplorerSync, moved: Callable[[], bool]) -> bool:
+        """:meth:`_choose_and_load`, timed: sampling waits from here until a version is
+        applied (or none is), but for the waits for an announcement inside (backpressure,
+        counted apart)."""
+        t0, announced_wait = time.perf_counter(), self._times.version_wait_s
+        try:
+            return await self._choose_and_load(plan, moved)
+        finally:
+            spent = time.perf_counter() - t0 - (self._times.version_wait_s - announced_wait)
+            self._times.sync_wait_s += spent
+            self.counters.add("sync_wait_seconds", spent)
+
+    async def _choose_and_load(self, plan: ExplorerSync, moved: Callable[[], bool]) -> bool:
         await self.remember_rejections()
         started = time.monotonic()
         while (event := self._choose(plan)) is not None:
@@ -347,33 +432,79 @@ class WeightFollower:
         return True
 
     async def _load(self, event: ModelVersionReady) -> SyncError | None:
-        """Receive and apply ``event`` (off the event loop); the error, if it failed."""
-        t0 = time.perf_counter()
+        """Apply ``event``: from its staging copy (the stager hands it over once received:
+        see :class:`~.stager.Stager`), or received here (``staging: none``), off the event
+        loop; the error, if it failed."""
         try:
-            await asyncio.to_thread(self._receive_and_apply, event)
+            if self.stager is None:
+                received_s, applied = await asyncio.to_thread(self._receive_and_apply, event)
+                self._times.receive_s += received_s
+                self.counters.add("receive_seconds", received_s)
+                self.counters.add("sync_seconds", received_s)
+            else:
+                async with self.stager.taken(event) as staged:
+                    applied = await asyncio.to_thread(self._apply, staged)
+                event = staged.event  # the announcement its bytes came through
         except SyncError as exc:
             return exc
         except ServiceError:
             raise
-        except (StreamRFTError, ValueError, RuntimeError, OSError, MemoryError) as exc:
-            # what a version can make a decoder or an allocation raise (a manifest of
-            # another schema, a header that lies, a size past memory): that version is
-            # refused, the process lives on (the model is touched only after every check)
-            log.warning("%s: version %d failed unexpectedly: %r", self.name, event.version, exc)
-            return IntegrityError(f"version {event.version} ({event.method}): {exc!r}")
+        except UNEXPECTED as exc:
+            return self._unexpected(event, exc)
+        self._times.apply_s += applied
+        self.counters.add("apply_seconds", applied)
+        self.counters.add("sync_seconds", applied)
         self.version = event.version
         self.counters.add("versions_applied")
         self.counters.add(f"versions_applied_{event.method}")
-        self.counters.add("sync_seconds", time.perf_counter() - t0)
         log.info("%s: applied version %d (%s)", self.name, event.version, event.method)
         return None
 
-    def _receive_and_apply(self, event: ModelVersionReady) -> None:
-        """Everything is received and verified before the model is touched; an adapter
-        whose base the model lacks brings the base first, a delta is rebuilt first."""
+    def _unexpected(self, event: ModelVersionReady, exc: Exception) -> IntegrityError:
+        """An error of :data:`UNEXPECTED` while ``event`` loaded, as its refusal."""
+        log.warning("%s: version %d failed unexpectedly: %r", self.name, event.version, exc)
+        return IntegrityError(f"version {event.version} ({event.method}): {exc!r}")
+
+    def _receive_and_apply(self, event: ModelVersionReady) -> tuple[float, float]:
+        """``staging: none``: receive, then apply; (receive, apply) seconds."""
+        t0 = time.perf_counter()
+        staged = self._receive(event, None)
+        return time.perf_counter() - t0, self._apply(staged)
+
+    def _apply(self, staged: Staged) -> float:
+        """Copy a received version in (an adapter's base first, when the model still lacks
+        it); its memory is released, or kept when the state held refers to it. Seconds."""
+        t0 = time.perf_counter()
+        try:
+            with self._state:
+                if staged.base_event is not None and self.weights.needs_base(staged.event):
+                    assert staged.base is not None
+                    self.weights.apply(staged.base_event, staged.base)
+                self.weights.apply(staged.event, staged.tensors)
+                keep = self.weights.held is not None
+        except BaseException:
+            staged.release()
+            raise
+        staged.release(keep)
+        return time.perf_counter() - t0
+
+    def _received(self, event: ModelVersionReady, stage: Stage) -> Staged:
+        """The stager's receive: :meth:`_receive` into ``stage``, an unexpected error as the
+        version's refusal (:data:`UNEXPECTED`)."""
+        try:
+            return self._receive(event, stage)
+        except (SyncError, ServiceError):
+            raise
+        except UNEXPECTED as exc:
+            raise self._unexpected(event, exc) from exc
+
+    def _receive(self, event: ModelVersionReady, stage: Stage | None) -> Staged:
+        """Everything received and verified before the model is touched, into ``stage``
+        (None: the receiver's own memory): an adapter whose base the model lacks brings the
+        base, a delta is rebuilt (its fetches are transient; the state is staged)."""
         if event.delta_base >= 0:
-            self.weights.apply(event, self._rebuilt(event))
-            return
+            state = self._rebuilt(event)
+            return Staged(event, stage.adopt(state) if stage is not None else state)
         base_event, base = None, None
         if self.weights.needs_base(event):
             base_event = self.usable(report=False).get(event.base_version)
@@ -387,11 +518,8 @@ class WeightFollower:
                     f"adapter version {event.version} is on base {event.base_version}, sent "
                     f"by broadcast only; this explorer holds base {self.weights.base_version}"
                 )
-            base = self._fetch(base_event)
-        tensors = self._fetch(event)
-        if base_event is not None and base is not None:
-            self.weights.apply(base_event, base)
-        self.weights.apply(event, tensors)
+            base = self._fetch(base_event, stage.base() if stage is not None else None)
+        return Staged(event, self._fetch(event, stage), base_event, base)
 
     def _rebuilt(self, event: ModelVersionReady) -> dict:
         """Delta version ``event`` as whole tensors, checked against its ``state_sha256``:
@@ -400,13 +528,16 @@ class WeightFollower:
         not what the trainer had: counter ``delta_refetches``). A version of the chain that
         fails its own verification (or was rejected here before) fails ``event`` at once:
         a chain from the full version would hold it too."""
-        held = self.weights.held_version if self.weights.held is not None else -1
+        with self._state:  # the state held now: a sync point may apply another meanwhile
+            base, held = self.weights.held, self.weights.held_version
+        if base is None:
+            held = -1
         chain = delta_chain(self.view.versions, event.version, held)
         bad = [e.version for e in chain if (e.version, e.manifest_sha256) in self.rejected]
         if bad:
             raise IntegrityError(f"delta version {event.version} builds on rejected {bad}")
         what = f"version {event.version}"
-        state = self._walk(chain)
+        state = self._walk(chain, base)
         if chain[0].delta_base >= 0:  # rebuilt on the state held: is that the trainer's?
             try:
                 verify_state(state, event.state_sha256, what)
@@ -421,37 +552,43 @@ class WeightFollower:
                     held,
                     exc,
                 )
-            state = self._walk(delta_chain(self.view.versions, event.version, -1))
+            state = self._walk(delta_chain(self.view.versions, event.version, -1), None)
         verify_state(state, event.state_sha256, what)
         return state
 
-    def _walk(self, chain: list[ModelVersionReady]) -> dict:
-        """The state at the end of ``chain`` (see :func:`delta_chain`), not yet checked."""
-        state = None
+    def _walk(
+        self, chain: list[ModelVersionReady], held: Mapping[str, torch.Tensor] | None
+    ) -> dict:
+        """The state at the end of ``chain`` (see :func:`delta_chain`; ``held``: the state
+        it starts on when its first version is a delta), not yet checked."""
+        state = held
         deltas = chain
         if chain[0].delta_base < 0:
-            state = self._fetch(chain[0])
+            state = self._fetch(chain[0], None)
             deltas = chain[1:]
         for event in deltas:
-            changes = self._fetch(event)
+            changes = self._fetch(event, None)
             state = self.weights.rebuild(event, changes, state)
             self.counters.add("delta_bytes", event.bytes)
         assert state is not None
-        return state
+        return dict(state)
 
-    def _fetch(self, event: ModelVersionReady) -> dict[str, torch.Tensor]:
-        """The tensors of ``event`` from its receiver, once its size is one this model's
-        versions can have (nothing allocated for a larger claim)."""
+    def _fetch(self, event: ModelVersionReady, stage: Stage | None) -> dict[str, torch.Tensor]:
+        """The tensors of ``event`` from its receiver, into ``stage`` (None: the receiver's
+        own memory), once its size is one this model's versions can have (nothing allocated
+        for a larger claim)."""
         receiver = self.receivers.for_event(event)
-        own = self.weights.template(event)
+        own = self.weights.template(event) if stage is None else self.weights.layout(event)
         limit = largest_version(own)
         if not 0 <= event.bytes <= limit:
             raise IntegrityError(
                 f"version {event.version} announces {event.bytes} bytes; this model's "
                 f"versions hold {limit} at most: refused"
             )
-        whole = receiver.needs_template and event.delta_base < 0
-        return receiver.receive(event, own if whole else {})
+        like = own if receiver.needs_template and event.delta_base < 0 else {}
+        if stage is None:
+            return receiver.receive(event, like)
+        return receiver.receive_into(event, like, stage)
 
     async def _retry_soon(self, started: float, exc: SyncError) -> bool:
         """The store is down and there are no weights yet: wait, within the outage budget."""
@@ -466,11 +603,14 @@ class WeightFollower:
         await asyncio.sleep(RETRY_SOON_S)
         return True
 
-    async def _wait_fallback(self, event: ModelVersionReady, exc: SyncError) -> bool:
-        """A broadcast failed: the trainer announces the same version again by the store."""
+    def _broadcast_failed(self, event: ModelVersionReady, exc: SyncError) -> None:
         self.counters.add("broadcast_failures")
         self.failed_broadcasts.add((event.version, event.uri))
         log.warning("%s: broadcast of version %d failed (%s)", self.name, event.version, exc)
+
+    async def _wait_fallback(self, event: ModelVersionReady, exc: SyncError) -> bool:
+        """A broadcast failed: the trainer announces the same version again by the store."""
+        self._broadcast_failed(event, exc)
         v = event.version
         return await self.view.wait_until(
             lambda: (
@@ -530,5 +670,45 @@ class WeightFollower:
         what = f"no usable model version >= {floor} (version {event.version} was rejected)"
         return await self._wait(floor, what, moved)
 
+    # -- what the stager asks ----------------------------------------------------------------
+    def _to_stage(self) -> ModelVersionReady | None:
+        """The version to receive in the background: the newest usable one, when it is
+        newer than the one held."""
+        usable = self.usable()
+        newest = max(usable, default=-1)
+        return usable[newest] if newest > self.version else None
+
+    def _serves(self, staged: Staged, event: ModelVersionReady | None) -> bool:
+        """Whether ``staged`` may be applied as ``event``'s version now: the same version,
+        received through one of its announcements that still stands (not retired, not
+        rejected), with the base it needs when the model lacks it."""
+        if event is None or staged.event.version != event.version:
+            return False
+        v = event.version
+        if staged.event not in self.view.announcements(v):
+            return False
+        if (v, staged.event.manifest_sha256) in self.rejected:
+            return False
+        return staged.base_event is not None or not self.weights.needs_base(staged.event)
+
+    async def _staging_failed(self, event: ModelVersionReady, exc: SyncError) -> None:
+        """A receive in the background failed: the sync point's policy (:func:`on_failure`),
+        with nothing to wait for (the stager tries a version that may load later again)."""
+        action = on_failure(exc, self.receivers.for_event(event).refetchable, self.version >= 0)
+        if action is OnFailure.REJECT:
+            await self._reject(event, exc)
+        elif action is OnFailure.WAIT_FALLBACK:
+            self._broadcast_failed(event, exc)
+        else:
+            self.counters.add("store_unavailable")
+            log.warning(
+                "%s: version %d unavailable in the background (%s); trying again later",
+                self.name,
+                event.version,
+                exc,
+            )
+
     def close(self) -> None:
+        if self.stager is not None:
+            self.stager.close()
         self.receivers.close()

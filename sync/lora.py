@@ -97,6 +97,12 @@ def adapter_state_dict(peft_model: PeftModel) -> dict[str, torch.Tensor]:
     }
 
 
+def adapter_views(peft_model: PeftModel) -> dict[str, torch.Tensor]:
+    """The adapter's tensors under :func:`adapter_state_dict`'s names, detached views of the
+    live parameters (no copy)."""
+    return {k: v.detach() for k, v in get_peft_model_state_dict(peft_model).items()}
+
+
 def adapter_config_dict(peft_model: PeftModel) -> dict[str, Any]:
     """The active adapter's config as peft saves it (``inference_mode`` on, sets as lists)."""
     cfg = copy.deepcopy(peft_model.peft_config[peft_model.active_adapter])

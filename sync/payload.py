@@ -277,6 +277,15 @@ class ModelWeights:
             return adapter_state_dict(self.model)
         return unique_state_dict(self.model)
 
+    def layout(self, event: ModelVersionReady) -> dict[str, torch.Tensor]:
+        """:meth:`template` without a copy: the model's tensors that ``event`` replaces,
+        where they live (names, shapes and dtypes to stage a version by; never written)."""
+        if event.lora:
+            from streamrft.sync.lora import adapter_views
+
+            return adapter_views(self.model)
+        return live_tensors(self.model)
+
     def needs_base(self, event: ModelVersionReady) -> bool:
         """Whether ``event`` (an adapter) needs a full version first that the model lacks."""
         return event.lora and event.base_version != self.base_version

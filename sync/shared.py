@@ -31,7 +31,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -40,6 +40,7 @@ import xxhash
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
+from streamrft.sync.staging import Stage
 from streamrft.sync.transport import Announce, MakePayload, WeightReceiver, WeightSender
 from streamrft.sync.weights import Shard, check_fits, decode_shard, largest_version, make_shard
 
@@ -188,11 +189,13 @@ class SharedSender(WeightSender):
 
 class SharedReceiver(WeightReceiver):
     """Explorer side: read a version's file on this host into a buffer of its own, check
-    its digest, decode views of it. The buffers (two, taken in turn: an adapter's base and
-    the adapter are both held until applied) are reused version after version, so the
-    tensors returned are valid until the receive after next."""
+    its digest, decode views of it. :meth:`receive`'s buffers (two, taken in turn: an
+    adapter's base and the adapter are both held until applied) are reused version after
+    version, so the tensors it returns are valid until the receive after next;
+    :meth:`receive_into` reads into the stage's bytes instead."""
 
     needs_template = True
+    reuses_buffers = True
 
     def __init__(self, cfg: Config, folder: str = SHM_DIR) -> None:
         self.folder = folder
@@ -215,6 +218,21 @@ class SharedReceiver(WeightReceiver):
     def receive(
         self, event: ModelVersionReady, like: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
+        return self._receive(event, like, self._buffer)
+
+    def receive_into(
+        self, event: ModelVersionReady, like: Mapping[str, torch.Tensor], stage: Stage
+    ) -> dict[str, torch.Tensor]:
+        """Read into the stage's host bytes (one copy, hashed as it goes); the tensors are
+        views of them (copied to the device only with device staging)."""
+        return stage.adopt(self._receive(event, like, stage.host_bytes))
+
+    def _receive(
+        self,
+        event: ModelVersionReady,
+        like: Mapping[str, torch.Tensor],
+        buffer: Callable[[int], torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
         what = f"version {event.version} in shared memory"
         path = self._path(event)
         if path is None:
@@ -225,7 +243,7 @@ class SharedReceiver(WeightReceiver):
                 f"{what}: {event.bytes} bytes announced; this model's tensors are {limit} "
                 "at most: refusing to allocate"
             )
-        buf = self._buffer(event.bytes)
+        buf = buffer(event.bytes)
         digest = self._read_hashed(path, buf, what)
         if digest != event.manifest_sha256:
             raise IntegrityError(

@@ -30,6 +30,7 @@ from streamrft.infra.bus import Counters
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
+from streamrft.sync.staging import Stage
 
 if TYPE_CHECKING:
     from streamrft.sync.versions import StoreSender
@@ -133,6 +134,22 @@ class WeightReceiver(abc.ABC):
         the tensors the version replaces (names, shapes, dtypes) when :attr:`needs_template`,
         else empty. Blocking: run it off the event loop. Raises :class:`SyncError`
         (``retriable`` when the transport may work again soon)."""
+
+    reuses_buffers = False
+    """Whether the tensors :meth:`receive` returns are views of buffers it writes again
+    for a later version (then :meth:`receive_into`'s default copies them into the stage)."""
+
+    def receive_into(
+        self, event: ModelVersionReady, like: Mapping[str, torch.Tensor], stage: Stage
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`receive`, into ``stage`` (:mod:`.staging`): every tensor returned lives in
+        memory the stage owns until it is released (its :meth:`~.staging.Stage.host_bytes`,
+        :meth:`~.staging.Stage.like`, or tensors it adopted), never in a buffer this receiver
+        writes again. A receiver that can receive straight into the stage's memory (a file
+        read into its bytes, a broadcast or a device copy into its tensors) overrides this;
+        the default receives, then has the stage adopt the result (a copy only where the
+        tensors are not in its memory, or are this receiver's reused buffers)."""
+        return stage.adopt(self.receive(event, like), copy=self.reuses_buffers)
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Leave what the receiver joined; safe to call twice."""

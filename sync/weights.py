@@ -326,10 +326,20 @@ def copy_into(
     Every name of ``own`` but the ``optional`` ones must come, none may be extra, and
     shapes must agree; all of it is checked before the first copy (:func:`check_fits`),
     so a mismatch raises :class:`SyncError` and leaves the model exactly as it was.
+    Into a GPU, copies from pinned host memory (a staging copy) or from the GPU are queued
+    without waiting, then waited for once: when it returns, ``tensors`` may be reused.
     """
     check_fits(own, tensors, what, optional, hint)
+    devices = set()
     for name, tensor in tensors.items():
-        own[name].copy_(tensor)
+        dst = own[name]
+        if dst.is_cuda:
+            devices.add(dst.device)
+            dst.copy_(tensor, non_blocking=tensor.is_cuda or tensor.is_pinned())
+        else:
+            dst.copy_(tensor)
+    for device in devices:
+        torch.cuda.synchronize(device)
 
 
 def apply_state_dict(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
