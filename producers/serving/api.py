@@ -5,8 +5,8 @@ error object ``{"error": {"message", "type", "code"}}`` with its status: 400 for
 request, 401 without the API key, 404 for an unknown model or response id, 413 for a body
 over ``serve.max_request_bytes``, 503 before the first model version (or when
 ``serve.max_recorded`` responses wait, or the spool of groups the broker did not take is
-full). ``/commit`` answers 200 when every group was published, 202 when some wait in the
-spool for the broker (``spooled_groups``).
+full or its disk refuses a file). ``/commit`` answers 200 when every group was published,
+202 when some wait in the spool for the broker (``spooled_groups``).
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ class Delivery:
     spooled: list[ExperienceGroup] = field(default_factory=list)
     """Written to the spool (on disk): published once the broker answers again."""
     held: list[ExperienceGroup] = field(default_factory=list)
-    """Neither: the spool was full; kept in memory and tried again."""
+    """Neither: the spool was full, or its disk refused the file (any ``OSError``); kept
+    in memory and tried again."""
 
 
 class Backend(Protocol):
@@ -113,7 +114,8 @@ class Backend(Protocol):
     async def publish(self, groups: list) -> Delivery: ...
 
     def refusal(self) -> str | None:
-        """Why completions and commits get 503 now (the spool is full), None when not."""
+        """Why completions and commits get 503 now (the spool is full or cannot be
+        written), None when not."""
         ...
 
 
@@ -502,8 +504,9 @@ class Handlers:
 
     async def commit(self, request: Request) -> dict[str, Any] | Response:
         """200: every group published; 202: some wait in the spool (on disk) and are
-        published once the broker answers again; 503 when the spool is full (the responses
-        stay held before the commit; after it, the groups wait in memory)."""
+        published once the broker answers again; 503 when the spool is full or its disk
+        refuses the file (the responses stay held before the commit; after it, the groups
+        wait in the server's memory, tried again every second: none is lost)."""
         body = await request.body()
         req = _decode(body, Commit) if body.strip() else Commit()
         self._refuse_when_full()  # the responses stay held: commit again later

@@ -8,9 +8,11 @@ flush loop (``serve.group_size``, ``serve.group_timeout_s``), in batches of
 did not take goes to the spool on disk (:mod:`.spool`), and until a publication succeeds
 again new batches go there without a try; the flush loop publishes the spool's files
 oldest first (this process's, and those an earlier or another serve process of the run
-left). Past ``serve.spool_max_bytes`` the groups wait in memory and completions and
-commits get 503. A stop publishes or spools every rewarded response still held, within
-``serve.shutdown_timeout_s`` of the signal.
+left). Past ``serve.spool_max_bytes``, or when the spool's disk refuses a file (full,
+read-only, no permission: any ``OSError``), the groups wait in memory, the flush loop tries
+them again every second, and completions and commits get 503. A stop publishes or spools
+every rewarded response still held, within ``serve.shutdown_timeout_s`` of the signal, and
+counts in ``groups_lost`` what it could do neither with.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from streamrft.producers.policy import followed_policy, start_sampler
 from streamrft.producers.serving.api import Delivery
 from streamrft.producers.serving.batcher import Batcher, Sampling, engine_call
 from streamrft.producers.serving.recorder import Recorder
-from streamrft.producers.serving.spool import Spool, SpoolFull
+from streamrft.producers.serving.spool import Spool, SpoolFull, Taken
 from streamrft.schemas.errors import ConfigError, StreamRFTError
 from streamrft.schemas.events import RunState
 from streamrft.schemas.experience import ExperienceGroup
@@ -53,6 +55,9 @@ CLOSE_MIN_S = 2.0
 """After a stop, time to close the Kafka clients, at least (see :meth:`Server._close`)."""
 CANCEL_STEP_S = 0.2
 """Past that, how long each wait of the closing clients is given before it is cancelled."""
+SPOOL_NOTES_KEPT = 64
+"""Distinct spool errors logged at most (each once: a disk that stays full is not logged
+every second); past it the record starts again."""
 
 
 def spool_folder(cfg: Config) -> Path:
@@ -107,10 +112,21 @@ class Server:
         )
         self.lock = asyncio.Lock()
         self.batcher = Batcher(self._call, cfg.serve.max_batch)
-        self.spool = Spool(spool_folder(cfg), cfg.serve.spool_max_bytes, self.name)
+        folder = spool_folder(cfg)
+        try:
+            self.spool = Spool(folder, cfg.serve.spool_max_bytes, self.name)
+        except OSError as exc:
+            raise ConfigError(f"serve.spool_dir: cannot keep the spool in {folder}: {exc}") from exc
         self.held_back: list[ExperienceGroup] = []
-        """Groups neither published nor spooled (the spool was full), tried again by the
-        flush loop; while any wait, completions and commits get 503."""
+        """Groups neither published nor spooled (the spool was full, or its disk refused
+        the file), tried again by the flush loop; while any wait, completions and commits
+        get 503."""
+        self.spool_trouble = f"the spool is full (serve.spool_max_bytes={self.spool.max_bytes})"
+        """Why the last batch that failed to publish could not be spooled either."""
+        self._undeleted: list[Taken] = []
+        """Spool files published whose deletion failed: still held (no serve process
+        takes them), deleted again before another file is taken."""
+        self._spool_noted: set[str] = set()
         self.outage = False
         """The last publication attempt failed: new batches go to the spool without a try
         until the flush loop publishes one again."""
@@ -158,12 +174,11 @@ class Server:
 
     def refusal(self) -> str | None:
         """Why completions and commits get 503 now: groups wait in memory (the spool was
-        full when they failed), or the spool is full."""
+        full, or its disk refused them, when they failed), or the spool is full."""
         if self.held_back:
             return (
-                f"the broker is unreachable and the spool is full (serve.spool_max_bytes="
-                f"{self.spool.max_bytes}); {len(self.held_back)} groups wait in memory. Try "
-                f"again once the broker is back"
+                f"the broker is unreachable and {self.spool_trouble}; {len(self.held_back)} "
+                f"groups wait in memory. Try again once the broker is back"
             )
         if self.counters.get("spool_bytes") >= self.spool.max_bytes:
             return f"the spool is full (serve.spool_max_bytes={self.spool.max_bytes})"
@@ -188,7 +203,12 @@ class Server:
             probe = False
             try:
                 await asyncio.to_thread(self.spool.put, batch)
-            except SpoolFull as exc:
+            except (SpoolFull, OSError) as exc:  # full, or its disk refuses: kept in memory
+                if isinstance(exc, SpoolFull):
+                    self.spool_trouble = f"the spool is full ({exc})"
+                else:
+                    self.counters.add("spool_errors")
+                    self.spool_trouble = f"the spool cannot be written ({exc})"
                 log.error("%s: %d groups not published nor spooled: %s", self.name, len(batch), exc)
                 out.held += batch
                 continue
@@ -224,28 +244,77 @@ class Server:
 
     async def _drain(self) -> bool:
         """Publish the spool's files oldest first, each deleted once its groups are
-        acknowledged; up to the first that fails (then False), or the stop."""
-        for path in self.spool.pending():
+        acknowledged; up to the first that fails (then False), or the stop. A file the disk
+        does not let it read is left for later (logged), and one published but not deleted
+        is held until it is: nothing else is taken meanwhile."""
+        self._undeleted = [t for t in self._undeleted if not await self._delete(t)]
+        if self._undeleted:
+            return True
+        try:
+            paths = await asyncio.to_thread(self.spool.pending)
+        except OSError as exc:
+            self._note_spool_error(exc)
+            return True
+        for path in paths:
             if self.stop.is_set():
                 return True
-            taken = await asyncio.to_thread(self.spool.take, path)
+            try:
+                taken = await asyncio.to_thread(self.spool.take, path)
+            except OSError as exc:  # this file unreadable: the others may not be
+                self._note_spool_error(exc)
+                continue
             if taken is None:  # another server's, published meanwhile, or set aside
                 continue
             sent = False
             try:
                 sent = await self._send(taken.groups)
             finally:
-                await asyncio.to_thread(self.spool.done if sent else self.spool.release, taken)
+                if not sent:
+                    await asyncio.to_thread(self.spool.release, taken)
             if not sent:
                 return False
             log.info(
                 "%s: published %d spooled groups (%s)", self.name, len(taken.groups), path.name
             )
+            if not await self._delete(taken):
+                self._undeleted.append(taken)
+                return True
             self._spool_gauge()
         return True
 
+    async def _delete(self, taken: Taken) -> bool:
+        """Delete a spool file whose groups are published; whether it is gone (if not it
+        stays held: see :meth:`.Spool.done`)."""
+        try:
+            await asyncio.to_thread(self.spool.done, taken)
+        except OSError as exc:
+            self.counters.add("spool_errors")
+            self._note_spool_error(exc, f"{taken.path.name} is published but not deleted")
+            return False
+        return True
+
+    def _note_spool_error(self, exc: OSError, what: str = "") -> None:
+        """Log a spool error the first time it is seen (the flush loop meets it every
+        second while the disk stays so)."""
+        text = f"{what}: {exc}" if what else str(exc)
+        if text in self._spool_noted:
+            return
+        if len(self._spool_noted) >= SPOOL_NOTES_KEPT:
+            self._spool_noted.clear()
+        self._spool_noted.add(text)
+        log.error(
+            "%s: spool %s: %s (tried again every %.0f s)",
+            self.name,
+            self.spool.folder,
+            text,
+            FLUSH_S,
+        )
+
     def _spool_gauge(self) -> None:
-        self.counters.set("spool_bytes", self.spool.size())
+        try:
+            self.counters.set("spool_bytes", self.spool.size())
+        except OSError as exc:  # the folder unreadable: the gauge keeps its last value
+            self._note_spool_error(exc)
 
     # -- background loops --------------------------------------------------------------------
     async def _follow(self) -> None:
@@ -360,10 +429,23 @@ class Server:
         if delivery.held:
             self.counters.add("groups_lost", len(delivery.held))
             log.error(
-                "%s: %d groups lost: the broker is unreachable and the spool is full",
+                "%s: %d groups lost: the broker is unreachable and %s",
                 self.name,
                 len(delivery.held),
+                self.spool_trouble,
             )
+        self._undeleted = [t for t in self._undeleted if not await self._delete(t)]
+        for taken in self._undeleted:  # the next serve process publishes them again
+            log.warning(
+                "%s: %s was published but could not be deleted: the next serve process of "
+                "the run publishes its %d groups again (the trainer's dedup window drops the "
+                "repeats)",
+                self.name,
+                taken.path.name,
+                len(taken.groups),
+            )
+            self.spool.release(taken)
+        self._undeleted = []
         if self.recorder.held:
             log.info("%s: %d responses without a reward dropped", self.name, self.recorder.held)
 

@@ -17,6 +17,9 @@ encoding, :data:`~streamrft.schemas.codec.EXPERIENCE_GROUP`). Pure file I/O, no 
   never publish one file, and a process that dies lets go of what it held.
 - A file that does not decode is renamed ``<name>.bad`` with a logged error, never read
   again.
+- **Whole or absent.** An ``OSError`` from :meth:`Spool.put` (a full disk, a read-only or
+  unwritable folder) leaves no file of the batch behind, and one from :meth:`Spool.done`
+  leaves the file held: the caller keeps the groups, or deletes the file again later.
 """
 
 from __future__ import annotations
@@ -132,7 +135,8 @@ class Spool:
 
     def put(self, groups: Sequence[ExperienceGroup]) -> Path:
         """Write ``groups`` as one file (durable when this returns); :class:`SpoolFull`
-        when the spool's files would then exceed ``max_bytes``."""
+        when the spool's files would then exceed ``max_bytes``; the ``OSError`` of a disk
+        that refuses the file (full, read-only, no permission), with no file left."""
         data = encode(groups)
         with self._locked():
             used = self.size()
@@ -143,7 +147,14 @@ class Spool:
                 )
             name = f"{time.time_ns():020d}-{self.owner}-{next(self._seq):06d}{SUFFIX}"
             path = self.folder / name
-            replace_durably(path, data, mode=0o600)
+            try:
+                replace_durably(path, data, mode=0o600)
+            except OSError:
+                # renamed in place but its folder not flushed: the caller keeps the groups,
+                # so the file must not stay to be published a second time
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
+                raise
         return path
 
     def take(self, path: Path) -> Taken | None:
@@ -175,11 +186,16 @@ class Spool:
         return Taken(path, groups, len(data), fd)
 
     def done(self, taken: Taken) -> None:
-        """Delete a file taken whose groups were all acknowledged (before letting go of
-        it, so no one takes it after)."""
+        """Delete a file taken whose groups were all acknowledged, then let go of it (so
+        no one takes it after). An ``OSError`` of the delete leaves it held and in place:
+        call again (its groups are published; no one else may take it meanwhile)."""
+        taken.path.unlink(missing_ok=True)
         try:
-            taken.path.unlink(missing_ok=True)
             fsync_path(self.folder)
+        except OSError as exc:  # deleted, not yet on disk: a crash now may bring it back
+            log.warning(
+                "spool %s: the deletion of %s is not flushed: %s", self.folder, taken.path.name, exc
+            )
         finally:
             os.close(taken.fd)
 

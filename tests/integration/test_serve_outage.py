@@ -1,7 +1,8 @@
 """Serve mode through a broker outage: what the broker does not take is spooled to disk
 (bounded: 503 past it), a stop ends within its shutdown timeout, and every spooled group is
 published once when the broker is back, by the same server or by the next one of the run
-(a server killed with SIGKILL included).
+(a server killed with SIGKILL included). A spool whose disk is full or read-only (a tmpfs
+of a few pages: the kernel's own ENOSPC and EROFS) loses nothing either.
 
 Each test has a broker of its own (the embedded Tansu broker, killed and restarted; in
 memory, so the restarted broker holds exactly what was published after the outage), and
@@ -32,6 +33,7 @@ from streamrft.schemas.codec import EXPERIENCE_GROUP
 from tests.helpers.cli import overrides, start_logged, streamrft_cmd
 from tests.helpers.paths import ADDITION, EXAMPLE
 from tests.helpers.processes import wait_for
+from tests.helpers.tiny_disk import tiny_disk
 from tests.helpers.waits import until
 
 pytestmark = pytest.mark.integration
@@ -292,3 +294,102 @@ def test_what_a_killed_server_spooled_is_published_by_the_next(broker, tmp_path)
         return await _published_ids(cfg)
 
     assert asyncio.run(restarted()) == body["group_ids"]
+
+
+def test_a_full_disk_in_an_outage_keeps_every_commit_and_publishes_each_once(broker, tmp_path):
+    with tiny_disk(tmp_path / "disk") as disk:
+        run_id = f"enospc-{uuid.uuid4().hex[:8]}"
+        cfg = _config(broker, tmp_path, run_id, spool_dir=str(disk.path / "spool"))
+
+        async def scenario() -> tuple[list[str], list[str]]:
+            await admin.ensure_topics(cfg.kafka, cfg.topics())
+            server, task, url = await _start(cfg)
+            try:
+                assert (await _rewarded(url))[0] == 200
+                await asyncio.to_thread(broker.kill, "broker")
+                disk.fill()
+                # neither the broker nor the disk takes it: 503, the group kept in memory
+                status, body = await _call(f"{url}/commit", {})
+                message = body["error"]["message"]
+                assert status == 503 and "cannot be written" in message, body
+                assert "No space left on device" in message
+                held = [g.id for g in server.held_back]
+                assert len(held) == 1 and server.spool.pending() == []
+                assert (await _rewarded(url))[0] == 503  # refused before sampling meanwhile
+                # the flush loop meets the full disk again and again, and goes on
+                await until(lambda: server.counters["spool_errors"] >= 3, 120, "3 tries")
+                assert not task.done() and [g.id for g in server.held_back] == held
+
+                disk.free()
+                # (held_back is empty while the loop tries it: wait for the spool's file)
+                await until(server.spool.pending, 60, "the held group spooled")
+                assert not server.held_back
+                assert _spooled_ids(server.spool.folder) == held
+                assert (await _rewarded(url))[0] == 200
+                status, body = await _call(f"{url}/commit", {})
+                assert status == 202 and body["spooled_groups"] == 1, body
+                committed = held + body["group_ids"]
+
+                await _broker_back(broker, cfg)
+                await until(lambda: not server.spool.pending(), 60, "the spool published")
+                assert server.counters["groups_published"] == 2
+            finally:
+                await _stop(server, task)
+            assert server.counters.get("groups_lost") == 0
+            return committed, await _published_ids(cfg)
+
+        committed, published = asyncio.run(scenario())
+    assert len(published) == len(set(published)), "a group was published twice"
+    assert sorted(published) == sorted(committed)
+
+
+def test_a_stop_with_the_disk_full_and_the_broker_away_counts_every_group_lost(broker, tmp_path):
+    with tiny_disk(tmp_path / "disk") as disk:
+        run_id = f"full-{uuid.uuid4().hex[:8]}"
+        cfg = _config(broker, tmp_path, run_id, spool_dir=str(disk.path / "spool"))
+
+        async def scenario() -> tuple[float, Server]:
+            await admin.ensure_topics(cfg.kafka, cfg.topics())
+            server, task, url = await _start(cfg)
+            for _ in range(3):  # rewarded, never committed: for the stop to publish
+                assert (await _rewarded(url))[0] == 200
+            await asyncio.to_thread(broker.kill, "broker")
+            disk.fill()
+            return await _stop(server, task), server
+
+        took, server = asyncio.run(scenario())
+        assert took < SHUTDOWN_S + 3, f"the stop took {took:.1f}s"
+        assert server.counters["groups_lost"] == 3 and server.spool.pending() == []
+        assert server.counters["spool_errors"] >= 1
+
+
+def test_a_read_only_spool_publishes_a_file_once_and_deletes_it_when_it_can(broker, tmp_path):
+    """A file published while its disk is read-only stays held by the server (no one
+    publishes it again) until it can be deleted."""
+    with tiny_disk(tmp_path / "disk") as disk:
+        run_id = f"erofs-{uuid.uuid4().hex[:8]}"
+        cfg = _config(broker, tmp_path, run_id, spool_dir=str(disk.path / "spool"))
+
+        async def scenario() -> tuple[list[str], list[str]]:
+            await admin.ensure_topics(cfg.kafka, cfg.topics())
+            server, task, url = await _start(cfg)
+            try:
+                assert (await _rewarded(url))[0] == 200
+                await asyncio.to_thread(broker.kill, "broker")
+                status, body = await _call(f"{url}/commit", {})
+                assert status == 202 and body["spooled_groups"] == 1, body
+                committed = list(body["group_ids"])
+                disk.read_only()
+                await _broker_back(broker, cfg)
+                await until(lambda: server.counters.get("groups_published") == 1, 60, "published")
+                await until(lambda: server.counters.get("spool_errors") >= 3, 120, "3 deletions")
+                assert server.spool.pending() != [] and server.counters["groups_published"] == 1
+                disk.read_only(False)
+                await until(lambda: not server.spool.pending(), 60, "the file deleted")
+                assert server.counters["groups_published"] == 1
+            finally:
+                await _stop(server, task)
+            return committed, await _published_ids(cfg)
+
+        committed, published = asyncio.run(scenario())
+    assert published == committed

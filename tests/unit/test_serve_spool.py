@@ -3,6 +3,7 @@ bytes, read back oldest first, each taken by one process at a time."""
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 
@@ -10,6 +11,7 @@ import pytest
 
 from streamrft.producers.serving.spool import Spool, SpoolFull, decode, encode
 from tests.helpers.groups import make_group
+from tests.helpers.tiny_disk import tiny_disk
 
 pytestmark = pytest.mark.unit
 
@@ -130,3 +132,23 @@ def test_a_file_held_by_a_process_that_died_is_taken_by_the_next(tmp_path):
     assert taken is not None and _ids(taken.groups) == ["run/a@0", "run/b@0"]
     restarted.done(taken)
     assert not path.exists()
+
+
+def test_a_file_that_cannot_be_deleted_stays_held_until_it_is(tmp_path):
+    with tiny_disk(tmp_path / "disk") as disk:
+        spool = Spool(disk.path / "spool", 1 << 20, "serve-1")
+        path = spool.put(_groups("a"))
+        other = Spool(spool.folder, 1 << 20, "serve-2")  # another server of the run
+        taken = spool.take(path)
+        assert taken is not None
+        disk.read_only()
+        with pytest.raises(OSError) as refused:
+            spool.done(taken)  # its groups are published: no one may take it meanwhile
+        assert refused.value.errno == errno.EROFS
+        assert path.exists() and other.take(path) is None  # still held
+        with pytest.raises(OSError) as put_refused:
+            spool.put(_groups("b"))
+        assert put_refused.value.errno == errno.EROFS and spool.pending() == [path]
+        disk.read_only(False)
+        spool.done(taken)
+        assert spool.pending() == [] and other.take(path) is None
