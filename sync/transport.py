@@ -22,7 +22,6 @@ from __future__ import annotations
 import abc
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,9 +30,6 @@ from streamrft.infra.config import Config
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.staging import Stage
-
-if TYPE_CHECKING:
-    from streamrft.sync.versions import StoreSender
 
 Announce = Callable[[ModelVersionReady], Awaitable[None]]
 """Sends a ``ModelVersionReady`` on the control topic (the trainer's ``EventSender.control``)."""
@@ -155,7 +151,7 @@ class WeightReceiver(abc.ABC):
         """Leave what the receiver joined; safe to call twice."""
 
 
-def _object_store_sender(cfg: Config, ctx: SenderContext) -> StoreSender:
+def _object_store_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
     from streamrft.sync.object_store import ObjectStorePublisher
     from streamrft.sync.versions import StoreSender
 
@@ -188,10 +184,11 @@ def _shared_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
 def _auto_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
     from streamrft.sync.auto import AutoSender
     from streamrft.sync.shared import SharedReceiver, SharedSender
+    from streamrft.sync.versions import StoreSender
 
-    return AutoSender(
-        SharedSender(cfg), SharedReceiver(cfg), _object_store_sender(cfg, ctx), ctx.counters
-    )
+    store = _object_store_sender(cfg, ctx)
+    assert isinstance(store, StoreSender)  # its lane writes, then announces, by itself
+    return AutoSender(SharedSender(cfg), SharedReceiver(cfg), store, ctx.counters)
 
 
 def _object_store_receiver(cfg: Config, member: str) -> WeightReceiver:
