@@ -792,12 +792,15 @@ class AlgorithmConfig(_Section, frozen=True):
 
 
 class SynchronizerConfig(_Section, frozen=True):
-    method: Literal["object_store", "filesystem", "nccl", "shared", "auto"] = "auto"
+    method: Literal["object_store", "filesystem", "nccl", "shared", "cuda_ipc", "auto"] = "auto"
     """How weights travel: S3 objects, a shared folder, a torch.distributed broadcast
     (NCCL on GPUs, gloo on CPU) with the object store as fallback, shared memory on the
-    trainer's host (``/dev/shm``; explorers on other hosts cannot load it), or ``auto``:
-    shared memory for the explorers on the trainer's host (``run.host_id``) and, written
-    in the background, the object store for every other one (and for late joiners)."""
+    trainer's host (``/dev/shm``; explorers on other hosts cannot load it), ``cuda_ipc``
+    (two buffers on the trainer's GPU whose CUDA IPC handles explorers on GPUs of its host
+    map and copy from; never run on a GPU yet), or ``auto``: ``cuda_ipc`` (a trainer on a
+    GPU) and shared memory for the explorers on the trainer's host (``run.host_id``) and,
+    written in the background, the object store for every other one (and for late
+    joiners)."""
     style: Literal["fixed", "dynamic_by_trainer", "dynamic_by_explorer", "fully_async"] = "fixed"
     """Who decides when to sync: a fixed schedule, the trainer, or the explorers; or
     nobody waits (``fully_async``: explorers on the newest version they have at each step,
@@ -1294,6 +1297,17 @@ def validate(cfg: Config) -> None:
         raise ConfigError("eval.samples: only used with eval.pass_k (pass@k's k)")
     if cfg.explorer.device is not None and cfg.explorer.devices:
         raise ConfigError("explorer.devices: give explorer.device or explorer.devices, not both")
+    trainer_device, field = role_device(cfg, "trainer")
+    if cfg.synchronizer.method == "cuda_ipc" and not trainer_device.startswith("cuda"):
+        raise ConfigError(
+            f"synchronizer.method: cuda_ipc keeps versions on the trainer's GPU, and the "
+            f"trainer is on {trainer_device!r} ({field}); use auto or shared"
+        )
+    if cfg.synchronizer.method == "cuda_ipc" and cfg.model.lora.enabled:
+        raise ConfigError(
+            "synchronizer.method: cuda_ipc carries full versions; a LoRA run's adapters go "
+            "by shared or auto"
+        )
     _validate_trainer(cfg)
     if cfg.model.source == "path" and not cfg.model.path:
         raise ConfigError("model.path: required when model.source is 'path'")

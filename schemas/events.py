@@ -22,8 +22,9 @@ class ModelVersionReady(msgspec.Struct, tag="model_version_ready", kw_only=True)
     version: int
     """The new version; strictly increasing within a run, never reused."""
     method: str
-    """How the weights travel: ``object_store``, ``filesystem``, ``shared`` or ``nccl``
-    (``auto`` announces each version as ``shared``, then as ``object_store``)."""
+    """How the weights travel: ``object_store``, ``filesystem``, ``shared``, ``cuda_ipc``
+    or ``nccl`` (``auto`` announces each version as ``cuda_ipc`` from a trainer on a GPU,
+    as ``shared``, then as ``object_store``)."""
     uri: str
     """Where the manifest lies, e.g. ``s3://bucket/run/v000012/manifest.json``."""
     manifest_sha256: str

@@ -1,11 +1,14 @@
-"""The ``auto`` method: the same-host transport for the explorers on the trainer's host, the
+"""The ``auto`` method: the same-host transports for the explorers on the trainer's host, the
 object store for every other one, each version announced once per place it can be read.
 
-Every version goes to shared memory first (:mod:`.shared`: a copy, milliseconds) and is
-announced at once as a ``shared`` version. Then, in the background, the store lane writes
-the newest version there is to the object store and announces it again, as an
-``object_store`` version of the same number: the copy that explorers on other hosts, late
-joiners, restarted explorers and a reader that fell behind the two shared files load.
+A trainer on a GPU first writes every full version into a slot on its GPU and announces it
+as a ``cuda_ipc`` version (:mod:`.cuda_ipc`: explorers whose GPU sees the trainer's copy it
+device to device; never run on a GPU yet). Every version goes to shared memory next
+(:mod:`.shared`: a copy, milliseconds) and is announced at once as a ``shared`` version
+(explorers on the host's CPU, or shown only their own GPU). Then, in the background, the
+store lane writes the newest version there is to the object store and announces it again,
+as an ``object_store`` version of the same number: the copy that explorers on other hosts,
+late joiners, restarted explorers and a reader that fell behind the two shared files load.
 The store lane is slower than the steps on a large model, so it skips versions: it always
 takes the newest (read back from its shared file, whose digest it checks), and an explorer
 that needs a version at least some number takes a newer one. An explorer picks, for each
@@ -34,6 +37,7 @@ from collections.abc import Sequence
 from streamrft.infra.bus import Counters
 from streamrft.schemas.errors import SyncError
 from streamrft.schemas.events import ModelVersionReady
+from streamrft.sync.cuda_ipc import CudaIpcSender, SlotBusy
 from streamrft.sync.shared import SharedReceiver, SharedSender
 from streamrft.sync.transport import Announce, MakePayload, Payload, WeightSender
 from streamrft.sync.versions import StoreSender
@@ -52,7 +56,10 @@ class AutoSender(WeightSender):
         reader: SharedReceiver,
         store: StoreSender,
         counters: Counters,
+        device: CudaIpcSender | None = None,
     ) -> None:
+        self.device = device
+        """The device-to-device path (a trainer on a GPU; None: none)."""
         self.shared: SharedSender | None = shared
         self.reader = reader
         self.store = store
@@ -92,6 +99,8 @@ class AutoSender(WeightSender):
             raise self._error
         payload = make(False)
         self._announce = announce
+        if not payload.lora:
+            await self._to_device(payload, announce)
         event = await self._to_shared(payload, announce)
         if event is None:  # no shared memory: the store carries this version now
             return await self.store.send(lambda _full: payload, announce)
@@ -102,6 +111,21 @@ class AutoSender(WeightSender):
         self._start_lane()
         self._wake.set()
         return event
+
+    async def _to_device(self, payload: Payload, announce: Announce) -> None:
+        """The version into a slot on the trainer's GPU, announced (``cuda_ipc``); skipped
+        while readers hold both slots, given up for the run when the GPU cannot hold them."""
+        if self.device is None:
+            return
+        try:
+            await self.device.send(lambda _full: payload, announce)
+        except SlotBusy as exc:
+            self.counters.add("cuda_ipc_skipped")
+            log.info("version %d skips the device path: %s", payload.version, exc)
+        except SyncError as exc:
+            log.warning("device slots unusable (%s): shared memory and the store from now", exc)
+            self.device.close()
+            self.device = None
 
     async def _to_shared(self, payload: Payload, announce: Announce) -> ModelVersionReady | None:
         if self.shared is None:
@@ -209,6 +233,8 @@ class AutoSender(WeightSender):
         if self._lane is not None:
             self._lane.cancel()
             self._lane = None
+        if self.device is not None:
+            self.device.close()
         if self.shared is not None:
             self.shared.close()
         self.store.close()

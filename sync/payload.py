@@ -74,9 +74,9 @@ class ModuleTarget:
         apply_adapter(self.model, tensors)
 
 
-WHOLE_METHODS = ("nccl", "shared", "auto")
-"""Methods that send every version whole (a broadcast; a copy in shared memory, faster than
-encoding a delta, and ``auto``'s store lane, which skips versions)."""
+WHOLE_METHODS = ("nccl", "shared", "cuda_ipc", "auto")
+"""Methods that send every version whole (a broadcast; a copy in shared or device memory,
+faster than encoding a delta, and ``auto``'s store lane, which skips versions)."""
 
 
 @dataclass(frozen=True)

@@ -181,14 +181,23 @@ def _shared_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
     return SharedSender(cfg)
 
 
+def _cuda_ipc_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
+    from streamrft.sync.cuda_ipc import CudaIpcSender
+
+    return CudaIpcSender(cfg, cfg.synchronizer.sync_timeout)
+
+
 def _auto_sender(cfg: Config, ctx: SenderContext) -> WeightSender:
     from streamrft.sync.auto import AutoSender
+    from streamrft.sync.cuda_ipc import device_sender
     from streamrft.sync.shared import SharedReceiver, SharedSender
     from streamrft.sync.versions import StoreSender
 
     store = _object_store_sender(cfg, ctx)
     assert isinstance(store, StoreSender)  # its lane writes, then announces, by itself
-    return AutoSender(SharedSender(cfg), SharedReceiver(cfg), store, ctx.counters)
+    return AutoSender(
+        SharedSender(cfg), SharedReceiver(cfg), store, ctx.counters, device=device_sender(cfg)
+    )
 
 
 def _object_store_receiver(cfg: Config, member: str) -> WeightReceiver:
@@ -218,11 +227,18 @@ def _shared_receiver(cfg: Config, member: str) -> WeightReceiver:
     return SharedReceiver(cfg)
 
 
+def _cuda_ipc_receiver(cfg: Config, member: str) -> WeightReceiver:
+    from streamrft.sync.cuda_ipc import CudaIpcReceiver
+
+    return CudaIpcReceiver(cfg)
+
+
 SENDERS: dict[str, Callable[[Config, SenderContext], WeightSender]] = {
     "object_store": _object_store_sender,
     "filesystem": _filesystem_sender,
     "nccl": _nccl_sender,
     "shared": _shared_sender,
+    "cuda_ipc": _cuda_ipc_sender,
     "auto": _auto_sender,
 }
 """``synchronizer.method`` -> the trainer's sender."""
@@ -232,23 +248,25 @@ RECEIVERS: dict[str, Callable[[Config, str], WeightReceiver]] = {
     "filesystem": _filesystem_receiver,
     "nccl": _nccl_receiver,
     "shared": _shared_receiver,
+    "cuda_ipc": _cuda_ipc_receiver,
 }
 """``ModelVersionReady.method`` -> an explorer's receiver for it (``auto`` announces its
-versions as ``shared`` and ``object_store``)."""
+versions as ``shared`` and ``object_store``, and as ``cuda_ipc`` from a trainer on a GPU)."""
 
 ACCEPTED = {
     "object_store": ("object_store",),
     "filesystem": ("filesystem",),
     "nccl": ("nccl", "object_store"),
     "shared": ("shared",),
-    "auto": ("shared", "object_store"),
+    "cuda_ipc": ("cuda_ipc",),
+    "auto": ("cuda_ipc", "shared", "object_store"),
 }
 """``synchronizer.method`` -> the methods of the announcements an explorer of that run
 loads (a broadcast's fallback and ``auto``'s store lane are the object store). Any other
 is refused: an event cannot move an explorer to a method its run does not use (connect to
 a rendezvous it names, read a folder)."""
 
-COST = {"shared": 0, "nccl": 1, "filesystem": 2, "object_store": 3}
+COST = {"cuda_ipc": 0, "shared": 1, "nccl": 2, "filesystem": 3, "object_store": 4}
 """Which announcement of a version an explorer loads when it can load several: the
 cheapest (an unknown method last)."""
 

@@ -232,9 +232,10 @@ def verify(
 def decode_shard(data: bytes | bytearray | torch.Tensor, what: str) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file held in memory.
 
-    A ``bytearray`` or a uint8 tensor (what the stores download into) is decoded without
-    copying: every tensor is a view of the buffer (a copy only for data that is not
-    aligned to its element size). ``bytes`` go through the safetensors library.
+    A ``bytearray`` or a uint8 tensor (what the stores download into; on any device: only
+    the header is read to the host) is decoded without copying: every tensor is a view of
+    the buffer (a copy only for data that is not aligned to its element size). ``bytes`` go
+    through the safetensors library.
     """
     if isinstance(data, bytes):
         try:
@@ -245,10 +246,10 @@ def decode_shard(data: bytes | bytearray | torch.Tensor, what: str) -> dict[str,
         buf = data if isinstance(data, torch.Tensor) else torch.frombuffer(data, dtype=torch.uint8)
         if buf.dtype != torch.uint8 or buf.dim() != 1 or len(buf) < 10:
             raise ValueError(f"not a byte buffer of at least 10 bytes ({buf.dtype}, {buf.shape})")
-        n = int.from_bytes(buf[:8].numpy().tobytes(), "little")
+        n = int.from_bytes(buf[:8].cpu().numpy().tobytes(), "little")
         if not 2 <= n <= len(buf) - 8:
             raise ValueError(f"header length {n} out of range")
-        header = json.loads(buf[8 : 8 + n].numpy().tobytes())
+        header = json.loads(buf[8 : 8 + n].cpu().numpy().tobytes())
         base = 8 + n
         return {
             name: _tensor_at(buf[base:], name, info)
