@@ -9,7 +9,7 @@ streamrft explore CONFIG --run-id ID [--index I]   (one explorer; joins a runnin
 streamrft evaluate CONFIG --run-id ID [--index I]   (one evaluator; joins a running run)
 streamrft feed CONFIG --run-id ID           (publish the taskset)
 streamrft serve CONFIG --run-id ID [--host H] [--port P]   (OpenAI-compatible API; records experiences)
-streamrft infra up|down|status [--dir DIR]
+streamrft infra up|down|status|clean [--dir DIR]   (clean: /dev/shm files of trainers that are gone)
 streamrft init [--out FILE] [--expert] [--yes] [--model M] [--data F] ...   (write a config)
 streamrft validate CONFIG [-o k=v ...] [--connect]   (check a config, start nothing)
 streamrft plan CONFIG [--model NAME] [--device-memory 80GiB] [--prompt-tokens N] [--json]
@@ -198,6 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = _load(args, joining=False)
     log.debug("run %s; resolved config:\n%s", cfg.run.id, to_yaml(cfg))
+    _remove_shm_leftovers()
     summary_path = Path(args.summary) if args.summary else cfg.run_dir / "summary.json"
     summary = run_with_services(
         cfg, summary_path, progress=not args.no_progress, dashboard=args.dashboard
@@ -215,6 +216,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg, replay = prepare_replay(_load(args, joining=True), args)  # replay: --from-* flags
     node = Node.of(cfg, args.node_rank)  # checked against trainer.nnodes
+    if "RANK" not in os.environ:
+        _remove_shm_leftovers()
     # node 0's launcher or the one process (not a rank), given a config: a trainer started
     # from the run's record (no CONFIG) goes on with it, checked in _from_record
     if "RANK" not in os.environ and args.node_rank == 0 and args.config:
@@ -392,12 +395,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 1 if plan.fits() is False else 0
 
 
+def _remove_shm_leftovers() -> list[str]:
+    """Remove the shared-memory version files of trainers that are gone, of any run
+    (``sync/shared.py``): ``streamrft run``, ``train`` and ``infra clean`` do."""
+    from streamrft.sync.shared import remove_leftovers
+
+    return remove_leftovers()
+
+
 def cmd_infra(args: argparse.Namespace) -> int:
     from streamrft.infra.config import REDACTED
     from streamrft.infra.local import services
 
     setup_logging()
     state_dir = Path(args.dir)
+    if args.action == "clean":
+        print(json.dumps({"removed": _remove_shm_leftovers()}, indent=2))
+        return 0
     if args.action == "up":
         if args.broker_storage == "s3":
             log.warning(
@@ -858,8 +872,12 @@ def _add_control_commands(sub: argparse._SubParsersAction) -> None:
 def _add_watch_commands(sub: argparse._SubParsersAction) -> None:
     """The local services and what looks at runs from outside: ``infra``, ``topics``,
     ``tail``, ``status``, ``publish``, ``dashboard``, ``export-metrics``."""
-    sp = sub.add_parser("infra", help="start/stop/inspect the embedded broker and object store")
-    sp.add_argument("action", choices=["up", "down", "status"])
+    sp = sub.add_parser(
+        "infra",
+        help="start/stop/inspect the embedded broker and object store; clean: remove the "
+        "/dev/shm version files of trainers that are gone",
+    )
+    sp.add_argument("action", choices=["up", "down", "status", "clean"])
     sp.add_argument(
         "--dir", default=DEFAULT_INFRA_DIR, help=f"state folder (default {DEFAULT_INFRA_DIR})"
     )

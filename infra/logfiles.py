@@ -16,7 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
-from streamrft.infra.pids import pid_alive
+from streamrft.infra.pids import writer_gone
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +69,21 @@ def rotate_all(folders: list[Path], max_bytes: int = LOG_MAX_BYTES, kept: int = 
 
 def remove_dead_leftovers(folder: Path, pattern: str) -> list[str]:
     """Remove the entries of ``folder`` whose name fully matches ``pattern`` (a regex with a
-    ``pid`` group) and whose process is gone: the temporary files and folders of a process
-    that was killed before it could remove them. Returns their names."""
+    ``pid`` group) and whose process is gone (:func:`~streamrft.infra.pids.writer_gone`:
+    a pid now another process's counts as gone): the temporary files and folders of a
+    process that was killed before it could remove them. Returns their names."""
     regex = re.compile(pattern)
     removed = []
     with contextlib.suppress(OSError):
         for entry in sorted(folder.iterdir()):
             m = regex.fullmatch(entry.name)
-            if m is None or pid_alive(int(m["pid"])):
+            if m is None:
+                continue
+            try:
+                changed_at = entry.lstat().st_mtime
+            except FileNotFoundError:
+                continue
+            if not writer_gone(int(m["pid"]), changed_at):
                 continue
             try:
                 if entry.is_dir() and not entry.is_symlink():

@@ -1,11 +1,13 @@
-"""Whether a process or a port is there: pids checked across reuse, ports by a connect.
-Used by the local services, the endpoint resolver and the leftover cleanup."""
+"""Whether a process or a port is there: pids checked across reuse (by a recorded start
+time, or against the time a file was last changed), ports by a connect. Used by the local
+services, the endpoint resolver and the leftover cleanup."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import socket
+import time
 from pathlib import Path
 
 
@@ -53,6 +55,31 @@ def pid_is(pid: int, start_time: str | None) -> bool:
         return True
     current = proc_start_time(pid)
     return current is None or current == start_time
+
+
+PID_REUSE_SLACK_S = 2.0
+"""How much later than a file's last change a process must have started to count as
+another process on the pid of the file's writer (clock ticks and mtimes are coarse)."""
+
+
+def process_age(pid: int) -> float | None:
+    """Seconds since ``pid`` started (Linux /proc and the boot clock), or None if unknown."""
+    ticks = proc_start_time(pid)
+    if ticks is None:
+        return None
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - int(ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def writer_gone(pid: int, changed_at: float) -> bool:
+    """Whether the process ``pid`` that wrote a file last changed at ``changed_at`` (its
+    mtime, Unix time) has ended: no such process (or a zombie), or one that started more
+    than :data:`PID_REUSE_SLACK_S` after that change, which the writer cannot be (a pid is
+    reused only once its process ended, and the writer changed the file while it ran).
+    A live process of unknown age counts as the writer."""
+    if not pid_alive(pid):
+        return True
+    age = process_age(pid)
+    return age is not None and age + PID_REUSE_SLACK_S < time.time() - changed_at
 
 
 def port_open(port: int, timeout: float = 0.5, host: str = "127.0.0.1") -> bool:
