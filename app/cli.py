@@ -11,7 +11,7 @@ streamrft feed CONFIG --run-id ID           (publish the taskset)
 streamrft serve CONFIG --run-id ID [--host H] [--port P]   (OpenAI-compatible API; records experiences)
 streamrft infra up|down|status|clean [--dir DIR]   (clean: /dev/shm files of trainers that are gone)
 streamrft init [--out FILE] [--expert] [--yes] [--model M] [--data F] ...   (write a config)
-streamrft validate CONFIG [-o k=v ...] [--connect]   (check a config, start nothing)
+streamrft validate CONFIG [-o k=v ...] [--connect] [--strict]   (check a config, start nothing)
 streamrft plan CONFIG [--model NAME] [--device-memory 80GiB] [--prompt-tokens N] [--json]
 streamrft topics [CONFIG] [--create --run-id ID]   (list topics; or make a run's six)
 streamrft tail [CONFIG] TOPIC [--max N] [--follow] [--where FIELD=VALUE]
@@ -366,19 +366,24 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Check a config and what it names without starting anything; 1 when a check fails."""
-    from streamrft.app.validate import validate
+    """Check a config and what it names without starting anything; 1 when a check fails
+    (or, with ``--strict``, when one warns)."""
+    from streamrft.app.validate import validate, verdict
     from streamrft.infra.config import load_config
 
     setup_logging("WARNING")
-    cfg = load_config(args.config, args.override, needs_secrets=bool(args.connect))
+    cfg = load_config(
+        args.config, args.override, needs_secrets=bool(args.connect), check_files=False
+    )
     print(f"{'fields':<13} ok: {args.config} loads; every field and rule between fields holds")
     checks = validate(cfg, args.connect)
     for c in checks:
         print(f"{c.name:<13} {'ok' if c.ok else 'FAILED'}: {c.detail}")
-    failed = [c.name for c in checks if not c.ok]
-    print("config ok" if not failed else f"{len(failed)} check(s) failed: {', '.join(failed)}")
-    return 1 if failed else 0
+        for w in c.warnings:
+            print(f"{'warning':<13} {w}")
+    line, code = verdict(checks, args.strict)
+    print(line)
+    return code
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -803,6 +808,11 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
     sp.add_argument(
         "--connect", action="store_true", help="also reach the broker and object store it names"
+    )
+    sp.add_argument(
+        "--strict",
+        action="store_true",
+        help="warnings are errors: exit 1 when a real model keeps values that do not suit it",
     )
     sp.set_defaults(func=cmd_validate)
     from streamrft.app.plan import DEFAULT_PROMPT_TOKENS

@@ -3,10 +3,15 @@
 It asks for the model, the task file (and shows its first row), the prompt and answer
 fields, how the answer is read and scored, the algorithm preset and the device; every
 question has a flag (``--model``, ``--data``, ...) and ``--yes`` takes the suggested
-answer of any question not given, so scripts run it without a terminal. The file it
-writes holds the choices that matter with a comment on each (``--expert``: every field of
-every section, each with its documentation), is checked as ``streamrft validate`` checks,
-and ``plan``'s memory table is printed after it.
+answer of any question not given, so scripts run it without a terminal. For a model
+folder it then sizes the run (``app/sizing.py``): response and prompt lengths from a
+sample of the data in the model's tokens, the learning rate by the model's size, batches,
+group size, schedule, engine and devices by the hardware (``--gpus``/``--gpu-memory`` for
+another machine), all weights or an adapter by the memory plan (``--tune``), and shows
+each choice with its reason. The file it writes holds the choices that matter with a
+comment on each (``--expert``: every field of every section, each with its
+documentation), is checked as ``streamrft validate`` checks, and ``plan``'s memory table
+is printed after it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from streamrft.app.sizing import Choice
 from streamrft.infra.config import Config, from_dict, resolve_paths
 from streamrft.infra.source_docs import field_docs
 from streamrft.schemas.errors import ConfigError
@@ -45,6 +51,19 @@ class Answers:
     algorithm: str | None = None
     device: str | None = None
     split: str | None = None
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What ``init`` sizes a model folder's run for (flags ``--tune``, ``--gpus``,
+    ``--gpu-memory``)."""
+
+    tune: str = "auto"
+    """``lora``, ``full``, or ``auto``: all weights where the memory plan leaves room."""
+    gpus: int | None = None
+    """GPUs of the machine the config is for; None: those torch sees here."""
+    gpu_memory: int | None = None
+    """Bytes of one of its GPUs; None: what torch says here."""
 
 
 Ask = Callable[[str, str], str]
@@ -197,9 +216,13 @@ def _relative(path: str, out: Path) -> str:
         return str(target)
 
 
-def render(data: dict[str, Any], cfg: Config, expert: bool) -> str:
+def render(
+    data: dict[str, Any], cfg: Config, expert: bool, reasons: dict[str, str] | None = None
+) -> str:
     """The YAML to write: the chosen fields, each after the first sentence of its
-    documentation; ``expert``: every field of every section, its whole documentation."""
+    documentation (and, for a sized one, the reason of ``reasons``, by dotted field);
+    ``expert``: every field of every section, its whole documentation."""
+    reasons = reasons or {}
     lines = [
         "# Written by `streamrft init`"
         + (" --expert: every field, with its documentation." if expert else "."),
@@ -220,6 +243,9 @@ def render(data: dict[str, Any], cfg: Config, expert: bool) -> str:
             if doc:
                 text = doc if expert else _first_sentence(doc)
                 lines += [f"  # {w}" for w in _wrap(text, 86)]
+            why = reasons.get(f"{section.name}.{f.name}")
+            if why:
+                lines += [f"  # {w}" for w in _wrap(f"init: {why}", 86)]
             shown = (
                 chosen[f.name] if f.name in chosen else msgspec.to_builtins(getattr(value, f.name))
             )
@@ -246,18 +272,117 @@ def _wrap(text: str, width: int) -> list[str]:
     return [*out, line] if line else out
 
 
-def init(given: Answers, out: Path, expert: bool, ask: Ask | None) -> Config:
-    """Ask, write ``out``, and return the config read back from it."""
+def init(
+    given: Answers, out: Path, expert: bool, ask: Ask | None, machine: Machine | None = None
+) -> tuple[Config, list[Choice]]:
+    """Ask, size a model folder's run for ``machine``, write ``out``; the config read back
+    from it, and the sizes chosen (none for the tiny model)."""
     from streamrft.infra.config import load_config
 
     answers = collect(given, ask)
     data = config_data(answers, out)
-    resolved = json.loads(json.dumps(data))  # a copy, its paths taken from out's folder
-    resolve_paths(resolved, Path(os.path.abspath(out)).parent)
-    cfg = from_dict(resolved)  # a mistake stops here, before anything is written
+    base = Path(os.path.abspath(out)).parent
+    choices = []
+    if answers.model != "tiny":
+        choices = size(data, answers, base, machine or Machine())
+        for c in choices:
+            section, name = c.field.split(".", 1)
+            data.setdefault(section, {})[name] = c.value
+    cfg = from_dict(_resolved(data, base))  # a mistake stops here, before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(data, cfg, expert))
-    return load_config(out)
+    out.write_text(render(data, cfg, expert, {c.field: c.reason for c in choices}))
+    return load_config(out), choices
+
+
+def _resolved(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """A copy of config tree ``data``, its paths taken from ``base`` (the file's folder)."""
+    resolved = json.loads(json.dumps(data))
+    resolve_paths(resolved, base)
+    return resolved
+
+
+def size(data: dict[str, Any], a: Answers, base: Path, machine: Machine) -> list[Choice]:
+    """The sizes of the run ``data`` describes (a model folder's), each with its reason
+    (:mod:`app.sizing`); the user's own device answer is kept."""
+    from streamrft.app import sizing
+    from streamrft.app.sizing_facts import data_facts, hardware, load_tokenizer_of, model_facts
+    from streamrft.infra.config import TasksetConfig
+
+    resolved = _resolved(data, base)
+    folder = Path(resolved["model"]["path"])
+    if not (folder / "config.json").is_file():
+        raise ConfigError(
+            f"--model: {folder} is not a model folder (no config.json): give a local Hugging "
+            "Face folder, or tiny"
+        )
+    tokenizer = load_tokenizer_of(folder)
+    model = model_facts(folder, tokenizer)
+    taskset = msgspec.convert(resolved["taskset"], TasksetConfig)
+    facts = data_facts(taskset, taskset.path, tokenizer)
+    hw = hardware(machine.gpus, machine.gpu_memory, a.device or "auto")
+    recipe = sizing.recipe_fits(model, hw)
+    prompt = sizing.prompt_choice(facts, recipe, model.chat_template)
+    response = sizing.fit_context(prompt, sizing.response_choice(facts, recipe), model.context)
+    batches = sizing.batch_choices(hw)
+    batch = next(c.value for c in batches if c.field == "trainer.batch_size")
+    common = [
+        response,
+        prompt,
+        *batches,
+        *sizing.schedule_choices(facts, batch),
+        *sizing.eval_choices(hw),
+    ]
+
+    def build(lora: bool) -> list[Choice]:
+        placed = sizing.placement_choices(hw, lora, model.params)
+        if a.device != "auto":  # answered: kept
+            placed = [c for c in placed if c.field != "model.device"]
+        return [*placed, sizing.lr_choice(model, lora), *common]
+
+    full_bytes = _busiest(data, build(False), base, hw) if hw.gpus else None
+    lora, why = sizing.tune(hw, full_bytes, machine.tune)
+    choices = build(lora)
+    if not lora:
+        choices.append(Choice("model.lora", {"enabled": False}, why))
+    else:
+        choices = [
+            Choice(c.field, c.value, f"{why}; {c.reason}") if c.field == "model.lora" else c
+            for c in choices
+        ]
+    return _fit_micro_batch(data, choices, base, hw)
+
+
+def _with(data: dict[str, Any], choices: list[Choice]) -> dict[str, Any]:
+    out = json.loads(json.dumps(data))
+    for c in choices:
+        section, name = c.field.split(".", 1)
+        out.setdefault(section, {})[name] = c.value
+    return out
+
+
+def _busiest(data: dict[str, Any], choices: list[Choice], base: Path, hw: Any) -> int:
+    """Bytes the plan puts on the busiest device of the run ``choices`` make."""
+    from streamrft.app.plan import make_plan
+
+    cfg = from_dict(_resolved(_with(data, choices), base))
+    return max(make_plan(cfg, None, hw.gpu_bytes).by_device().values())
+
+
+def _fit_micro_batch(
+    data: dict[str, Any], choices: list[Choice], base: Path, hw: Any
+) -> list[Choice]:
+    """``choices`` with ``trainer.micro_batch_size`` halved until the plan fits the GPU
+    (unchanged without a GPU or its size)."""
+    if not (hw.gpus and hw.gpu_bytes):
+        return choices
+    i = next(i for i, c in enumerate(choices) if c.field == "trainer.micro_batch_size")
+    first = choices[i]
+    while _busiest(data, choices, base, hw) > hw.gpu_bytes and choices[i].value > 1:
+        rows = choices[i].value // 2
+        choices[i] = Choice(
+            first.field, rows, f"{first.reason}; halved to {rows} to fit the GPU (plan)"
+        )
+    return choices
 
 
 def add_init_parser(sub: argparse._SubParsersAction) -> None:
@@ -280,14 +405,31 @@ def add_init_parser(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--reward", help="reward name, or package.module:function")
     sp.add_argument("--algorithm", help="algorithm preset (algorithm.type)")
     sp.add_argument("--device", help="cpu, cuda, cuda:N or auto")
+    sp.add_argument(
+        "--tune",
+        choices=("auto", "lora", "full"),
+        default="auto",
+        help="a model folder: train an adapter or all weights (default auto: all weights "
+        "where the memory plan leaves room on the GPU, an adapter on a CPU)",
+    )
+    sp.add_argument(
+        "--gpus",
+        type=int,
+        help="a model folder: size for a machine with this many GPUs (default: those here)",
+    )
+    sp.add_argument(
+        "--gpu-memory",
+        help="a model folder: one GPU's memory on that machine, e.g. 80GiB (default: here)",
+    )
     sp.set_defaults(func=cmd_init)
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from streamrft.app.plan import make_plan
+    from streamrft.app.plan import cuda_memory, make_plan
     from streamrft.app.plan import render as render_plan
     from streamrft.app.process import setup_logging
     from streamrft.app.validate import validate
+    from streamrft.infra.memory_plan import parse_size
 
     setup_logging("WARNING")
     out = Path(args.out)
@@ -304,13 +446,23 @@ def cmd_init(args: argparse.Namespace) -> int:
         device=args.device,
         split=args.split,
     )
-    cfg = init(given, out, args.expert, None if args.yes else ask_stdin)
+    machine = Machine(
+        args.tune, args.gpus, parse_size(args.gpu_memory) if args.gpu_memory else None
+    )
+    cfg, choices = init(given, out, args.expert, None if args.yes else ask_stdin, machine)
+    if choices:
+        print(f"sized for {cfg.model.path} and {cfg.taskset.path}:")
+        for c in choices:
+            shown = yaml.safe_dump(c.value, default_flow_style=True).strip().removesuffix("...")
+            print(f"  {c.field} = {shown.strip()}\n      {c.reason}")
     print(f"written: {out}")
     checks = validate(cfg, False)
     for c in checks:
         print(f"{c.name:<13} {'ok' if c.ok else 'FAILED'}: {c.detail}")
+        for w in c.warnings:
+            print(f"{'warning':<13} {w}")
     if cfg.model.source == "tiny" or (Path(str(cfg.model.path)) / "config.json").is_file():
-        print(render_plan(make_plan(cfg)))
+        print(render_plan(make_plan(cfg, None, machine.gpu_memory or cuda_memory())))
     else:
         print("plan: skipped (the model folder has no config.json to size it from)")
     return 1 if any(not c.ok for c in checks) else 0

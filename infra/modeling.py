@@ -119,6 +119,11 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerFast:
         raise ConfigError(f"model.source: unknown source {cfg.source!r}")
     from transformers import AutoTokenizer
 
+    if not Path(str(cfg.path)).is_dir():  # else the hub's "Repo id must be in the form ..."
+        raise ConfigError(
+            f"model.path: {cfg.path!r} is not a folder: give a local Hugging Face model "
+            "folder (config.json, a tokenizer, *.safetensors); nothing is downloaded"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(cfg.path, local_files_only=True)
     except OSError as exc:

@@ -1,0 +1,220 @@
+"""``streamrft init`` with a real model folder sizes the run for the model and the data,
+and says why; ``streamrft validate`` warns of a real model's tiny-model values (``--strict``:
+errors) and reports every check, a missing file or folder on its own line.
+
+The folders are made here: the tiny Llama the tests train, saved with a chat template (64
+positions: the context bounds the lengths), and a folder of Qwen2.5-1.5B's shape without
+weights (sized as the GSM8K recipes are); the data is a GSM8K-shaped Parquet file."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamrft.app.cli import main
+from streamrft.infra.config import load_config
+from tests.helpers.gsm8k_shape import write_gsm8k_shaped
+from tests.helpers.model_folders import write_tiny_folder
+from tests.helpers.qwen_shape import write_qwen_shaped
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sizing")
+    return (
+        write_tiny_folder(root / "tiny-llama"),
+        write_qwen_shaped(root / "qwen2.5-1.5b-instruct"),
+        write_gsm8k_shaped(root / "train.parquet"),
+    )
+
+
+def _init(capsys, out, model, data, *flags: str) -> tuple[int, dict[str, str], str]:
+    code = main(
+        ["init", "--yes", "--model", str(model), "--data", str(data), "--out", str(out), *flags]
+    )
+    printed = capsys.readouterr().out
+    lines = printed.split("written:")[0].splitlines()[1:]
+    reasons = {
+        field.strip().split(" = ")[0]: reason.strip()
+        for field, reason in zip(lines[::2], lines[1::2], strict=True)
+    }
+    return code, reasons, printed
+
+
+def test_a_cpu_run_of_a_model_folder_is_sized_by_its_context_and_data(folders, tmp_path, capsys):
+    tiny, _qwen, data = folders
+    out = tmp_path / "tiny.yaml"
+    code, reasons, printed = _init(capsys, out, tiny, data, "--device", "cpu")
+    assert code == 0, printed
+    cfg = load_config(out)
+    e, t = cfg.explorer, cfg.trainer
+    # answers "3 plus 4 makes 7.\n#### 7": 23-26 characters, 27 with the EOS; the prompt
+    # "<user>3+4\n<assistant>" 21 at most: 32 with room, leaving 32 of the 64 positions
+    assert cfg.taskset.max_prompt_tokens == 32
+    assert (
+        "the longest of 100 prompts through the model's chat template is 21 tokens"
+        in (reasons["taskset.max_prompt_tokens"])
+    )
+    assert e.max_new_tokens == 32
+    assert reasons["explorer.max_new_tokens"] == (
+        "100 answers sampled from train.parquet: 95% within 27 tokens, the longest 27; worked "
+        "solutions, so room for 2x that, to a power of two; cut to the 32 the model's 64 "
+        "positions leave after 32 of prompt"
+    )
+    # a CPU: an adapter at the CPU example's rate and sizes
+    assert cfg.model.lora.enabled and (cfg.model.lora.rank, cfg.model.lora.alpha) == (16, 32)
+    assert (t.lr, cfg.model.device, cfg.model.dtype) == (1e-3, "cpu", "float32")
+    assert (
+        "examples/smollm2_gsm8k_format.yaml (SmolLM2-135M, LoRA), kept for smaller"
+        in (reasons["trainer.lr"])
+    )
+    assert (e.batch_size, e.repeat_times, t.batch_size, t.micro_batch_size) == (4, 8, 4, 8)
+    # 100 tasks in batches of 4: three epochs are 75 steps, a warm-up of 3
+    assert (t.max_steps, t.lr_schedule, t.lr_warmup_ratio, t.min_lr_ratio) == (
+        75, "cosine", 0.033, 0.1
+    )  # fmt: skip
+    assert cfg.algorithm.mask_truncated is True
+    # the reasons are in the file too, under each field's documentation
+    text = out.read_text()
+    assert "  # init: 100 answers sampled from train.parquet: 95% within 27 tokens" in text
+    # validate finds nothing to warn of in what init wrote
+    assert "sizes         ok: tiny-llama" in printed and "warning" not in printed
+    assert main(["validate", str(out), "--strict"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "config ok"
+
+
+def test_a_recipe_sized_model_takes_the_recipes_values(folders, tmp_path, capsys):
+    _tiny, qwen, data = folders
+    out = tmp_path / "full.yaml"
+    code, reasons, printed = _init(capsys, out, qwen, data, "--gpus", "1", "--gpu-memory", "80GiB")
+    assert code == 0, printed
+    cfg = load_config(out)
+    e, t = cfg.explorer, cfg.trainer
+    assert not cfg.model.lora.enabled
+    assert reasons["model.lora"] == "all weights fit: the plan needs 42.5 of 80 GiB (53%)"
+    assert t.lr == 1e-6 and "examples/gsm8k/one_gpu_full.yaml" in reasons["trainer.lr"]
+    assert (e.max_new_tokens, cfg.taskset.max_prompt_tokens) == (512, 512)
+    assert (e.batch_size, e.repeat_times, t.batch_size, t.mini_batch_size) == (16, 8, 16, 8)
+    assert (t.micro_batch_size, t.gradient_checkpointing) == (8, True)
+    assert (cfg.model.device, cfg.model.dtype) == ("cuda", "bfloat16")
+    assert "cuda:0: 42.47 GiB of 80.00 GiB: fits" in printed  # the plan on the GPU given
+    # an adapter when asked, at the LoRA recipe's rate and rank
+    out = tmp_path / "lora.yaml"
+    code, reasons, printed = _init(
+        capsys, out, qwen, data, "--gpus", "1", "--gpu-memory", "80GiB", "--tune", "lora"
+    )
+    cfg = load_config(out)
+    assert code == 0 and cfg.model.lora.enabled and cfg.trainer.lr == 2e-5
+    assert (cfg.model.lora.rank, cfg.model.lora.alpha) == (32, 64)
+    assert reasons["model.lora"].startswith("--tune lora; an adapter of rank 32")
+    # a GPU too small for all weights: an adapter, said why
+    out = tmp_path / "small.yaml"
+    code, reasons, printed = _init(capsys, out, qwen, data, "--gpus", "1", "--gpu-memory", "24GiB")
+    assert code == 0 and load_config(out).model.lora.enabled
+    assert reasons["model.lora"].startswith(
+        "all weights would need 42.5 of 24 GiB (177%, over 80%)"
+    )
+
+
+def test_two_gpus_split_the_explorer_and_the_trainer(folders, tmp_path, capsys):
+    _tiny, qwen, data = folders
+    out = tmp_path / "two.yaml"
+    code, _reasons, printed = _init(capsys, out, qwen, data, "--gpus", "2", "--gpu-memory", "80GiB")
+    assert code == 0, printed
+    cfg = load_config(out)
+    assert (cfg.explorer.device, cfg.trainer.device) == ("cuda:0", "cuda:1")
+
+
+def test_the_tiny_model_keeps_its_own_values(tmp_path, capsys):
+    out = tmp_path / "t.yaml"
+    assert (
+        main(
+            [
+                "init",
+                "--yes",
+                "--data",
+                str(write_gsm8k_shaped(tmp_path / "d.parquet")),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "sized for" not in printed and "sizes " not in printed
+    cfg = load_config(out)
+    assert (cfg.explorer.max_new_tokens, cfg.trainer.lr, cfg.model.source) == (16, 1e-3, "tiny")
+
+
+def _validate(capsys, *argv: str) -> tuple[int, list[str]]:
+    code = main(["validate", *argv])
+    return code, capsys.readouterr().out.splitlines()
+
+
+def test_tiny_model_values_on_a_real_model_are_warnings(folders, tmp_path, capsys):
+    tiny, _qwen, data = folders
+    config = tmp_path / "kept.yaml"  # what init wrote before it sized: the tiny defaults
+    config.write_text(
+        f"model: {{source: path, path: {tiny}}}\n"
+        f"taskset: {{path: {data}, prompt_template: '{{question}}', answer_extract: gsm8k}}\n"
+        "explorer: {reward: math_answer, repeat_times: 2}\n"
+    )
+    code, lines = _validate(capsys, str(config))
+    assert code == 0
+    warnings = [line[14:] for line in lines if line.startswith("warning")]
+    assert [w.split(":")[0] for w in warnings] == [
+        "explorer.max_new_tokens", "trainer.lr", "explorer.repeat_times"
+    ]  # fmt: skip
+    assert warnings[0] == (
+        "explorer.max_new_tokens: 16 tokens would not hold the data's worked answers: 95% need "
+        "up to 27 (the longest 27; 100 of 100 sampled are longer); init would write 64"
+    )
+    assert warnings[1].startswith("trainer.lr: 0.001 is 1,000x the usual 1e-06 for all weights")
+    assert lines[-1] == "config ok with 3 warnings"
+    code, lines = _validate(capsys, str(config), "--strict")
+    assert code == 1 and lines[-1] == "3 warnings, errors under --strict"
+    # fixed by overrides: no warning left
+    code, lines = _validate(
+        capsys, str(config), "--strict", "-o", "explorer.max_new_tokens=32",
+        "-o", "explorer.repeat_times=8", "-o", "trainer.lr=1e-6",
+    )  # fmt: skip
+    assert code == 0 and lines[-1] == "config ok"
+
+
+def test_every_check_runs_and_a_missing_file_is_its_own_line(folders, tmp_path, capsys):
+    _tiny, _qwen, data = folders
+    config = tmp_path / "missing.yaml"
+    config.write_text(
+        f"model: {{source: path, path: {tmp_path / 'models' / 'not-downloaded'}}}\n"
+        f"taskset: {{path: {tmp_path / 'data' / 'train.parquet'}, max_prompt_tokens: 512}}\n"
+        f"eval: {{path: {tmp_path / 'data' / 'test.parquet'}}}\n"
+        "explorer: {reward: no_such_reward}\n"
+    )
+    code, lines = _validate(capsys, str(config))
+    assert code == 1
+    checks = {line[:13].strip(): line[13:].strip() for line in lines[:-1]}
+    assert checks["taskset"] == (
+        f"FAILED: taskset.path: '{tmp_path / 'data' / 'train.parquet'}' does not exist "
+        "(expected a JSONL or Parquet file, or a folder of a saved dataset)"
+    )
+    assert checks["eval set"].startswith("FAILED: eval.path: ")
+    assert checks["names"].startswith("FAILED: explorer.reward: unknown reward 'no_such_reward'")
+    assert checks["model"] == (
+        f"FAILED: model.path: {tmp_path / 'models' / 'not-downloaded'} is not a folder "
+        "(expected a local Hugging Face model folder: config.json, a tokenizer, "
+        "*.safetensors; nothing is downloaded)"
+    )
+    assert checks["device"].startswith("ok: trainer cpu")
+    assert lines[-1] == "4 check(s) failed: taskset, eval set, names, model"
+    # the data there, the model still missing: the tasks are counted, their prompts not
+    # measured, and no hub error ("Repo id must be in the form ...") anywhere
+    code, lines = _validate(
+        capsys, str(config), "-o", f"taskset.path={data}", "-o", "eval.path=",
+        "-o", "taskset.prompt_template={question}",
+    )  # fmt: skip
+    checks = {line[:13].strip(): line[13:].strip() for line in lines[:-1]}
+    assert checks["taskset"] == (
+        f"ok: 100 tasks in {data}; prompt lengths not measured (no model folder: see model)"
+    )
+    assert "Repo id" not in "\n".join(lines)
