@@ -239,23 +239,25 @@ def lr_choice(model: ModelFacts, lora: bool) -> Choice:
 def batch_choices(hw: Hardware) -> list[Choice]:
     """Tasks, group and batch sizes: the GSM8K recipes' on GPUs, the SmolLM2 example's on
     a CPU."""
-    if hw.gpus:
-        basis = "the GSM8K recipes (examples/gsm8k/*.yaml)"
-        return [
-            Choice("explorer.batch_size", 16, f"tasks an explorer step samples: {basis}"),
-            Choice("explorer.repeat_times", 8, f"rollouts a task (the group): {basis}"),
-            Choice("trainer.batch_size", 16, f"groups a step, 128 sequences: {basis}"),
-            Choice("trainer.mini_batch_size", 8, f"two optimizer updates a step: {basis}"),
-            Choice("trainer.micro_batch_size", 8, f"sequences a forward/backward: {basis}"),
-            Choice("trainer.gradient_checkpointing", True, f"long sequences on a GPU: {basis}"),
-        ]
-    basis = "on a CPU: the CPU example's (examples/smollm2_gsm8k_format.yaml)"
-    return [
-        Choice("explorer.batch_size", 4, f"tasks an explorer step samples; {basis}"),
-        Choice("explorer.repeat_times", 8, f"rollouts a task (the group); {basis}"),
-        Choice("trainer.batch_size", 4, f"groups a step, 32 sequences; {basis}"),
-        Choice("trainer.micro_batch_size", 8, f"sequences a forward/backward; {basis}"),
+    gpu = bool(hw.gpus)
+    tasks = 16 if gpu else 4
+    basis = (
+        "the GSM8K recipes (examples/gsm8k/*.yaml)"
+        if gpu
+        else "on a CPU, the CPU example's (examples/smollm2_gsm8k_format.yaml)"
+    )
+    rows: list[tuple[str, Any, str]] = [
+        ("explorer.batch_size", tasks, "tasks an explorer step samples"),
+        ("explorer.repeat_times", 8, "rollouts a task (the group)"),
+        ("trainer.batch_size", tasks, f"groups a step, {tasks * 8} sequences"),
+        ("trainer.micro_batch_size", 8, "sequences a forward/backward"),
     ]
+    if gpu:
+        rows += [
+            ("trainer.mini_batch_size", 8, "two optimizer updates a step"),
+            ("trainer.gradient_checkpointing", True, "long sequences on a GPU"),
+        ]
+    return [Choice(field, value, f"{why}: {basis}") for field, value, why in rows]
 
 
 def schedule_choices(data: DataFacts, batch: int) -> list[Choice]:
