@@ -137,6 +137,18 @@ class Stager:
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    @property
+    def receiving(self) -> tuple[int, bool] | None:
+        """The version being received now and whether a sync point waits for it (None:
+        no receive under way)."""
+        job = self._job
+        return None if job is None else (job.event.version, job.claimed)
+
+    @property
+    def staged_version(self) -> int | None:
+        """The version staged and not yet applied (None: none)."""
+        return None if self._staged is None else self._staged.event.version
+
     async def _run(self) -> None:
         try:
             while self._error is None and (event := await self._next()) is not None:

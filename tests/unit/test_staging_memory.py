@@ -1,0 +1,95 @@
+"""The staging copy's memory (``sync/staging.py``): which memory ``synchronizer.staging``
+gives on a CPU, one stage per slot at a time, buffers reused until a release keeps them, and
+what a stage adopts without a copy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from streamrft.sync.staging import StageMemory, StagingArea, staging_memory
+
+pytestmark = pytest.mark.unit
+
+CPU = torch.device("cpu")
+
+
+def test_on_a_cpu_host_and_device_staging_are_host_memory_and_none_is_none():
+    assert staging_memory("host", CPU, 1 << 30) == StageMemory(CPU)
+    assert staging_memory("device", CPU, 1 << 40) == StageMemory(CPU)
+    assert staging_memory("none", CPU, 1) is None
+    assert not StageMemory(CPU).pinned
+
+
+def _like() -> dict[str, torch.Tensor]:
+    return {"w": torch.zeros(4, 3), "b": torch.zeros(5, dtype=torch.bfloat16)}
+
+
+def test_a_slot_is_lent_once_and_its_buffers_are_reused_after_the_release():
+    area = StagingArea(StageMemory(CPU))
+    stage = area.stage()
+    with pytest.raises(RuntimeError, match="lent already"):
+        area.stage()
+    raw = stage.host_bytes(100)
+    tensors = stage.like(_like())
+    assert raw.dtype == torch.uint8 and raw.numel() == 100
+    assert {n: (t.shape, t.dtype) for n, t in tensors.items()} == {
+        n: (t.shape, t.dtype) for n, t in _like().items()
+    }
+    assert area.lent() == {"version"}
+    stage.release()
+    stage.release()  # twice is safe
+    assert area.lent() == frozenset()
+    again = area.stage()
+    assert again.host_bytes(100).data_ptr() == raw.data_ptr()  # nothing allocated
+    assert again.like(_like())["w"].data_ptr() == tensors["w"].data_ptr()
+    assert again.host_bytes(64).data_ptr() != raw.data_ptr()  # another size: a new one
+    again.release()
+
+
+def test_a_release_that_keeps_the_tensors_gives_the_slot_new_memory():
+    area = StagingArea(StageMemory(CPU))
+    stage = area.stage()
+    kept = stage.like(_like())["w"]
+    stage.release(keep=True)  # e.g. the state an explorer holds to rebuild deltas on
+    fresh = area.stage()
+    assert fresh.like(_like())["w"].data_ptr() != kept.data_ptr()
+    fresh.release()
+
+
+def test_buffers_a_version_did_not_use_are_not_kept():
+    area = StagingArea(StageMemory(CPU))
+    stage = area.stage()
+    old = stage.like({"gone": torch.zeros(1000)})["gone"]
+    stage.release()
+    stage = area.stage()
+    stage.like({"w": torch.zeros(2)})
+    stage.release()
+    stage = area.stage()
+    assert stage.like({"gone": torch.zeros(1000)})["gone"].data_ptr() != old.data_ptr()
+    stage.release()
+
+
+def test_adopt_keeps_tensors_in_its_memory_and_copies_a_receivers_reused_buffers():
+    area = StagingArea(StageMemory(CPU))
+    stage = area.stage()
+    fresh = {"w": torch.randn(4, 3), "b": torch.randn(5).to(torch.bfloat16)}
+    same = stage.adopt(fresh)
+    assert all(same[n] is fresh[n] for n in fresh)  # host memory already: no copy
+    copied = stage.adopt(fresh, copy=True)  # a receiver writes these again later
+    assert all(copied[n].data_ptr() != fresh[n].data_ptr() for n in fresh)
+    assert all(torch.equal(copied[n], fresh[n]) for n in fresh)
+    fresh["w"].add_(1)
+    assert not torch.equal(copied["w"], fresh["w"])
+    stage.release()
+
+
+def test_a_base_is_lent_with_its_version_and_released_with_it():
+    area = StagingArea(StageMemory(CPU))
+    stage = area.stage()
+    base = stage.base()
+    assert stage.base() is base
+    base.host_bytes(10)
+    assert area.lent() == {"version", "base"}
+    stage.release()
+    assert area.lent() == frozenset()
