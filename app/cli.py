@@ -224,7 +224,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         from streamrft.app.run_record import publish_record
 
         # the run as configured, before this process's placement: a joiner places itself
-        asyncio.run(publish_record(cfg))
+        asyncio.run(publish_record(cfg, renew=True))
     cfg = _placed(cfg, "trainer")
     if cfg.trainer.world > 1:  # this process launches the ranks, or is one of them
         from streamrft.app.launch import launch_trainer, run_trainer_rank

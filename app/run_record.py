@@ -1,12 +1,14 @@
 """The run's record, published when its trainer starts (``infra/run_record.py`` says what
 it holds and how a joining process reads it): topics made if missing, the record written to
 the object store (``s3://<bucket>/<run>/run.yaml``) when the run has one, then announced on
-the control topic."""
+the control topic and vouched for in the run's record group, again every day while the
+trainer runs (:class:`VouchRenewal`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 import msgspec
 import yaml
@@ -17,22 +19,31 @@ from streamrft.infra.bus import EventSender
 from streamrft.infra.config import Config, task_paths
 from streamrft.infra.run_record import (
     RECORD_NAME,
+    Vouch,
+    commit_vouch,
     differing,
     fetch_record,
     make_record,
     record_text,
+    vouch,
+    vouched,
 )
-from streamrft.schemas.errors import ConfigError, ServiceError, SyncError
+from streamrft.schemas.errors import ConfigError, ServiceError, StreamRFTError, SyncError
 from streamrft.schemas.events import RunDefined
 
 log = logging.getLogger(__name__)
 
+VOUCH_RENEW_S = 24 * 3600.0
+"""How often a running trainer commits its vouch again (Kafka forgets it
+``offsets.retention.minutes`` after its commit: 7 days by default)."""
 
-async def publish_record(cfg: Config) -> RunDefined:
+
+async def publish_record(cfg: Config, renew: bool = False) -> RunDefined:
     """Make the run's topics if no process has (idempotent); refuse a resume that changes
     a field the run must keep, whichever host defined it (``app/resume.py``, against the
-    newest record on the broker); then write and announce the record. A store that cannot
-    take it is a warning: the control topic still carries it."""
+    trainer's newest record on the broker); then write, announce and vouch for the record
+    (with ``renew``, again every :data:`VOUCH_RENEW_S` while this process runs). A store
+    that cannot take it is a warning: the control topic still carries it."""
     await admin.ensure_topics(cfg.kafka, cfg.topics(), cfg.explorer.count)
     previous = await newest_record(cfg)
     record = await asyncio.to_thread(make_record, cfg)  # reads the task files through, once
@@ -44,9 +55,14 @@ async def publish_record(cfg: Config) -> RunDefined:
             log.warning("the run's record was not written to the object store: %s", exc)
     async with EventSender(cfg, "trainer", "trainer") as sender:
         await sender.control(record)
+    at = await vouch(cfg.kafka, cfg.topics(), record)
+    if renew:
+        VouchRenewal(cfg, at).start()
     log.info(
-        "run %s defined on its control topic%s: join with --run-id %s --bootstrap %s",
+        "run %s defined on its control topic (offset %d, vouched for)%s: join with --run-id "
+        "%s --bootstrap %s",
         cfg.run.id,
+        at.offset,
         f" and at {record.store_uri}" if record.store_uri else "",
         cfg.run.id,
         cfg.kafka.bootstrap_servers,
@@ -54,8 +70,41 @@ async def publish_record(cfg: Config) -> RunDefined:
     return record
 
 
+class VouchRenewal(threading.Thread):
+    """Commits the trainer's vouch ``at`` again every ``every_s`` while the process runs (a
+    daemon thread, with an event loop of its own), until the record group holds a newer
+    record's offset (another trainer of the run took over). A broker away is tried again
+    after a 24th of the period."""
+
+    def __init__(self, cfg: Config, at: Vouch, every_s: float = VOUCH_RENEW_S) -> None:
+        super().__init__(name="run record vouch", daemon=True)
+        self.cfg, self.at, self.every_s = cfg, at, every_s
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        wait = self.every_s
+        while not self.stopped.wait(wait):
+            try:
+                if not asyncio.run(self.renew_once()):
+                    return
+                wait = self.every_s
+            except StreamRFTError as exc:
+                log.warning("the run's record was not vouched for again: %s", exc)
+                wait = self.every_s / 24
+
+    async def renew_once(self) -> bool:
+        """Commit the vouch again unless a newer one is held; whether it was."""
+        topics = self.cfg.topics()
+        held = (await vouched(self.cfg.kafka, topics)).get(self.at.partition, -1)
+        if held > self.at.offset:
+            log.info("a newer record of run %s is vouched for: not renewing ours", topics.run)
+            return False
+        await commit_vouch(self.cfg.kafka, topics, self.at)
+        return True
+
+
 async def newest_record(cfg: Config) -> RunDefined | None:
-    """The run's newest record on its broker, None for a new run."""
+    """The run's newest record its trainer vouched for on its broker, None for a new run."""
     try:
         return await fetch_record(cfg.kafka, cfg.topics())
     except ConfigError:

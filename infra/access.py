@@ -45,9 +45,11 @@ class Access:
     reads: tuple[str, ...] = ()
     """Topic kinds it reads (group-less or in its group), or whose offsets it asks."""
     groups: tuple[str, ...] = ()
-    """Consumer groups (``<prefix>.<run>.<suffix>``) it joins and commits in."""
+    """Consumer groups (``<prefix>.<run>.<suffix>``) it joins or commits in."""
     group_offsets: tuple[str, ...] = ()
-    """Consumer groups whose committed offsets it reads without joining."""
+    """Consumer groups whose committed offsets it reads without joining, and may not commit
+    in (``record``: the group the trainer vouches for the run's record in, which a process
+    joining by run id reads, ``infra/run_record.py``)."""
     creates_topics: bool = False
     """It makes the run's topics when they are missing."""
     lists_topics: bool = False
@@ -64,7 +66,7 @@ ROLES: dict[str, Access] = {
         "`streamrft train` (each rank of it), and the trainer `streamrft run` starts",
         writes=EVENTS_OUT,
         reads=("experiences", "control", "status", "tasks"),
-        groups=("trainer",),
+        groups=("trainer", "record"),
         group_offsets=("explorers",),
         creates_topics=True,
         lists_topics=True,
@@ -74,13 +76,22 @@ ROLES: dict[str, Access] = {
         writes=("experiences", "samples", *EVENTS_OUT),
         reads=("tasks", "control", "status"),
         groups=("explorers",),
+        group_offsets=("record",),
     ),
-    "evaluator": Access("`streamrft evaluate`", writes=EVENTS_OUT, reads=("control",)),
-    "serve": Access("`streamrft serve`", writes=("experiences", *EVENTS_OUT), reads=("control",)),
+    "evaluator": Access(
+        "`streamrft evaluate`", writes=EVENTS_OUT, reads=("control",), group_offsets=("record",)
+    ),
+    "serve": Access(
+        "`streamrft serve`",
+        writes=("experiences", *EVENTS_OUT),
+        reads=("control",),
+        group_offsets=("record",),
+    ),
     "feeder": Access(
         "`streamrft feed`",
         writes=("tasks", "status"),
         reads=("tasks", "control", "status"),
+        group_offsets=("record",),
     ),
     "supervisor": Access(
         "`streamrft run` itself (its children take their own roles)",
@@ -131,7 +142,8 @@ def role() -> str | None:
 
 def check(action: str, name: str) -> None:
     """Before a client of this process's role writes (``write``) or reads (``read``) topic
-    ``name``, names consumer group ``name`` (``group``) or makes topics (``create``)."""
+    ``name``, names consumer group ``name`` (``group``), commits offsets in it without
+    joining it (``commit``) or makes topics (``create``)."""
     if _role is None:
         return
     if _permitted(ROLES[_role], action, name):
@@ -153,9 +165,9 @@ def _permitted(access: Access, action: str, name: str) -> bool:
         return access.creates_topics
     if action == "list":
         return access.lists_topics
-    if action == "group":
+    if action in ("group", "commit"):
         suffix = name.rpartition(".")[2]
-        return suffix in access.groups or suffix in access.group_offsets
+        return suffix in access.groups or (action == "group" and suffix in access.group_offsets)
     kind = TopicNames.kind_of(name)
     return kind in (access.writes if action == "write" else access.reads)
 

@@ -5,23 +5,39 @@ The trainer publishes a :class:`~streamrft.schemas.events.RunDefined` on the run
 topic when it starts (the resolved config, secrets ``***``; a fingerprint of each task
 file), and writes the same record to the object store (``<run>/run.yaml``; the app layer
 does that part). A process started elsewhere with ``--run-id ID --bootstrap HOST:PORT`` and
-no config (:func:`fetch_record`, :func:`config_of_record`) takes the newest record, its
+no config (:func:`fetch_record`, :func:`config_of_record`) takes the trainer's record, its
 credentials from its own environment, and its local ``-o`` overrides (device, engine,
 threads, a task file's local path...). A feeder checks its task files against the
 record's fingerprints (:func:`check_fingerprints`).
+
+**Whose record.** Explorers, serve processes, evaluators and operators may write the control
+topic too, so a ``RunDefined`` there proves nothing of its writer. The trainer vouches for
+its own (:func:`vouch`): it commits the record's control offset in the run's record group
+(``<prefix>.<run>.record``, :data:`RECORD_GROUP`), which no process joins and only the
+trainer's role may commit in (the access table grants the other roles DESCRIBE on it, never
+READ: Kafka's ACLs then refuse their commits). A joiner takes the record at that offset and
+nothing else, and logs where it came from; every other ``RunDefined`` is ignored, named in a
+warning. Kafka forgets the offsets of a group no one joins ``offsets.retention.minutes``
+after their commit (7 days by default), so a running trainer commits it again every day
+(``app/run_record.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import yaml
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
+from streamrft.infra import access
 from streamrft.infra.config import (
     Config,
     KafkaConfig,
@@ -33,14 +49,21 @@ from streamrft.infra.config import (
     task_paths,
     to_yaml,
 )
-from streamrft.infra.consume import read_history
+from streamrft.infra.consume import Record, assign_from_beginning, read_topic
+from streamrft.infra.kafka import group_reader, start_client
 from streamrft.schemas.codec import CONTROL
 from streamrft.schemas.errors import ConfigError, ServiceError
 from streamrft.schemas.events import RunDefined
 from streamrft.schemas.topics import TopicNames
 
+log = logging.getLogger(__name__)
+
 RECORD_NAME = "run.yaml"
 """The record's name under the run's prefix in the object store."""
+RECORD_GROUP = "record"
+"""Suffix of the consumer group the trainer vouches for its record in (see the module
+docstring)."""
+CLIENT = "streamrft-run-record"
 CHUNK = 1 << 20
 
 
@@ -95,28 +118,132 @@ def joining_kafka(bootstrap: str, overrides: list[str] | None = None) -> KafkaCo
         raise ConfigError(f"kafka: {exc}") from exc
 
 
+@dataclass(frozen=True)
+class Vouch:
+    """Where the trainer's record lies: the control topic's partition and offset."""
+
+    partition: int
+    offset: int
+
+
+async def vouch(kafka: KafkaConfig, topics: TopicNames, record: RunDefined) -> Vouch:
+    """Commit, in the run's record group, the control offset of ``record`` (just published
+    by this process, the run's trainer; its newest copy there): joiners take that record
+    and no other. :class:`~streamrft.infra.access.AccessError` for a role other than the
+    trainer's (in strict mode), as the ACLs would refuse it."""
+    access.check("commit", topics.group(RECORD_GROUP))
+    records = await read_topic(kafka, topics.control, CONTROL, CLIENT, 3, poll_ms=200)
+    mine = [r for r in records if r.error is None and r.obj == record]
+    if not mine:
+        raise ServiceError(f"the run's record is not on {topics.control} after its publication")
+    at = Vouch(mine[-1].partition, mine[-1].offset)
+    await commit_vouch(kafka, topics, at)
+    return at
+
+
+async def commit_vouch(kafka: KafkaConfig, topics: TopicNames, at: Vouch) -> None:
+    """Commit ``at`` in the run's record group (again: see the module docstring)."""
+    access.check("commit", topics.group(RECORD_GROUP))
+    reader = group_reader(kafka, topics.group(RECORD_GROUP), CLIENT)
+    await start_client(reader, "run record")
+    try:
+        tp = TopicPartition(topics.control, at.partition)
+        reader.assign([tp])
+        await reader.commit({tp: at.offset})
+    except KafkaError as exc:
+        raise ServiceError(f"vouching for the run's record in {tp}: {exc}") from exc
+    finally:
+        await reader.stop()
+
+
+async def vouched(kafka: KafkaConfig, topics: TopicNames) -> dict[int, int]:
+    """The control partitions' offsets the run's record group holds (the trainer's record);
+    empty when none. ServiceError when there is no control topic yet."""
+    reader = group_reader(kafka, topics.group(RECORD_GROUP), CLIENT)
+    await start_client(reader, "run record")
+    try:
+        await assign_from_beginning(reader, topics.control)
+        offsets = {tp.partition: await reader.committed(tp) for tp in reader.assignment()}
+    except KafkaError as exc:
+        raise ServiceError(f"reading {topics.group(RECORD_GROUP)}: {exc}") from exc
+    finally:
+        await reader.stop()
+    return {part: offset for part, offset in offsets.items() if offset is not None}
+
+
+@dataclass(frozen=True)
+class Found:
+    """The run definitions on the control topic: the trainer's (None: none vouched for),
+    and the others."""
+
+    trainers: Record | None
+    others: list[Record]
+
+
+async def find_records(kafka: KafkaConfig, topics: TopicNames) -> Found:
+    """The ``RunDefined`` records on the run's control topic, the trainer's apart (the one
+    at the offset its record group holds). ServiceError when there is no control topic."""
+    offsets = await vouched(kafka, topics)  # before the topic: the record is older
+    records = await read_topic(kafka, topics.control, CONTROL, CLIENT, 3, poll_ms=200)
+    defined = [r for r in records if r.error is None and isinstance(r.obj, RunDefined)]
+    trainers = [r for r in defined if offsets.get(r.partition) == r.offset]
+    return Found(trainers[0] if trainers else None, [r for r in defined if r not in trainers])
+
+
 async def fetch_record(kafka: KafkaConfig, topics: TopicNames, wait_s: float = 0.0) -> RunDefined:
-    """The newest record on the run's control topic, waiting up to ``wait_s`` for one to
-    appear (a run whose trainer has not started yet); a :class:`ConfigError` saying what to
-    do when there is none."""
+    """The trainer's record on the run's control topic (see the module docstring), waiting
+    up to ``wait_s`` for one to appear (a run whose trainer has not started yet); a
+    :class:`ConfigError` saying what to do when there is none. Where it came from, and
+    any other record ignored, is logged."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            events = await read_history(kafka, topics.control, CONTROL, "streamrft-run-record")
+            found = await find_records(kafka, topics)
         except ServiceError:  # no control topic yet: no record yet
             if time.monotonic() >= deadline:
                 raise
-            events = []
-        records = [ev for ev in events if isinstance(ev, RunDefined)]
-        if records:
-            return records[-1]  # the last published (the topic's order, not the clocks)
+            found = Found(None, [])
+        if found.trainers is not None:
+            _log_origin(topics, found)
+            return found.trainers.obj
         if time.monotonic() >= deadline:
+            if found.others:
+                _log_origin(topics, found)
+                raise ConfigError(
+                    f"run {topics.run}: {len(found.others)} run definition(s) on "
+                    f"{topics.control}, none vouched for by the run's trainer (group "
+                    f"{topics.group(RECORD_GROUP)}): not taken. A trainer vouches for its "
+                    "record when it starts; give the run's config file, or restart its trainer"
+                )
             raise ConfigError(
                 f"run {topics.run}: no record of it on the broker {kafka.bootstrap_servers} "
                 f"(topic {topics.control}): its trainer publishes one when it starts; check "
                 "the run id and the broker, or give the run's config file"
             )
         await asyncio.sleep(2.0)
+
+
+def _log_origin(topics: TopicNames, found: Found) -> None:
+    if found.trainers is not None:
+        log.info(
+            "run %s: its definition is the trainer's record at %s offset %d (vouched for in "
+            "group %s)",
+            topics.run,
+            topics.control,
+            found.trainers.offset,
+            topics.group(RECORD_GROUP),
+        )
+    if found.others:
+        log.warning(
+            "run %s: %d run definition(s) on %s ignored, not the trainer's: %s",
+            topics.run,
+            len(found.others),
+            topics.control,
+            ", ".join(
+                f"offset {r.offset} sent as {(r.key or b'?').decode(errors='replace')!r}"
+                for r in found.others[:10]
+            ),
+        )
 
 
 HOST_FIELDS = (

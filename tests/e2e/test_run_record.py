@@ -64,6 +64,7 @@ def test_an_explorer_elsewhere_joins_with_the_run_id_and_the_broker_only(
                 p.kill()
     said = (tmp_path / "hand.log").read_text()
     assert f"reading run {run_id}'s definition from the broker" in said
+    assert f"its definition is the trainer's record at streamrft.{run_id}.control" in said
     s = json.loads(summary.read_text())
     assert s["steps"] == steps and s["books"]["trained_twice"] == 0
     assert s["groups_trained"] == steps * 32  # every group from the joiner

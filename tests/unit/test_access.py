@@ -114,3 +114,22 @@ def test_kafka_acls_lines(capsys):
         "--operation CREATE --topic streamrft.r2. --resource-pattern-type prefixed"
     ) in out
     assert access.role() is None  # main() gives back the role it found
+
+
+def test_only_the_trainer_may_commit_in_the_run_s_record_group(as_role):
+    """The group a trainer vouches for its run definition in (``infra/run_record.py``): a
+    commit needs READ on it, which only the trainer gets; a joiner reads it (DESCRIBE)."""
+    group = TOPICS.group("record")
+    rows = {
+        (r.role, r.operation) for r in acl_rows(TOPICS) if r.kind == "group" and r.name == group
+    }
+    assert {role for role, op in rows if op == "READ"} == {"trainer"}
+    assert {role for role, op in rows if op == "DESCRIBE"} == {
+        "trainer", "explorer", "evaluator", "serve", "feeder"
+    }  # fmt: skip
+    as_role("explorer")
+    access.check("group", group)  # reads where the trainer's record is
+    with pytest.raises(AccessError, match="may not commit"):
+        access.check("commit", group)
+    as_role("trainer")
+    access.check("commit", group)
