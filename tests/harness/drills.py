@@ -18,9 +18,9 @@ back to check that nothing was lost or trained twice:
 The drills: ``explorer_kill`` (SIGKILL an explorer mid-step; the supervisor restarts it),
 ``trainer_kill`` (SIGKILL the trainer mid-step; it resumes from its checkpoint),
 ``store_outage`` (the object store down for 20 s), ``broker_restart`` (SIGKILL the broker
-on ``s3://`` storage and start it again), ``corrupt_shard`` (flip bytes of a published
-weight shard before explorers fetch it), ``fuzz`` (1,000+ malformed messages into
-``experiences`` and ``control``), ``poison_batch`` (groups no trainer can take: over its
+on ``s3://`` storage and start it again), ``corrupt_shard`` (weight shards stored with
+other bytes than the trainer sent, before explorers fetch them), ``fuzz`` (1,000+ malformed
+messages into ``experiences`` and ``control``), ``poison_batch`` (groups no trainer can take: over its
 limits, or killing it), ``hostile`` (schema-valid records no process may act on: groups
 past the trainer's limits, version announcements pointing where the run does not allow).
 ``bench/reliability.py`` runs them all; the e2e tests run them one by one.
@@ -35,7 +35,6 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -62,6 +61,7 @@ from streamrft.schemas.events import (
     StatusEvent,
     SyncRequest,
 )
+from tests.harness.store_relay import BitRotRelay
 from tests.helpers.cli import env, overrides, streamrft_cmd
 from tests.helpers.groups import make_group
 from tests.helpers.paths import EXAMPLE
@@ -181,6 +181,16 @@ async def audit_run(
     }, retries
 
 
+async def explorer_rejections(cfg: Config) -> dict[int, tuple[str, str]]:
+    """Version -> (kind, reason) of every rejection the explorers' status reported."""
+    said: dict[int, tuple[str, str]] = {}
+    for _, _, ev in await _read_topic(cfg, cfg.topics().status, STATUS):
+        if ev is not None and ev.role == "explorer":
+            for r in ev.rejected:
+                said[r.version] = (r.kind, r.reason)
+    return said
+
+
 class Drill(ABC):
     """One drill: services, the run as a subprocess, a fault, the books.
 
@@ -214,9 +224,13 @@ class Drill(ABC):
             *DRILL_OVERRIDES,
             f"run.dir={self.workdir / 'runs'}",
             f"kafka.bootstrap_servers={eps.bootstrap_servers}",
-            f"object_store.endpoint={eps.s3_endpoint}",
+            f"object_store.endpoint={self.store_endpoint()}",
             f"object_store.access_key={eps.access_key}",
         ]
+
+    def store_endpoint(self) -> str:
+        """Where the run's processes reach the object store (a drill may put a relay there)."""
+        return self.services.endpoints.s3_endpoint or ""
 
     def _start_run(self) -> None:
         # every setting is an override (the drill's own config is built from the same list),
@@ -485,62 +499,64 @@ class BrokerRestart(ServiceDown):
 
 
 class CorruptShard(Drill):
-    """Bit rot in published weight shards, in the window before explorers fetch them.
+    """Bit rot in published weight shards, there before explorers fetch them.
 
-    The object store's bucket notifications report each new shard the moment it is
-    written; the drill overwrites it with garbage of the same size while the trainer is
-    still writing the manifest (which holds the sha256 of the real bytes). Explorers must
-    reject those versions by their sha256, keep their weights, and take a later one.
+    A relay in front of the object store (``tests/harness/store_relay.py``) stores the shards of
+    the versions after 0 with other bytes than the trainer sent, until an explorer has
+    fetched one; each manifest holds the sha256 of the real bytes. Version 0 stays good:
+    explorers need weights to start with (a bad version 0 stops a run, by design).
+    Explorers must reject the rotten versions by their sha256, keep their weights, and
+    take a later one. The rot is in the store before a version is announced, so no
+    explorer can fetch a version ahead of it, however busy the machine; the fault ends
+    when an explorer fetches a rotten shard.
     """
 
-    VERSIONS = 3  # an explorer may fetch a version before the overwrite lands: one must not
     fault_at_step = 0
 
+    def __init__(self, name: str, workdir: Path) -> None:
+        super().__init__(name, workdir)
+        self.relay: BitRotRelay | None = None
+
+    def store_endpoint(self) -> str:
+        if self.relay is None:  # before the run starts: every upload goes through it
+            host, port = super().store_endpoint().rsplit(":", 1)
+            self.relay = BitRotRelay((host, int(port)), self.run_id).start()
+        return self.relay.endpoint
+
+    def run(self) -> DrillResult:
+        try:
+            return super().run()
+        finally:
+            if self.relay is not None:
+                self.relay.close()
+
     async def fault(self) -> None:
-        # version 0 stays good: explorers need weights to start with (a bad version 0
-        # stops a run, by design); the next versions go bad as they are written
-        await self._wait(lambda: 0 in self.watch.versions, 240, "version 0")
+        relay = self.relay
+        assert relay is not None  # made with the run's overrides
         self.fault_started = time.time()
-        self._events = None
-        # a daemon thread: closing the notification stream may not wake a blocked read,
-        # and a thread of asyncio's pool would then hold the drill's exit for good
-        listening = threading.Thread(target=self._corrupt_next_shards, daemon=True)
-        listening.start()
-        while listening.is_alive() and self.proc.poll() is None:
-            await asyncio.sleep(0.2)
-        if listening.is_alive() and self._events is not None:
-            with contextlib.suppress(Exception):
-                self._events.close()  # the run ended first
-        await asyncio.to_thread(listening.join, 10)
+        await self._wait(relay.fetched.is_set, 240, "an explorer fetching a rotten shard")
         self.fault_ended = time.time()
+        self.detail["corrupted_shards"] = [p for paths in relay.rotten.values() for p in paths]
+        self.detail["rotten_versions"] = sorted(relay.rotten)
 
-    def _corrupt_next_shards(self) -> None:
-        from streamrft.sync.object_store import make_client
+    async def books(self) -> dict:
+        books = await super().books()
+        said = await explorer_rejections(self.cfg)
+        self.detail["rejected_seen"] = {v: kind for v, (kind, _) in said.items()}
+        return books
 
-        client = make_client(self.cfg.object_store)
-        corrupted: list[str] = self.detail.setdefault("corrupted_shards", [])
-        self._events = client.listen_bucket_notification(
-            self.cfg.object_store.bucket,
-            prefix=f"{self.run_id}/",
-            suffix=".safetensors",
-            events=["s3:ObjectCreated:*"],
-        )
-        with self._events as events:
-            for event in events:
-                for record in event.get("Records", []):
-                    key = record["s3"]["object"]["key"]
-                    size = int(record["s3"]["object"].get("size", 0))
-                    if key in corrupted or size <= 0 or "/v00000000/" in key:
-                        continue  # our own overwrite, nothing to corrupt, or version 0
-                    garbage = os.urandom(size)
-                    client.put_object(self.cfg.object_store.bucket, key, io.BytesIO(garbage), size)
-                    corrupted.append(key)
-                if len(corrupted) >= self.VERSIONS:
-                    return
-
-    def check(self, books: dict) -> bool:  # explorers refused a corrupt version by its sha256
+    def check(self, books: dict) -> bool:
+        """Explorers rejected a rotten version by its sha256 (an integrity rejection), and
+        no version but rotten ones."""
         rejected = self.detail.get("versions_rejected") or {}
-        return sum(rejected.values()) >= 1
+        seen = self.detail.get("rejected_seen") or {}
+        rotten = set(self.detail.get("rotten_versions") or ())
+        return (
+            sum(rejected.values()) >= 1
+            and bool(seen)
+            and set(seen) <= rotten
+            and all(kind == "integrity" for kind in seen.values())
+        )
 
 
 class Fuzz(Drill):
@@ -585,13 +601,17 @@ class PoisonBatch(Drill):
         return [*super().overrides(), "trainer.micro_batch_size=1", "trainer.idle_timeout_s=20"]
 
     def _inflight(self) -> tuple[list[str], int] | None:
-        """The trainer's batch in flight and how many trainers started it (its own record)."""
-        path = self.workdir / "runs" / self.run_id / "trainer" / "inflight.json"
+        """The trainer's batch in flight and how many trainers started it (its poison
+        record: the batch, and the crashed batches each group was in before)."""
+        path = self.workdir / "runs" / self.run_id / "checkpoints" / "poison.json"
         try:
             data = json.loads(path.read_text())
-            return sorted(data["groups"]), data["attempts"]
+            batch, crashes = data["batch"], data["crashes"]
         except (OSError, ValueError, KeyError):
             return None
+        if not batch:
+            return None
+        return sorted(batch), 1 + max(crashes.get(gid, 0) for gid in batch)
 
     async def fault(self) -> None:
         from tests.harness.fuzz import FuzzMessage, inject
@@ -760,11 +780,7 @@ class Hostile(Drill):
     async def books(self) -> dict:
         books = await super().books()
         topics = self.cfg.topics()
-        said: dict[int, tuple[str, str]] = {}
-        for _, _, ev in await _read_topic(self.cfg, topics.status, STATUS):
-            if ev is not None and ev.role == "explorer":
-                for r in ev.rejected:
-                    said[r.version] = (r.kind, r.reason)
+        said = await explorer_rejections(self.cfg)
         self.detail["rejected"] = {v: said.get(v) for v in self.detail.get("expected_kinds", {})}
         reasons = {}
         for _, _, d in await _read_topic(self.cfg, topics.dead_letters, DEAD_LETTER):

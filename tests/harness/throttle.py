@@ -1,8 +1,11 @@
-"""A TCP relay that slows what clients send: a slow uplink to a real server.
+"""TCP relays in front of a real server, for drills that change what reaches it.
 
-Put in front of the object store, it makes every upload (the trainer publishing a version)
-take ``bytes / rate`` seconds while downloads (explorers fetching) pass at full speed: a
-publisher slower than the training steps, with nothing in the code under test changed.
+:class:`ThrottledRelay` slows what clients send: a slow uplink. Put in front of the object
+store, it makes every upload (the trainer publishing a version) take ``bytes / rate``
+seconds while downloads (explorers fetching) pass at full speed: a publisher slower than
+the training steps, with nothing in the code under test changed. :class:`Relay` is the
+plain relay both it and ``tests/harness/store_relay.py`` build on: a subclass changes how the
+bytes from the client go up (:meth:`Relay._up`).
 """
 
 from __future__ import annotations
@@ -12,47 +15,33 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Self
 
 CHUNK = 16 << 10
 
 
-class ThrottledRelay:
-    """Listens on a free loopback port and relays every connection to ``target``; bytes
-    from the client to ``target`` pass at most ``bytes_per_s``, the answers unthrottled."""
+class Relay:
+    """Listens on a free port of ``host`` (loopback by default) and relays every connection
+    to ``target``, each way in a thread of its own; the answers pass unchanged."""
 
-    def __init__(self, target: tuple[str, int], bytes_per_s: float) -> None:
+    def __init__(self, target: tuple[str, int], host: str = "127.0.0.1") -> None:
         self.target = target
-        self.rate = bytes_per_s
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.host = host
+        self._listener = socket.create_server((host, 0))
         self.port = self._listener.getsockname()[1]
         self._stop = threading.Event()
-        self.sent = 0
-        """Bytes relayed towards ``target`` (all connections)."""
-        self._lock = threading.Lock()
-        self._free_at = 0.0
-        """When the uplink is free again (monotonic seconds)."""
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
-    def start(self) -> ThrottledRelay:
+    def start(self) -> Self:
         threading.Thread(target=self._accept, name="relay-accept", daemon=True).start()
         return self
 
     def close(self) -> None:
         self._stop.set()
         self._listener.close()
-
-    def _slot(self, n: int) -> float:
-        """Seconds to wait before ``n`` more bytes go up: one uplink shared by every
-        connection, with no credit saved while idle."""
-        with self._lock:
-            now = time.monotonic()
-            start = max(self._free_at, now)
-            self._free_at = start + n / self.rate
-            self.sent += n
-            return start - now
 
     def _accept(self) -> None:
         while not self._stop.is_set():
@@ -69,12 +58,13 @@ class ThrottledRelay:
             threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, throttled: bool) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
         try:
-            while data := src.recv(CHUNK):
-                if throttled:
-                    time.sleep(self._slot(len(data)))
-                dst.sendall(data)
+            if up:
+                self._up(src, dst)
+            else:
+                while data := src.recv(CHUNK):
+                    dst.sendall(data)
         except OSError:
             pass
         finally:
@@ -82,6 +72,40 @@ class ThrottledRelay:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
+
+    def _up(self, src: socket.socket, dst: socket.socket) -> None:
+        """Relay what the client sends to ``target`` until it closes."""
+        while data := src.recv(CHUNK):
+            dst.sendall(data)
+
+
+class ThrottledRelay(Relay):
+    """A :class:`Relay` whose bytes from the client to ``target`` pass at most
+    ``bytes_per_s``, the answers unthrottled."""
+
+    def __init__(self, target: tuple[str, int], bytes_per_s: float) -> None:
+        super().__init__(target)
+        self.rate = bytes_per_s
+        self.sent = 0
+        """Bytes relayed towards ``target`` (all connections)."""
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+        """When the uplink is free again (monotonic seconds)."""
+
+    def _slot(self, n: int) -> float:
+        """Seconds to wait before ``n`` more bytes go up: one uplink shared by every
+        connection, with no credit saved while idle."""
+        with self._lock:
+            now = time.monotonic()
+            start = max(self._free_at, now)
+            self._free_at = start + n / self.rate
+            self.sent += n
+            return start - now
+
+    def _up(self, src: socket.socket, dst: socket.socket) -> None:
+        while data := src.recv(CHUNK):
+            time.sleep(self._slot(len(data)))
+            dst.sendall(data)
 
 
 @contextlib.contextmanager
