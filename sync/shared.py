@@ -92,10 +92,7 @@ def remove_leftovers(run_id: str = "", folder: str = SHM_DIR) -> list[str]:
                         os.unlink(os.path.join(folder, name))
                         removed.append(name)
     any_run = rf"streamrft-[A-Za-z0-9_-]+-(?P<pid>\d+)-({slots})"  # file_prefix(any run id)
-    removed += remove_dead_leftovers(Path(folder), any_run)
-    if removed:
-        log.info("shared memory: removed %d file(s) of trainers that are gone", len(removed))
-    return removed
+    return removed + remove_dead_leftovers(Path(folder), any_run)  # which logs them
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
