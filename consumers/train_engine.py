@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 
 from streamrft.consumers.algorithms import policy_step, resolve_algorithm
 from streamrft.consumers.algorithms.dpo import dpo_step
-from streamrft.consumers.algorithms.step import BatchShare
+from streamrft.consumers.algorithms.step import BatchShare, mini_batches
 from streamrft.consumers.checkpoint import (
     Extras,
     latest_checkpoint,
@@ -34,15 +35,18 @@ from streamrft.consumers.critic import Critic, ValueModel
 from streamrft.consumers.lr_schedule import lr_factor, set_lr
 from streamrft.consumers.precision import Precision
 from streamrft.consumers.state import TrainerState
+from streamrft.consumers.step_undo import StepUndo, needs_undo
 from streamrft.consumers.teacher import load_teacher
 from streamrft.consumers.throughput import peak_tflops, step_flops, throughput_metrics
 from streamrft.consumers.warmup import sft_warmup
 from streamrft.infra.config import Config
 from streamrft.infra.modeling import DTYPES, load_policy, resolve_device
 from streamrft.infra.prompts import PromptRenderer
-from streamrft.schemas.errors import ConfigError
+from streamrft.schemas.errors import ConfigError, StepNotUndone
 from streamrft.schemas.experience import ExperienceGroup, Task
 from streamrft.sync.payload import DeltaPolicy, ModelWeights
+
+log = logging.getLogger(__name__)
 
 Evaluator = Callable[[torch.nn.Module, Any], dict[str, float]]
 """``evaluate(model, tokenizer) -> {"eval/accuracy": ...}``: handed to the trainer by the
@@ -73,7 +77,9 @@ class TrainEngine(abc.ABC):
     @abc.abstractmethod
     def train_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
         """One optimisation step on a batch of groups with the model at ``version``; its
-        metrics (``train/...``)."""
+        metrics (``train/...``). A step that raises has changed nothing the next step
+        sees (:mod:`.step_undo`), or raises
+        :class:`~streamrft.schemas.errors.StepNotUndone`."""
 
     @property
     def context_length(self) -> int:
@@ -86,8 +92,8 @@ class TrainEngine(abc.ABC):
     process (not when other ranks take part in every step)."""
 
     def retry_row_by_row(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
-        """After a step that raised (out of memory): the gradients dropped, the same step
-        again one row per micro-batch."""
+        """After a step that raised (out of memory), which left the model and optimizer as
+        they were before it: the same step again, one row per micro-batch."""
         raise NotImplementedError
 
     @abc.abstractmethod
@@ -121,6 +127,8 @@ class TorchTrainEngine(TrainEngine):
     steps_trained = 0
     """RL steps this engine's model has taken in the run (restored by :meth:`load`): the
     learning-rate schedule's step (``trainer.lr_schedule``)."""
+    updates_applied = 0
+    """Optimizer updates (the policy's and the critic's) the step under way has begun."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -192,10 +200,74 @@ class TorchTrainEngine(TrainEngine):
             weight_decay=self.tcfg.weight_decay,
             betas=self.tcfg.betas,
         )
+        for optimizer in self._optimizers():  # counted before it changes anything
+            optimizer.register_step_pre_hook(self._count_update)
         delta = DeltaPolicy.from_config(self.cfg.synchronizer, lora, self.cfg.model.dtype)
         return ModelWeights(self.model, lora, DTYPES[self.cfg.model.dtype], delta=delta)
 
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        """The policy's optimizer, then the critic's."""
+        assert self.optimizer is not None, "prepare() first"
+        return [self.optimizer, *([self.critic.optimizer] if self.critic is not None else [])]
+
+    def _count_update(self, *_: object) -> None:
+        self.updates_applied += 1
+
+    def updates_per_step(self, groups: list[ExperienceGroup]) -> int:
+        """Optimizer updates a step on ``groups`` makes: ``trainer.ppo_epochs`` passes of
+        one per mini-batch (DPO: one per pass), and the critic's passes after them."""
+        epochs = self.tcfg.ppo_epochs
+        if self.algo.spec.pairs:
+            return epochs
+        minis = mini_batches([len(g.experiences) for g in groups], self.tcfg.mini_batch_size)
+        return epochs * len(minis) + (epochs if self.critic is not None else 0)
+
     def train_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
+        """A step that fails leaves the engine as it was before it (a step of several
+        updates is copied first: :mod:`.step_undo`), or, when an update of a step that
+        was not copied was applied, raises :class:`StepNotUndone`."""
+        self.updates_applied = 0
+        if not self.retries_steps:  # a failure ends every rank's process: nothing to keep
+            return self._timed_step(groups, version)
+        undo = None
+        if needs_undo(self.updates_per_step(groups)):
+            scalers = [self.precision.scaler]
+            if self.critic is not None:
+                scalers.append(self.critic.precision.scaler)
+            undo = StepUndo(self._optimizers(), scalers)
+        steps = self.steps_trained
+        try:
+            return self._timed_step(groups, version)
+        except Exception as exc:
+            self._after_failure(undo, exc)
+            self.steps_trained = steps
+            raise
+
+    def _after_failure(self, undo: StepUndo | None, exc: Exception) -> None:
+        """Put the state from before the failed step back (``undo``); nothing to put back
+        when no update began; :class:`StepNotUndone` when one did and nothing was copied."""
+        applied = self.updates_applied
+        if undo is not None:
+            undo.restore()
+            log.warning(
+                "trainer: the failed step (%d update(s) applied) was undone: model, "
+                "optimizer and loss scales are as before it",
+                applied,
+            )
+        elif applied:
+            raise StepNotUndone(
+                f"a training step failed ({exc!r}) after its optimizer update was applied; "
+                "the trainer exits so that the next one resumes from its checkpoint, from "
+                "before this batch"
+            ) from exc
+        else:
+            for optimizer in self._optimizers():
+                optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        if self.critic is not None:
+            self.critic.model.eval()
+
+    def _timed_step(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
         lr = self._schedule()
         device = self.precision.device
         if device.type == "cuda":
@@ -263,7 +335,6 @@ class TorchTrainEngine(TrainEngine):
 
     def retry_row_by_row(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
         assert self.optimizer is not None, "prepare() first"
-        self.optimizer.zero_grad(set_to_none=True)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         whole = self.tcfg

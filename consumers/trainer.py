@@ -322,7 +322,12 @@ class Trainer:
     async def _step(self, groups: list[ExperienceGroup]) -> dict[str, float] | None:
         """The engine's step; a failure the batch may cause (out of memory) is retried once
         a row at a time, then the batch's groups are dead-lettered (None). Three batches
-        failing in a row is the trainer's fault, not theirs: it raises."""
+        failing in a row is the trainer's fault, not theirs: it raises. A step that fails
+        leaves the model and optimizer as they were before it (the engine undoes what it
+        applied, ``step_undo.py``), so the retry trains the batch once and a batch set
+        aside was never learned from; a failure the engine cannot undo
+        (:class:`~streamrft.schemas.errors.StepNotUndone`) ends the trainer, whose
+        successor resumes from the checkpoint, before the batch."""
         try:
             values = await asyncio.to_thread(self.engine.train_step, groups, self.version)
         except Exception as exc:

@@ -68,3 +68,10 @@ class RewardServiceError(RolloutError):
     """A reward service (a judge model, the code sandbox) failed to score a response after
     its retries: the task's workflow call fails with this reason, and the task is tried
     again (``explorer.task_retries``), then dead-lettered with it."""
+
+
+class StepNotUndone(StreamRFTError):
+    """A training step failed after one of its optimizer updates was applied, and what the
+    step changed had not been copied before it (a step of one update): the trainer exits
+    rather than go on from part of a step or set aside groups the model learned from; the
+    next trainer resumes from its checkpoint, from before the batch."""

@@ -1,0 +1,163 @@
+"""A batch is applied once, whatever fails: a step that fails after one of its optimizer
+updates (``ppo_epochs`` passes, mini-batches, PPO's critic) leaves the model, optimizer,
+critic, learning-rate schedule and step counts as they were before it, so its row-by-row
+retry trains the batch once, and a batch that cannot be trained is set aside only when no
+update of it stayed applied (``consumers/step_undo.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from streamrft.consumers.train_engine import TorchTrainEngine
+from tests.helpers.groups import make_group
+from tests.helpers.learning import learning_config
+
+pytestmark = [pytest.mark.unit, pytest.mark.numeric]
+
+PARAM_ABS = 3e-5
+"""Row by row against the whole batch at once: float32 sums in another order (the bound
+tests/unit/test_precision.py uses). Training the batch's first update twice moves the
+weights by about 5e-4."""
+
+
+def _engine(algorithm: str, **trainer) -> TorchTrainEngine:
+    # a warm-up schedule: the learning rate depends on the steps the engine counts
+    settings = {"lr_warmup_steps": 4, "max_steps": 10, **trainer}
+    engine = TorchTrainEngine(learning_config({"type": algorithm}, trainer=settings))
+    engine.prepare()
+    return engine
+
+
+def _batch(tag: str) -> list:
+    return [make_group("run", f"{tag}{i}", 0, 4, rewards=[0, 1, 0, 1]) for i in range(3)]
+
+
+class OutOfMemoryAt:
+    """Wraps a :class:`~streamrft.consumers.precision.Precision`'s ``step`` (one optimizer
+    update): the calls numbered in ``calls`` raise as a CUDA out-of-memory error does,
+    before the update or, ``after``, once it is applied."""
+
+    def __init__(self, precision, calls: set[int], after: bool = False) -> None:
+        self.real, self.calls, self.after, self.n = precision.step, calls, after, 0
+        precision.step = self
+
+    def __call__(self, *args, **kwargs):
+        self.n += 1
+        if self.n in self.calls and not self.after:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        out = self.real(*args, **kwargs)
+        if self.n in self.calls:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected, after the update)")
+        return out
+
+
+def _state(engine: TorchTrainEngine) -> dict[str, torch.Tensor]:
+    """Every trained tensor: parameters, AdamW moments and step counts, the critic's."""
+    out = {}
+    pairs = [("policy", engine.model, engine.optimizer)]
+    if engine.critic is not None:
+        pairs.append(("critic", engine.critic.model, engine.critic.optimizer))
+    for who, model, opt in pairs:
+        for name, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+            out[f"{who}.{name}"] = p.detach().clone()
+            for key, value in opt.state.get(p, {}).items():
+                out[f"{who}.{name}.{key}"] = torch.as_tensor(value).detach().clone()
+    return out
+
+
+def _assert_close(a: dict, b: dict, atol: float) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if k.endswith(".step"):
+            assert torch.equal(a[k], b[k]), (k, a[k], b[k])  # AdamW's count: exactly
+        else:
+            assert torch.allclose(a[k], b[k], rtol=0, atol=atol), (k, (a[k] - b[k]).abs().max())
+
+
+CASES = {
+    # (algorithm, trainer settings, which precision fails, at which update)
+    "ppo_epochs 2, the 2nd update": ("grpo", {"ppo_epochs": 2}, "policy", 2),
+    "mini-batches, the 2nd of 3": ("grpo", {"ppo_epochs": 1, "mini_batch_size": 1}, "policy", 2),
+    "PPO's critic, after the policy's updates": ("ppo", {"ppo_epochs": 2}, "critic", 2),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_step_failing_after_an_update_is_undone_and_its_retry_trains_the_batch_once(case):
+    algorithm, settings, where, at = CASES[case]
+    clean, bad = _engine(algorithm, **settings), _engine(algorithm, **settings)
+    for engine in (clean, bad):  # a step before: the optimizer has moments to restore
+        engine.train_step(_batch("a"), 0)
+    expected = clean.train_step(_batch("b"), 1)
+    before, lr_steps = _state(bad), bad.steps_trained
+
+    injected = OutOfMemoryAt(bad.precision if where == "policy" else bad.critic.precision, {at})
+    with pytest.raises(torch.OutOfMemoryError):
+        bad.train_step(_batch("b"), 1)
+    _assert_close(_state(bad), before, atol=0.0)  # the state is as before, exactly...
+    assert bad.updates_applied >= 1  # ... though the failure came after an update
+    assert bad.steps_trained == lr_steps
+    assert all(p.grad is None for p in bad.model.parameters())
+
+    got = bad.retry_row_by_row(_batch("b"), 1)  # what the trainer does next
+    assert injected.n > at
+    assert got["train/lr"] == expected["train/lr"]  # the schedule's step is not skipped
+    assert bad.steps_trained == clean.steps_trained == 2
+    _assert_close(_state(bad), _state(clean), atol=PARAM_ABS)  # one clean step, no more
+
+
+# -- through the trainer's step path --------------------------------------------------------------
+class _Letters:
+    def __init__(self) -> None:
+        self.records = []
+
+    async def dead_letter(self, record) -> None:
+        self.records.append(record)
+
+
+def _trainer(engine: TorchTrainEngine, groups: list):
+    from streamrft.consumers.buffer import ExperienceBuffer
+    from streamrft.consumers.trainer import Trainer
+    from streamrft.infra.bus import Counters
+
+    trainer = object.__new__(Trainer)
+    trainer.engine, trainer.counters, trainer.events = engine, Counters(), _Letters()
+    trainer.buffer = ExperienceBuffer(max_staleness=8)
+    for i, g in enumerate(groups):
+        trainer.buffer.offer(g, ("run.experiences", 0), i)
+    trainer.buffer.take(len(groups), force=True)
+    trainer.publisher, trainer._failed_in_a_row = None, 0
+    return trainer
+
+
+def test_a_retry_that_fails_again_sets_aside_a_batch_the_model_did_not_learn_from():
+    engine = _engine("grpo", ppo_epochs=2)
+    engine.train_step(_batch("a"), 0)
+    before = _state(engine)
+    injected = OutOfMemoryAt(engine.precision, {2, 4})  # the 2nd update of each try
+    trainer = _trainer(engine, _batch("b"))
+    assert asyncio.run(trainer._step(_batch("b"))) is None
+    assert injected.n == 4 and trainer.counters["steps_retried"] == 1
+    assert [r.offset for r in trainer.events.records] == [0, 1, 2]  # the batch set aside...
+    _assert_close(_state(engine), before, atol=0.0)  # ... which the model never learned from
+    assert engine.steps_trained == 1
+
+
+def test_a_step_of_one_update_that_fails_once_it_is_applied_ends_the_trainer():
+    engine = _engine("grpo", ppo_epochs=1)
+    engine.train_step(_batch("a"), 0)
+    OutOfMemoryAt(engine.precision, {1, 2}, after=True)  # applied, then out of memory
+    trainer = _trainer(engine, _batch("b"))
+    with pytest.raises(Exception) as raised:
+        asyncio.run(trainer._step(_batch("b")))
+    assert not trainer.events.records  # learned from: never dead-lettered, never retried
+    assert trainer.counters.get("steps_retried", 0) == 0
+    from streamrft.schemas.errors import StepNotUndone
+
+    assert raised.type is StepNotUndone, raised.value  # nothing was copied: the trainer exits
+    assert "after its optimizer update was applied" in str(raised.value)
