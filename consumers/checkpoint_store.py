@@ -141,6 +141,19 @@ class CheckpointStore:
         """Abort the multipart uploads a killed trainer left (their parts take space)."""
         return self.store.remove_leftovers(f"{self.prefix}/")
 
+    # -- the run's small records beside its checkpoints ------------------------------------
+    def read_record(self, name: str) -> bytes | None:
+        """The object ``name`` beside the checkpoints (``<run id>/checkpoints/<name>``), or
+        None when there is none; :class:`SyncError` when the store cannot be read."""
+        key = f"{self.prefix}/{name}"
+        if key not in self._objects(key):
+            return None
+        return self.store.get(key)
+
+    def write_record(self, name: str, data: bytes) -> None:
+        """Replace the object ``name`` beside the checkpoints (one PUT: whole or not at all)."""
+        self.store.put(f"{self.prefix}/{name}", data, "application/json")
+
     # -- down --------------------------------------------------------------------------------
     def complete(self) -> list[tuple[int, dict[str, Any]]]:
         """(step, manifest) of every complete checkpoint in the store."""
@@ -169,16 +182,18 @@ class CheckpointStore:
                 steps.add(step)
         return steps
 
-    def _objects(self) -> list[str]:
+    def _objects(self, prefix: str = "") -> list[str]:
+        """The names of the objects under ``prefix`` (default: every checkpoint's)."""
         from streamrft.sync.object_store import store_error
 
+        prefix = prefix or f"{self.prefix}/"
         try:
             objects = self.store.client.list_objects(
-                self.store.cfg.bucket, prefix=f"{self.prefix}/", recursive=True
+                self.store.cfg.bucket, prefix=prefix, recursive=True
             )
             return [o.object_name for o in objects]
         except Exception as exc:  # minio's and urllib3's errors: the store cannot be read
-            raise store_error(f"listing s3://{self.store.cfg.bucket}/{self.prefix}/", exc) from exc
+            raise store_error(f"listing s3://{self.store.cfg.bucket}/{prefix}", exc) from exc
 
     def fetch_newer(self, root: Path) -> Path | None:
         """Download the store's newest complete checkpoint that is newer than the local one
@@ -249,6 +264,22 @@ class CheckpointStore:
             point_latest(root, name)
         log.info("trainer: checkpoint %s fetched from the store into %s", name, root)
         return final
+
+
+class StoredRecord:
+    """A small record of the run kept beside its checkpoints in the store (the trainer's
+    poison record, ``consumers/poison.py``): a :class:`~.poison.RecordPlace`."""
+
+    def __init__(self, store: CheckpointStore, name: str) -> None:
+        self.store = store
+        self.name = name
+        self.where = store.store.uri(f"{store.prefix}/{name}")
+
+    def read(self) -> bytes | None:
+        return self.store.read_record(self.name)
+
+    def write(self, data: bytes) -> None:
+        self.store.write_record(self.name, data)
 
 
 STAGING = ".upload_"

@@ -288,8 +288,8 @@ class ExperienceIntake:
                 error = exc
             if rec.obj.id in self.poisoned:
                 error = SchemaError(
-                    f"group {rec.obj.id}: trainers died {self.cfg.trainer.max_step_crashes} "
-                    "times training its batch (trainer.max_step_crashes)"
+                    f"group {rec.obj.id}: trainers died training {self.cfg.trainer.max_step_crashes}"
+                    " batches that held it (trainer.max_step_crashes)"
                 )
                 self.counters.add("groups_set_aside")
         if error is not None:

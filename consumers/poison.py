@@ -8,24 +8,31 @@ Three guards, from the cheapest:
    token budget of one micro-batch (``trainer.max_tokens_per_micro_batch``).
 2. :func:`step_failure` (pure): a step that raised an error a batch can cause (out of
    memory, an index past the model's positions) is retried once a row at a time, then
-   its groups are dead-lettered (the trainer's loop does it).
+   its groups are dead-lettered (the trainer's loop does it). The train engine leaves
+   the model and optimizer as they were before a failed step (``step_undo.py``), so the
+   retry trains the batch once and a batch set aside was never learned from.
 3. :class:`InFlight`: what cannot be caught in the process (the kernel's OOM kill, a
-   CUDA device assert) is caught across restarts: the group ids of the batch in flight
-   are written before each step and removed after it. A trainer that starts and finds
-   the same batch there ``trainer.max_step_crashes`` times dead-letters those groups as
-   they are read again, instead of dying on them once more.
+   CUDA device assert) is caught across restarts, per group: the ids of the batch in
+   flight are written before each step, with how many crashed batches each group was
+   in; a trainer that starts and finds a batch in flight counts a crash for each of its
+   groups, and dead-letters every group counted ``trainer.max_step_crashes`` times as it
+   is read again, whatever groups it came with (the ``available`` strategy, replays and
+   serve traffic make other batches of it after a restart). A group trained since is
+   cleared. The record lives with the checkpoints: ``<run dir>/checkpoints/poison.json``,
+   and beside the checkpoints in the store when they go there (a trainer restarted on
+   another host reads it).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from streamrft.infra.durable import replace_durably
-from streamrft.schemas.errors import SchemaError
+from streamrft.schemas.errors import SchemaError, StreamRFTError
 from streamrft.schemas.experience import ExperienceGroup
 
 log = logging.getLogger(__name__)
@@ -74,67 +81,161 @@ def step_failure(exc: BaseException) -> bool:
     return isinstance(exc, STEP_ERRORS)
 
 
-class InFlight:
-    """The batch a trainer is training, on disk while it trains (``<run dir>/trainer/
-    inflight.json``: the group ids and how many trainers started it)."""
+RECORD = "poison.json"
+"""The poison record's name, in the checkpoints folder and beside the checkpoints in the store."""
+MAX_RECORDED = 10_000
+"""Groups the record counts at most (the oldest go first): crashed batches' groups that
+were never trained again (read past, or dropped as stale) would otherwise pile up."""
 
-    def __init__(self, path: Path, max_crashes: int) -> None:
+
+class RecordPlace(Protocol):
+    """Where a copy of the record is kept (this host's disk, the store)."""
+
+    where: str
+    """For log lines."""
+
+    def read(self) -> bytes | None:
+        """The record, or None when there is none; raises when it cannot be read."""
+        ...
+
+    def write(self, data: bytes) -> None:
+        """Replace the record, atomically."""
+        ...
+
+
+class LocalRecord:
+    """The record in a file of this host, replaced durably."""
+
+    def __init__(self, path: Path) -> None:
         self.path = path
+        self.where = str(path)
+
+    def read(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write(self, data: bytes) -> None:
+        replace_durably(self.path, data)
+
+
+@dataclass
+class _Record:
+    seq: int
+    """Writes so far, over every trainer of the run: the newest copy has the most."""
+    batch: list[str]
+    """The batch in flight (empty between steps)."""
+    crashes: dict[str, int]
+    """Group id -> crashed batches it was in, not trained since."""
+
+
+class InFlight:
+    """The poison record: the batch a trainer is training, and per group id the crashed
+    batches it was in (module docstring, guard 3). ``local``: this host's copy, which must
+    be written; ``shared``: the copy other hosts read (the store), written best effort
+    (a store outage does not stop training; a trainer on another host then misses what
+    was counted meanwhile)."""
+
+    def __init__(self, local: Path, max_crashes: int, shared: RecordPlace | None = None) -> None:
+        self.places: list[RecordPlace] = [LocalRecord(local), *([shared] if shared else [])]
         self.max_crashes = max_crashes
         self.poisoned: set[str] = set()
-        """Group ids to dead-letter as they are read again: the batch trainers died on."""
-        self.crashes = 0
-        """Trainers that died on the batch found at start (0: none was in flight)."""
-        self._suspect: tuple[set[str], int] | None = None
-        """The batch found in flight at start, and how many trainers died on it."""
-        self._current: set[str] = set()
+        """Group ids to dead-letter as they are read again: in ``max_crashes`` crashed
+        batches."""
+        self.crashes: dict[str, int] = {}
+        """Group id -> crashed batches it was in (not trained since)."""
+        self._seq = 0
+        self._shared_failing = False
 
     def recover(self) -> set[str]:
-        """At start: the ids of the batch the last trainers died on ``max_crashes`` times
-        (empty when none, or fewer times: that batch is tried again, and counted if it
-        kills this trainer too, even after other batches were trained before it)."""
+        """At start: a batch found in flight counts a crash for each of its groups; the
+        ids counted ``max_crashes`` times (0: never) are returned (and kept in
+        :attr:`poisoned`)."""
         found = self._read()
-        self.done()
         if found is None:
             return set()
-        ids, self.crashes = found
-        if self.max_crashes and self.crashes >= self.max_crashes:
-            log.error(
-                "trainer: %d trainer(s) died training the same batch of %d groups; they "
-                "are set aside (dead-lettered) as they are read again",
-                self.crashes,
-                len(ids),
-            )
-            self.poisoned = set(ids)
-        else:
+        self._seq, self.crashes = found.seq, found.crashes
+        for gid in found.batch:
+            self.crashes[gid] = self.crashes.get(gid, 0) + 1
+        if self.max_crashes:
+            self.poisoned = {g for g, n in self.crashes.items() if n >= self.max_crashes}
+        if found.batch:
+            worst = max(self.crashes[g] for g in found.batch)
             log.warning(
-                "trainer: the last trainer died training a batch (%d time(s)); trying it again",
-                self.crashes,
+                "trainer: the last trainer died training a batch of %d groups; a crash "
+                "counted for each (the most for one group: %d of trainer.max_step_crashes %d)",
+                len(found.batch),
+                worst,
+                self.max_crashes,
             )
-            self._suspect = (set(ids), self.crashes)
+        if self.poisoned:
+            log.error(
+                "trainer: %d group(s) were in %d or more batches trainers died training; "
+                "they are set aside (dead-lettered) as they are read again: %s",
+                len(self.poisoned),
+                self.max_crashes,
+                ", ".join(sorted(self.poisoned)[:10]),
+            )
+        self._write([])  # the batch found is counted once, whatever happens next
         return self.poisoned
 
     def begin(self, ids: list[str]) -> None:
-        """Before a step: its groups, and how many trainers have now started them."""
-        attempts = 1
-        if self._suspect is not None and self._suspect[0] == set(ids):
-            attempts = self._suspect[1] + 1
-        replace_durably(self.path, json.dumps({"groups": ids, "attempts": attempts}).encode())
-        self._current = set(ids)
+        """Before a step: its groups are in flight."""
+        self._write(list(ids))
 
-    def done(self) -> None:
-        """After a step (trained, or its groups set aside)."""
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        if self._suspect is not None and self._current == self._suspect[0]:
-            self._suspect = None  # it trained this time
+    def done(self, ids: list[str]) -> None:
+        """After a step (trained, or its groups set aside): nothing in flight, and those
+        groups' counts cleared."""
+        for gid in ids:
+            self.crashes.pop(gid, None)
+        self._write([])
 
-    def _read(self) -> tuple[list[str], int] | None:
-        try:
-            data = json.loads(self.path.read_text())
-            return [str(i) for i in data["groups"]], int(data["attempts"])
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("trainer: unreadable %s (%s): ignored", self.path, exc)
-            return None
+    def _write(self, batch: list[str]) -> None:
+        while len(self.crashes) > MAX_RECORDED:
+            del self.crashes[next(iter(self.crashes))]
+        self._seq += 1
+        data = json.dumps({"seq": self._seq, "batch": batch, "crashes": self.crashes}).encode()
+        local, *shared = self.places
+        local.write(data)
+        for place in shared:
+            try:
+                place.write(data)
+            except (StreamRFTError, OSError) as exc:
+                if not self._shared_failing:
+                    log.warning(
+                        "trainer: the poison record in %s not written (%s); this host's "
+                        "copy holds it until the next write goes through",
+                        place.where,
+                        exc,
+                    )
+                self._shared_failing = True
+            else:
+                self._shared_failing = False
+
+    def _read(self) -> _Record | None:
+        """The newest readable copy (the most writes), None when there is none."""
+        found = []
+        for place in self.places:
+            try:
+                data = place.read()
+                if data is None:
+                    continue
+                raw = json.loads(data)
+                found.append(
+                    _Record(
+                        int(raw["seq"]),
+                        [str(i) for i in raw["batch"]],
+                        {str(k): int(v) for k, v in raw["crashes"].items()},
+                    )
+                )
+            except (
+                StreamRFTError,
+                OSError,
+                ValueError,
+                KeyError,
+                TypeError,
+                AttributeError,
+            ) as exc:
+                log.warning("trainer: unreadable poison record %s (%s): ignored", place.where, exc)
+        return max(found, key=lambda r: r.seq, default=None)

@@ -32,10 +32,15 @@ from aiokafka.errors import KafkaError
 from streamrft.consumers.algorithms import resolve_algorithm
 from streamrft.consumers.buffer import ExperienceBuffer
 from streamrft.consumers.checkpoint import mark_keep, unmark_keep
-from streamrft.consumers.checkpoint_store import STAGING, CheckpointStore, CheckpointUploads
+from streamrft.consumers.checkpoint_store import (
+    STAGING,
+    CheckpointStore,
+    CheckpointUploads,
+    StoredRecord,
+)
 from streamrft.consumers.expert_data import ExpertSource
 from streamrft.consumers.intake import ExperienceIntake
-from streamrft.consumers.poison import GroupLimits, InFlight, step_failure
+from streamrft.consumers.poison import RECORD, GroupLimits, InFlight, step_failure
 from streamrft.consumers.replay import ReplayCursor
 from streamrft.consumers.state import TrainerState
 from streamrft.consumers.strategies import check_strategy, make_strategy
@@ -126,9 +131,8 @@ class Trainer:
         self.intake = ExperienceIntake(
             cfg, self.buffer, self.events, self.counters, self.engine.vocab_size, replay, limits
         )
-        self.inflight = InFlight(
-            cfg.run_dir / "trainer" / "inflight.json", self.tcfg.max_step_crashes
-        )
+        self.inflight = InFlight(cfg.run_dir / "checkpoints" / RECORD, self.tcfg.max_step_crashes)
+        """The poison record (with the checkpoints: in the store too, once it is open)."""
         self._failed_in_a_row = 0
         self.publisher: VersionPublisher | None = None  # made once the model is final
         self.uploads: CheckpointUploads | None = None
@@ -220,7 +224,12 @@ class Trainer:
         watch = asyncio.create_task(self._stop_on_shutdown(), name="shutdown watch")
         stack.callback(watch.cancel)
         if self.cfg.stores_checkpoints:
-            await self._open_checkpoint_store()
+            store = await self._open_checkpoint_store()
+            self.inflight = InFlight(
+                self.cfg.run_dir / "checkpoints" / RECORD,
+                self.tcfg.max_step_crashes,
+                StoredRecord(store, RECORD),
+            )
         ckpt = self.engine.latest() if self.tcfg.resume else None
         if ckpt is None and self.tcfg.warmup_sft_steps:
             await self._warmup()
@@ -241,7 +250,7 @@ class Trainer:
         await self.publisher.submit(self.step)  # sent while the first evaluation runs
         await self.evaluate()
         stack.push_async_callback(self.intake.stop)
-        self.intake.poisoned = self.inflight.recover()
+        self.intake.poisoned = await asyncio.to_thread(self.inflight.recover)
         await self.intake.start(state.resume_offsets() if state else {})
         self.resumed = True
         await self.events.status(RunState.RUNNING, "training")
@@ -285,9 +294,10 @@ class Trainer:
         """One engine step; its metrics with staleness and the ledger of groups trained
         (None: the step failed and its groups were set aside)."""
         t0 = time.perf_counter()
-        self.inflight.begin([g.id for g in groups])
+        ids = [g.id for g in groups]
+        await asyncio.to_thread(self.inflight.begin, ids)
         values = await self._step(groups)
-        self.inflight.done()
+        await asyncio.to_thread(self.inflight.done, ids)  # trained, or set aside
         if values is None:
             return None
         assert self.publisher is not None
@@ -594,7 +604,7 @@ class Trainer:
         if self.uploads is not None:
             await self.uploads.unmark(before)
 
-    async def _open_checkpoint_store(self) -> None:
+    async def _open_checkpoint_store(self) -> CheckpointStore:
         """The run's checkpoints in the store, and the newest of them fetched when it is
         newer than the local one (a trainer on another host than the last). A store that
         does not answer is waited for up to ``run.outage_timeout_s``, then an error: a
@@ -628,6 +638,7 @@ class Trainer:
         except SyncError as exc:
             log.warning("trainer: unfinished uploads in the store not removed (%s)", exc)
         self.uploads = CheckpointUploads(store, self._checkpoint_durable, self.counters)
+        return store
 
     async def _checkpoint_durable(self, state: TrainerState) -> None:
         await self.intake.commit(state.resume_offsets())

@@ -546,10 +546,13 @@ class TrainerConfig(_Section, frozen=True):
     format's own bound is 1024). A sanity bound: explorer groups hold
     ``explorer.repeat_times`` rows, serve and client groups often 16 or more."""
     max_step_crashes: NonNeg = 2
-    """A batch that this many trainers in a row died while training (the kernel's OOM
-    kill, a device assert: what the process cannot catch) is dead-lettered by the next
-    trainer as it reads it again (0: never). A step that raises a catchable error (out
-    of memory) is retried once a row at a time, then its groups are dead-lettered."""
+    """A group that was in this many batches trainers died training (the kernel's OOM
+    kill, a device assert: what the process cannot catch), whatever groups came with it,
+    is dead-lettered by the next trainer as it reads it again (0: never); a group trained
+    since is cleared. The count lives beside the checkpoints (in the store too with
+    ``checkpoint_store``), so a trainer on another host goes on from it. A step that
+    raises a catchable error (out of memory) is undone and retried once a row at a time,
+    then its groups are dead-lettered."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping
     them: less memory for long sequences, about a third more compute."""

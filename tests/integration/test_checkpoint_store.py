@@ -196,3 +196,24 @@ def test_a_kept_best_is_uploaded_and_its_mark_follows_the_newer_best(make_config
     got = store.fetch_missing(other)
     assert {p.name for p in got} == {f"step_0000000{s}" for s in marked() if s != 5}
     assert latest_checkpoint(other).name == "step_00000005"
+
+
+def test_the_poison_record_lives_beside_the_checkpoints_in_the_store(make_config, tmp_path):
+    """The trainer's poison record (crashes per group) in a real S3 server: none at first,
+    then what the last write made; a trainer on another host (its own folder) counts on
+    from it, and a third sets the group aside."""
+    from streamrft.consumers.checkpoint_store import StoredRecord
+    from streamrft.consumers.poison import RECORD, InFlight
+
+    cfg = make_config()
+    store = CheckpointStore(cfg)
+    shared = StoredRecord(store, RECORD)
+    assert shared.read() is None and shared.where.endswith(f"{cfg.run.id}/checkpoints/{RECORD}")
+    for host, companion in (("a", "c1"), ("b", "c2")):  # each trainer killed on X
+        record = InFlight(tmp_path / host / RECORD, 2, shared)
+        assert record.recover() == set()
+        record.begin(["X", companion])
+    assert b'"X": 1' in shared.read()  # the batch in flight and the count before it
+    third = InFlight(tmp_path / "c" / RECORD, 2, shared)
+    assert third.recover() == {"X"} and third.crashes == {"X": 2, "c1": 1, "c2": 1}
+    assert store.complete() == [] and store._steps() == set()  # not taken for a checkpoint

@@ -1,5 +1,6 @@
 """The trainer's guards against groups it cannot train: the intake limits, which step
-failures count as the batch's, and the batch-in-flight record that survives a kill."""
+failures count as the batch's, and the poison record (crashes per group) that survives a
+kill and goes with the trainer to another host."""
 
 from __future__ import annotations
 
@@ -45,40 +46,78 @@ def test_what_counts_as_the_batchs_failure():
     assert not step_failure(OSError("disk"))
 
 
-def test_a_batch_that_killed_two_trainers_is_set_aside_by_the_third(tmp_path):
-    path = tmp_path / "trainer" / "inflight.json"
-    ids = ["g1", "g2"]
-
-    first = InFlight(path, max_crashes=2)
-    assert first.recover() == set() and first.crashes == 0
-    first.begin(ids)  # ... and the process is killed here
-    second = InFlight(path, max_crashes=2)
-    assert second.recover() == set() and second.crashes == 1  # tried once more
-    second.begin(["older"])  # a batch before it, trained again after the restart
-    second.done()
-    second.begin(ids)  # killed again on the same batch
-    assert json.loads(path.read_text()) == {"groups": ids, "attempts": 2}
-    third = InFlight(path, max_crashes=2)
-    assert third.recover() == {"g1", "g2"} and third.crashes == 2
-    assert not path.exists()  # the record is consumed: the ids are in memory
+def _killed(path, max_crashes: int, batch: list[str], shared=None) -> set[str]:
+    """A trainer starts (what it sets aside), then dies training ``batch``."""
+    record = InFlight(path, max_crashes, *([shared] if shared else []))
+    poisoned = record.recover()
+    record.begin(batch)  # ... and the kernel kills it here
+    return poisoned
 
 
-def test_a_finished_step_or_another_batch_starts_the_count_again(tmp_path):
-    path = tmp_path / "inflight.json"
-    record = InFlight(path, max_crashes=2)
+def test_a_group_in_n_crashed_batches_is_set_aside_whatever_its_companions(tmp_path):
+    path = tmp_path / "checkpoints" / "poison.json"
+    # the killer X comes back with other groups after each restart (the available
+    # strategy, replays, serve traffic): the crashes are counted per group
+    assert _killed(path, 3, ["X", "a1", "a2"]) == set()
+    assert _killed(path, 3, ["a3", "X", "a4"]) == set()
+    assert _killed(path, 3, ["X", "a1"]) == set()
+    fourth = InFlight(path, 3)
+    assert fourth.recover() == {"X"}  # only X: no companion was in 3 crashed batches
+    assert fourth.crashes == {"X": 3, "a1": 2, "a2": 1, "a3": 1, "a4": 1}
+    saved = json.loads(path.read_text())
+    assert saved["batch"] == [] and saved["crashes"] == fourth.crashes  # counted once only
+    assert InFlight(path, 3).recover() == {"X"}  # a fifth trainer: still set aside
+
+
+def test_groups_trained_since_a_crash_are_cleared(tmp_path):
+    path = tmp_path / "poison.json"
+    _killed(path, 2, ["X", "a"])
+    record = InFlight(path, 2)
+    record.recover()
+    record.begin(["a", "b"])
+    record.done(["a", "b"])  # trained this time: its count is gone
+    assert record.crashes == {"X": 1}
+    _killed(path, 2, ["X", "a"])  # a second crash with X: a's first
+    assert InFlight(path, 2).recover() == {"X"}
+
+
+def test_a_finished_step_counts_nothing_and_a_bad_record_is_ignored(tmp_path):
+    path = tmp_path / "poison.json"
+    record = InFlight(path, max_crashes=1)
+    assert record.recover() == set() and not path.exists()  # a new run: no record
     record.begin(["a"])
-    record.done()
-    assert not path.exists() and InFlight(path, 2).recover() == set()
-    record.begin(["a"])  # killed
-    again = InFlight(path, 2)
-    again.recover()
-    again.begin(["a"])
-    again.done()  # it trained this time: no longer suspect
-    again.begin(["a"])
-    assert json.loads(path.read_text())["attempts"] == 1
+    assert json.loads(path.read_text())["batch"] == ["a"]
+    record.done(["a"])
+    assert InFlight(path, 1).recover() == set()
     path.write_text("{not json")
-    assert InFlight(path, 2).recover() == set()  # unreadable: ignored, with a warning
+    assert InFlight(path, 1).recover() == set()  # unreadable: ignored, with a warning
+    _killed(path, 0, ["b"])
     assert InFlight(path, 0).recover() == set()  # 0: never set aside
+
+
+def test_the_shared_copy_goes_with_the_trainer_to_another_host(tmp_path):
+    from streamrft.consumers.poison import LocalRecord
+
+    shared = LocalRecord(tmp_path / "shared" / "poison.json")  # what the store holds
+    host_a, host_b = tmp_path / "a" / "poison.json", tmp_path / "b" / "poison.json"
+    _killed(host_a, 2, ["X", "a"], shared)
+    assert _killed(host_b, 2, ["X", "b"], shared) == set()  # B reads A's count
+    assert InFlight(host_b, 2, shared).recover() == {"X"}
+    # back on host A: its own copy is older than the shared one, which wins
+    assert InFlight(host_a, 2, shared).recover() == {"X"}
+
+
+def test_a_shared_copy_that_cannot_be_written_does_not_stop_training(tmp_path, caplog):
+    from streamrft.consumers.poison import LocalRecord
+
+    (tmp_path / "file").write_text("")
+    broken = LocalRecord(tmp_path / "file" / "poison.json")  # under a file: OSError
+    record = InFlight(tmp_path / "poison.json", 2, broken)
+    with caplog.at_level("WARNING"):
+        record.begin(["a"])
+        record.done(["a"])
+    assert caplog.text.count("not written") == 1  # said once, not at every write
+    assert json.loads((tmp_path / "poison.json").read_text())["batch"] == []
 
 
 # -- a step that fails in the process ------------------------------------------------------------
