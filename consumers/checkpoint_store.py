@@ -4,7 +4,9 @@
 folder (``consumers/checkpoint.py``: model, optimizer, state, extras), then
 ``manifest.json`` (each file's size and sha256, the step and version): a checkpoint whose
 manifest is there is complete, one without is an upload that did not finish and is never
-read. Uploads run in a thread while the trainer trains on (:class:`CheckpointUploads`);
+read. Uploads run in a thread while the trainer trains on (:class:`CheckpointUploads`;
+a daemon thread: a trainer stopped by a signal gives up on one after
+:data:`STOP_DRAIN_S` and exits without waiting for it);
 a trainer starting anywhere first fetches the store's newest complete checkpoint when it
 is newer than its local one (:meth:`CheckpointStore.fetch_newer`), checking every file's
 sha256, into its local checkpoints folder (the cache: a checkpoint already there is not
@@ -36,6 +38,7 @@ from streamrft.consumers.checkpoint import (
 from streamrft.consumers.state import TrainerState
 from streamrft.infra.bus import Counters
 from streamrft.infra.config import Config
+from streamrft.infra.daemon_call import on_daemon_thread
 from streamrft.infra.durable import fsync_path
 from streamrft.schemas.errors import IntegrityError, ServiceError, SyncError
 from streamrft.sync.weights import sha256_hex
@@ -290,6 +293,8 @@ RETRIES = 3
 RETRY_S = 5.0
 STOP_DRAIN_S = 10.0
 """How long a trainer stopped by a signal waits for its last upload."""
+UPLOAD = "checkpoint-upload"
+"""The name of the daemon threads the store calls of the uploads run on."""
 
 
 def stage(folder: Path) -> Path:
@@ -358,7 +363,7 @@ class CheckpointUploads:
         for attempt in range(1, RETRIES + 1):
             t0 = time.perf_counter()
             try:
-                uri = await asyncio.to_thread(self.store.upload, staged, state)
+                uri = await on_daemon_thread(self.store.upload, staged, state, name=UPLOAD)
                 break
             except (SyncError, OSError) as exc:
                 self.counters.add("checkpoint_upload_failures")
@@ -382,7 +387,7 @@ class CheckpointUploads:
         )
         await self.on_durable(state)
         try:
-            await asyncio.to_thread(self.store.prune)
+            await on_daemon_thread(self.store.prune, name=UPLOAD)
         except SyncError as exc:
             log.warning("trainer: old checkpoints in the store not pruned (%s); later", exc)
 
@@ -400,18 +405,24 @@ class CheckpointUploads:
 
     async def _unmark_now(self, step: int) -> None:
         try:
-            await asyncio.to_thread(self.store.unmark, step)
+            await on_daemon_thread(self.store.unmark, step, name=UPLOAD)
         except (SyncError, ServiceError) as exc:
             log.warning("trainer: the store keeps step %d marked (%s)", step, exc)
 
     async def drain(self, stopping: bool = False) -> None:
         """Wait for the uploads under way and waiting (the last checkpoint of a run); a
-        trainer stopped by a signal waits :data:`STOP_DRAIN_S` at most."""
+        trainer stopped by a signal waits :data:`STOP_DRAIN_S` at most, then abandons
+        them: the store calls run on daemon threads, which end with the process, and the
+        offsets of a checkpoint whose upload did not finish are never committed."""
         if self._task is None or self._task.done():
             return
         try:
             await asyncio.wait_for(asyncio.shield(self._task), STOP_DRAIN_S if stopping else None)
         except TimeoutError:
+            self._task.cancel()  # its thread goes on alone, and ends with the process
             log.warning(
-                "trainer: stopping with the last checkpoint's upload unfinished; it is on disk"
+                "trainer: stopping with the last checkpoint's upload unfinished after %.0f s; "
+                "it is abandoned (its offsets are not committed) and stays on this host's "
+                "disk",
+                STOP_DRAIN_S,
             )

@@ -20,13 +20,11 @@ explored again after a restart, and the trainer drops the duplicate groups by id
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from streamrft.infra.daemon_call import on_daemon_thread
 from streamrft.schemas.experience import ExperienceGroup, Task
 
 log = logging.getLogger(__name__)
@@ -84,32 +82,6 @@ def plan_calls(tasks: Sequence[Task], tasks_per_call: int, seed: int) -> list[Ca
     return calls
 
 
-def _on_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-    """``fn(*args)`` on a daemon thread of its own: a call abandoned at its timeout (stuck
-    in user code, say) never keeps the process from exiting, as a pool's thread would."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future = loop.create_future()
-
-    def settle(result: Any, exc: BaseException | None) -> None:
-        if future.done():  # abandoned
-            return
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-
-    def work() -> None:
-        try:
-            result, exc = fn(*args), None
-        except BaseException as err:  # handed to the awaiting task, whatever it is
-            result, exc = None, err
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(settle, result, exc)
-
-    threading.Thread(target=work, name="workflow-call", daemon=True).start()
-    return future
-
-
 class RolloutScheduler:
     """Runs a step's calls (see the module docstring)."""
 
@@ -145,7 +117,9 @@ class RolloutScheduler:
 
     async def _attempt(self, call: Call) -> tuple[Call, list[ExperienceGroup], str | None]:
         """Run ``call`` once: its groups, or the reason it failed as a whole."""
-        work = _on_daemon_thread(self.run_call, call.workflow, call.tasks, call.seed)
+        work = on_daemon_thread(
+            self.run_call, call.workflow, call.tasks, call.seed, name="workflow-call"
+        )
         timeout = self.limits.timeout_s or None
         try:
             return call, await asyncio.wait_for(work, timeout), None
