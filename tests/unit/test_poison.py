@@ -150,23 +150,13 @@ def test_the_row_by_row_retry_makes_the_same_update_and_restores_the_budget():
         assert torch.allclose(a, b, rtol=0, atol=3e-5), name  # test_precision's PARAM_ABS
 
 
-class _Letters:
-    def __init__(self) -> None:
-        self.records = []
-
-    async def dead_letter(self, record) -> None:
-        self.records.append(record)
-
-
 def _trainer(engine, fail_unless_row_by_row: bool, fail_always: bool = False):
     """A trainer's step path around a real engine whose passes fail as an OOM would."""
     import asyncio
 
     import torch
 
-    from streamrft.consumers.buffer import ExperienceBuffer
-    from streamrft.consumers.trainer import Trainer
-    from streamrft.infra.bus import Counters
+    from tests.helpers.step_path import step_path
 
     real = engine.train_step
 
@@ -176,14 +166,7 @@ def _trainer(engine, fail_unless_row_by_row: bool, fail_always: bool = False):
         return real(groups, version)
 
     engine.train_step = step
-    trainer = object.__new__(Trainer)
-    trainer.engine, trainer.counters, trainer.events = engine, Counters(), _Letters()
-    trainer.buffer = ExperienceBuffer(max_staleness=8)
-    for i, g in enumerate(_groups()):
-        trainer.buffer.offer(g, ("run.experiences", 0), i)
-    trainer.buffer.take(3, force=True)
-    trainer.publisher, trainer._failed_in_a_row = None, 0
-    return trainer, asyncio.run
+    return step_path(engine, _groups()), asyncio.run
 
 
 def test_an_out_of_memory_step_is_retried_row_by_row():

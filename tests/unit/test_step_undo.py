@@ -14,6 +14,7 @@ import torch
 from streamrft.consumers.train_engine import TorchTrainEngine
 from tests.helpers.groups import make_group
 from tests.helpers.learning import learning_config
+from tests.helpers.step_path import step_path
 
 pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 
@@ -112,35 +113,12 @@ def test_a_step_failing_after_an_update_is_undone_and_its_retry_trains_the_batch
 
 
 # -- through the trainer's step path --------------------------------------------------------------
-class _Letters:
-    def __init__(self) -> None:
-        self.records = []
-
-    async def dead_letter(self, record) -> None:
-        self.records.append(record)
-
-
-def _trainer(engine: TorchTrainEngine, groups: list):
-    from streamrft.consumers.buffer import ExperienceBuffer
-    from streamrft.consumers.trainer import Trainer
-    from streamrft.infra.bus import Counters
-
-    trainer = object.__new__(Trainer)
-    trainer.engine, trainer.counters, trainer.events = engine, Counters(), _Letters()
-    trainer.buffer = ExperienceBuffer(max_staleness=8)
-    for i, g in enumerate(groups):
-        trainer.buffer.offer(g, ("run.experiences", 0), i)
-    trainer.buffer.take(len(groups), force=True)
-    trainer.publisher, trainer._failed_in_a_row = None, 0
-    return trainer
-
-
 def test_a_retry_that_fails_again_sets_aside_a_batch_the_model_did_not_learn_from():
     engine = _engine("grpo", ppo_epochs=2)
     engine.train_step(_batch("a"), 0)
     before = _state(engine)
     injected = OutOfMemoryAt(engine.precision, {2, 4})  # the 2nd update of each try
-    trainer = _trainer(engine, _batch("b"))
+    trainer = step_path(engine, _batch("b"))
     assert asyncio.run(trainer._step(_batch("b"))) is None
     assert injected.n == 4 and trainer.counters["steps_retried"] == 1
     assert [r.offset for r in trainer.events.records] == [0, 1, 2]  # the batch set aside...
@@ -152,7 +130,7 @@ def test_a_step_of_one_update_that_fails_once_it_is_applied_ends_the_trainer():
     engine = _engine("grpo", ppo_epochs=1)
     engine.train_step(_batch("a"), 0)
     OutOfMemoryAt(engine.precision, {1, 2}, after=True)  # applied, then out of memory
-    trainer = _trainer(engine, _batch("b"))
+    trainer = step_path(engine, _batch("b"))
     with pytest.raises(Exception) as raised:
         asyncio.run(trainer._step(_batch("b")))
     assert not trainer.events.records  # learned from: never dead-lettered, never retried
