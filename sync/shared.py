@@ -5,8 +5,10 @@ no disk), alternating, so that the version being read is never the one being wri
 event names the file and the host (``shm://<host id>/<file>``) and carries the file's
 xxh3-128 digest, computed once by the trainer as it writes. An explorer on the same host
 (``run.host_id`` equal, and the file visible: a container with its own ``/dev/shm`` is not
-the same host) reads the file into a buffer of its own, hashing each piece as it arrives,
-and decodes it only when the digest matches. A reader that took longer than one version
+the same host) copies the file once, into its staging copy (or, ``staging: none``, a
+buffer of its own), hashing each piece as it lands, and decodes it only when the digest
+matches. Both sides keep the files mapped from one version to the next (:mod:`.mapped`):
+each hand-off is a ``memcpy`` and a hash of what is still in the cache. A reader that took longer than one version
 period finds the file rewritten under it: the digest fails, the version is rejected like
 a corrupted shard, and the explorer takes the version's store copy (``synchronizer.method:
 auto``) or the next one.
@@ -16,8 +18,8 @@ decoder. Files are named ``streamrft-<run id>-<trainer pid>-<slot>``; a trainer 
 own at exit and, at start, any its run left behind (a trainer killed with SIGKILL).
 
 Costs: two copies of the weights (in the explorers' dtype) in the trainer host's memory
-for the files, and on each same-host explorer one receive buffer of a version's size
-(two for a LoRA run, whose adapter comes with its base). The digest catches any change of
+for the files, and on each same-host explorer its staging copy of a version's size (two
+for a LoRA run, whose adapter comes with its base). The digest catches any change of
 the bytes between write and read (a torn read of a rewritten file, a flipped bit); it is
 not a defence against a hostile process on the host, which could also write the model.
 """
@@ -30,6 +32,7 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -40,6 +43,7 @@ import xxhash
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
+from streamrft.sync.mapped import Mappings, copy_hashed
 from streamrft.sync.staging import Stage
 from streamrft.sync.transport import Announce, MakePayload, WeightReceiver, WeightSender
 from streamrft.sync.weights import Shard, check_fits, decode_shard, largest_version, make_shard
@@ -48,8 +52,6 @@ log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 SCHEME = "shm://"
-PIECE = 1 << 20
-"""Bytes written or read, then hashed, at a time: small enough to hash from the cache."""
 
 
 def host_id(cfg: Config) -> str:
@@ -105,20 +107,16 @@ def parse_uri(uri: str) -> tuple[str, str]:
     return host, name
 
 
-def _write_hashed(fd: int, shard: Shard) -> str:
-    """Write ``shard``'s pieces to ``fd`` from its start, hashing each piece right after
-    writing it (while it is in the cache); the xxh3-128 hex digest."""
+def _write_hashed(into: memoryview, shard: Shard) -> str:
+    """Copy ``shard``'s pieces into ``into`` (a mapped file of its size) from its start,
+    hashing each piece right after it landed (while it is in the cache); the xxh3-128 hex
+    digest."""
     digest = xxhash.xxh3_128()
     offset = 0
     for chunk in shard.chunks:
         raw = chunk.cast("B")
-        for lo in range(0, raw.nbytes, PIECE):
-            piece = raw[lo : lo + PIECE]
-            written = 0
-            while written < piece.nbytes:
-                written += os.pwrite(fd, piece[written:], offset + written)
-            digest.update(piece)
-            offset += piece.nbytes
+        copy_hashed(into[offset : offset + raw.nbytes], raw, digest)
+        offset += raw.nbytes
     return digest.hexdigest()
 
 
@@ -137,6 +135,9 @@ class SharedSender(WeightSender):
         self.paths = {slot: os.path.join(folder, f"{stem}{slot}") for slot in SLOTS}
         self._next = 0
         self._closed = False
+        self._maps = Mappings()
+        self._writing = threading.Lock()
+        """Held while a version is copied into a mapping: :meth:`close` unmaps only then."""
 
     async def send(self, make: MakePayload, announce: Announce) -> ModelVersionReady:
         payload = make(False)
@@ -165,18 +166,26 @@ class SharedSender(WeightSender):
 
     def _write(self, path: str, shard: Shard) -> str:
         """The file of one version (its pages reserved first: a /dev/shm too small fails
-        here, with an error, not later in the middle of the copy); its digest."""
+        here, with an error, not later in the middle of the copy), written through a
+        mapping kept for the next version in it; its digest."""
         if self._closed:
             raise SyncError("the shared sender is closed")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                if os.fstat(fd).st_size != shard.nbytes:  # new, or another size: reserve
-                    os.ftruncate(fd, shard.nbytes)
-                    os.posix_fallocate(fd, 0, shard.nbytes)
-                digest = _write_hashed(fd, shard)
-            finally:
-                os.close(fd)
+            with self._writing:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    size = os.fstat(fd).st_size
+                    if size != shard.nbytes:  # new, or another size: reserve
+                        if size:  # readers may map it: never shrink it, make a new one
+                            os.close(fd)
+                            os.unlink(path)
+                            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                        os.ftruncate(fd, shard.nbytes)
+                        os.posix_fallocate(fd, 0, shard.nbytes)
+                    mapped = self._maps.get(path, fd, writable=True)
+                finally:
+                    os.close(fd)
+                digest = _write_hashed(mapped.view, shard)
             if self._closed:  # closed while writing: leave nothing behind
                 self.close()
             return digest
@@ -191,6 +200,11 @@ class SharedSender(WeightSender):
         for path in self.paths.values():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        if self._writing.acquire(blocking=False):  # else the writer unmaps when it is done
+            try:
+                self._maps.close()
+            finally:
+                self._writing.release()
 
 
 class SharedReceiver(WeightReceiver):
@@ -208,6 +222,10 @@ class SharedReceiver(WeightReceiver):
         self.host = host_id(cfg)
         self._buffers: list[torch.Tensor | None] = [None, None]
         self._turn = 0
+        self._maps = Mappings()
+        self._reading = threading.Lock()
+        """Held while a file is copied out of its mapping: :meth:`close` unmaps only then."""
+        self._closed = False
 
     def _path(self, event: ModelVersionReady) -> str | None:
         """The file ``event`` names if it is on this host (None: another host's)."""
@@ -269,28 +287,36 @@ class SharedReceiver(WeightReceiver):
             buf = self._buffers[turn] = torch.empty(size, dtype=torch.uint8)
         return buf
 
-    @staticmethod
-    def _read_hashed(path: str, buf: torch.Tensor, what: str) -> str:
-        """Read the file into ``buf`` (its exact size), hashing each piece as it arrives."""
+    def _read_hashed(self, path: str, buf: torch.Tensor, what: str) -> str:
+        """Copy the file into ``buf`` (its exact size) from a mapping kept for the next
+        version in it, hashing each piece as it lands."""
         view = memoryview(buf.numpy()).cast("B")
         digest = xxhash.xxh3_128()
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as exc:  # gone: the trainer restarted, or another version replaced it
             raise IntegrityError(f"{what}: cannot open {path}: {exc}") from exc
-        try:
-            if os.fstat(fd).st_size != view.nbytes:
-                raise IntegrityError(
-                    f"{what}: the file holds {os.fstat(fd).st_size} bytes, the event says "
-                    f"{view.nbytes} (rewritten by a newer version)"
-                )
-            offset = 0
-            while offset < view.nbytes:
-                got = os.preadv(fd, [view[offset : offset + PIECE]], offset)
-                if got <= 0:
-                    raise IntegrityError(f"{what}: the file ended at byte {offset}")
-                digest.update(view[offset : offset + got])
-                offset += got
-        finally:
-            os.close(fd)
+        with self._reading:
+            try:
+                size = os.fstat(fd).st_size
+                if size != view.nbytes:
+                    raise IntegrityError(
+                        f"{what}: the file holds {size} bytes, the event says "
+                        f"{view.nbytes} (rewritten by a newer version)"
+                    )
+                mapped = self._maps.get(path, fd)
+            finally:
+                os.close(fd)
+            copy_hashed(view, mapped.view, digest)
+            if self._closed:  # closed meanwhile: nothing stays mapped
+                self._maps.close()
         return digest.hexdigest()
+
+    def close(self) -> None:
+        """Unmap the files (a copy under way unmaps them when it ends); twice is safe."""
+        self._closed = True
+        if self._reading.acquire(blocking=False):
+            try:
+                self._maps.close()
+            finally:
+                self._reading.release()

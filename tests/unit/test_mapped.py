@@ -1,0 +1,92 @@
+"""Shared-memory files kept mapped (``sync/mapped.py``): one copy, hashed piece by piece to
+the digest of the whole; a mapping reused while its path names the same file, dropped when
+the file is replaced or gone; a sender whose version changes size makes a new file rather
+than shrinking one a reader maps."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+import xxhash
+
+from streamrft.infra.config import Config, RunSection
+from streamrft.schemas.errors import IntegrityError
+from streamrft.sync.mapped import PIECE, Mappings, copy_hashed
+from streamrft.sync.shared import SharedReceiver, SharedSender
+from streamrft.sync.transport import Payload
+
+pytestmark = pytest.mark.unit
+
+
+def test_one_copy_hashed_by_pieces_is_the_digest_of_the_whole():
+    for n in (0, 1, PIECE - 1, PIECE, 3 * PIECE + 17):
+        src = torch.randint(0, 256, (n,), dtype=torch.uint8)
+        dst = torch.zeros(n, dtype=torch.uint8)
+        digest = xxhash.xxh3_128()
+        copy_hashed(memoryview(dst.numpy()), memoryview(src.numpy()), digest)
+        assert torch.equal(dst, src)
+        assert digest.hexdigest() == xxhash.xxh3_128(src.numpy().tobytes()).hexdigest()
+    with pytest.raises(ValueError, match="copy of"):
+        copy_hashed(memoryview(bytearray(3)), memoryview(b"abcd"), xxhash.xxh3_128())
+
+
+def _write(path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def test_a_mapping_is_kept_for_the_same_file_and_dropped_when_it_is_replaced(tmp_path):
+    path = str(tmp_path / "slot")
+    _write(path, b"a" * 4096)
+    maps = Mappings()
+    fd = os.open(path, os.O_RDONLY)
+    first = maps.get(path, fd)
+    assert maps.get(path, fd) is first
+    os.close(fd)
+    assert bytes(first.view[:3]) == b"aaa"
+    os.unlink(path)  # replaced: a new file (inode) under the same name
+    _write(path, b"b" * 4096)
+    fd = os.open(path, os.O_RDONLY)
+    second = maps.get(path, fd)
+    os.close(fd)
+    assert second is not first and bytes(second.view[:3]) == b"bbb"
+    os.unlink(path)
+    maps.prune()  # gone: unmapped
+    assert maps._maps == {}
+    maps.close()
+
+
+def test_a_version_of_another_size_is_a_new_file_and_an_old_event_is_refused(tmp_path):
+    cfg = Config(run=RunSection(id="mapped-test"))
+    sender = SharedSender(cfg, folder=str(tmp_path))
+    receiver = SharedReceiver(cfg, folder=str(tmp_path))
+    events = []
+
+    async def announce(event):
+        events.append(event)
+
+    def send(version: int, tensors: dict[str, torch.Tensor]) -> None:
+        payload = Payload(version, version, tensors, base_version=version)
+        asyncio.run(sender.send(lambda _full: payload, announce))
+
+    try:
+        big = {"w": torch.randn(64, 64)}
+        send(0, big)
+        got = receiver.receive(events[0], big)
+        assert torch.equal(got["w"], big["w"])
+        inode = os.stat(sender.paths["0"]).st_ino
+        send(1, big)  # the other file
+        small = {"w": torch.randn(8, 8)}
+        send(2, small)  # file 0 again, smaller: a new file, the mapped one never shrinks
+        assert os.stat(sender.paths["0"]).st_ino != inode
+        with pytest.raises(IntegrityError, match="rewritten"):
+            receiver.receive(events[0], big)
+        got = receiver.receive(events[2], small)
+        assert torch.equal(got["w"], small["w"])
+    finally:
+        receiver.close()
+        sender.close()
+    assert not os.path.exists(sender.paths["0"])
