@@ -76,12 +76,28 @@ Figures (MB = MiB = 2**20 bytes of tensor data; the safetensors header adds ~1 K
   ``publish_vs_bound`` and ``fetch_vs_bound`` = the bound / that phase's seconds (1.0: at
   the bound).
 
+``--device cuda`` (not run on a GPU yet): the trainer's tensors are on the GPU (in
+``--dtype``). A store-like method's ``publish_s`` then starts with the copy a trainer makes
+of them into pinned host memory (``snapshot_tensors``, also reported as ``snapshot_s``) and
+its ``apply_s`` copies into parameters on the GPU; ``nccl`` is not measured (one GPU cannot
+hold two NCCL ranks). ``cuda_ipc`` (``--device cuda`` only): ``CudaIpcSender.send`` here
+(``publish_s``: the snapshot into pinned host memory, as a run's trainer takes it, then
+the slot's fill from it and its digest on the GPU), and an explorer in a child process
+(``multiprocessing`` spawn) that holds parameters of the same names and shapes on the GPU:
+``fetch_verify_s`` its ``CudaIpcReceiver.receive`` (the slot's lease, the device copy, the
+digest, the decode), ``apply_s`` its copy into its parameters; two versions go through
+first (the first maps the slot's handle: ``first_fetch_s``), then the timed one.
+``memcpy_s``: one device copy of the same bytes between two warm buffers, and
+``version_ratio_vs_memcpy`` = that over fetch + apply (what the explorer pays against one
+device copy).
+
 Everything runs with one torch/OMP thread. A figure, not a test: the only checks are that
 the applied parameters equal the published tensors bit for bit (object_store, filesystem)
-and ``bytes_equal`` (nccl; reported, not raised).
+and ``bytes_equal`` (nccl, cuda_ipc; reported, not raised).
 
-Usage: ``python bench/weight_sync.py [--mb 500] [--quick] [--methods object_store,filesystem,
-nccl,shared] [--part-mb N] [--parallel N] [--shard-mb N]``. Human-readable lines first,
+Usage: ``python bench/weight_sync.py [--mb 500] [--quick] [--device cpu|cuda] [--dtype D]
+[--methods object_store,filesystem,nccl,shared,cuda_ipc] [--part-mb N] [--parallel N]
+[--shard-mb N]``. Human-readable lines first,
 then one JSON line on stdout: the top-level keys
 (``bench``, ``method`` = "object_store", ``mb``, ``publish_s``, ``fetch_verify_s``,
 ``apply_s``, ``mb_s``, ``copy_mb_s``, ``ratio_vs_copy``, the baseline and informational
@@ -120,12 +136,21 @@ from streamrft.sync.collective import CollectiveReceiver, CollectiveSender
 from streamrft.sync.filesystem import FilesystemLoader, FilesystemPublisher
 from streamrft.sync.object_store import ObjectStoreLoader, ObjectStorePublisher
 from streamrft.sync.versions import HASH_THREADS
-from streamrft.sync.weights import apply_state_dict, sha256_hex, shard_state_dict
+from streamrft.sync.weights import (
+    apply_state_dict,
+    sha256_hex,
+    shard_state_dict,
+    snapshot_tensors,
+)
 
 MIB = 1 << 20
 N_TENSORS = 25
 ROW = 4096
-METHODS = ("object_store", "filesystem", "nccl", "shared")
+METHODS = ("object_store", "filesystem", "nccl", "shared", "cuda_ipc")
+CPU_METHODS = ("object_store", "filesystem", "nccl", "shared")
+CUDA_METHODS = ("object_store", "filesystem", "shared", "cuda_ipc")
+"""The default methods per ``--device`` (``nccl`` needs two GPUs, ``cuda_ipc`` one)."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BUCKET_MB = 64
 NCCL_TIMEOUT_S = 120.0
 MEMBER = "explorer-0"
@@ -135,14 +160,21 @@ def say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def make_tensors(mb: float, seed: int, count: int = N_TENSORS) -> dict[str, torch.Tensor]:
-    """``count`` random float32 tensors of ~``mb`` MiB in all (2-D when sizes allow); also
-    bench/broadcast.py's."""
-    numel = max(1, round(mb * MIB / 4 / count))
+def make_tensors(
+    mb: float,
+    seed: int,
+    count: int = N_TENSORS,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
+    """``count`` random tensors of ``dtype`` on ``device``, ~``mb`` MiB in all (2-D when
+    sizes allow); also bench/broadcast.py's."""
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    numel = max(1, round(mb * MIB / itemsize / count))
     shape = (numel // ROW, ROW) if numel % ROW == 0 else (numel,)
     gen = torch.Generator().manual_seed(seed)
     return {
-        f"layer{i:04d}_weight": torch.randn(shape, generator=gen, dtype=torch.float32)
+        f"layer{i:04d}_weight": torch.randn(shape, generator=gen).to(device, dtype)
         for i in range(count)
     }
 
@@ -150,18 +182,31 @@ def make_tensors(mb: float, seed: int, count: int = N_TENSORS) -> dict[str, torc
 # ------------------------------------------------------------------ store-based methods
 
 
+def _synchronize(tensors: Mapping[str, torch.Tensor]) -> None:
+    """Wait for the GPU work on ``tensors``' device (nothing on a CPU)."""
+    device = next(iter(tensors.values())).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def store_path(publisher: Any, loader: Any, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
-    """publish -> fetch (+ verify) -> apply through one store; the three phase timings."""
+    """publish -> fetch (+ verify) -> apply through one store; the three phase timings.
+    Tensors on a GPU are first copied into pinned host memory, as a trainer's snapshot is
+    (in ``publish_s``; also ``snapshot_s``), and applied into parameters on the GPU."""
     model = nn.ParameterDict(
         {k: nn.Parameter(torch.zeros_like(v), requires_grad=False) for k, v in tensors.items()}
     )
+    on_gpu = next(iter(tensors.values())).is_cuda
 
     t0 = time.perf_counter()
-    event = publisher.publish(tensors, version=1, step=1)
+    host = snapshot_tensors(tensors) if on_gpu else tensors
+    t_snap = time.perf_counter()
+    event = publisher.publish(host, version=1, step=1)
     t1 = time.perf_counter()
     fetched = loader.fetch(event)
     t2 = time.perf_counter()
     apply_state_dict(model, fetched)
+    _synchronize(tensors)
     t3 = time.perf_counter()
 
     del fetched
@@ -172,6 +217,7 @@ def store_path(publisher: Any, loader: Any, tensors: dict[str, torch.Tensor]) ->
         "publish_s": t1 - t0,
         "fetch_verify_s": t2 - t1,
         "apply_s": t3 - t2,
+        "snapshot_s": t_snap - t0,
         "shard_bytes": float(event.bytes),
     }
 
@@ -240,13 +286,133 @@ def shared_path(tensors: dict[str, torch.Tensor], run_id: str) -> dict[str, floa
         res = store_path(store, store, tensors)
     finally:
         store.sender.close()
-    flat = torch.cat([t.reshape(-1) for t in tensors.values()])
+    flat = torch.cat([t.reshape(-1) for t in tensors.values()]).cpu()  # host memory's floor
     dst = torch.empty_like(flat)
     dst.copy_(flat)  # warm
     t0 = time.perf_counter()
     dst.copy_(flat)
     res["memcpy_s"] = time.perf_counter() - t0
     return res
+
+
+# ------------------------------------------------------- device to device (cuda_ipc)
+
+
+def _ipc_config(run_id: str) -> Any:
+    from streamrft.infra.config import Config, ModelConfig, RunSection
+
+    return Config(run=RunSection(id=run_id), model=ModelConfig(device="cuda"))
+
+
+def _ipc_receiver(
+    run_id: str, shapes: dict[str, tuple[int, ...]], dtype: str, commands: Any, results: Any
+) -> None:
+    """Child process: one explorer on the GPU; receives versions through CUDA IPC, applies
+    them into its parameters, reports its times and sha256 digests."""
+    import msgspec
+
+    from streamrft.schemas.events import ModelVersionReady
+    from streamrft.sync.cuda_ipc import CudaIpcReceiver
+    from streamrft.sync.weights import copy_into
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    params = {n: torch.zeros(s, dtype=DTYPES[dtype], device="cuda") for n, s in shapes.items()}
+    receiver = CudaIpcReceiver(_ipc_config(run_id))
+    results.put({"op": "ready"})
+    try:
+        while True:
+            cmd = commands.get()
+            if cmd[0] == "exit":
+                return
+            _, raw, names = cmd
+            event = msgspec.json.decode(raw, type=ModelVersionReady)
+            out: dict[str, Any] = {"op": "received", "version": event.version}
+            try:
+                t0 = time.perf_counter()
+                tensors = receiver.receive(event, params)
+                t1 = time.perf_counter()
+                copy_into(params, tensors, "weights")
+                torch.cuda.synchronize()
+                out["fetch_verify_s"], out["apply_s"] = t1 - t0, time.perf_counter() - t1
+                out["sha256"] = {n: sha256_hex(params[n]) for n in names}
+                for t in params.values():  # the next version must really arrive
+                    t.zero_()
+            except Exception as exc:  # reported to the bench, which raises it
+                out["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            results.put(out)
+    finally:
+        receiver.close()
+
+
+def cuda_ipc_path(tensors: dict[str, torch.Tensor], run_id: str) -> dict[str, Any]:
+    """The device path: the sender here, an explorer in a child process (a process cannot
+    map its own CUDA IPC handle); versions 1 and 2 untimed (the first maps the slots), the
+    third timed; a device memcpy of the same bytes for the floor."""
+    import asyncio
+
+    import msgspec
+
+    from streamrft.sync.cuda_ipc import CudaIpcSender
+    from streamrft.sync.transport import Payload
+
+    dtype = next(iter(tensors.values())).dtype
+    ctx = mp.get_context("spawn")
+    commands, results = ctx.Queue(), ctx.Queue()
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
+    proc = ctx.Process(
+        target=_ipc_receiver,
+        args=(run_id, shapes, dtype_name, commands, results),
+        name="bench-ipc-receiver",
+        daemon=True,
+    )
+    sender = CudaIpcSender(_ipc_config(run_id), lease_wait_s=60)
+    order = sorted(tensors)
+    names = list(dict.fromkeys([order[0], order[len(order) // 2], order[-1]]))
+    want = {n: sha256_hex(tensors[n]) for n in names}
+    proc.start()
+    done = []
+    try:
+        ready = _result(results, proc, 300)
+        if ready.get("op") != "ready":
+            raise RuntimeError(f"ipc receiver: unexpected first message {ready!r}")
+        for version in (1, 2, 3):
+            events = []
+
+            async def announce(event: Any, into: list = events) -> None:
+                into.append(event)
+
+            t0 = time.perf_counter()
+            host = snapshot_tensors(tensors)
+            payload = Payload(version, version, host, base_version=version)
+            asyncio.run(sender.send(lambda _full, p=payload: p, announce))
+            publish_s = time.perf_counter() - t0
+            commands.put(("receive", msgspec.json.encode(events[0]), names))
+            got = _result(results, proc, NCCL_TIMEOUT_S)
+            if "error" in got:
+                raise RuntimeError(f"ipc receiver, version {version}: {got['error']}")
+            done.append({**got, "publish_s": publish_s})
+    finally:
+        sender.close()
+        _stop_child(proc, commands, results)
+    flat = torch.cat([t.reshape(-1) for t in tensors.values()])
+    dst = torch.empty_like(flat)
+    dst.copy_(flat)  # warm
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    dst.copy_(flat)
+    torch.cuda.synchronize()
+    last = done[-1]
+    return {
+        "publish_s": last["publish_s"],
+        "fetch_verify_s": last["fetch_verify_s"],
+        "apply_s": last["apply_s"],
+        "first_fetch_s": done[0]["fetch_verify_s"],
+        "memcpy_s": time.perf_counter() - t0,
+        "bytes_equal": all(d["sha256"] == want for d in done),
+        "verified_tensors": len(names),
+    }
 
 
 # ---------------------------------------------------------------------- nccl (gloo)
@@ -280,6 +446,18 @@ def _nccl_receiver(
             results.put(out)
     finally:
         receiver.close()
+
+
+def _stop_child(proc: Any, commands: Any, results: Any) -> None:
+    """Ask a receiver child to exit, kill it if it does not, close its queues."""
+    if proc.is_alive():
+        commands.put(("exit",))
+        proc.join(timeout=15)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(timeout=10)
+    commands.close()
+    results.close()
 
 
 def _result(results: Any, proc: Any, timeout_s: float) -> dict[str, Any]:
@@ -333,14 +511,7 @@ def nccl_path(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     finally:
         if sender is not None:
             sender.close()
-        if proc.is_alive():
-            commands.put(("exit",))
-            proc.join(timeout=15)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=10)
-        commands.close()
-        results.close()
+        _stop_child(proc, commands, results)
     for res in (first, second):
         if "error" in res:
             raise RuntimeError(f"nccl receiver, version {res['version']}: {res['error']}")
@@ -440,15 +611,17 @@ def run(
     seed: int,
     scratch: Path,
     shard_mb: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> dict:
     t = time.perf_counter()
-    tensors = make_tensors(mb, seed)
+    tensors = make_tensors(mb, seed, device=device, dtype=dtype)
     data_bytes = sum(v.numel() * v.element_size() for v in tensors.values())
     mb_real = data_bytes / MIB
     shape = tuple(next(iter(tensors.values())).shape)
     say(
-        f"state dict: {len(tensors)} float32 tensors of shape {shape},"
-        f" {mb_real:.1f} MB, made in {time.perf_counter() - t:.1f} s"
+        f"state dict: {len(tensors)} {str(dtype).removeprefix('torch.')} tensors of shape"
+        f" {shape} on {device}, {mb_real:.1f} MB, made in {time.perf_counter() - t:.1f} s"
     )
     shard_size = shard_mb * MIB
 
@@ -465,6 +638,10 @@ def run(
         elif method == "shared":
             res = shared_path(tensors, run_id)
             _say_phases("shared", mb_real, res, 3, f"; memcpy {res['memcpy_s']:.3f} s")
+        elif method == "cuda_ipc":
+            res = cuda_ipc_path(tensors, run_id)
+            extra = f"; device memcpy {res['memcpy_s']:.4f} s; bytes equal {res['bytes_equal']}"
+            _say_phases("cuda_ipc", mb_real, res, 4, extra)
         else:
             res = nccl_path(tensors)
             say(
@@ -518,6 +695,8 @@ def run(
     result: dict[str, Any] = {
         "bench": "weight_sync",
         "method": "object_store",
+        "device": device,
+        "dtype": str(dtype).removeprefix("torch."),
         "mb": round(mb_real, 1),
         "publish_s": round(osp["publish_s"], 3) if osp else None,
         "fetch_verify_s": round(osp["fetch_verify_s"], 3) if osp else None,
@@ -564,6 +743,21 @@ def run(
                 3 * sh["memcpy_s"] / (sh["publish_s"] + sh["fetch_verify_s"] + sh["apply_s"]), 4
             ),
         }
+    ipc = done.get("cuda_ipc")
+    if ipc:
+        result["methods"]["cuda_ipc"] = {
+            **_phase_figures(mb_real, ipc, copy_mb_s, 4),
+            "first_fetch_s": round(ipc["first_fetch_s"], 4),
+            "memcpy_s": round(ipc["memcpy_s"], 4),
+            "memcpy_mb_s": round(mb_real / ipc["memcpy_s"], 1),
+            # what the explorer pays (its copy out of the slot, verified, and into its
+            # parameters) against one device copy of the same bytes
+            "version_ratio_vs_memcpy": round(
+                ipc["memcpy_s"] / (ipc["fetch_verify_s"] + ipc["apply_s"]), 4
+            ),
+            "bytes_equal": ipc["bytes_equal"],
+            "verified_tensors": ipc["verified_tensors"],
+        }
     nc = done.get("nccl")
     if nc:
         rate = mb_real / nc["broadcast_s"]
@@ -583,11 +777,15 @@ def run(
     return result
 
 
-def parse_methods(text: str) -> list[str]:
+def parse_methods(text: str, device: str = "cpu") -> list[str]:
     methods = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise ValueError(f"unknown or no methods {unknown} (choose from {', '.join(METHODS)})")
+    if device == "cpu" and "cuda_ipc" in methods:
+        raise ValueError("cuda_ipc moves tensors between GPUs' memory: use --device cuda")
+    if device == "cuda" and "nccl" in methods:
+        raise ValueError("nccl is not measured with --device cuda (one GPU, one NCCL rank)")
     return methods
 
 
@@ -596,10 +794,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mb", type=float, default=None, help="state dict MiB (default 500)")
     ap.add_argument("--quick", action="store_true", help="tiny run (8 MiB)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument(
         "--methods",
-        default=",".join(METHODS),
-        help=f"comma list of sync methods to time (default {','.join(METHODS)})",
+        help=f"comma list of sync methods to time (default {','.join(CPU_METHODS)}; "
+        f"on cuda {','.join(CUDA_METHODS)})",
     )
     defaults = ObjectStoreConfig()
     ap.add_argument(
@@ -624,8 +824,11 @@ def main(argv: list[str] | None = None) -> int:
     mb = args.mb if args.mb is not None else (8.0 if args.quick else 500.0)
     if mb <= 0:
         ap.error("--mb must be > 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device cuda: torch {torch.__version__} sees no GPU")
+    default = CUDA_METHODS if args.device == "cuda" else CPU_METHODS
     try:
-        methods = parse_methods(args.methods)
+        methods = parse_methods(args.methods or ",".join(default), args.device)
     except ValueError as exc:
         ap.error(f"--methods: {exc}")
     torch.set_num_threads(1)
@@ -653,7 +856,9 @@ def main(argv: list[str] | None = None) -> int:
                 f" {store.part_size_mb} MiB, {store.parallel} in flight"
             )
         say(f"methods {', '.join(methods)}; {mb:g} MB, torch threads 1")
-        result = run(store, methods, mb, args.seed, tmp, args.shard_mb)
+        result = run(
+            store, methods, mb, args.seed, tmp, args.shard_mb, args.device, DTYPES[args.dtype]
+        )
     finally:
         if services is not None:
             services.stop()

@@ -866,6 +866,11 @@ class SynchronizerConfig(_Section, frozen=True):
     memory); ``none``: no staging copy, a version is received at the sync point. Costs one
     version of memory in ``model.dtype`` per explorer (two with LoRA while an adapter's
     base is being fetched); ``streamrft plan`` counts it."""
+    load_versions: bool = True
+    """False, for benchmarks only: an explorer waits for every version its schedule needs,
+    as always, but loads none (it samples with the weights it started with and counts each
+    version as applied): the run's step with no weight transfer at the same staleness
+    bound, ``bench/sync_in_loop.py``'s ideal. Never for training: nothing is learned."""
 
 
 class ServeConfig(_Section, frozen=True):

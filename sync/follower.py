@@ -193,6 +193,9 @@ class WeightFollower:
         """Receives versions in the background (None: ``synchronizer.staging: none``)."""
 
     def _make_stager(self) -> Stager | None:
+        if not self.cfg.synchronizer.load_versions:  # a benchmark's ideal: nothing moves
+            log.warning("%s: synchronizer.load_versions is false: no version is loaded", self.name)
+            return None
         device = model_device(self.weights.model)
         size = nbytes(live_tensors(self.weights.model))  # a version, and an adapter's base
         memory = staging_memory(self.cfg.synchronizer.staging, device, size)
@@ -436,7 +439,9 @@ class WeightFollower:
         see :class:`~.stager.Stager`), or received here (``staging: none``), off the event
         loop; the error, if it failed."""
         try:
-            if self.stager is None:
+            if not self.cfg.synchronizer.load_versions:  # the weights held count as it
+                applied = 0.0
+            elif self.stager is None:
                 received_s, applied = await asyncio.to_thread(self._receive_and_apply, event)
                 self._times.receive_s += received_s
                 self.counters.add("receive_seconds", received_s)

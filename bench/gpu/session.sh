@@ -3,8 +3,11 @@
 # project root on the GPU machine after `bash ../shared/gpu/prepare.sh` and
 # `cp models/smollm2-135m-instruct/{tokenizer.json,tokenizer_config.json,chat_template.jinja} .gpu/tokenizer/`
 # here, with carry [".gpu"]. Results go to $OUT (or /tmp/gpu_out): one file per part.
-#   sync   bench/sync_in_loop.py on the GPU: the trainer's step period per sync method
-#          against no sync, a ~268M model in bfloat16 (issue: weight sync off the critical path)
+#   sync   bench/sync_in_loop.py on the GPU, bfloat16, at two shapes: ~268M (ideal, no_sync,
+#          shared, auto, cuda_ipc) and Qwen2.5-1.5B's (1.42B: ideal, shared, auto, cuda_ipc):
+#          step period, step_over_ideal, the explorer's sync_wait/receive/apply per version
+#          (a table in sync*.log), then bench/weight_sync.py --device cuda (shared, cuda_ipc);
+#          9.5 min at most: one call, `bash bench/gpu/session.sh sync` (never run yet)
 #   recipe examples/gsm8k/one_gpu_full.yaml on a random-init model of Qwen2.5-1.5B's shape
 #          (transformers engine): step time, sync figures, measured peak memory beside
 #          `streamrft plan`'s estimate
@@ -21,10 +24,18 @@ stop_sampler() { kill $SAMPLER 2>/dev/null; wait $SAMPLER 2>/dev/null; }
 for part in ${@:-sync recipe}; do case $part in
   sync)
     s=$(date +%s); sampler sync
-    timeout 230 python3 bench/sync_in_loop.py --device cuda --dtype bfloat16 --hidden-size 1024 \
-      --intermediate-size 4096 --layers 16 --heads 16 --batch-size 32 --steps 8 --timeout 70 \
-      --points no_sync,object_store,shared,auto > "$O/sync.json" 2> "$O/sync.log"
-    echo "== sync rc=$? wall=$(( $(date +%s)-s ))s"; stop_sampler; tail -1 "$O/sync.json" ;;
+    timeout 230 python3 bench/sync_in_loop.py --device cuda --dtype bfloat16 --shape 268m \
+      --batch-size 32 --steps 8 --timeout 45 --points ideal,no_sync,shared,auto,cuda_ipc \
+      > "$O/sync.json" 2> "$O/sync.log"
+    echo "== sync 268m rc=$? wall=$(( $(date +%s)-s ))s"; tail -n 7 "$O/sync.log"
+    s=$(date +%s)
+    timeout 290 python3 bench/sync_in_loop.py --device cuda --dtype bfloat16 --shape qwen2.5-1.5b \
+      --batch-size 32 --steps 8 --timeout 70 --points ideal,shared,auto,cuda_ipc \
+      > "$O/sync15.json" 2> "$O/sync15.log"
+    echo "== sync qwen2.5-1.5b rc=$? wall=$(( $(date +%s)-s ))s"; stop_sampler; tail -n 6 "$O/sync15.log"
+    timeout 50 python3 bench/weight_sync.py --device cuda --dtype bfloat16 --mb 512 \
+      --methods shared,cuda_ipc > "$O/weights.txt" 2>&1
+    echo "== weight_sync cuda rc=$?"; grep -E "^(shared|cuda_ipc|overall)" "$O/weights.txt" ;;
   recipe|recipe_lora)
     s=$(date +%s); Y=examples/gsm8k/one_gpu_full.yaml; [ $part = recipe_lora ] && Y=examples/gsm8k/one_gpu_lora.yaml
     python3 bench/gpu/random_model.py /tmp/qwen15 --tokenizer $G/tokenizer --device cuda | tee "$O/model.json"
