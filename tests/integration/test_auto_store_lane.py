@@ -6,45 +6,22 @@ on with the newest."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import msgspec
 import pytest
 import torch
 
-from streamrft.infra.bus import Counters, EventSender
 from streamrft.infra.consume import read_history
-from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.schemas import CONTROL, ModelVersionReady
 from streamrft.sync.auto import AutoSender
 from streamrft.sync.object_store import make_client
-from streamrft.sync.payload import ModelWeights
-from streamrft.sync.publisher import VersionPublisher
-from streamrft.sync.transport import SenderContext, make_sender
 from tests.harness.throttle import throttled
+from tests.integration.test_shared_sync import _trainer
 
 pytestmark = pytest.mark.integration
 
 UPLINK = 10_000
 """Bytes per second up to the store: a version of the test model takes seconds to copy."""
-
-
-@contextlib.asynccontextmanager
-async def _trainer(cfg):
-    from streamrft.infra import admin
-
-    await admin.ensure_topics(cfg.kafka, cfg.topics())
-    model = build_tiny_model(cfg.model, build_char_tokenizer(cfg.model.charset))
-    events = EventSender(cfg, "trainer", "trainer")
-    await events.start()
-    counters = Counters()
-    sender = make_sender(cfg, SenderContext(counters, lambda: []))
-    publisher = VersionPublisher(ModelWeights(model, False), sender, events.control, counters)
-    try:
-        yield model, publisher, counters
-    finally:
-        await publisher.aclose()
-        await events.stop()
 
 
 async def _until(ready, what: str, timeout: float = 120) -> None:

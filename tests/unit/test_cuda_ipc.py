@@ -242,59 +242,69 @@ def _state() -> dict[str, torch.Tensor]:
     }
 
 
-def _slot_of(state) -> tuple[torch.Tensor, str]:
+@dataclasses.dataclass
+class _Slot:
+    """A version's image in a slot (on the CPU here), its lease file and an event for it."""
+
+    state: dict[str, torch.Tensor]
+    slot: torch.Tensor
+    lease: str
+    fd: int
+    event: ModelVersionReady
+
+    def copy(self, like=None) -> dict[str, torch.Tensor]:
+        buf = torch.empty(self.event.bytes, dtype=torch.uint8)
+        return copy_verified(self.event, self.slot, buf, self.lease, like or {}, _copy)
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src)
+
+
+@pytest.fixture
+def slot(tmp_path):
+    """Version 3 written into a slot larger than its image, its lease saying so."""
+    state = _state()
     head, ordered, nbytes = image_layout(state)
-    slot = torch.empty(nbytes + 64, dtype=torch.uint8)  # a slot larger than the image
-    fill_image(slot[:nbytes], head, ordered)
-    return slot, device_digest(slot[:nbytes])
-
-
-def test_a_slot_image_decodes_to_the_version_exactly(tmp_path):
-    state = _state()
-    slot, digest = _slot_of(state)
-    _, _, nbytes = image_layout(state)
-    lease = tmp_path / "streamrft-ipc-1-cuda0"
+    buf = torch.empty(nbytes + 64, dtype=torch.uint8)
+    fill_image(buf[:nbytes], head, ordered)
+    lease = str(tmp_path / "streamrft-ipc-1-cuda0")
     fd = os.open(lease, os.O_RDWR | os.O_CREAT, 0o600)
     write_stamp(fd, 3, nbytes)
-    event = _event("cuda-ipc://x", version=3, nbytes=nbytes, digest=digest)
-    buf = torch.empty(nbytes, dtype=torch.uint8)
-    like = {k: torch.empty_like(v) for k, v in state.items()}
-    got = copy_verified(event, slot, buf, str(lease), like, lambda d, s: d.copy_(s))
-    assert set(got) == set(state)
-    for name, tensor in state.items():
+    event = _event("cuda-ipc://x", 3, nbytes, device_digest(buf[:nbytes]))
+    yield _Slot(state, buf, lease, fd, event)
+    os.close(fd)
+
+
+def test_a_slot_image_decodes_to_the_version_exactly(slot):
+    like = {k: torch.empty_like(v) for k, v in slot.state.items()}
+    got = slot.copy(like)
+    assert set(got) == set(slot.state)
+    for name, tensor in slot.state.items():
         assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+    head, ordered, nbytes = image_layout(slot.state)
     with pytest.raises(SyncError, match="image of"):
-        fill_image(torch.empty(nbytes + 1, dtype=torch.uint8), *image_layout(state)[:2])
-    os.close(fd)
+        fill_image(torch.empty(nbytes + 1, dtype=torch.uint8), head, ordered)
 
 
-def test_a_copy_is_refused_when_the_slot_moved_on_or_its_bytes_changed(tmp_path):
-    state = _state()
-    slot, digest = _slot_of(state)
-    _, _, nbytes = image_layout(state)
-    lease = tmp_path / "streamrft-ipc-1-cuda0"
-    fd = os.open(lease, os.O_RDWR | os.O_CREAT, 0o600)
-    event = _event("cuda-ipc://x", version=3, nbytes=nbytes, digest=digest)
-    buf = torch.empty(nbytes, dtype=torch.uint8)
-    copy = lambda d, s: d.copy_(s)  # noqa: E731
-    write_stamp(fd, 5, nbytes)  # the trainer wrote version 5 into the slot since
+def test_a_copy_is_refused_when_the_slot_moved_on_or_its_bytes_changed(slot):
+    nbytes = slot.event.bytes
+    write_stamp(slot.fd, 5, nbytes)  # the trainer wrote version 5 into the slot since
     with pytest.raises(IntegrityError, match="rewritten with version 5"):
-        copy_verified(event, slot, buf, str(lease), {}, copy)
-    write_stamp(fd, -1, 0)  # being written (or the trainer died writing)
+        slot.copy()
+    write_stamp(slot.fd, -1, 0)  # being written (or the trainer died writing)
     with pytest.raises(IntegrityError, match="holds no version"):
-        copy_verified(event, slot, buf, str(lease), {}, copy)
-    write_stamp(fd, 3, nbytes)
-    slot[100] ^= 1  # a bit flipped after the trainer's digest
+        slot.copy()
+    write_stamp(slot.fd, 3, nbytes)
+    slot.slot[100] ^= 1  # a bit flipped after the trainer's digest
     with pytest.raises(IntegrityError, match="does not match"):
-        copy_verified(event, slot, buf, str(lease), {}, copy)
-    slot[100] ^= 1
-    other = {"w": torch.empty(5, 7, dtype=torch.bfloat16)}  # not this model's shapes
-    with pytest.raises(IntegrityError, match="do not fit"):
-        copy_verified(event, slot, buf, str(lease), other, copy)
-    os.unlink(lease)  # the trainer stopped: its leases are gone
+        slot.copy()
+    slot.slot[100] ^= 1
+    with pytest.raises(IntegrityError, match="do not fit"):  # not this model's shapes
+        slot.copy({"w": torch.empty(5, 7, dtype=torch.bfloat16)})
+    os.unlink(slot.lease)  # the trainer stopped: its leases are gone
     with pytest.raises(IntegrityError, match="cannot open"):
-        copy_verified(event, slot, buf, str(lease), {}, copy)
-    os.close(fd)
+        slot.copy()
 
 
 # -- slots and leases ------------------------------------------------------------------------
