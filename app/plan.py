@@ -32,6 +32,7 @@ from streamrft.infra.memory_plan import (
     explorer_estimate,
     llama_shape,
     lora_params,
+    staging_bytes,
     trainer_estimate,
     vllm_estimate,
 )
@@ -51,6 +52,7 @@ COLUMNS = (
     "kv_cache",
     "logits",
     "vllm_share",
+    "staging",
 )
 
 
@@ -244,12 +246,27 @@ def _sampler(
     name = f"{role}-{index}"
     device = role_device(cfg, role, index)[0]
     if role_engine(cfg, role) != "vllm":
-        return [(name, device, explorer_estimate(shape, work, role))]
+        est = explorer_estimate(shape, work, role)
+        return [(name, device, _staged(cfg, device, shape, work, est))]
     share = vllm_estimate(cfg.explorer.gpu_memory_utilization, device_bytes, role)
     gpus = span(device, engine_gpus(cfg, role))
-    if len(gpus) == 1:
-        return [(name, device, share)]
-    return [(f"{name} tp{r}", gpu, share) for r, gpu in enumerate(gpus)]
+    rows = [(f"{name} tp{r}" if len(gpus) > 1 else name, gpu, share) for r, gpu in enumerate(gpus)]
+    first, gpu, _ = rows[0]  # the staging copy is the process's, on its first GPU
+    rows[0] = (first, gpu, _staged(cfg, gpu, shape, work, share))
+    return rows
+
+
+def _staged(cfg: Config, device: str, shape: ModelShape, work: Workload, est: Estimate) -> Estimate:
+    """``est`` with the staging copy (``synchronizer.staging``): on the device with
+    ``device`` on a GPU, and on a CPU, whose device is host memory; with ``host`` on a GPU,
+    pinned host memory beside it (not in the device's total)."""
+    kind = cfg.synchronizer.staging
+    if kind == "none":
+        return est
+    size = staging_bytes(shape, work, cfg.model.lora.enabled)
+    if kind == "device" or not device.startswith("cuda"):
+        return dataclasses.replace(est, parts={**est.parts, "staging": size})
+    return dataclasses.replace(est, host={**est.host, "staging": size})
 
 
 def _rank(device: str, rank: int, ranks: int) -> str:
@@ -307,6 +324,13 @@ def render(plan: Plan) -> str:
             f"the trainer needs more than its trainer.gpu_memory_fraction "
             f"({plan.trainer_share:g} of the GPU): does NOT fit"
         )
+    pinned = [(n, est.host["staging"]) for n, _, est in plan.processes if "staging" in est.host]
+    if pinned:
+        each = ", ".join(f"{n} {_gib(b)}" for n, b in pinned)
+        lines.append(
+            f"host memory beside the GPUs, pinned (synchronizer.staging: host): {each} GiB; "
+            f"{_gib(sum(b for _, b in pinned))} GiB in all"
+        )
     lines.append(
         "figures in GiB; estimates without the CUDA context and allocator slack (add ~0.5 GiB "
         "a process)"
@@ -324,6 +348,7 @@ def as_json(plan: Plan) -> dict[str, Any]:
                 "name": n,
                 "device": d,
                 "parts": est.parts,
+                "host": est.host,
                 "activations": est.activations,
                 "activations_checkpointed": est.activations_checkpointed,
                 "total": est.total,

@@ -21,9 +21,13 @@ width ``K`` (heads x head size); ``V`` vocabulary):
   ``2 L K b S (P + R)``; the last position's logits, ``8 S V``.
 - **explorer, vLLM**: the share ``explorer.gpu_memory_utilization`` of the device, which
   vLLM takes whole (weights and KV cache inside it).
+- **staging copy** of an explorer or evaluator (``synchronizer.staging``, a version received
+  before its apply): ``bN``, and with LoRA the adapter beside its base, ``bN + 4n``; on the
+  device with ``staging: device``, in host memory with ``host`` (pinned on a GPU box), and
+  nothing with ``none``.
 
 Not counted: the CUDA context and allocator slack (a few hundred MB a process), temporary
-buffers of individual kernels, the weight-sync staging copies (``2 b N`` on the trainer
+buffers of individual kernels, the trainer's weight-sync copies (``2 b N`` on the trainer
 with the same-host transport). An estimate to choose sizes with, not a guarantee.
 """
 
@@ -85,6 +89,8 @@ class Estimate:
 
     role: str
     parts: dict[str, int] = field(default_factory=dict)
+    host: dict[str, int] = field(default_factory=dict)
+    """Host memory beside the device's (a staging copy in host memory): not in :attr:`total`."""
     activations: int = 0
     activations_checkpointed: int = 0
     checkpointing: bool = False
@@ -140,6 +146,12 @@ def explorer_estimate(shape: ModelShape, work: Workload, role: str = "explorer")
             "logits": 8 * rows * shape.vocab,
         },
     )
+
+
+def staging_bytes(shape: ModelShape, work: Workload, lora: bool) -> int:
+    """The staging copy of one explorer: a version in ``model.dtype``, and with LoRA an
+    adapter (float32) beside its base."""
+    return work.dtype_bytes * shape.params + (4 * work.trainable if lora else 0)
 
 
 def vllm_estimate(utilization: float, device_bytes: int | None, role: str = "explorer") -> Estimate:

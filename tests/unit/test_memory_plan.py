@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from streamrft.app.cli import main
-from streamrft.app.plan import make_plan, model_shape, safetensors_params
+from streamrft.app.plan import as_json, make_plan, model_shape, render, safetensors_params
 from streamrft.infra.config import LoraConfig, ModelConfig, from_dict
 from streamrft.infra.memory_plan import (
     GIB,
@@ -205,7 +205,8 @@ def test_evaluators_and_tensor_parallel_engines_have_their_rows():
     assert list(rows) == ["trainer", "explorer-0", "evaluator-0", "evaluator-1"]
     shape = plan.shape
     reading = replace(plan.work, rows_sampled=5, response_tokens=6)
-    assert rows["evaluator-1"] == explorer_estimate(shape, reading, "evaluator")
+    own = explorer_estimate(shape, reading, "evaluator")  # and its staging copy (float32)
+    assert rows["evaluator-1"] == replace(own, parts={**own.parts, "staging": 4 * shape.params})
     kv = 2 * shape.layers * shape.kv_width * 4 * 5 * (24 + 6)  # float32, 5 rows, 30 tokens
     assert rows["evaluator-0"].parts["kv_cache"] == kv
     vllm = from_dict(
@@ -246,3 +247,39 @@ def test_a_plan_whose_vllm_shares_run_would_refuse_does_not_fit():
     assert plan.fits() is False
     alone = make_plan(from_dict({**msgspec.to_builtins(cfg), "eval": {"count": 0}}), 24, 80 * GIB)
     assert alone.shares_refused is None and alone.fits() is True
+
+
+def test_the_staging_copy_is_on_the_device_or_in_host_memory_beside_it():
+    """``synchronizer.staging``: ``device`` counts a version (and with LoRA the adapter
+    beside its base) on the explorer's GPU; ``host`` on a GPU box puts it in pinned host
+    memory, outside the GPU's total and on a line of its own; on a CPU the device is host
+    memory; ``none`` has no copy."""
+    base = {
+        "taskset": {"path": "x.jsonl"},
+        "model": {"device": "cuda", "dtype": "bfloat16"},
+        "explorer": {"device": "cuda:1"},
+        "trainer": {"device": "cuda:0"},
+    }
+
+    def explorer(staging: str, **more):
+        cfg = from_dict({**base, "synchronizer": {"staging": staging}, **more})
+        plan = make_plan(cfg, 16, 80 * GIB)
+        return plan, plan.processes[1][2]
+
+    plan, on_gpu = explorer("device")
+    version = 2 * plan.shape.params  # bfloat16
+    assert on_gpu.parts["staging"] == version and not on_gpu.host
+    assert plan.by_device()["cuda:1"] == on_gpu.total
+    plan, beside = explorer("host")
+    assert beside.host == {"staging": version} and "staging" not in beside.parts
+    assert on_gpu.total - beside.total == version
+    assert "pinned (synchronizer.staging: host): explorer-0" in render(plan)
+    assert as_json(plan)["processes"][1]["host"] == {"staging": version}
+    _, none = explorer("none")
+    assert none.total == beside.total and not none.host
+    lora = {"model": {**base["model"], "lora": {"enabled": True, "rank": 4}}}
+    plan, adapter = explorer("device", **lora)
+    assert adapter.parts["staging"] == version + 4 * plan.work.trainable
+    cpu = from_dict({"taskset": {"path": "x.jsonl"}})  # host memory is the device's
+    row = make_plan(cpu, 16, GIB).processes[1][2]
+    assert row.parts["staging"] == 4 * make_plan(cpu, 16, GIB).shape.params
