@@ -139,3 +139,40 @@ def test_a_step_of_one_update_that_fails_once_it_is_applied_ends_the_trainer():
 
     assert raised.type is StepNotUndone, raised.value  # nothing was copied: the trainer exits
     assert "after its optimizer update was applied" in str(raised.value)
+
+
+def test_float16_a_failure_inside_the_optimizers_step_is_undone_with_its_loss_scale():
+    """Under float16 the loss scaler has unscaled the gradients before the update: undone,
+    it must take the next step's unscale again (and keep its scale)."""
+    settings = {"lr_warmup_steps": 4, "max_steps": 10, "ppo_epochs": 2}
+    engines = [
+        TorchTrainEngine(learning_config({"type": "grpo"}, trainer=settings, model=FP16))
+        for _ in range(2)
+    ]
+    for engine in engines:
+        engine.prepare()
+        engine.train_step(_batch("a"), 0)
+    clean, bad = engines
+    clean.train_step(_batch("b"), 1)
+    before, scale = _state(bad), bad.precision.scaler.get_scale()
+    calls = []
+
+    def inside_the_step(*_):  # after unscale_, before the parameters change
+        calls.append(1)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+    hook = bad.optimizer.register_step_pre_hook(inside_the_step)
+    with pytest.raises(torch.OutOfMemoryError):
+        bad.train_step(_batch("b"), 1)
+    hook.remove()
+    _assert_close(_state(bad), before, atol=0.0)
+    assert bad.precision.scaler.get_scale() == scale
+    bad.retry_row_by_row(_batch("b"), 1)  # a second unscale_ is accepted
+    _assert_close(_state(bad), _state(clean), atol=FP16_ABS)
+
+
+FP16 = {"dtype": "float16"}
+FP16_ABS = 1e-4
+"""float16 compute, row by row against the whole batch (5e-6 seen); the first update
+applied twice moves the weights by about 5e-4."""
