@@ -60,6 +60,7 @@ changes the digest, and the check then asks pip."""
 PIP_TIMEOUT_S = 600.0
 DEFAULT_INDEX = "https://pypi.org/simple"
 OUTPUT_LINES = 40
+NOISE = "WARNING: Location '"
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,10 @@ def pip_dry_run(
         proc = subprocess.run(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
         )
-        # pip's last lines: the error and the requirements in conflict
-        output = "\n".join(proc.stdout.strip().splitlines()[-OUTPUT_LINES:])
+        # pip's last lines (the error, the requirements in conflict), without its notes on
+        # configured index folders that do not exist
+        lines = [x for x in proc.stdout.strip().splitlines() if not x.startswith(NOISE)]
+        output = "\n".join(lines[-OUTPUT_LINES:])
         if proc.returncode != 0 or not report.exists():
             return PipAnswer(proc.returncode or 1, output)
         chosen = json.loads(report.read_text())["install"]
