@@ -266,9 +266,10 @@ class TaskSource(_Section, frozen=True):
 class TasksetConfig(_Section, frozen=True):
     path: str = ""
     """Training tasks (relative to the config file): a JSONL file (one object per line), a
-    Parquet file (``.parquet``, needs ``pyarrow``) or a folder written by Hugging Face
-    ``datasets``' ``save_to_disk`` (needs ``datasets``; both: ``pip install -e
-    '.[data]'``), read offline. Either this or ``sources``."""
+    Parquet file (``.parquet``, needs ``pyarrow``), a folder of Parquet or JSONL files as a
+    dataset hub's download lays it out (the files of ``split``), or a folder written by
+    Hugging Face ``datasets``' ``save_to_disk`` (needs ``datasets``; both: ``pip install
+    -e '.[data]'``), read offline. Either this or ``sources``."""
     sources: list[TaskSource] = []
     """Several task sets mixed by weight, in place of ``path``: every epoch holds
     ``epoch_tasks`` tasks, each source's share ``weight / sum of weights`` of them (rounded
@@ -282,7 +283,9 @@ class TasksetConfig(_Section, frozen=True):
     model's tokenizer) is longer than this many tokens, and reports how many at start; 0:
     no limit (the explorer still refuses a prompt that leaves no room to sample)."""
     split: str = "train"
-    """The split of a saved dataset dict (a folder holding ``dataset_dict.json``)."""
+    """The split a folder's tasks come from: a hub download's files whose path names it
+    (``train-00000-of-00001.parquet``, ``train.jsonl``, a ``train/`` folder; ``dev`` and
+    ``val`` are ``validation``), or a saved dataset dict's (``dataset_dict.json``)."""
     prompt_key: str = "prompt"
     answer_key: str = "answer"
     id_key: str = "id"
@@ -290,8 +293,9 @@ class TasksetConfig(_Section, frozen=True):
     a missing id becomes the row number."""
     prompt_template: str | None = None
     """The prompt built from the row's fields by name, in place of ``prompt_key``:
-    ``"{question}\nPut the final answer in \\boxed{}."`` (a nested field as
-    ``{extra_info[question]}``; literal braces doubled, ``{{`` and ``}}``)."""
+    ``"{question}\nPut the final answer in \\boxed{}."`` (a nested field by the dotted
+    path ``prompt_key`` takes, ``{extra_info.question}``, or as ``{extra_info[question]}``;
+    literal braces doubled, ``{{`` and ``}}``)."""
     answer_extract: str | None = None
     """How the answer field becomes the reference answer: ``gsm8k`` (what follows the last
     ``####``, commas dropped), ``boxed`` (the last ``\\boxed{...}``), or a regular
@@ -1048,8 +1052,8 @@ class SandboxConfig(_Section, frozen=True):
     memory_mb: Annotated[int, msgspec.Meta(ge=32)] = 512
     """Address space of the program (``RLIMIT_AS``), in MiB; an allocation past it fails."""
     output_kb: Pos = 64
-    """Output of a test program kept (stdout and stderr, each) and largest file it may
-    write (``RLIMIT_FSIZE``), in KiB."""
+    """Output of a test program kept (its stdout; its stderr is dropped) and largest file
+    it may write (``RLIMIT_FSIZE``), in KiB."""
     isolation: Literal["auto", "namespace", "audit"] = "auto"
     """How the program is kept off the network: ``namespace``, a user and network namespace
     of its own (``unshare``: no interface but a loopback that is down), else refused;
@@ -1060,6 +1064,9 @@ class SandboxConfig(_Section, frozen=True):
     python: str = ""
     """Interpreter the tests run with (empty: the explorer's own); started with ``-I``
     (isolated: no user site, no ``PYTHON*`` variables) in an empty temporary folder."""
+    files: NonNeg = 64
+    """Files and folders a test program may make in its folder, each at most
+    ``output_kb``: the folder's budget (64 x 64 KiB = 4 MiB by default)."""
 
 
 class RewardConfig(_Section, frozen=True):
@@ -1090,7 +1097,11 @@ class RewardConfig(_Section, frozen=True):
     temperature: NonNegF = 0.0
     """The judge's sampling temperature."""
     timeout_s: PosF = 60.0
-    """Longest wait for the judge to answer, and for each read of its reply."""
+    """Longest wait for the judge to answer, and for each read of its reply (one
+    response's tries together may take ``retries + 1`` times this, plus the waits between
+    them); for ``code_tests``, longest one response's tests may run together (at least
+    ``sandbox.time_limit_s``). A response whose scoring runs past it fails its task's
+    workflow call, which is retried (``explorer.task_retries``), then dead-lettered."""
     retries: NonNeg = 2
     """Further tries of a judge call that failed (no answer, a server error, a reply with
     no score), 1 s apart then doubling; then the task's workflow call fails with the

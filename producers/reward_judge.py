@@ -33,7 +33,8 @@ import urllib.error
 import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from streamrft.infra.config import RewardConfig
@@ -96,13 +97,23 @@ class ScoreCache:
 
 class PooledReward:
     """A reward scored by a slow service: up to ``concurrency`` at once per process, by
-    (task, response) digest cached. Subclasses give :meth:`score_one`."""
+    (task, response) digest cached. Subclasses give :meth:`score_one`, which should end
+    within ``limit_s`` of its start; one still running ``OVERRUN_S`` later is abandoned:
+    :meth:`score_all` raises RewardServiceError and its place is given to the next call,
+    so it never holds up later scoring."""
 
-    def __init__(self, concurrency: int, cache_size: int) -> None:
+    OVERRUN_S = 5.0
+    """How long past ``limit_s`` a call may run before it is abandoned."""
+
+    def __init__(self, concurrency: int, cache_size: int, limit_s: float) -> None:
         self.cache = ScoreCache(cache_size)
-        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix=type(self).__name__)
+        self.limit_s = limit_s
+        """Longest one response's scoring may take, from its start."""
+        self._slots = threading.BoundedSemaphore(concurrency)
         self.calls = 0
         """Responses scored by the service (cache misses)."""
+        self.abandoned = 0
+        """Calls given up past their limit (their threads may still be running)."""
         self._count = threading.Lock()
 
     def score_one(self, response: str, task: Task) -> Scored:
@@ -117,7 +128,7 @@ class PooledReward:
 
     def score_all(self, pairs: Sequence[tuple[str, Task]]) -> list[Scored]:
         """Each pair's score, the uncached ones at once (up to ``concurrency``); raises the
-        first failure."""
+        first failure, or RewardServiceError for a call past its limit."""
         keys = [self.key(response, task) for response, task in pairs]
         out: dict[str, Scored] = {}
         todo: dict[str, tuple[str, Task]] = {}
@@ -127,17 +138,73 @@ class PooledReward:
                 out[key] = cached
             else:
                 todo.setdefault(key, pair)
-        futures = {key: self._pool.submit(self._scored, key, *pair) for key, pair in todo.items()}
-        for key, future in futures.items():
-            out[key] = future.result()
+        calls = {key: self._start(key, *pair) for key, pair in todo.items()}
+        for key, call in calls.items():
+            out[key] = self._wait(call)
         return [out[key] for key in keys]
 
-    def _scored(self, key: str, response: str, task: Task) -> Scored:
+    def _start(self, key: str, response: str, task: Task) -> _Call:
+        call = _Call()
+        threading.Thread(
+            target=self._scored,
+            args=(call, key, response, task),
+            name=type(self).__name__,
+            daemon=True,  # one abandoned never holds up the process's exit
+        ).start()
+        return call
+
+    def _scored(self, call: _Call, key: str, response: str, task: Task) -> None:
+        self._slots.acquire()
+        call.started = time.monotonic()
         with self._count:
             self.calls += 1
-        value = self.score_one(response, task)
-        self.cache.put(key, value)
-        return value
+        try:
+            value = self.score_one(response, task)
+        except BaseException as exc:  # handed to the caller, who raises it
+            call.future.set_exception(exc)
+        else:
+            self.cache.put(key, value)
+            call.future.set_result(value)
+        finally:
+            self._free(call)
+
+    def _wait(self, call: _Call) -> Scored:
+        """The call's score, waiting while it is queued or within its limit."""
+        while True:
+            started = call.started
+            allowed = self.limit_s + self.OVERRUN_S
+            left = allowed if started is None else started + allowed - time.monotonic()
+            if left <= 0:
+                self._free(call)
+                with self._count:
+                    self.abandoned += 1
+                log.warning("%s: a call past its limit of %g s abandoned", self, self.limit_s)
+                raise RewardServiceError(
+                    f"{type(self).__name__}: scoring one response took longer than "
+                    f"{self.limit_s:g} s (reward.timeout_s); abandoned"
+                )
+            try:
+                return call.future.result(timeout=left)
+            except FutureTimeout:
+                continue
+
+    def _free(self, call: _Call) -> None:
+        """Give the call's place back, once (by the call, or by its abandonment)."""
+        with self._count:
+            if call.freed:
+                return
+            call.freed = True
+        self._slots.release()
+
+
+class _Call:
+    """One response being scored: its result, when it started, whether its place was
+    given back."""
+
+    def __init__(self) -> None:
+        self.future: Future[Scored] = Future()
+        self.started: float | None = None
+        self.freed = False
 
 
 class JudgeReward(PooledReward):
@@ -153,7 +220,9 @@ class JudgeReward(PooledReward):
         if self.pattern.groups < 1:
             raise ConfigError("reward.score_pattern: needs a group around the score")
         _check_rubric(cfg.rubric)
-        super().__init__(cfg.concurrency, cfg.cache_size)
+        tries = cfg.retries + 1
+        waits = sum(BACKOFF_S * 2**i for i in range(cfg.retries))
+        super().__init__(cfg.concurrency, cfg.cache_size, tries * cfg.timeout_s + waits)
         self.cfg = cfg
         self.url = cfg.base_url.rstrip("/")
         self._sleep = sleep

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -38,8 +39,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 from streamrft.infra.answer_extract import without_thinking
 from streamrft.infra.config import SandboxConfig
@@ -130,11 +133,19 @@ def _warn_once() -> None:
 class CodeTestsReward(PooledReward):
     """``explorer.reward: code_tests`` (see the module docstring)."""
 
-    def __init__(self, cfg: SandboxConfig, concurrency: int, cache_size: int) -> None:
+    def __init__(
+        self, cfg: SandboxConfig, concurrency: int, cache_size: int, timeout_s: float = 60.0
+    ) -> None:
         python = cfg.python or sys.executable
         if shutil.which(python) is None and not Path(python).is_file():
             raise ConfigError(f"reward.sandbox.python: {python!r} is not an interpreter found")
-        super().__init__(concurrency, cache_size)
+        if timeout_s < cfg.time_limit_s:
+            raise ConfigError(
+                f"reward.timeout_s: {timeout_s:g} s is shorter than one test's "
+                f"reward.sandbox.time_limit_s ({cfg.time_limit_s:g} s): a program that runs "
+                "to its limit would fail its task instead of the test"
+            )
+        super().__init__(concurrency, cache_size, timeout_s)
         self.cfg, self.python = cfg, python
         self.prefix = isolation_prefix(cfg)
 
@@ -144,59 +155,99 @@ class CodeTestsReward(PooledReward):
         return digest(task, response, task.metadata.get(TESTS_KEY, ""))
 
     def score_one(self, response: str, task: Task) -> Scored:
+        deadline = time.monotonic() + self.limit_s
         tests = task_tests(task)
         code, fenced = extract_code(response)
-        results = [self.run_test(code, test) for test in tests]
-        passed = sum(r == "passed" for r in results)
+        runs = [self.run_test(code, test, deadline) for test in tests]
+        passed = sum(r.verdict == "passed" for r in runs)
         return passed / len(tests), {
             "tests_passed": float(passed),
             "tests_total": float(len(tests)),
-            "tests_timed_out": float(sum(r == "timed out" for r in results)),
+            "tests_timed_out": float(sum(r.verdict == "timed out" for r in runs)),
             "code_found": float(fenced),
+            "folder_bytes": float(max(r.folder_bytes for r in runs)),
         }
 
-    def run_test(self, code: str, test: str) -> str:
-        """``passed``, ``failed`` or ``timed out``: ``code`` then ``test`` in a fresh folder
-        under the limits."""
+    def run_test(self, code: str, test: str, deadline: float = math.inf) -> Outcome:
+        """``code`` then ``test`` in a fresh folder under the limits; past ``deadline``
+        (``time.monotonic``) RewardServiceError: the scoring took longer than
+        ``reward.timeout_s``."""
         cfg = self.cfg
+        wall_s = min(cfg.time_limit_s, deadline - time.monotonic())
+        if wall_s <= 0:
+            raise RewardServiceError(self._late())
         limit_bytes = cfg.output_kb * 1024
-        with tempfile.TemporaryDirectory(prefix="streamrft-sandbox-") as folder:
-            root = Path(folder)
-            (root / "solution.py").write_text(code)
-            (root / "test.py").write_text(test)
-            token = secrets.token_hex(16)
-            argv = [
-                *self.prefix,
-                self.python,
-                "-I",
-                str(HARNESS),
-                str(cfg.memory_mb << 20),
-                str(int(cfg.time_limit_s + 0.999) + 1),  # a backstop behind the wall clock
-                str(limit_bytes),
-            ]
-            with (root / "stdout").open("wb") as out, (root / "stderr").open("wb") as err:
-                try:
-                    proc = subprocess.Popen(
-                        argv,
-                        cwd=root,
-                        stdin=subprocess.PIPE,
-                        stdout=out,
-                        stderr=err,
-                        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
-                        start_new_session=True,
-                    )
-                except OSError as exc:
-                    raise RewardServiceError(f"code_tests: cannot start {argv[0]}: {exc}") from exc
-                try:
-                    proc.communicate((token + "\n").encode(), timeout=cfg.time_limit_s)
-                except subprocess.TimeoutExpired:
-                    return "timed out"
-                finally:
-                    _kill(proc)  # whatever it left behind in its process group
-            tail = _tail(root / "stdout", limit_bytes)
-            if proc.returncode == 0 and tail.rstrip().endswith(token):
-                return "passed"
-            return "timed out" if proc.returncode == -signal.SIGXCPU else "failed"
+        token = secrets.token_hex(16)
+        body = code.encode("utf-8", "surrogatepass")
+        feed = f"{token}\n{len(body)}\n".encode() + body + test.encode("utf-8", "surrogatepass")
+        argv = [
+            *self.prefix,
+            self.python,
+            "-I",
+            str(HARNESS),
+            str(cfg.memory_mb << 20),
+            str(int(cfg.time_limit_s + 0.999) + 1),  # a backstop behind the wall clock
+            str(limit_bytes),
+            str(cfg.files),
+        ]
+        with (
+            tempfile.TemporaryDirectory(prefix="streamrft-sandbox-") as folder,
+            tempfile.TemporaryFile() as out,  # no name: the program cannot swap it
+        ):
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=folder,
+                    stdin=subprocess.PIPE,
+                    stdout=out,
+                    stderr=subprocess.DEVNULL,
+                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise RewardServiceError(f"code_tests: cannot start {argv[0]}: {exc}") from exc
+            try:
+                proc.communicate(feed, timeout=wall_s)
+            except subprocess.TimeoutExpired:
+                if wall_s < cfg.time_limit_s:
+                    raise RewardServiceError(self._late()) from None
+                verdict = "timed out"
+            else:
+                tail = _tail(out.fileno(), limit_bytes)
+                if proc.returncode == 0 and tail.rstrip().endswith(token):
+                    verdict = "passed"
+                elif proc.returncode == -signal.SIGXCPU:
+                    verdict = "timed out"
+                else:
+                    verdict = "failed"
+            finally:
+                _kill(proc)  # whatever it left behind in its process group
+            return Outcome(verdict, folder_bytes(Path(folder)))
+
+    def _late(self) -> str:
+        return (
+            f"code_tests: a response's tests took longer than reward.timeout_s ({self.limit_s:g} s)"
+        )
+
+
+class Outcome(NamedTuple):
+    """How one test ended: ``passed``, ``failed`` or ``timed out``, and the bytes its
+    folder's files held at the end."""
+
+    verdict: str
+    folder_bytes: int
+
+
+def folder_bytes(root: Path) -> int:
+    """The bytes the files under ``root`` hold (links not followed, folders not counted)."""
+    total = 0
+    for here, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(here, name)).st_size
+            except OSError:
+                continue  # removed meanwhile: nothing to count
+    return total
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -212,8 +263,8 @@ def _kill(proc: subprocess.Popen) -> None:
         log.warning("code_tests: program %d outlived its kill", proc.pid)
 
 
-def _tail(path: Path, limit: int) -> str:
-    """The last 200 characters of a program's output (it is at most ``limit`` bytes)."""
-    with path.open("rb") as f:
-        f.seek(max(0, min(path.stat().st_size, limit) - 200))
-        return f.read(200).decode("utf-8", "replace")
+def _tail(fd: int, limit: int) -> str:
+    """The last 200 characters of a program's output, read through the descriptor the
+    explorer holds (the output is at most ``limit`` bytes)."""
+    end = min(os.fstat(fd).st_size, limit)
+    return os.pread(fd, 200, max(0, end - 200)).decode("utf-8", "replace")

@@ -110,7 +110,9 @@ def _judge(service: RewardConfig) -> RewardFn:
 def _code_tests(service: RewardConfig) -> RewardFn:
     from streamrft.producers.reward_sandbox import CodeTestsReward
 
-    return CodeTestsReward(service.sandbox, service.concurrency, service.cache_size)
+    return CodeTestsReward(
+        service.sandbox, service.concurrency, service.cache_size, service.timeout_s
+    )
 
 
 SERVICES: dict[str, Callable[[RewardConfig], RewardFn]] = {

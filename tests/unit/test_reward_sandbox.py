@@ -43,7 +43,13 @@ def test_a_passing_program_passes_every_test_and_a_wrong_one_some():
     reward = _reward()
     value, info = reward(GOOD, TASK)
     assert value == 1.0
-    assert info == {"tests_passed": 3, "tests_total": 3, "tests_timed_out": 0, "code_found": 1}
+    assert info == {
+        "tests_passed": 3,
+        "tests_total": 3,
+        "tests_timed_out": 0,
+        "code_found": 1,
+        "folder_bytes": 0,
+    }
     value, info = reward(_fenced("def add(a, b):\n    return abs(a) + b"), TASK)
     assert value == pytest.approx(2 / 3) and info["tests_passed"] == 2  # add(-1, 1) fails
     assert reward("no code at all", TASK)[0] == 0.0  # the whole text is no program
