@@ -76,6 +76,8 @@ SLOT_NAMES = ("cuda0", "cuda1")
 LEASE_WAIT_S = 10.0
 """``auto``: longest wait for a slot no reader holds before a version skips this path."""
 LEASE_POLL_S = 0.002
+CLOSE_WAIT_S = 2.0
+"""A closing trainer waits this long at most for readers before it frees its slots."""
 STAMP = struct.Struct("<qq")
 """A lease file's contents: the version its slot holds (-1: none) and its bytes."""
 MAX_HANDLE_BYTES = 1024
@@ -553,15 +555,20 @@ class CudaIpcSender(WeightSender):
         return digest
 
     def close(self) -> None:
+        """Mark both slots empty under their leases (a reader copying now finishes first,
+        for :data:`CLOSE_WAIT_S` at most), remove the lease files, free the slots."""
         if self._closed:
             return
         self._closed = True
-        self._slots = [None, None]
+        for fd in self._fds:
+            if take_slot((0,), lambda _s, fd=fd: try_exclusive(fd), CLOSE_WAIT_S) is not None:
+                write_stamp(fd, -1, 0)
         for fd, path in zip(self._fds, self.leases, strict=True):
-            with contextlib.suppress(OSError):
-                os.close(fd)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.close(fd)  # its lease with it
+        self._slots = [None, None]
 
 
 def device_sender(cfg: Config) -> CudaIpcSender | None:
