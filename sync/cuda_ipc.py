@@ -561,7 +561,7 @@ class CudaIpcSender(WeightSender):
             return
         self._closed = True
         for fd in self._fds:
-            if take_slot((0,), lambda _s, fd=fd: try_exclusive(fd), CLOSE_WAIT_S) is not None:
+            if take_slot((fd,), try_exclusive, CLOSE_WAIT_S) is not None:
                 write_stamp(fd, -1, 0)
         for fd, path in zip(self._fds, self.leases, strict=True):
             with contextlib.suppress(FileNotFoundError):
