@@ -42,7 +42,10 @@ class Check:
     """What passed but looks wrong, each ``field: why``."""
 
 
-EXPECTED_DATA = "a JSONL or Parquet file, or a folder of a saved dataset"
+EXPECTED_DATA = (
+    "a JSONL or Parquet file, a folder of them as a dataset hub's download lays it out, "
+    "or a folder of a saved dataset"
+)
 
 
 def _missing_files(cfg: Config, fields: tuple[str, ...]) -> None:

@@ -1,8 +1,10 @@
 """Read a taskset into :class:`Task` objects, with errors that name the row.
 
 ``taskset.path`` (and ``eval.path``) is a JSONL file (one object per line), a Parquet
-file (read in record batches, with ``pyarrow``), or a folder a Hugging Face ``datasets``
-``save_to_disk`` wrote (``taskset.split`` of a dataset dict), read with the hub off.
+file (read in record batches, with ``pyarrow``), a folder a Hugging Face ``datasets``
+``save_to_disk`` wrote (``taskset.split`` of a dataset dict), read with the hub off, or a
+folder of Parquet or JSONL files as a hub's download lays it out, whose files of
+``taskset.split`` are read in turn (:mod:`streamrft.infra.data_files`).
 A row has a prompt (``taskset.prompt_key``, a dotted path into nested fields, or
 ``taskset.prompt_template`` filled with the row's fields by name) or a chat
 (``taskset.messages_key``: a list of ``{"role", "content"}`` objects), not both; an
@@ -22,6 +24,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import string
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,7 @@ import msgspec
 
 from streamrft.infra.answer_extract import answer_extractor
 from streamrft.infra.config import TasksetConfig, TaskSource
+from streamrft.infra.data_files import is_saved_dataset, split_files
 from streamrft.schemas.errors import ConfigError
 from streamrft.schemas.experience import ChatMessage, Task
 
@@ -121,14 +126,23 @@ def source_config(cfg: TasksetConfig, source: TaskSource) -> TasksetConfig:
 
 
 def read_rows(path: Path, cfg: TasksetConfig) -> Iterator[tuple[str, int, dict[str, Any]]]:
-    """``(where, 1-based index, row)`` of each row of a JSONL or Parquet file or a saved
-    dataset folder."""
-    if path.is_dir():
+    """``(where, 1-based index, row)`` of each row of a JSONL or Parquet file, a saved
+    dataset folder, or the files of ``taskset.split`` in a folder as a hub's download lays
+    it out (:mod:`streamrft.infra.data_files`; rows numbered across its files)."""
+    if path.is_dir() and is_saved_dataset(path):
         yield from _dataset_rows(path, cfg.split)
-    elif path.suffix == ".parquet":
-        yield from _parquet_rows(path)
+    elif path.is_dir():
+        index = 0
+        for file in split_files(path, cfg.split):
+            for where, _, row in _file_rows(file):
+                index += 1
+                yield where, index, row
     else:
-        yield from _jsonl_rows(path)
+        yield from _file_rows(path)
+
+
+def _file_rows(path: Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    return _parquet_rows(path) if path.suffix == ".parquet" else _jsonl_rows(path)
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
@@ -163,11 +177,6 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
 
 
 def _dataset_rows(path: Path, split: str) -> Iterator[tuple[str, int, dict[str, Any]]]:
-    if not (path / "dataset_info.json").is_file() and not (path / "dataset_dict.json").is_file():
-        raise ConfigError(
-            f"taskset {path}: a folder must be a dataset saved with datasets' save_to_disk "
-            f"(no dataset_info.json or dataset_dict.json in it)"
-        )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder: never the network
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
@@ -235,19 +244,75 @@ def _task(obj: dict[str, Any], cfg: TasksetConfig, where: str, default_id: str) 
     )
 
 
+class _RowFields(string.Formatter):
+    """``str.format`` over a row whose field names are dotted paths into nested fields
+    (``{extra_info.question}``), as ``taskset.prompt_key`` reads them; ``[key]`` after a
+    name indexes as Python's own format does (``{extra_info[question]}``, ``{choices[0]}``)."""
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
+        head, bracket, rest = field_name.partition("[")
+        if not head or head.isdigit():
+            raise ConfigError(
+                "taskset.prompt_template: each {...} names a field of the row ({question}, "
+                "{extra_info.question}); a brace of the text itself is doubled ({{ and }})"
+            )
+        try:
+            value = field(kwargs, head)
+        except KeyError:
+            raise _Missing(head) from None
+        for is_attr, key in _index_parts(bracket + rest, field_name):
+            try:
+                value = field(value, key) if is_attr else value[key]
+            except (KeyError, IndexError, TypeError):
+                raise _Missing(field_name) from None
+        return value, head
+
+
+_PART = re.compile(r"\[([^\]]+)\]|\.([^.\[]+)")
+
+
+def _index_parts(tail: str, field_name: str) -> Iterator[tuple[bool, Any]]:
+    """``(is_attr, key)`` of each ``[key]`` (a number as an int, as Python's format takes
+    it) or ``.name`` of what follows a template field's name."""
+    at = 0
+    while at < len(tail):
+        part = _PART.match(tail, at)
+        if part is None:
+            raise ConfigError(f"taskset.prompt_template: {{{field_name}}} is not a field name")
+        key, name = part.groups()
+        yield (False, int(key) if key.isdigit() else key) if name is None else (True, name)
+        at = part.end()
+
+
+class _Missing(Exception):
+    """A template's field the row lacks (its name)."""
+
+
+_ROW_FIELDS = _RowFields()
+
+
 def _prompt(obj: dict[str, Any], cfg: TasksetConfig, where: str) -> str:
     """``taskset.prompt_template`` filled with the row's fields, or the prompt field."""
     if cfg.prompt_template is None:
         return str(field(obj, cfg.prompt_key))
     try:
-        return cfg.prompt_template.format_map(obj)
-    except KeyError as exc:
+        return _ROW_FIELDS.vformat(cfg.prompt_template, (), obj)
+    except _Missing as exc:
         raise ConfigError(
-            f"taskset {where}: taskset.prompt_template names {exc} , which the row lacks "
-            f"(it has {', '.join(sorted(obj))})"
+            f"taskset {where}: taskset.prompt_template names {str(exc)!r} , which the row lacks "
+            f"(it has {_fields_of(obj)})"
         ) from None
-    except (IndexError, ValueError, AttributeError) as exc:
+    except (IndexError, ValueError, AttributeError, KeyError) as exc:
         raise ConfigError(f"taskset.prompt_template: {exc}") from None
+
+
+def _fields_of(row: dict[str, Any], prefix: str = "") -> str:
+    """The row's field names, a nested object's as dotted paths."""
+    names = []
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        names.append(_fields_of(value, f"{name}.") if isinstance(value, dict) and value else name)
+    return ", ".join(sorted(names))
 
 
 def _text(value: Any) -> str:

@@ -196,7 +196,8 @@ def test_every_check_runs_and_a_missing_file_is_its_own_line(folders, tmp_path, 
     checks = {line[:13].strip(): line[13:].strip() for line in lines[:-1]}
     assert checks["taskset"] == (
         f"FAILED: taskset.path: '{tmp_path / 'data' / 'train.parquet'}' does not exist "
-        "(expected a JSONL or Parquet file, or a folder of a saved dataset)"
+        "(expected a JSONL or Parquet file, a folder of them as a dataset hub's download "
+        "lays it out, or a folder of a saved dataset)"
     )
     assert checks["eval set"].startswith("FAILED: eval.path: ")
     assert checks["names"].startswith("FAILED: explorer.reward: unknown reward 'no_such_reward'")
