@@ -122,7 +122,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -315,32 +315,21 @@ def _ipc_receiver(
     from streamrft.sync.cuda_ipc import CudaIpcReceiver
     from streamrft.sync.weights import copy_into
 
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
     params = {n: torch.zeros(s, dtype=DTYPES[dtype], device="cuda") for n, s in shapes.items()}
     receiver = CudaIpcReceiver(_ipc_config(run_id))
-    results.put({"op": "ready"})
+
+    def receive(raw: bytes, names: list[str]) -> dict[str, Any]:
+        event = msgspec.json.decode(raw, type=ModelVersionReady)
+        t0 = time.perf_counter()
+        tensors = receiver.receive(event, params)
+        t1 = time.perf_counter()
+        copy_into(params, tensors, "weights")
+        torch.cuda.synchronize()
+        digests = {n: sha256_hex(params[n]) for n in names}
+        return {"fetch_verify_s": t1 - t0, "apply_s": time.perf_counter() - t1, "sha256": digests}
+
     try:
-        while True:
-            cmd = commands.get()
-            if cmd[0] == "exit":
-                return
-            _, raw, names = cmd
-            event = msgspec.json.decode(raw, type=ModelVersionReady)
-            out: dict[str, Any] = {"op": "received", "version": event.version}
-            try:
-                t0 = time.perf_counter()
-                tensors = receiver.receive(event, params)
-                t1 = time.perf_counter()
-                copy_into(params, tensors, "weights")
-                torch.cuda.synchronize()
-                out["fetch_verify_s"], out["apply_s"] = t1 - t0, time.perf_counter() - t1
-                out["sha256"] = {n: sha256_hex(params[n]) for n in names}
-                for t in params.values():  # the next version must really arrive
-                    t.zero_()
-            except Exception as exc:  # reported to the bench, which raises it
-                out["error"] = f"{type(exc).__name__}: {exc}"[:500]
-            results.put(out)
+        _serve(commands, results, receive, params)
     finally:
         receiver.close()
 
@@ -422,30 +411,37 @@ def _nccl_receiver(
     shapes: dict[str, tuple[int, ...]], timeout_s: float, commands: Any, results: Any
 ) -> None:
     """Child process: one explorer; receives versions in place, reports sha256 digests."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
     tensors = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in shapes.items()}
     receiver = CollectiveReceiver(MEMBER, timeout_s)
-    results.put({"op": "ready"})
+
+    def receive(uri: str, version: int, names: list[str]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        receiver.receive(uri, tensors, version)
+        digests = {n: sha256_hex(tensors[n]) for n in names}
+        return {"receive_s": time.perf_counter() - t0, "sha256": digests}
+
     try:
-        while True:
-            cmd = commands.get()
-            if cmd[0] == "exit":
-                return
-            _, uri, version, names = cmd
-            out: dict[str, Any] = {"op": "received", "version": version}
-            try:
-                t0 = time.perf_counter()
-                receiver.receive(uri, tensors, version)
-                out["receive_s"] = time.perf_counter() - t0
-                out["sha256"] = {n: sha256_hex(tensors[n]) for n in names}
-                for t in tensors.values():  # the next version must really arrive
-                    t.zero_()
-            except Exception as exc:
-                out["error"] = f"{type(exc).__name__}: {exc}"[:500]
-            results.put(out)
+        _serve(commands, results, receive, tensors)
     finally:
         receiver.close()
+
+
+def _serve(commands: Any, results: Any, receive: Callable[..., dict[str, Any]], held: dict) -> None:
+    """A receiver child's loop, one thread: "ready", then for each ``("receive", *args)``
+    the answer of ``receive(*args)`` (its error as text: the bench raises it), the ``held``
+    tensors zeroed after each (the next version must really arrive), until ``("exit",)``."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    results.put({"op": "ready"})
+    while (cmd := commands.get())[0] != "exit":
+        out: dict[str, Any] = {"op": "received"}
+        try:
+            out.update(receive(*cmd[1:]))
+        except Exception as exc:  # reported to the bench, which raises it
+            out["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        for tensor in held.values():
+            tensor.zero_()
+        results.put(out)
 
 
 def _stop_child(proc: Any, commands: Any, results: Any) -> None:
@@ -512,9 +508,9 @@ def nccl_path(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
         if sender is not None:
             sender.close()
         _stop_child(proc, commands, results)
-    for res in (first, second):
+    for version, res in ((1, first), (2, second)):
         if "error" in res:
-            raise RuntimeError(f"nccl receiver, version {res['version']}: {res['error']}")
+            raise RuntimeError(f"nccl receiver, version {version}: {res['error']}")
     return {
         "first_broadcast_s": t1 - t0,
         "broadcast_s": t3 - t2,
