@@ -14,6 +14,13 @@ nothing shared but the broker and the object store, losing two hosts on the way.
   from the newest checkpoint in the object store, broadcasting from B's address, and
   finishes the run.
 
+Every wait is for a state of the run, never for a time: the steps are read from the run's
+metrics topic, and the store behind host A refuses its checkpoints from step ``KILL_A_AT``
+on (``tests/harness/store_relay.py`` :class:`CheckpointGate`, lifted once A is lost), so the
+newest checkpoint in the store is one from before the step A is lost at, however fast A's
+trainer goes while the drill looks. The explorers, started by hand, wait for versions as
+long as a trainer takes to start again on a busy machine (``EXPLORER_SYNC_TIMEOUT_S``).
+
 The books are then read back from the run's topics (``tests/harness/drills.py``
 :func:`audit_run`): every fed task trained once, none lost; the greedy accuracy of the
 first and the last evaluation. :func:`run_drill` returns the timeline and the figures;
@@ -32,8 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamrft.app.watch.metrics_log import read_metrics
-from streamrft.infra.config import load_config, with_run_id
+from streamrft.infra.config import Config, load_config, with_run_id
 from streamrft.infra.consume import read_topic
 from streamrft.infra.local.services import LocalServices
 from streamrft.schemas.codec import CONTROL, METRICS, STATUS
@@ -41,6 +47,7 @@ from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.collective import parse_rendezvous
 from tests.harness.drills import audit_run
 from tests.harness.hosts import Host, SimulatedHosts
+from tests.harness.store_relay import CheckpointGate
 from tests.helpers.cli import env, overrides, service_overrides, streamrft_cmd
 from tests.helpers.paths import EXAMPLE
 
@@ -53,6 +60,11 @@ KILL_A_AT = 9
 """Host A is lost after this step, between two checkpoints (the newest one in the store
 is from before it: the steps after it are trained again on host B)."""
 TIMEOUT_S = 600.0
+EXPLORER_SYNC_TIMEOUT_S = 300
+"""``synchronizer.sync_timeout`` of the explorers started by hand: a broadcast cut by host
+A's loss is sent again by the store only once the trainer has started on host B (a new
+process: its imports, the run's record, the checkpoint; well past the run's 20 s on a busy
+2-core machine). The trainer keeps the run's 20 s for a member that never joins."""
 
 RUN_OVERRIDES = [
     f"taskset.total_epochs={EPOCHS}",
@@ -96,11 +108,18 @@ def _newest(pattern: re.Pattern, path: Path) -> int:
     return max((int(n) for n in pattern.findall(_text(path))), default=-1)
 
 
-def _trained(metrics: Path) -> int:
-    """The newest step the trainer reported in a run folder's ``metrics.jsonl`` (-1: none)."""
-    if not metrics.exists():
-        return -1
-    steps = [e.step for e in read_metrics(metrics) if e.component == "trainer" and e.trained]
+def _trained(cfg: Config, until_quiet: int = 1) -> int:
+    """The newest step a trainer reported on the run's metrics topic (-1: none): read from
+    the broker, not from a supervisor's ``metrics.jsonl`` (which lags it on a busy machine),
+    until ``until_quiet`` polls of 200 ms come back empty (more: all there is, once nothing
+    writes any more)."""
+    topic = cfg.topics().metrics
+    records = asyncio.run(read_topic(cfg.kafka, topic, METRICS, "drill-watch", until_quiet, 200))
+    steps = [
+        r.obj.step
+        for r in records
+        if r.obj is not None and r.obj.component == "trainer" and r.obj.trained
+    ]
     return max(steps, default=-1)
 
 
@@ -138,6 +157,7 @@ class Drill:
     def run(self) -> dict:
         with SimulatedHosts(self.root / "hosts") as hosts:
             services = LocalServices(self.root / "services", host=hosts.address)
+            self.gate: CheckpointGate | None = None
             try:
                 self.services = services.start()
                 return self._run(hosts)
@@ -145,7 +165,16 @@ class Drill:
                 for p in self.procs.values():
                     if p.poll() is None:
                         p.kill()
+                if self.gate is not None:
+                    self.gate.close()
                 services.stop()
+
+    def _config(self, run_id: str) -> Config:
+        """The drill's own view of the run (the broker and the store themselves)."""
+        return with_run_id(
+            load_config(EXAMPLE, [*RUN_OVERRIDES, *service_overrides(self.services)[1::2]]),
+            run_id,
+        )
 
     def _run(self, hosts: SimulatedHosts) -> dict:
         tl = self.timeline
@@ -153,7 +182,13 @@ class Drill:
         tl.add(f"broker and object store on the bridge, {hosts.address}")
         self.addresses = {h.name.removeprefix("host-"): h.address for h in (a, b, c, d)}
         run_id = f"multihost-{hosts.tag}"
+        cfg = self._config(run_id)
+        store_host, store_port = (self.services.s3_endpoint or "").rsplit(":", 1)
+        self.gate = CheckpointGate(
+            (store_host, int(store_port)), run_id, first=KILL_A_AT, host=hosts.address
+        ).start()
         join = ["--run-id", run_id, "--bootstrap", self.services.bootstrap_servers]
+        explore = ["explore", *join, "-o", f"synchronizer.sync_timeout={EXPLORER_SYNC_TIMEOUT_S}"]
         run_args = ["run", str(EXAMPLE), "--run-id", run_id, "--explorers", "0"]
         run_args += ["--max-steps", str(STEPS), "--no-progress"]
         run_args += overrides(
@@ -163,9 +198,10 @@ class Drill:
             f"synchronizer.nccl_host={a.address}",
             f"synchronizer.nccl_hosts=[{b.address}]",  # where the trainer may move
         )
-        self.start(a, "run", [*run_args, *service_overrides(self.services)], secrets=False)
+        through_gate = ["-o", f"object_store.endpoint={self.gate.endpoint}"]
+        a_args = [*run_args, *service_overrides(self.services), *through_gate]
+        self.start(a, "run", a_args, secrets=False)
         trainer_a = a.folder / "runs" / run_id / "logs" / "trainer.log"
-        metrics_a = a.folder / "runs" / run_id / "metrics.jsonl"
         _wait(
             lambda: "defined on its control topic" in _text(trainer_a),
             [self.procs["run"]],
@@ -176,30 +212,30 @@ class Drill:
             self.start(
                 host,
                 f"explorer-{index}",
-                ["explore", *join, "--index", str(index), "-o", f"run.host_id={host.name}"],
+                [*explore, "--index", str(index), "-o", f"run.host_id={host.name}"],
             )
         tl.add(f"hosts B ({b.address}), C ({c.address}): explorer-0, explorer-1 started")
         self.explorer0_log = b.folder / "explorer-0.log"
         live = [self.procs["run"]]
-        _wait(lambda: _trained(metrics_a) >= KILL_C_AT, live, f"step {KILL_C_AT}")
+        _wait(lambda: _trained(cfg) >= KILL_C_AT, live, f"step {KILL_C_AT}")
         killed = c.kill()
-        tl.add(f"host C lost at step {_trained(metrics_a)} ({killed} processes killed)")
-        _wait(lambda: _trained(metrics_a) >= JOIN_D_AT, live, f"step {JOIN_D_AT}")
-        self.start(d, "explorer-2", ["explore", *join, "--index", "2", "-o", "run.host_id=host-d"])
-        tl.add(f"host D ({d.address}) joins late: explorer-2 at step {_trained(metrics_a)}")
+        tl.add(f"host C lost at step {_trained(cfg)} ({killed} processes killed)")
+        _wait(lambda: _trained(cfg) >= JOIN_D_AT, live, f"step {JOIN_D_AT}")
+        self.start(d, "explorer-2", [*explore, "--index", "2", "-o", "run.host_id=host-d"])
+        tl.add(f"host D ({d.address}) joins late: explorer-2 at step {_trained(cfg)}")
+        # the store holds none of A's checkpoints from KILL_A_AT on: any step past it will do
         _wait(
-            lambda: (
-                _trained(metrics_a) >= KILL_A_AT
-                and 0 < _newest(STORED, trainer_a) < _trained(metrics_a)
-            ),
+            lambda: _newest(STORED, trainer_a) > 0 and _trained(cfg) >= KILL_A_AT,
             live,
-            f"step {KILL_A_AT} with a checkpoint before it in the store",
+            f"step {KILL_A_AT} with a checkpoint in the store",
         )
-        at, stored = _trained(metrics_a), _newest(STORED, trainer_a)
         killed = a.kill()
+        # what A had done when it was lost, read once nothing of it runs
+        at, stored = _trained(cfg, until_quiet=5), _newest(STORED, trainer_a)
+        self.gate.lift()
         tl.add(
             f"host A lost at step {at} ({killed} processes killed); newest checkpoint in the "
-            f"store: step {stored}"
+            f"store: step {stored} (its checkpoints of steps {sorted(self.gate.refused)} refused)"
         )
         self.start(
             b,
@@ -223,16 +259,11 @@ class Drill:
             for name in ("trainer", "explorer-0", "explorer-2")
         }
         tl.add(f"run finished on host B; exit codes {codes}")
-        return self._figures(run_id, at, stored, resumed, codes)
+        return self._figures(cfg, run_id, at, stored, resumed, codes)
 
-    def _figures(self, run_id: str, lost_at: int, stored: int, resumed: int, codes: dict) -> dict:
-        cfg = with_run_id(
-            load_config(
-                EXAMPLE,
-                [*RUN_OVERRIDES, *service_overrides(self.services)[1::2]],
-            ),
-            run_id,
-        )
+    def _figures(
+        self, cfg: Config, run_id: str, lost_at: int, stored: int, resumed: int, codes: dict
+    ) -> dict:
         books, retries = asyncio.run(audit_run(cfg, run_id))
         topics = cfg.topics()
         metrics = asyncio.run(read_topic(cfg.kafka, topics.metrics, METRICS, "drill"))
