@@ -15,7 +15,9 @@ and the last reason: the workflow call fails, its tasks are retried alone
 At most ``reward.concurrency`` calls run at once per explorer (workflows score a group's
 responses together, :func:`~streamrft.producers.rewards.score_all`); scores are kept by
 (task, response) digest, the newest ``reward.cache_size``, so the same response to the
-same task is graded once.
+same task is graded once. A response's tries together have a deadline (``retries + 1``
+times ``timeout_s``, plus the waits between them): a call still running past it (a reply
+that never ends) is abandoned with RewardServiceError, and its place goes to the next.
 """
 
 from __future__ import annotations
@@ -178,7 +180,9 @@ class PooledReward:
                 self._free(call)
                 with self._count:
                     self.abandoned += 1
-                log.warning("%s: a call past its limit of %g s abandoned", self, self.limit_s)
+                log.warning(
+                    "%s: a call past its limit of %g s abandoned", type(self).__name__, self.limit_s
+                )
                 raise RewardServiceError(
                     f"{type(self).__name__}: scoring one response took longer than "
                     f"{self.limit_s:g} s (reward.timeout_s); abandoned"

@@ -5,25 +5,27 @@ The task's tests: ``metadata["tests"]``, a JSON list of Python snippets (each us
 ``assert``; a JSONL task's ``tests`` list lands there), or one snippet. The response's
 code: its last fenced block (```` ```python ```` or plain ```` ``` ````), else the whole
 response, ``<think>`` segments skipped. Each test is its own process
-(:mod:`~streamrft.producers.sandbox_harness`): the code, then the test, in a fresh
-temporary folder, with ``reward.sandbox`` limits: wall-clock and CPU time
-(``time_limit_s``; CPU time a second more, a backstop), address space (``memory_mb``), output and file size (``output_kb``),
-no core files, no new processes; off the network in a user, network and PID namespace of
-its own when the kernel allows (``isolation``: every process it starts dies with it), and
-always behind an audit hook (:mod:`~streamrft.producers.sandbox_harness`: sockets,
-subprocesses, ``ctypes``, frames, writing outside the folder). A test passes only when the
-code and the test both ran to their end (an early exit does not pass); its process group
-is killed after every test. ``info``:
-``tests_passed``, ``tests_total``, ``tests_timed_out``, ``code_found``.
+(:mod:`~streamrft.producers.sandbox_harness`) in a fresh, empty temporary folder: the
+code and the test come on its stdin (no file holds the test), its stdout is an unnamed
+file the explorer reads through its own descriptor. Limits (``reward.sandbox``):
+wall-clock and CPU time (``time_limit_s``; CPU time a second more, a backstop), address
+space (``memory_mb``), output and file size (``output_kb``), files made in the folder
+(``files``), no core files, no new processes; off the network in a user, network and PID
+namespace of its own when the kernel allows (``isolation``: every process it starts dies
+with it), and always behind the harness's audit hook. A test passes only when the code
+and the test both ran to their end (an early exit does not pass); its process group is
+killed after every test. ``info``: ``tests_passed``, ``tests_total``, ``tests_timed_out``,
+``code_found``, ``folder_bytes`` (the most a test's folder held at its end).
 
 A sandbox is a bound on what the code can do to the explorer's machine, not a wall
 against an attacker who targets it: run explorers that score untrusted code in
 containers of their own as well.
 
 Programs run ``reward.concurrency`` at once per explorer; scores are cached by
-(task, response) digest like the judge's. A task whose tests cannot be read fails its
-workflow call with :class:`~streamrft.schemas.errors.RewardServiceError` (dead-lettered
-after its retries), as does a sandbox that cannot start at all.
+(task, response) digest like the judge's. A response's tests together may take
+``reward.timeout_s``: past it, or when its tests cannot be read, or when the sandbox
+cannot start, the task's workflow call fails with
+:class:`~streamrft.schemas.errors.RewardServiceError` (retried, then dead-lettered).
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ judge."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -16,14 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from streamrft.infra.config import RewardConfig, SandboxConfig
-from streamrft.infra.modeling import build_char_tokenizer
 from streamrft.producers.reward_judge import PooledReward, Scored
 from streamrft.producers.rewards import get_reward
-from streamrft.producers.scheduler import RolloutScheduler, SchedulerLimits
-from streamrft.producers.workflows import RolloutSpec, get_workflow
 from streamrft.schemas import ConfigError, Task
 from streamrft.schemas.errors import RewardServiceError
-from tests.helpers.scripted import CHARSET, ScriptedEngine
+from tests.helpers.scheduled import scheduled
 
 pytestmark = pytest.mark.unit
 
@@ -101,17 +97,6 @@ def test_a_queued_call_waits_for_its_turn_not_against_its_limit():
     assert reward.abandoned == 0 and reward.most_running == 1
 
 
-SPEC = RolloutSpec(
-    repeat_times=2,
-    temperature=1.0,
-    max_new_tokens=4,
-    seed=0,
-    run="r",
-    explorer="explorer-0",
-    model_version=0,
-)
-
-
 def test_code_tests_past_the_timeout_fail_the_task_which_is_retried_then_given_up():
     """Three tests that each run to their 1 s limit do not fit in ``timeout_s: 2.5``: the
     task's call fails, is tried again, then the task is given up with the reason."""
@@ -122,14 +107,7 @@ def test_code_tests_past_the_timeout_fail_the_task_which_is_retried_then_given_u
         metadata={"tests": json.dumps(["while True:\n    pass"] * 3)},
     )
     service = RewardConfig(timeout_s=2.5, sandbox=SandboxConfig(time_limit_s=1.0))
-    reward = get_reward("code_tests", service=service)
-    engine = ScriptedEngine(build_char_tokenizer(CHARSET), ["7"])
-
-    def call(workflow: str, tasks: list[Task], seed: int):
-        return get_workflow(workflow)(engine, tasks, reward, SPEC)
-
-    scheduler = RolloutScheduler(call, SchedulerLimits(0, 2, 0.0, 1))
-    outcome = asyncio.run(scheduler.run([loops], 0, asyncio.Event()))
+    outcome = scheduled(get_reward("code_tests", service=service), [loops])
     assert outcome.groups == [] and outcome.retried == 1
     ((task, reason),) = outcome.failed
     assert task.id == "loops"

@@ -4,7 +4,6 @@ judge against a real ``streamrft serve`` is in ``tests/integration/test_judge_se
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -15,14 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from streamrft.infra.config import RewardConfig
-from streamrft.infra.modeling import build_char_tokenizer
 from streamrft.producers.reward_judge import JudgeReward
 from streamrft.producers.rewards import get_reward, score_all
-from streamrft.producers.scheduler import RolloutScheduler, SchedulerLimits
-from streamrft.producers.workflows import RolloutSpec, get_workflow
 from streamrft.schemas import ChatMessage, ConfigError, Task
 from streamrft.schemas.errors import RewardServiceError
-from tests.helpers.scripted import CHARSET, ScriptedEngine
+from tests.helpers.scheduled import scheduled
 
 pytestmark = pytest.mark.unit
 
@@ -171,23 +167,7 @@ def test_a_judge_that_is_down_fails_and_its_task_is_given_up_with_the_reason():
     port; the task is tried again, then given up naming the judge."""
     with serving(Judge(lambda body: completion("Score: 1"))) as url:
         pass  # the port is closed now
-    reward = _judge(url, model="j", retries=1, timeout_s=1)
-    engine = ScriptedEngine(build_char_tokenizer(CHARSET), ["7"])
-    spec = RolloutSpec(
-        repeat_times=2,
-        temperature=1.0,
-        max_new_tokens=4,
-        seed=0,
-        run="r",
-        explorer="explorer-0",
-        model_version=0,
-    )
-
-    def call(workflow: str, tasks: list[Task], seed: int):
-        return get_workflow(workflow)(engine, tasks, reward, spec)
-
-    scheduler = RolloutScheduler(call, SchedulerLimits(0, 2, 0.0, 1))
-    outcome = asyncio.run(scheduler.run([TASK], 0, asyncio.Event()))
+    outcome = scheduled(_judge(url, model="j", retries=1, timeout_s=1), [TASK])
     assert outcome.groups == [] and outcome.retried == 1
     ((task, reason),) = outcome.failed
     assert task.id == "t1" and f"judge at {url}: no score after 2 tries: no answer" in reason

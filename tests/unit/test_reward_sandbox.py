@@ -5,13 +5,18 @@ failing, looping, memory-hungry, network-reaching, exiting-early and escaping pr
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
+import sys
+import tempfile
 import threading
 import time
 
 import pytest
 
 from streamrft.infra.config import RewardConfig, SandboxConfig
+from streamrft.producers import reward_sandbox
 from streamrft.producers.reward_sandbox import (
     CodeTestsReward,
     extract_code,
@@ -19,7 +24,7 @@ from streamrft.producers.reward_sandbox import (
     task_tests,
 )
 from streamrft.producers.rewards import get_reward, score_all
-from streamrft.schemas.errors import RewardServiceError
+from streamrft.schemas.errors import ConfigError, RewardServiceError
 from streamrft.schemas.experience import Task
 
 pytestmark = pytest.mark.unit
@@ -218,3 +223,144 @@ def test_get_reward_builds_it_from_the_reward_section():
     reward = get_reward("code_tests", service=RewardConfig(sandbox=SandboxConfig(time_limit_s=2)))
     assert isinstance(reward, CodeTestsReward) and reward.cfg.time_limit_s == 2
     assert reward(GOOD, TASK)[0] == 1.0
+
+
+def _passes(code: str, test: str, reward: CodeTestsReward | None = None) -> tuple[float, dict]:
+    """``code`` then ``test`` (one), in the sandbox."""
+    task = Task(id="one", metadata={"tests": json.dumps([test])})
+    return (reward or _reward("audit"))(_fenced(code), task)
+
+
+@pytest.mark.skipif(not namespace_works(), reason="no user namespaces on this machine")
+def test_the_program_runs_in_a_pid_namespace_of_its_own():
+    code = "import os\nPID = os.getpid()"
+    assert _passes(code, "assert PID == 1", _reward("namespace"))[0] == 1.0
+    assert _passes(code, "assert PID == 1", _reward("auto"))[0] == 1.0
+    assert _passes(code, "assert PID != 1", _reward("audit"))[0] == 1.0
+
+
+def test_a_machine_without_namespaces_refuses_namespace_and_warns_for_auto(monkeypatch, caplog):
+    monkeypatch.setattr(reward_sandbox, "namespace_works", lambda: False)
+    with pytest.raises(ConfigError, match=r"reward\.sandbox\.isolation: namespace, but"):
+        _reward("namespace")
+    reward_sandbox._warn_once.cache_clear()
+    assert _reward("auto").prefix == [] and _reward("audit").prefix == []
+    assert "kept off the network by an audit hook only" in caplog.text
+    assert _passes(ADD, "assert add(1, 2) == 3", _reward("auto"))[0] == 1.0
+
+
+def test_the_interpreter_is_one_that_exists(tmp_path):
+    with pytest.raises(ConfigError, match=r"reward\.sandbox\.python: .* is not an interpreter"):
+        _reward(python=str(tmp_path / "python3"))
+    by_path = _reward(python=sys.executable)
+    assert _passes(ADD, "assert add(1, 2) == 3", by_path)[0] == 1.0
+
+
+def test_an_honest_program_may_import_the_standard_library():
+    """Builtin and native modules the interpreter has not loaded yet come through the
+    sandbox's checks of the import system."""
+    code = (
+        "import pwd, json, math, heapq, bisect, datetime, decimal, fractions, statistics\n"
+        "import dataclasses, typing, functools, itertools, re, string\n"
+        "VALUE = statistics.mean([math.sqrt(4), json.loads('2'), heapq.nsmallest(1, [2])[0]])"
+    )
+    assert _passes(code, "assert VALUE == 2 and type(VALUE) in (int, float)")[0] == 1.0
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "./../{rel}",
+        "made/../../{rel}",
+        "made//../../{rel}",
+        "/{abs}",
+        "{abs}",
+    ],
+)
+@pytest.mark.parametrize("kind", ["str", "bytes", "lying str"])
+def test_every_spelling_of_a_path_outside_is_refused(path, kind, tmp_path):
+    target = tmp_path / "escaped"
+    name = path.format(rel=os.path.relpath(target, tempfile.gettempdir()), abs=str(target))
+    spelled = {
+        "str": repr(name),
+        "bytes": repr(name.encode()),
+        # a str whose methods say it is inside: the hook reads its characters
+        "lying str": f"type('S', (str,), {{'startswith': lambda *a: True, "
+        f"'split': lambda s, *a: ['inside']}})({name!r})",
+    }[kind]
+    code = f"import os\nos.mkdir('made')\nopen({spelled}, 'w').write('x')\n" + ADD
+    assert _passes(code, "assert add(1, 2) == 3")[0] == 0.0
+    assert not target.exists()
+
+
+def test_a_file_rewritten_or_only_read_spends_none_of_the_budget():
+    code = (
+        "import os\n"
+        "for i in range(20):\n"
+        "    open('f', 'w').write('x')\n"
+        "    os.close(os.open('f', os.O_WRONLY | os.O_CREAT))\n"
+        "    try:\n"
+        "        open(f'missing{i}')\n"
+        "    except FileNotFoundError:\n"
+        "        pass\n"
+        "try:\n"
+        "    open('g', 'w')\n"
+        "    SECOND = 'made'\n"
+        "except PermissionError:\n"
+        "    SECOND = 'refused'\n"
+    )
+    test = "assert open('f').read() == 'x' and SECOND == 'refused'"
+    assert _passes(code, test, _reward(files=1))[0] == 1.0
+
+
+def test_a_program_holds_at_most_64_descriptors():
+    code = (
+        "import os\n"
+        "used = 0\n"
+        "for fd in range(256):\n"
+        "    try:\n"
+        "        os.fstat(fd)\n"
+        "        used += 1\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "open('f', 'w').close()\n"
+        "held = []\n"
+        "while True:\n"
+        "    try:\n"
+        "        held.append(open('f'))\n"
+        "    except OSError:\n"
+        "        break\n"
+        "TOTAL = used + len(held)\n"
+    )
+    assert _passes(code, "assert TOTAL == 64")[0] == 1.0
+
+
+def test_a_file_stops_at_output_kb_and_the_folder_says_so():
+    code = "try:\n    open('big', 'wb').write(b'x' * 5000)\nexcept OSError:\n    pass\n" + ADD
+    value, info = _passes(code, "assert add(1, 2) == 3", _reward(output_kb=4))
+    assert value == 1.0 and info["folder_bytes"] == 4096
+
+
+def test_the_address_space_is_memory_mb():
+    small = "blob = bytearray(64 << 20)\n" + ADD
+    large = "blob = bytearray(300 << 20)\n" + ADD
+    assert _passes(small, "assert add(1, 2) == 3")[0] == 1.0
+    assert _passes(large, "assert add(1, 2) == 3")[0] == 0.0  # 256 MiB in _reward
+
+
+def test_native_code_from_outside_the_interpreters_folders_is_refused(tmp_path):
+    """A native module copied where the explorer's user may write (here: beside the test)
+    does not load; the same module from the interpreter's folder does."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("_bisect")
+    assert spec is not None and spec.origin is not None and spec.origin.endswith(".so")
+    copy = tmp_path / os.path.basename(spec.origin)
+    shutil.copy(spec.origin, copy)
+    load = (
+        "import importlib.util\n"
+        "spec = importlib.util.spec_from_file_location('_bisect', {path!r})\n"
+        "LOADED = importlib.util.module_from_spec(spec).bisect_right([1, 3], 2)\n"
+    )
+    assert _passes(load.format(path=str(copy)), "assert LOADED == 1")[0] == 0.0
+    assert _passes(load.format(path=spec.origin), "assert LOADED == 1")[0] == 1.0
