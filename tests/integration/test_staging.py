@@ -63,6 +63,14 @@ async def _staged(explorer, version: int) -> None:
     await _until(explorer, lambda: stager.staged_version == version, f"v{version} staged")
 
 
+async def _on_version_0(explorer, publisher) -> float:
+    """Publish version 0 and sync to it; the receives at sync points so far (version 0 may
+    be received at its sync point, when that asks before the background does)."""
+    await publisher.publish(0)
+    assert await explorer.follower.sync_point(0, 0) is Synced.READY
+    return explorer.counters.get("sync_point_receives")
+
+
 def _weights(explorer) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in explorer.engine.model.state_dict().items()}
 
@@ -93,10 +101,8 @@ def test_a_version_announced_while_sampling_is_staged_and_only_applied_at_the_sy
     async def scenario():
         async with _trainer(cfg) as (model, publisher, _), _explorer(cfg) as explorer:
             follower = explorer.follower
-            await publisher.publish(0)
-            assert await follower.sync_point(0, 0) is Synced.READY
+            at_sync = await _on_version_0(explorer, publisher)
             follower.take_times()
-            at_sync = explorer.counters.get("sync_point_receives")
             for v in (1, 2):
                 held = _weights(explorer)
                 _step(model, 0.01)
@@ -149,9 +155,7 @@ def test_a_delta_is_rebuilt_in_staging_and_checked_before_the_sync_point(
     async def scenario():
         async with _delta_trainer(cfg) as (model, tok, publisher), _explorer(cfg) as explorer:
             follower = explorer.follower
-            await publisher.publish(0)
-            assert await follower.sync_point(0, 0) is Synced.READY
-            at_sync = explorer.counters.get("sync_point_receives")
+            at_sync = await _on_version_0(explorer, publisher)
             for v in (1, 2):
                 _train(model, tok)
                 event = await publisher.publish(v)
@@ -305,9 +309,7 @@ def test_a_newer_announcement_supersedes_a_staged_version(make_config, tmp_path)
     async def scenario():
         async with _trainer(cfg) as (model, publisher, _), _explorer(cfg) as explorer:
             follower = explorer.follower
-            await publisher.publish(0)
-            assert await follower.sync_point(0, 0) is Synced.READY
-            at_sync = explorer.counters.get("sync_point_receives")
+            at_sync = await _on_version_0(explorer, publisher)
             _step(model, 0.01)
             await publisher.publish(1)
             await _staged(explorer, 1)
@@ -335,9 +337,7 @@ def test_an_older_version_chosen_replaces_the_staged_one_which_is_staged_again(
     async def scenario():
         async with _trainer(cfg) as (model, publisher, _), _explorer(cfg) as explorer:
             follower = explorer.follower
-            await publisher.publish(0)
-            assert await follower.sync_point(0, 0) is Synced.READY
-            at_sync = explorer.counters.get("sync_point_receives")
+            at_sync = await _on_version_0(explorer, publisher)
             _step(model, 0.01)
             one = {k: v.clone() for k, v in model.state_dict().items()}
             await publisher.publish(1)
@@ -365,9 +365,7 @@ def test_a_staged_version_that_fails_verification_is_rejected_as_at_a_sync_point
     async def scenario():
         async with _trainer(cfg) as (model, publisher, _), _explorer(cfg) as explorer:
             follower = explorer.follower
-            await publisher.publish(0)
-            assert await follower.sync_point(0, 0) is Synced.READY
-            at_sync = explorer.counters.get("sync_point_receives")
+            at_sync = await _on_version_0(explorer, publisher)
             held = _weights(explorer)
             gate = _Gate(follower.receivers.for_event(publisher.last_event))
             _step(model, 0.01)
@@ -427,10 +425,8 @@ def test_a_sync_point_stopped_while_it_waits_leaves_the_version_staged(make_conf
     async def scenario():
         async with _trainer(cfg) as (model, publisher, _), _explorer(cfg) as explorer:
             follower = explorer.follower
-            first = await publisher.publish(0)
-            assert await follower.sync_point(0, 0) is Synced.READY
-            at_sync = explorer.counters.get("sync_point_receives")
-            gate = _Gate(follower.receivers.for_event(first))
+            at_sync = await _on_version_0(explorer, publisher)
+            gate = _Gate(follower.receivers.for_event(publisher.last_event))
             _step(model, 0.01)
             await publisher.publish(1)
             await _until(explorer, lambda: follower.stager.receiving == (1, False), "v1 in flight")
