@@ -6,12 +6,15 @@ we own grow with the run?
 Runs ``streamrft run examples/arithmetic.yaml`` (embedded broker and object store, one
 explorer, ``sync_interval: 1``, enough task epochs) and at each mark (a trainer step)
 records: the RSS of the trainer, the explorer, the supervisor and the broker; the
-checkpoints folder, the run's objects in the store (bytes and weight versions), the logs
-and ``metrics.jsonl``. At the end, from the run's own files: the supervisor's ledger window
-and the trainer's view of versions (its final counters). Prints a table, then one JSON
-line with every mark and the ratio of each figure between the last two marks (the goal:
-within 1.10 for what we own once every bounded structure has filled; the broker on
-``memory`` storage keeps every record and is reported, not bounded).
+checkpoints folder and the run's objects in the store (bytes; the complete checkpoints and
+weight versions there and the size of one; the bytes on their way: a checkpoint being
+written, staged for its upload or set aside, a version or a checkpoint half written or half
+deleted in the store), the logs and ``metrics.jsonl``. At the end, from the run's own
+files: the supervisor's ledger window and the trainer's view of versions (its final
+counters). Prints a table, then one JSON line with every mark and the ratio of each figure
+between the last two marks (the goal: within 1.10 for what we own once every bounded
+structure has filled; the broker on ``memory`` storage keeps every record and is reported,
+not bounded).
 
 RSS and sizes are what this machine measured; they depend on the model (here the tiny
 one) and the allocator, so compare ratios, not absolute numbers, across machines.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -62,8 +66,48 @@ def pid_of(role_args: tuple[str, ...], run_id: str) -> int | None:
     return None
 
 
+def _files(path: Path) -> dict[tuple[int, int], int]:
+    """Bytes of each file under ``path`` by (device, inode): a file linked twice (a
+    checkpoint staged for its upload) counts once; one deleted while it is counted (the run
+    goes on) not at all."""
+    found = {}
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:
+                continue
+            found[st.st_dev, st.st_ino] = st.st_size
+    return found
+
+
 def folder_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+    return sum(_files(path).values())
+
+
+def checkpoint_usage(root: Path) -> dict:
+    """The checkpoints folder: its bytes, the complete checkpoints in it (``step_N`` with
+    its ``state.json``) and the largest one's bytes, and the bytes in none of them (on their
+    way: a checkpoint being written, one staged for its upload after it was pruned, one set
+    aside)."""
+    complete: dict[tuple[int, int], int] = {}
+    sizes = []
+    for folder in root.glob("step_*"):
+        if re.fullmatch(r"step_\d+", folder.name) and (folder / "state.json").is_file():
+            files = _files(folder)
+            sizes.append(sum(files.values()))
+            complete |= files
+    inside = {
+        key: size for sub in root.glob("*") if sub.is_dir() for key, size in _files(sub).items()
+    }
+    return {
+        "checkpoints_mb": round(folder_bytes(root) / 2**20, 2),
+        "checkpoints_kept": len(sizes),
+        "checkpoint_mb": round(max(sizes, default=0) / 2**20, 2),
+        "checkpoints_on_way_mb": round(
+            sum(size for key, size in inside.items() if key not in complete) / 2**20, 2
+        ),
+    }
 
 
 def trainer_step(metrics: Path) -> int:
@@ -85,26 +129,45 @@ def trainer_step(metrics: Path) -> int:
     return step
 
 
-def store_usage(run_dir: Path, run_id: str) -> tuple[int, int, int]:
-    """(bytes, weight versions, checkpoints) of the run's objects in the embedded store: a
-    version or a checkpoint (under ``<run>/checkpoints/``) is a folder with its manifest
-    (the gateway lists a deleted one's empty folder)."""
+def store_usage(run_dir: Path, run_id: str) -> dict:
+    """The run's objects in the embedded store: their bytes; the weight versions
+    (``<run>/vN/``) and checkpoints (``<run>/checkpoints/step_N/``) complete there (a folder
+    with its manifest: the gateway lists a deleted one's empty folder) and the largest one
+    of each; the bytes of the folders without a manifest (on their way: written before
+    their manifest, deleted after it)."""
     from minio import Minio
 
     eps = json.loads((run_dir / "services" / "services.json").read_text())["endpoints"]
     client = Minio(eps["s3_endpoint"], eps["access_key"], eps["secret_key"], secure=False)
-    total, versions, checkpoints = 0, set(), set()
+    total = 0
+    folders: dict[tuple[str, str], list] = {}  # (kind, folder) -> [bytes, has its manifest]
     for bucket in client.list_buckets():
         for obj in client.list_objects(bucket.name, prefix=f"{run_id}/", recursive=True):
             total += obj.size or 0
-            if obj.object_name.endswith("/manifest.json"):
-                kept = (
-                    checkpoints
-                    if obj.object_name.startswith(f"{run_id}/checkpoints/")
-                    else versions
-                )
-                kept.add(obj.object_name)
-    return total, len(versions), len(checkpoints)
+            parts = obj.object_name.split("/")
+            if len(parts) > 3 and parts[1] == "checkpoints":
+                folder = ("checkpoint", "/".join(parts[:3]))
+            elif len(parts) > 2 and re.fullmatch(r"v\d+", parts[1]):
+                folder = ("version", "/".join(parts[:2]))
+            else:
+                continue  # the run's record
+            entry = folders.setdefault(folder, [0, False])
+            entry[0] += obj.size or 0
+            entry[1] = entry[1] or parts[-1] == "manifest.json"
+
+    def complete(kind: str) -> list[int]:
+        return [size for (k, _), (size, done) in folders.items() if k == kind and done]
+
+    versions, checkpoints = complete("version"), complete("checkpoint")
+    on_way = sum(size for size, done in folders.values() if not done)
+    return {
+        "store_mb": round(total / 2**20, 2),
+        "store_versions": len(versions),
+        "store_checkpoints": len(checkpoints),
+        "store_version_mb": round(max(versions, default=0) / 2**20, 2),
+        "store_checkpoint_mb": round(max(checkpoints, default=0) / 2**20, 2),
+        "store_on_way_mb": round(on_way / 2**20, 2),
+    }
 
 
 def broker_pid(run_dir: Path) -> int | None:
@@ -116,17 +179,14 @@ def broker_pid(run_dir: Path) -> int | None:
 
 
 def measure(run_dir: Path, run_id: str, supervisor: int, step: int) -> dict:
-    store_bytes, versions, stored_checkpoints = store_usage(run_dir, run_id)
     return {
         "step": step,
         "rss_trainer_mb": rss_mb(pid_of(("train",), run_id)),
         "rss_explorer_mb": rss_mb(pid_of(("explore", "0"), run_id)),
         "rss_supervisor_mb": rss_mb(supervisor),
         "rss_broker_mb": rss_mb(broker_pid(run_dir)),
-        "checkpoints_mb": round(folder_bytes(run_dir / "checkpoints") / 2**20, 2),
-        "store_mb": round(store_bytes / 2**20, 2),
-        "store_versions": versions,
-        "store_checkpoints": stored_checkpoints,
+        **checkpoint_usage(run_dir / "checkpoints"),
+        **store_usage(run_dir, run_id),
         "logs_mb": round(folder_bytes(run_dir / "logs") / 2**20, 2),
         "metrics_jsonl_mb": round((run_dir / "metrics.jsonl").stat().st_size / 2**20, 2)
         if (run_dir / "metrics.jsonl").exists()
