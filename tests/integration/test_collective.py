@@ -249,10 +249,11 @@ def test_member_that_never_comes_times_out_then_new_epoch_works(cluster):
     trainer = res["trainer"]
     assert not trainer["ok"] and trainer["error"] == "SyncTimeout", trainer
     assert "explorer-1" in trainer["message"]
-    assert SENDER_TIMEOUT - 0.5 < trainer["elapsed"] < SENDER_TIMEOUT + 3
+    # upper bounds: what the other behaviour would take, with room for a busy machine
+    assert SENDER_TIMEOUT - 0.5 < trainer["elapsed"] < 3 * SENDER_TIMEOUT
     # the member that did come is told at once, not after its own (longer) timeout
     assert res["explorer-0"]["error"] == "SyncTimeout", res["explorer-0"]
-    assert res["explorer-0"]["elapsed"] < SENDER_TIMEOUT + 3
+    assert res["explorer-0"]["elapsed"] < RECEIVER_TIMEOUT
     # that epoch is closed; a fresh one with the same members works
     again = cluster.call("trainer", "broadcast", version=2, seed=12)
     assert again["error"] == "SyncError" and "open a new epoch" in again["message"]
@@ -269,11 +270,11 @@ def test_member_skipping_a_version_times_out_and_the_epoch_goes_on(cluster):
         _assert_synced(cluster.sync(uri, 5, seed=5, receivers=two), two)
         res = cluster.sync(uri, 6, seed=6, receivers=["explorer-0"])  # explorer-1 skips v6
         assert res["trainer"]["error"] == "SyncTimeout", res["trainer"]
-        assert 2.5 < res["trainer"]["elapsed"] < 6
+        assert 2.5 < res["trainer"]["elapsed"] < RECEIVER_TIMEOUT
         assert res["explorer-0"]["error"] == "SyncTimeout"
         # explorer-1 asks for v6 too late: told at once that the trainer gave up on it
         late = cluster.call("explorer-1", "receive", uri=uri, version=6, kind="base")
-        assert late["error"] == "SyncTimeout" and late["elapsed"] < 1.5, late
+        assert late["error"] == "SyncTimeout" and late["elapsed"] < RECEIVER_TIMEOUT / 2, late
         # the same epoch carries the next version to both
         _assert_synced(cluster.sync(uri, 7, seed=7, receivers=two), two)
     finally:
@@ -288,7 +289,7 @@ def test_member_stuck_mid_transfer_times_out_then_new_epoch_works(cluster):
         res = cluster.sync(uri, 1, seed=31, receivers=two, stall={"explorer-1": 6.0})
         trainer = res["trainer"]
         assert trainer["error"] == "SyncTimeout", trainer
-        assert 2.5 < trainer["elapsed"] < 6
+        assert 2.5 < trainer["elapsed"] < RECEIVER_TIMEOUT
         # explorer-1 wakes up after the trainer gave up: whatever it got, nobody hangs
         again = cluster.call("trainer", "broadcast", version=2, seed=32)
         assert again["error"] == "SyncError" and "open a new epoch" in again["message"]
@@ -307,7 +308,7 @@ def test_mismatched_model_raises_sync_error_everywhere(cluster):
     assert "explorer-0" not in res["trainer"]["message"]
     for name in two:
         assert res[name]["error"] == "SyncError", res[name]
-        assert res[name]["elapsed"] < 3
+        assert res[name]["elapsed"] < SENDER_TIMEOUT  # before any timeout
     # nothing was posted on the group, so it carries the next version once models match
     res = cluster.sync(uri, 2, seed=22, receivers=two)
     _assert_synced(res, two)
@@ -317,15 +318,15 @@ def test_mismatched_model_raises_sync_error_everywhere(cluster):
 
 
 def test_open_epoch_does_not_block_and_an_empty_group_times_out():
-    sender = CollectiveSender("127.0.0.1", 0, timeout_s=1.0, bucket_mb=1, backend="gloo")
+    sender = CollectiveSender("127.0.0.1", 0, timeout_s=5.0, bucket_mb=1, backend="gloo")
     try:
         t0 = time.monotonic()
         uri = sender.open_epoch(["nobody"])
-        assert time.monotonic() - t0 < 0.5
+        assert time.monotonic() - t0 < 2.5  # not the 5 s a wait for the members would take
         t0 = time.monotonic()
         with pytest.raises(SyncTimeout, match="nobody did not join"):
             sender.broadcast({"w": torch.zeros(4)}, 1)
-        assert 0.9 < time.monotonic() - t0 < 3
+        assert 4.5 < time.monotonic() - t0 < 15
         assert not sender.usable
         with pytest.raises(SyncError, match="open a new epoch"):
             sender.broadcast({"w": torch.zeros(4)}, 2)

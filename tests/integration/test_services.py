@@ -212,7 +212,7 @@ def test_startup_timeout_reports_log(tmp_path: Path, monkeypatch: pytest.MonkeyP
     t0 = time.perf_counter()
     with pytest.raises(ServiceError, match="did not become ready") as err:
         svc.start()
-    assert time.perf_counter() - t0 < 5
+    assert time.perf_counter() - t0 < 30  # its 1 s, not the fake's 60 s (a busy machine: slack)
     assert "fake broker up" in str(err.value)
     assert svc._services == {}
 

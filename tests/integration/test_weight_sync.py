@@ -17,6 +17,7 @@ from streamrft.schemas.events import RunState
 from streamrft.sync.follower import Synced
 from streamrft.sync.object_store import ObjectStoreLoader, ObjectStorePublisher, parse_uri
 from streamrft.sync.weights import apply_state_dict, unique_state_dict
+from tests.helpers.waits import until
 
 pytestmark = pytest.mark.integration
 
@@ -324,7 +325,8 @@ def test_after_a_rejection_a_batch_still_waits_for_the_version_it_needs(make_con
             await trainer.control(bad)
             await _announced(explorer, 2)
             waiting = asyncio.create_task(explorer.follower.sync_point(2, 2))
-            await asyncio.sleep(2.0)
+            # version 2 tried and rejected (announced before version 3, whatever the load)
+            await until(lambda: explorer.counters.get("versions_rejected") >= 1, 60, "v2 rejected")
             held_while_waiting = explorer.follower.version
             assert not waiting.done()
             await trainer.control(publisher.publish(unique_state_dict(src), 3, 3))
