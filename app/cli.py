@@ -11,6 +11,7 @@ streamrft feed CONFIG --run-id ID           (publish the taskset)
 streamrft serve CONFIG --run-id ID [--host H] [--port P]   (OpenAI-compatible API; records experiences)
 streamrft infra up|down|status|clean [--dir DIR]   (clean: /dev/shm files of trainers that are gone)
 streamrft init [--out FILE] [--expert] [--yes] [--model M] [--data F] ...   (write a config)
+streamrft init --from-trinity FILE | --from-verl 'KEY=VALUE ...'|FILE [--out FILE]   (convert one)
 streamrft validate CONFIG [-o k=v ...] [--connect] [--strict]   (check a config, start nothing)
 streamrft plan CONFIG [--model NAME] [--device-memory 80GiB] [--prompt-tokens N] [--json]
 streamrft topics [CONFIG] [--create --run-id ID]   (list topics; or make a run's six)
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from streamrft.app.init import add_init_parser
+from streamrft.app.init_from import add_from_arguments
 from streamrft.app.models import add_models_parser
 from streamrft.app.process import EXIT_CONFIG, EXIT_STALLED, setup_logging
 from streamrft.app.replay_source import add_replay_arguments
@@ -201,7 +203,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     _remove_shm_leftovers()
     summary_path = Path(args.summary) if args.summary else cfg.run_dir / "summary.json"
     summary = run_with_services(
-        cfg, summary_path, progress=not args.no_progress, dashboard=args.dashboard
+        cfg,
+        summary_path,
+        progress=not args.no_progress,
+        dashboard=args.dashboard,
+        resume=args.resume,
     )
     print(json.dumps({k: v for k, v in summary.items() if k != "eval_accuracy"}, indent=2))
     log.info("summary written to %s", summary_path)
@@ -273,15 +279,19 @@ def cmd_feed(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from streamrft.app.export import export
+    from streamrft.app.export import export, run_checkpoint
     from streamrft.consumers.checkpoint import latest_checkpoint
-    from streamrft.infra.config import load_config
+    from streamrft.infra.config import load_config, with_run_id
 
-    if args.checkpoint in (None, "store"):  # the run's newest checkpoint, from its store
+    if args.checkpoint in (None, "store"):  # the run's newest: its store's, else its folder's
         if not args.run_id:
             raise ConfigError("export: give --checkpoint PATH, or --run-id for the run's store")
-        cfg = _load(args, joining=True)
-        ckpt = _from_checkpoint_store(cfg)
+        if args.config is None:  # the run's definition from its broker (--bootstrap)
+            cfg = _load(args, joining=True)
+        else:  # endpoints resolved only where the run's store may be up (run_checkpoint)
+            setup_logging()
+            cfg = with_run_id(load_config(args.config, list(args.override or [])), args.run_id)
+        ckpt = run_checkpoint(cfg)
         print(f"exported {ckpt} to {export(cfg, ckpt, Path(args.out))}")
         return 0
     if args.config is None:
@@ -298,24 +308,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = export(cfg, ckpt, Path(args.out))
     print(f"exported {ckpt} to {out}")
     return 0
-
-
-def _from_checkpoint_store(cfg: Config) -> Path:
-    """The newest complete checkpoint of run ``cfg`` in its object store, fetched into this
-    host's ``<run.dir>/<run id>/checkpoints`` unless the one there is as new."""
-    from streamrft.consumers.checkpoint import latest_checkpoint
-    from streamrft.consumers.checkpoint_store import CheckpointStore
-
-    if not cfg.object_store.endpoint:
-        raise ConfigError(f"run {cfg.run.id} has no object store (object_store.endpoint)")
-    root = cfg.run_dir / "checkpoints"
-    CheckpointStore(cfg).fetch_newer(root)
-    ckpt = latest_checkpoint(root)
-    if ckpt is None:
-        raise StreamRFTError(
-            f"run {cfg.run.id}: no complete checkpoint in its object store, nor in {root}"
-        )
-    return ckpt
 
 
 def _fetch_for_scoring(cfg: Config, which: str) -> None:
@@ -473,16 +465,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
     import dataclasses
     import time
 
-    from streamrft.app.watch.runs import list_runs, runs_table
-    from streamrft.infra.endpoints import kafka_for_tools
+    from streamrft.app.watch.runs import find_brokers, list_runs_on, runs_table
+    from streamrft.infra.config import Config, load_config
 
     setup_logging("WARNING")
-    kafka_cfg = kafka_for_tools(args.config, args.bootstrap, args.dir)
-    rows = asyncio.run(list_runs(kafka_cfg))
+    cfg = load_config(args.config, needs_secrets=("kafka",)) if args.config else Config()
+    brokers = find_brokers(cfg, args.bootstrap, Path(args.dir))
+    rows = asyncio.run(list_runs_on(brokers))
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rows]))
     else:
-        print(runs_table(rows, time.time()))
+        print(runs_table(rows, time.time(), brokers))
     return 0
 
 
@@ -674,9 +667,16 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     _with_config(
         sp,
         "the run's id (its topics' namespace and folder): a new run gets "
-        "<run.name>-<timestamp> when none is given; an existing run's id resumes it",
+        "<run.name>-<timestamp> when none is given; an existing run's id resumes it (a "
+        "finished one only with --resume)",
     )
     sp.add_argument("--max-steps", type=int, help="override trainer.max_steps")
+    sp.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run --run-id names even though it finished (its checkpoint at its "
+        "trainer.max_steps): give a higher --max-steps; its summary is kept as summary.1.json",
+    )
     sp.add_argument(
         "--explorers",
         type=int,
@@ -768,12 +768,17 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction) -> None:
     """What reads a config or a run's checkpoints without joining a run: ``export``,
     ``score``, ``validate``, ``plan``."""
     sp = sub.add_parser("export", help="write a checkpoint (LoRA merged) as a Hugging Face folder")
-    _with_config(sp, "the run whose newest checkpoint in its object store to export", joins=True)
+    _with_config(
+        sp,
+        "the run whose newest checkpoint to export: its object store's, else its run folder's",
+        joins=True,
+    )
     sp.add_argument(
         "--checkpoint",
         help="a step_N folder, a checkpoints folder or a run folder; or `store` (the default "
         "with --run-id): the run's newest complete checkpoint in its object store, fetched "
-        "into runs/<run id>/checkpoints here",
+        "into runs/<run id>/checkpoints here, or the one there when the store is gone (the "
+        "embedded services of a finished run)",
     )
     sp.add_argument("--out", required=True, help="folder to write")
     sp.set_defaults(func=cmd_export)
@@ -996,6 +1001,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tasks_parser(sub)
     add_models_parser(sub)
     add_init_parser(sub)
+    add_from_arguments(sub.choices["init"])
     return p
 
 

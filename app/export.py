@@ -11,6 +11,12 @@ The checkpoint's tensor names decide how it is read:
 - ``base_model.model.`` names: the whole peft-wrapped model (base and adapter), as the
   trainer saves it with LoRA;
 - adapter tensors only (``...lora_A.weight``): an adapter on the base ``cfg.model`` names.
+
+``export --run-id`` takes the run's newest complete checkpoint (:func:`run_checkpoint`):
+its object store's, fetched into the run folder when newer than the one there, while the
+store is up; the run folder's alone, with the network left alone, when the run keeps no
+checkpoints in a store, when the embedded services ``streamrft run`` started stopped with
+it (a finished run), or when its store does not answer.
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from streamrft.consumers.checkpoint import CheckpointError
+from streamrft.app.watch.run_events import reachable
+from streamrft.consumers.checkpoint import CheckpointError, latest_checkpoint
 from streamrft.infra.config import Config
+from streamrft.infra.endpoints import resolve
 from streamrft.infra.modeling import load_policy, save_policy
-from streamrft.schemas.errors import ConfigError, SyncError
+from streamrft.infra.service_state import status
+from streamrft.schemas.errors import ConfigError, StreamRFTError, SyncError
 from streamrft.sync.weights import apply_state_dict
 
 log = logging.getLogger(__name__)
@@ -73,3 +82,50 @@ def _load(model, weights, checkpoint_dir: Path, apply=None) -> None:
             f"checkpoint {checkpoint_dir} does not fit the model of this config "
             f"(model.* and model.lora.* must match the run's): {exc}"
         ) from exc
+
+
+def run_checkpoint(cfg: Config) -> Path:
+    """The newest complete checkpoint of run ``cfg`` (its config, endpoints resolved or
+    not): see the module docstring."""
+    root = cfg.run_dir / "checkpoints"
+    why = services_gone(cfg)
+    if why is None:
+        cfg, _found = resolve(cfg, joining=True)
+        why = store_unusable(cfg)
+    if why is None:
+        from streamrft.consumers.checkpoint_store import CheckpointStore
+
+        CheckpointStore(cfg).fetch_newer(root)
+    ckpt = latest_checkpoint(root)
+    if ckpt is None:
+        where = f"nor in its object store ({why})" if why else "nor in its object store"
+        raise StreamRFTError(f"run {cfg.run.id}: no complete checkpoint in {root}, {where}")
+    if why is not None:
+        log.info("run %s: %s; its newest checkpoint here is %s", cfg.run.id, why, ckpt)
+    return ckpt
+
+
+def services_gone(cfg: Config) -> str | None:
+    """Why run ``cfg``'s store is gone with it, found without the network: it started
+    embedded services (``<run dir>/services``) that run no more, and the config names no
+    store of its own. None: not known to be gone."""
+    folder = cfg.run_dir / "services"
+    if cfg.object_store.endpoint or not folder.is_dir():
+        return None
+    own = status(folder)
+    if own is not None and own.get("running"):
+        return None
+    return "its embedded broker and object store stopped with it (the run has ended)"
+
+
+def store_unusable(cfg: Config) -> str | None:
+    """Why run ``cfg``'s checkpoints cannot come from its object store (its endpoints
+    resolved); None: they can."""
+    endpoint = cfg.object_store.endpoint
+    if not endpoint:
+        return "it has no object store"
+    if not cfg.stores_checkpoints:
+        return "it keeps its checkpoints on its trainer's disk (trainer.checkpoint_store)"
+    if not reachable(endpoint):
+        return f"its object store {endpoint} does not answer"
+    return None

@@ -24,9 +24,14 @@ import msgspec
 
 from streamrft.app.placement import check_gpu_shares, physical_device, placement, start_order
 from streamrft.app.process import EXIT_CONFIG, EXIT_STALLED
-from streamrft.app.resume import check_resume
+from streamrft.app.resume import check_finished, check_resume, keep_summary
 from streamrft.app.watch.curves import draw
-from streamrft.app.watch.metric_sinks import close_sinks, open_sinks
+from streamrft.app.watch.metric_sinks import (
+    SinkWorker,
+    close_sinks,
+    open_samples_sink,
+    open_sinks,
+)
 from streamrft.app.watch.metrics_log import iter_metrics, metrics_path
 from streamrft.app.watch.monitor import RunMonitor
 from streamrft.app.watch.run_probes import RunProbes
@@ -106,14 +111,12 @@ def child_env(threads: int, credentials: dict[str, str | None]) -> dict[str, str
 
 
 def _show(bar, m: RunMonitor) -> None:
-    """Progress line: trainer step, newest sampled reward and eval accuracy."""
+    """Progress line: trainer step, newest sampled reward and eval accuracy (before the
+    first step: what the trainer is doing, its SFT warm-up named)."""
     if bar is None:
         return
     bar.n = m.trainer_step
-    curve = m.eval_accuracy
-    acc = curve[-1][1] if curve else float("nan")
-    rew = m.train_reward[-1] if m.train_reward else float("nan")
-    bar.set_postfix_str(f"reward {rew:.2f} eval_acc {acc:.2f}", refresh=False)
+    bar.set_postfix_str(m.progress(), refresh=False)
     bar.refresh()
 
 
@@ -200,10 +203,11 @@ class Supervisor:
         # before anything starts (a missing exporter is an error); off the loop: an
         # exporter may reach a server
         sinks = await asyncio.to_thread(open_sinks, self.cfg)
+        samples = await asyncio.to_thread(open_samples_sink, self.cfg)
         try:
-            monitor, failure = await self._supervise(sinks)
+            monitor, failure = await self._supervise(sinks, samples)
         finally:
-            await asyncio.to_thread(close_sinks, sinks)
+            await asyncio.to_thread(close_sinks, [*sinks, samples])
         summary = monitor.summary(time.monotonic() - started)
         summary.update(after_run_files(self.cfg))
         summary["interrupted"] = self.stop.is_set()
@@ -217,11 +221,11 @@ class Supervisor:
             summary["evaluation_failures"] = self.eval_failures
         return summary
 
-    async def _supervise(self, sinks: list) -> tuple[RunMonitor, str | None]:
+    async def _supervise(self, sinks: list, samples: SinkWorker) -> tuple[RunMonitor, str | None]:
         """Topics and config, the monitor, the children until the run ends; then every
         child stopped and the monitor drained. Returns the monitor and the failure."""
         config_path = await self._prepare()
-        monitor, bar = RunMonitor(self.cfg, sinks=sinks), self._bar()
+        monitor, bar = RunMonitor(self.cfg, sinks=sinks, samples=samples), self._bar()
         monitor_done = asyncio.Event()
         follow = asyncio.create_task(monitor.follow(monitor_done, lambda m: _show(bar, m)))
         failure = None
@@ -556,13 +560,27 @@ def start_embedded(cfg: Config) -> tuple[Config, LocalServices | None]:
 
 
 def run_with_services(
-    cfg: Config, summary_path: Path | None, progress: bool = True, dashboard: bool = False
+    cfg: Config,
+    summary_path: Path | None,
+    progress: bool = True,
+    dashboard: bool = False,
+    resume: bool = False,
 ) -> dict:
-    """Check a resume, start embedded services where needed, run (with ``dashboard``, the
-    dashboard beside it), write the summary."""
+    """Check a resume (a finished run only with ``resume``), start embedded services where
+    needed, run (with ``dashboard``, the dashboard beside it), write the summary (a
+    finished run's earlier one kept beside it)."""
     check_gpu_shares(cfg)
-    if check_resume(cfg):  # before anything starts: a refused resume changes nothing
-        log.info("run %s exists in %s: resuming it", cfg.run.id, cfg.run_dir)
+    # before anything starts: a refused resume changes nothing
+    finished = check_finished(cfg, resume)
+    if check_resume(cfg):
+        log.info(
+            "run %s exists in %s: resuming it%s",
+            cfg.run.id,
+            cfg.run_dir,
+            f" (finished at step {finished.step}; trained on to step {cfg.trainer.max_steps})"
+            if finished is not None
+            else "",
+        )
     cfg, services = start_embedded(cfg)
     log.info("%s", header(cfg, services))
     try:
@@ -572,6 +590,9 @@ def run_with_services(
             services.stop()
     if summary_path is not None:
         summary_path.parent.mkdir(parents=True, exist_ok=True)
+        kept = keep_summary(summary_path) if finished is not None else None
+        if kept is not None:
+            log.info("the summary of the run as it had finished is kept as %s", kept)
         summary_path.write_text(json.dumps(summary, indent=2))
     if summary.get("failure"):
         raise ServiceError(summary["failure"])

@@ -96,7 +96,7 @@ ROLES: dict[str, Access] = {
     "supervisor": Access(
         "`streamrft run` itself (its children take their own roles)",
         writes=("control",),
-        reads=("control", "status", "metrics", "dead_letters"),
+        reads=("control", "status", "metrics", "dead_letters", "samples"),
         creates_topics=True,
         lists_topics=True,
     ),

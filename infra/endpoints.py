@@ -1,7 +1,8 @@
 """Where a command finds the broker and the object store when its config names none.
 
-One resolver for every command (``run``, ``train``/``explore``/``feed``, ``topics``/``tail``),
-in this order, each only for what is still missing:
+One resolver for every command (``run``, ``train``/``explore``/``feed``, ``topics``/``tail``;
+``runs`` reads every run's embedded services under ``run.dir``, :func:`runs_running`), in
+this order, each only for what is still missing:
 
 1. the config (``kafka.bootstrap_servers``, ``object_store.endpoint``) and the command line;
 2. for a process joining a run (``--run-id``): the run's own embedded services, recorded in
@@ -30,7 +31,7 @@ import yaml
 
 from streamrft.infra.config import Config, KafkaConfig, with_endpoints, with_store_credentials
 from streamrft.infra.service_state import status
-from streamrft.schemas.errors import StreamRFTError
+from streamrft.schemas.errors import ServiceError, StreamRFTError
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,22 @@ def infra_up(state_dir: Path) -> Found | None:
     if not (shared and shared.get("running")):
         return None
     return _recorded(shared["endpoints"], f"`streamrft infra up` in {state_dir}")
+
+
+def runs_running(runs_dir: Path) -> list[Found]:
+    """The embedded services of every run under ``runs_dir`` (``<run dir>/services``) that
+    are running now, by run id: what ``streamrft runs`` reads besides a broker it is named."""
+    found = []
+    for state_dir in sorted(Path(runs_dir).glob("*/services")):
+        try:
+            own = status(state_dir)
+        except ServiceError as exc:  # one run's damaged state file: the others stand
+            log.warning("%s", exc)
+            continue
+        if own and own.get("running"):
+            run = state_dir.parent.name
+            found.append(_recorded(own["endpoints"], f"run {run} (its embedded services)"))
+    return found
 
 
 def of_run(cfg: Config) -> Found | None:

@@ -1,4 +1,5 @@
-"""Where the run monitor sends every metrics event: ``metrics.jsonl`` and the exporters.
+"""Where the run monitor sends every metrics event: ``metrics.jsonl`` and the exporters;
+and every sample: ``samples.jsonl``.
 
 Each sink runs on a thread of its own behind a queue (``SinkWorker``): the supervisor's
 event loop, which also handles signals and restarts children, never waits on a file or
@@ -14,8 +15,8 @@ import threading
 from typing import Any, Protocol
 
 from streamrft.app.watch.metrics_log import MetricsLog, metrics_path
+from streamrft.app.watch.samples_log import SamplesLog, samples_path
 from streamrft.infra.config import Config
-from streamrft.schemas.events import MetricsEvent
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ are dropped and counted, with one warning, rather than held for a sink that stal
 
 
 class Sink(Protocol):
-    def write(self, ev: MetricsEvent) -> None: ...
+    def write(self, ev: Any) -> None: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
 
@@ -56,7 +57,7 @@ class SinkWorker:
         self._thread = threading.Thread(target=self._work, name=f"sink-{name}", daemon=True)
         self._thread.start()
 
-    def write(self, ev: MetricsEvent) -> None:
+    def write(self, ev: Any) -> None:
         if self.failed is not None:
             return
         if self._room.acquire(blocking=False):
@@ -122,6 +123,12 @@ class SinkWorker:
                 self.sink.close()
             except Exception as close_exc:
                 log.warning("%s: closing after the failure failed too: %s", self.name, close_exc)
+
+
+def open_samples_sink(cfg: Config) -> SinkWorker:
+    """``<run dir>/samples.jsonl`` (the newest samples of each explorer) on its worker."""
+    samples = SamplesLog(samples_path(cfg.run_dir))
+    return SinkWorker(samples, f"samples file {samples.path}")
 
 
 def open_sinks(cfg: Config) -> list[SinkWorker]:

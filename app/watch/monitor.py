@@ -1,8 +1,8 @@
 """Follow a run from its event topics: progress, and the run summary at the end.
 
-Everything here is read from ``metrics``, ``status`` and ``dead_letters``, exactly as a
-dashboard on another machine would read it; the supervisor has no private channel to its
-children. The summary also audits the trainer's ledger ("the books"): every trained group
+Everything here is read from ``metrics``, ``status`` and ``dead_letters`` (and ``samples``,
+kept in the run folder's ``samples.jsonl``), exactly as a dashboard on another machine
+would read it; the supervisor has no private channel to its children. The summary also audits the trainer's ledger ("the books"): every trained group
 once, never newer than the trainer's version, never staler than ``max_staleness``.
 """
 
@@ -42,6 +42,8 @@ class RunMonitor:
     train_reward: array = field(default_factory=lambda: array("d"))
     """Each step's sampled reward mean (8 bytes a step)."""
     trainer_step: int = 0
+    warmup_loss: float | None = None
+    """The SFT warm-up's last loss, once it is done (``trainer.warmup_sft_steps``)."""
     trainer_final: dict[str, float] = field(default_factory=dict)
     status: dict[str, StatusEvent] = field(default_factory=dict)
     reports: dict[str, ComponentReport] = field(default_factory=dict)
@@ -56,6 +58,9 @@ class RunMonitor:
     """Where every metrics event also goes as consumed (``write``, then ``flush`` after
     each poll): the run's ``metrics.jsonl`` and the exporters of ``monitor.exporters``,
     each on its own thread (``metric_sinks``), none able to stop the monitor."""
+    samples: SinkWorker | None = None
+    """Where every sample of the ``samples`` topic goes (the run's ``samples.jsonl``,
+    ``samples_log``); None: the topic is not read."""
 
     def __post_init__(self) -> None:
         self.ledger = Books(self.cfg.trainer.max_staleness, self.cfg.monitor.ledger_steps)
@@ -73,7 +78,27 @@ class RunMonitor:
                 self.trainer_step = max(self.trainer_step, ev.step)
             if "trainer/final_step" in ev.values:
                 self.trainer_final = dict(ev.values)
+            if "warmup/sft_loss_last" in ev.values:
+                self.warmup_loss = ev.values["warmup/sft_loss_last"]
             self.ledger.add(ev)
+
+    def progress(self) -> str:
+        """The progress bar's words after its count: the newest sampled reward and
+        evaluation accuracy once the trainer has stepped; before, what it is doing."""
+        if self.train_reward:
+            words = f"reward {self.train_reward[-1]:.2f}"
+            curve = self.eval_accuracy
+            return words + (f" eval_acc {curve[-1][1]:.2f}" if curve else "")
+        trainer = self.status.get("trainer")
+        if trainer is None:
+            return "starting: the trainer builds its model"
+        if trainer.detail.startswith("SFT warm-up"):
+            if self.warmup_loss is None:
+                return f"{trainer.detail} (supervised) before RL step 1"
+            return f"SFT warm-up done (loss {self.warmup_loss:.3f}); first evaluation"
+        if trainer.detail == "training":
+            return "waiting for the first batch of experiences"
+        return f"before step 1 ({trainer.detail or trainer.state.value})"
 
     def on_status(self, ev: StatusEvent) -> None:
         self.status[ev.component] = ev
@@ -88,6 +113,9 @@ class RunMonitor:
             "status": self.on_status,
             "dead_letters": self.on_dead_letter,
         }
+        samples = self.samples
+        if samples is not None:
+            handlers["samples"] = samples.write
 
         def on_bad(rec: Record) -> None:
             self.undecodable += 1
@@ -98,6 +126,8 @@ class RunMonitor:
                 return
             for sink in self.sinks:
                 sink.flush()
+            if samples is not None:
+                samples.flush()
             if on_update is not None:
                 on_update(self)
 

@@ -1,6 +1,11 @@
 """``streamrft runs``: the runs on a broker, each with its state and last activity, read from
 its status topic's heartbeats (nothing else is asked of the processes).
 
+The brokers (:func:`find_brokers`): ``--bootstrap`` alone when given; else the config's,
+the embedded services of every run under ``run.dir`` that runs now (``streamrft run``
+starts them; ``status`` finds a run's the same way) and ``streamrft infra up``'s: each one
+that answers, each once.
+
 A run's state (:func:`run_state`, pure):
 
 - ``active``: a component not stopped has sent a heartbeat within ``ACTIVE_S``;
@@ -15,17 +20,21 @@ A run's state (:func:`run_state`, pure):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+import msgspec
 from aiokafka.errors import KafkaError
 
-from streamrft.app.watch.run_events import read_events, runs_on_broker
+from streamrft.app.watch.run_events import Broker, reachable, read_events, runs_on_broker
 from streamrft.app.watch.run_status import age
 from streamrft.infra import admin
 from streamrft.infra.bus import HEARTBEAT_S
-from streamrft.infra.config import KafkaConfig
+from streamrft.infra.config import Config, KafkaConfig
+from streamrft.infra.endpoints import infra_up, runs_running
 from streamrft.schemas.errors import StreamRFTError
 from streamrft.schemas.events import RunState, StatusEvent
 from streamrft.schemas.topics import NAME, TopicNames
@@ -50,6 +59,44 @@ class RunRow:
     """Components whose newest status is younger than ``ACTIVE_S`` and not STOPPED."""
     trainer_step: int
     """The trainer's newest step (-1: no trainer yet)."""
+    broker: str = ""
+    """The broker it is on (``host:port``)."""
+
+
+def _candidates(cfg: Config, bootstrap: str | None, infra_dir: Path):
+    if bootstrap:  # named on the command line: that one only
+        yield bootstrap, "--bootstrap"
+        return
+    if cfg.kafka.bootstrap_servers:
+        yield cfg.kafka.bootstrap_servers, "the config"
+    for run in runs_running(Path(cfg.run.dir)):
+        yield run.bootstrap_servers, run.source
+    shared = infra_up(infra_dir)
+    if shared is not None:
+        yield shared.bootstrap_servers, shared.source
+
+
+def find_brokers(cfg: Config, bootstrap: str | None, infra_dir: Path) -> list[Broker]:
+    """The brokers ``runs`` lists (see the module docstring); a :class:`StreamRFTError`
+    saying where it looked when none answers."""
+    brokers: dict[str, Broker] = {}
+    tried = []
+    for servers, source in _candidates(cfg, bootstrap, infra_dir):
+        if not servers or servers in brokers:
+            continue
+        if reachable(servers):
+            kafka = msgspec.structs.replace(cfg.kafka, bootstrap_servers=servers)
+            brokers[servers] = Broker(kafka, source)
+        else:
+            tried.append(f"{servers} ({source})")
+    if not brokers:
+        looked = f"tried {'; '.join(tried)}" if tried else "none named"
+        raise StreamRFTError(
+            f"no broker ({looked}; no run under {cfg.run.dir}/ has its services running, "
+            f"no `streamrft infra up` in {infra_dir}): pass --bootstrap HOST:PORT, or a "
+            "config naming the broker or run.dir"
+        )
+    return list(brokers.values())
 
 
 def run_state(run: str, statuses: dict[str, StatusEvent], now: float) -> RunRow:
@@ -85,12 +132,20 @@ async def newest_statuses(kafka_cfg: KafkaConfig, topics: TopicNames) -> dict[st
     return newest
 
 
+async def list_runs_on(brokers: list[Broker], now: float | None = None) -> list[RunRow]:
+    """Every run of every broker of ``brokers``, newest activity first."""
+    found = await asyncio.gather(*(list_runs(b.kafka, now) for b in brokers))
+    rows = [row for rows in found for row in rows]
+    return sorted(rows, key=lambda r: (-r.last_activity, r.run))
+
+
 async def list_runs(kafka_cfg: KafkaConfig, now: float | None = None) -> list[RunRow]:
     """Every run under ``kafka.topic_prefix`` on the broker, newest activity first."""
     names = await admin.list_topics(kafka_cfg)
     runs = [r for r in runs_on_broker(names, kafka_cfg.topic_prefix) if NAME.match(r)]  # not a.b.c
     runs = [r for r in runs if TopicNames(kafka_cfg.topic_prefix, r).status in names]
     gate = asyncio.Semaphore(READ_AT_ONCE)
+    servers = kafka_cfg.bootstrap_servers or ""
 
     async def row(run: str) -> RunRow:
         try:
@@ -99,16 +154,21 @@ async def list_runs(kafka_cfg: KafkaConfig, now: float | None = None) -> list[Ru
                 statuses = await newest_statuses(kafka_cfg, topics)
         except (KafkaError, StreamRFTError) as exc:  # an ACL refusing it, say: that row only
             log.warning("run %s: its status topic could not be read: %s", run, exc)
-            return RunRow(run, "unreadable", 0.0, 0, 0, -1)
-        return run_state(run, statuses, time.time() if now is None else now)
+            return RunRow(run, "unreadable", 0.0, 0, 0, -1, servers)
+        row = run_state(run, statuses, time.time() if now is None else now)
+        return dataclasses.replace(row, broker=servers)
 
     rows = await asyncio.gather(*(row(r) for r in runs))
     return sorted(rows, key=lambda r: (-r.last_activity, r.run))
 
 
-def runs_table(rows: list[RunRow], now: float) -> str:
+def runs_table(rows: list[RunRow], now: float, brokers: list[Broker] | None = None) -> str:
+    """The rows as a table, after a line naming the brokers read (``brokers``)."""
+    where = ""
+    if brokers:
+        where = "on " + "; ".join(f"{b.kafka.bootstrap_servers} ({b.source})" for b in brokers)
     if not rows:
-        return "no runs on this broker"
+        return f"no runs {where or 'on this broker'}".rstrip()
     head = ["run", "state", "last activity", "components", "live", "trainer step"]
     body = [
         [
@@ -121,8 +181,13 @@ def runs_table(rows: list[RunRow], now: float) -> str:
         ]
         for r in rows
     ]
+    if brokers and len(brokers) > 1:
+        head.append("broker")
+        for line, r in zip(body, rows, strict=True):
+            line.append(r.broker)
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
-    return "\n".join(
+    table = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
         for row in [head, *body]
-    )
+    ]
+    return "\n".join([where, *table] if where else table)

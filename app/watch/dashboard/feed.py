@@ -3,7 +3,8 @@
 A feed reads the run's event topics from the beginning and follows them
 (``run_events.read_events``) on the run's broker (``run_events.find_broker``). When no
 broker holds the run's topics (the embedded broker of a finished run stopped with it), it
-reads the run folder's ``metrics.jsonl`` instead, and again as the file grows.
+reads the run folder's ``metrics.jsonl`` instead, and again as the file grows, and its
+``samples.jsonl`` (the newest samples of each explorer), again whenever it is rewritten.
 
 A followed broker that stops answering is shown as not live at once, and back as live
 when it answers again (the reader reconnects by itself). One that refuses
@@ -30,12 +31,14 @@ import msgspec
 from streamrft.app.watch import run_events
 from streamrft.app.watch.dashboard.view import RunView
 from streamrft.app.watch.metrics_log import decode_line, metrics_path
+from streamrft.app.watch.samples_log import read_samples, samples_path
 from streamrft.infra import admin
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
 from streamrft.schemas.codec import METRICS
 from streamrft.schemas.errors import StreamRFTError
 from streamrft.schemas.events import MetricsEvent
+from streamrft.schemas.samples import Sample
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,30 @@ class LineSplitter:
             self.partial, self.skipping = b"", True
             self.skipped += 1
         return lines
+
+
+@dataclass
+class SamplesFile:
+    """A run's ``samples.jsonl``, whose whole content is read again when it changes (it is
+    replaced whole, never appended to)."""
+
+    path: Path
+    seen: tuple[int, int, int] | None = None
+    """``(inode, size, mtime_ns)`` when last read."""
+
+    def changed(self) -> bool:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return False
+        now = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if now == self.seen:
+            return False
+        self.seen = now
+        return True
+
+    def read(self) -> list[Sample]:
+        return read_samples(self.path)
 
 
 def decode_lines(lines: list[bytes]) -> tuple[list[MetricsEvent], list[str]]:
@@ -337,11 +364,16 @@ class Feed:
 
     async def _from_file(self, path: Path) -> None:
         """Fold the file's events, then its new lines as they are written; a file that
-        shrank or was replaced is read again from its start into a fresh view."""
-        what = f"{path} (metrics only: no broker holds the run's topics)"
+        shrank or was replaced is read again from its start into a fresh view. The run's
+        ``samples.jsonl`` is read whole each time it changes."""
+        what = f"{path} (metrics and samples only: no broker holds the run's topics)"
         self._set_source(what, live=False, kind="file")
         offset, inode, split = 0, None, LineSplitter()
+        samples = SamplesFile(samples_path(path.parent))
         while True:
+            if await asyncio.to_thread(samples.changed):
+                self.view.samples_from_file(await asyncio.to_thread(samples.read))
+                self._bump()
             chunk = await asyncio.to_thread(read_chunk, path, offset)
             data, st = chunk if chunk is not None else (b"", None)
             size, ino = (st.st_size, st.st_ino) if st is not None else (0, None)
@@ -349,6 +381,7 @@ class Feed:
                 log.info("dashboard: %s was truncated or replaced: reading it again", path)
                 self.view = RunView(run=str(self.cfg.run.id))
                 offset, inode, split = 0, None, LineSplitter()
+                samples = SamplesFile(samples.path)  # into the fresh view too
                 self._bump()
                 if chunk is None:
                     await asyncio.sleep(FILE_POLL_S)

@@ -29,7 +29,8 @@ Where the numbers come from:
   run's rebalances the most reassignments any one explorer saw;
 - dead letters: every event of the dead-letter topic, the last :data:`LATEST_LETTERS` kept;
 - samples: the decoded rollouts explorers publish, the last :data:`LATEST_SAMPLES` of each
-  explorer kept (the page filters them by reward and task, and shows their text as text).
+  explorer kept (the page filters them by reward and task, and shows their text as text);
+  a finished run's from its ``samples.jsonl`` (:meth:`RunView.samples_from_file`).
 """
 
 from __future__ import annotations
@@ -399,6 +400,14 @@ class RunView:
                 "created_at": ev.created_at,
             }
         )
+
+    def samples_from_file(self, samples: list[Sample]) -> None:
+        """The view's samples become ``samples`` (a run's ``samples.jsonl``, read again
+        whole whenever it changes), folded as events of the ``samples`` topic are."""
+        self.samples = {}
+        self.events["samples"] = 0
+        for sample in samples:
+            self.apply("samples", sample)
 
     def _sample(self, ev: Sample) -> None:
         kept = self.samples.get(ev.explorer)

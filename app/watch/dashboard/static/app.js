@@ -262,6 +262,9 @@ function render(p) {
   renderVersions(v.versions.recent);
   renderLetters(v.dead_letters.latest);
   latestSamples = v.samples || [];
+  $("samples-empty").textContent = p.kind === "file"
+    ? "none in the run folder's samples.jsonl (explorer.samples_per_step: 0 publishes none)"
+    : "none yet (explorer.samples_per_step: 0 publishes none)";
   renderSamples();
 }
 
