@@ -302,7 +302,9 @@ class TasksetConfig(_Section, frozen=True):
     expression with one group. A row it finds no answer in is skipped (counted in the log)."""
     messages_key: str = "messages"
     """Field of a chat task: a list of ``{"role": ..., "content": ...}`` objects, used in
-    place of the prompt. A line has a prompt or messages, not both."""
+    place of the prompt. A line has a prompt or messages, not both; where this and
+    ``prompt_key`` name the same field (verl's ``prompt``), a list there is the chat and
+    anything else the prompt."""
     workflow: str = "math"
     """Workflow of tasks that do not name one: a name registered in ``producers/workflows``
     (``math``, ``expert``, ``preference``, ``multi_turn``, ``tool_calling``, ``agent``)."""
@@ -812,7 +814,8 @@ class SynchronizerConfig(_Section, frozen=True):
     """Who decides when to sync: a fixed schedule, the trainer, or the explorers; or
     nobody waits (``fully_async``: explorers on the newest version they have at each step,
     the trainer on the groups that have arrived; bounded by ``trainer.max_staleness``
-    only). See docs/sync.md."""
+    only). Trinity-RFT's names ``trainer_driven`` and ``explorer_driven`` are read as
+    ``dynamic_by_trainer`` and ``dynamic_by_explorer``. See docs/sync.md."""
     sync_interval: Pos = 1
     """The trainer publishes every this many steps; explorers sync every this many steps."""
     sync_offset: NonNeg = 1
@@ -1176,6 +1179,24 @@ DEPRECATED_FIELDS: dict[str, str] = {
 """Fields that moved and still work: the value is taken as the new field's, with a warning."""
 
 
+VALUE_ALIASES: dict[str, dict[str, str]] = {
+    "synchronizer.style": {
+        "explorer_driven": "dynamic_by_explorer",
+        "trainer_driven": "dynamic_by_trainer",
+    },
+}
+"""Other frameworks' names of a field's values (Trinity-RFT's sync styles), read as ours."""
+
+
+def _take_aliases(data: dict[str, Any]) -> None:
+    for dotted, names in VALUE_ALIASES.items():
+        section, name = dotted.split(".")
+        part = data.get(section)
+        if isinstance(part, dict) and isinstance(part.get(name), str) and part[name] in names:
+            log.info("%s: %s read as %s", dotted, part[name], names[part[name]])
+            part[name] = names[part[name]]
+
+
 def _check_moved(data: dict[str, Any]) -> None:
     for old, new in MOVED_FIELDS.items():
         section, name = old.split(".")
@@ -1204,6 +1225,7 @@ def from_dict(data: dict[str, Any]) -> Config:
     of moved fields are refused (:data:`MOVED_FIELDS`) or taken with a warning
     (:data:`DEPRECATED_FIELDS`)."""
     _check_moved(data)
+    _take_aliases(data)
     try:
         cfg = msgspec.convert(data, Config, strict=False)
     except msgspec.ValidationError as exc:

@@ -226,6 +226,10 @@ def _has(row: dict[str, Any], dotted: str) -> bool:
 def _task(obj: dict[str, Any], cfg: TasksetConfig, where: str, default_id: str) -> Task:
     has_messages = _has(obj, cfg.messages_key)
     has_prompt = cfg.prompt_template is not None or _has(obj, cfg.prompt_key)
+    if has_messages and cfg.prompt_key == cfg.messages_key and cfg.prompt_template is None:
+        # one field named by both keys (verl's `prompt` column): a list is the chat
+        has_messages = isinstance(field(obj, cfg.messages_key), list)
+        has_prompt = not has_messages
     fields = (
         f"{cfg.prompt_key!r} (taskset.prompt_key) or {cfg.messages_key!r} (taskset.messages_key)"
     )
