@@ -11,7 +11,8 @@ another machine), all weights or an adapter by the memory plan (``--tune``), and
 each choice with its reason. The file it writes holds the choices that matter with a
 comment on each (``--expert``: every field of every section, each with its
 documentation), is checked as ``streamrft validate`` checks, and ``plan``'s memory table
-is printed after it.
+is printed after it. ``--from-trinity FILE`` and ``--from-verl`` convert another
+framework's config instead of asking (:mod:`.init_from`).
 """
 
 from __future__ import annotations
