@@ -162,7 +162,8 @@ class Feed:
         self.view = RunView(run=str(cfg.run.id))
         self.source = "looking for the run's broker or metrics.jsonl"
         self.kind = ""
-        """Where the view comes from: "broker", "file" (metrics only), "" (nowhere yet)."""
+        """Where the view comes from: "broker", "file" (metrics and samples only), "" (nowhere
+        yet)."""
         self.live = False
         self.kinds: tuple[str, ...] = KINDS
         """The run's event topics the broker holds."""
