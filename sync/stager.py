@@ -159,9 +159,10 @@ class Stager:
             raise
         except (ServiceError, SyncTimeout) as exc:  # the control reader is gone: the
             self._error = exc  # sync point meets it too; the stager stops
-        except Exception as exc:  # a bug: the next sync point raises it, not a silent stop
+        except Exception as exc:  # a bug: the next sync point fails the process with it
             log.exception("%s: the stager failed", self.name)
-            self._error = exc
+            self._error = ServiceError(f"{self.name}: the background receive failed: {exc!r}")
+            self._error.__cause__ = exc  # never taken for a bad version
 
     async def _next(self) -> ModelVersionReady | None:
         """The next version to stage, once there is one; None: stop."""
