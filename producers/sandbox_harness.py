@@ -142,10 +142,10 @@ def _real(root, proc="/proc"):
             if here == proc or here.startswith(under):
                 raise refused("sandbox: /proc is not reachable")
             try:
-                mode = lstat(here).st_mode
+                link = is_link(lstat(here).st_mode)
             except oserror:
-                mode = 0  # not there (yet): taken as written
-            if not is_link(mode):
+                link = False  # not there (yet): taken as written
+            if not link:
                 done.append(name)
                 continue
             hops += 1
@@ -198,10 +198,7 @@ def _hook_for(root, budget):
     def opening(path, flags):
         if type_(path) is number:
             return  # a descriptor it holds: its file was checked when it was opened
-        name = path_of(path)
-        if name is None:
-            raise refused("sandbox: a path must be text")
-        where = real(name)
+        where = real(path_of(path))  # str or bytes: what the interpreter's event carries
         try:
             mode = stat_(where).st_mode
         except oserror:
@@ -259,18 +256,18 @@ def _disarm(root, prefixes):
     _thread.start_new_thread = _thread.start_new = no_thread
     make_builtin, make_dynamic = _imp.create_builtin, _imp.create_dynamic
     real, blocked, inside_prefix = _real(root), _blocker(), root + "/"
-    namespace, text, type_, refused = types.SimpleNamespace, str, type, PermissionError
+    namespace, join, refused = types.SimpleNamespace, "".join, PermissionError
 
     def create_builtin(spec):
-        name = spec.name  # read once: the spec is the program's to make
-        if type_(name) is not text or blocked(name):
+        # read once, as an exact str (or TypeError): the spec is the program's to make
+        name = join((spec.name,))
+        if blocked(name):
             raise refused(f"sandbox: module {name!r} is not allowed")
         return make_builtin(namespace(name=name))
 
     def create_dynamic(spec, file=None):
-        name, origin = spec.name, spec.origin
-        if type_(name) is not text or type_(origin) is not text or blocked(name):
-            raise refused(f"sandbox: module {name!r} is not allowed")
+        # its name is checked by the import event loading native code raises
+        name, origin = join((spec.name,)), join((spec.origin,))
         where = real(origin)
         if where.startswith(inside_prefix) or not where.startswith(prefixes):
             raise refused(f"sandbox: native code from {origin!r} is not allowed")

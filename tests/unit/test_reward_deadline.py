@@ -118,6 +118,8 @@ def test_a_timeout_shorter_than_one_test_is_refused():
     service = RewardConfig(timeout_s=2, sandbox=SandboxConfig(time_limit_s=5))
     with pytest.raises(ConfigError, match=r"reward\.timeout_s: 2 s is shorter than one test's"):
         get_reward("code_tests", service=service)
+    same = RewardConfig(timeout_s=5, sandbox=SandboxConfig(time_limit_s=5))
+    assert get_reward("code_tests", service=same).limit_s == 5  # one test fits
 
 
 @contextmanager

@@ -254,6 +254,8 @@ def test_the_interpreter_is_one_that_exists(tmp_path):
         _reward(python=str(tmp_path / "python3"))
     by_path = _reward(python=sys.executable)
     assert _passes(ADD, "assert add(1, 2) == 3", by_path)[0] == 1.0
+    if shutil.which("python3") is not None:  # a name found on PATH will do
+        assert _reward(python="python3").python == "python3"
 
 
 def test_an_honest_program_may_import_the_standard_library():
@@ -261,10 +263,12 @@ def test_an_honest_program_may_import_the_standard_library():
     sandbox's checks of the import system."""
     code = (
         "import pwd, json, math, heapq, bisect, datetime, decimal, fractions, statistics\n"
-        "import dataclasses, typing, functools, itertools, re, string\n"
-        "VALUE = statistics.mean([math.sqrt(4), json.loads('2'), heapq.nsmallest(1, [2])[0]])"
+        "import dataclasses, inspect, typing, functools, itertools, re, string\n"
+        "VALUE = statistics.mean([math.sqrt(4), json.loads('2'), heapq.nsmallest(1, [2])[0]])\n"
+        "ARGS = len(inspect.signature(statistics.mean).parameters)"  # reads __code__
     )
-    assert _passes(code, "assert VALUE == 2 and type(VALUE) in (int, float)")[0] == 1.0
+    test = "assert VALUE == 2 and type(VALUE) in (int, float) and ARGS == 1"
+    assert _passes(code, test)[0] == 1.0
 
 
 @pytest.mark.parametrize(
@@ -293,10 +297,34 @@ def test_every_spelling_of_a_path_outside_is_refused(path, kind, tmp_path):
     assert not target.exists()
 
 
+def test_links_are_followed_as_far_as_the_kernel_follows_them(tmp_path):
+    """Links the program did not make (it may not make any): a chain of 40, the kernel's
+    limit, is read; a loop is refused at once, not followed for ever."""
+    (tmp_path / "file").write_text("x")
+    for i in range(40):
+        os.symlink(tmp_path / ("file" if i == 0 else f"l{i - 1}"), tmp_path / f"l{i}")
+    read = f"DATA = open({str(tmp_path / 'l39')!r}).read()\n"
+    assert _passes(read, "assert DATA == 'x'")[0] == 1.0
+    os.symlink(tmp_path / "b", tmp_path / "a")
+    os.symlink(tmp_path / "a", tmp_path / "b")
+    loop = f"try:\n    open({str(tmp_path / 'a')!r})\nexcept PermissionError:\n    SEEN = 1\n"
+    value, info = _passes(loop, "assert SEEN == 1")
+    assert value == 1.0 and info["tests_timed_out"] == 0
+
+
+def test_a_path_that_climbs_back_into_the_folder_is_the_folders():
+    code = "import os\nos.mkdir('made')\nopen('made/../ok.txt', 'w').write('x')\n" + ADD
+    assert _passes(code, "assert open('ok.txt').read() == 'x'")[0] == 1.0
+
+
 def test_a_file_rewritten_or_only_read_spends_none_of_the_budget():
     code = (
         "import os\n"
         "for i in range(20):\n"
+        "    try:\n"
+        "        os.open(f'absent{i}', os.O_WRONLY)\n"
+        "    except FileNotFoundError:\n"
+        "        pass\n"
         "    open('f', 'w').write('x')\n"
         "    os.close(os.open('f', os.O_WRONLY | os.O_CREAT))\n"
         "    try:\n"

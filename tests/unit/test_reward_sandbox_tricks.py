@@ -97,6 +97,25 @@ def handler(signum, frame):
 _signal.signal(_signal.SIGUSR1, handler)
 _signal.raise_signal(_signal.SIGUSR1)
 """
+WALK_TO_THE_TOKEN = """
+def _fake(frame):
+    while frame is not None and "line" not in frame.f_locals:
+        frame = frame.f_back
+    if frame is not None:
+        names = frame.f_locals
+        names["write"](1, names["line"])
+        names["leave"](0)
+"""
+TRACEBACK_FRAME = (
+    WALK_TO_THE_TOKEN
+    + """
+try:
+    raise ValueError
+except ValueError as e:
+    _fake(e.__traceback__.tb_frame)
+"""
+)
+GETFRAME = WALK_TO_THE_TOKEN + "import sys\n_fake(sys._getframe())\n"
 FIFO_STDOUT = """
 import os
 try:
@@ -125,6 +144,8 @@ TRICKS = {
         WRONG + SHADOWS_BUILTINS,
     ),
     "takes the harness's token from a signal handler's frame": (EQUAL, WRONG + SIGNAL_FRAME),
+    "takes the harness's token from a traceback's frame": (EQUAL, WRONG + TRACEBACK_FRAME),
+    "takes the harness's token from sys._getframe": (EQUAL, WRONG + GETFRAME),
     "puts a FIFO where stdout was": (EQUAL, WRONG + FIFO_STDOUT),
     "puts a directory where stdout was": (EQUAL, WRONG + DIRECTORY_STDOUT),
 }
@@ -223,6 +244,14 @@ FROM_FOLDER = module.__file__ == copy.origin
         ),
         ("import readline\nreadline.write_history_file({target!r})\n", None),
         ("import _posixshmem\n_posixshmem.shm_open('/streamrft-test', 64 | 2, 384)\n", None),
+        (  # no import statement: the module made from its file
+            "import _imp, importlib.machinery, importlib.util, os\n"
+            "where = os.path.dirname(importlib.util.find_spec('_json').origin)\n"
+            "so = [f for f in os.listdir(where) if f.startswith('_posixshmem')][0]\n"
+            "spec = importlib.machinery.ModuleSpec('_posixshmem', None, origin=where + '/' + so)\n"
+            "_imp.create_dynamic(spec).shm_open('/streamrft-test', 64 | 2, 384)\n",
+            None,
+        ),
         ("import sys\ndel sys.modules['_thread']\nimport _thread", None),
         ("import threading\nthreading.Thread(target=print).start()", None),
         (NATIVE, None),
@@ -234,6 +263,7 @@ FROM_FOLDER = module.__file__ == copy.origin
         "dir-fd",
         "readline",
         "shm",
+        "shm-by-spec",
         "fresh-thread-module",
         "thread",
         "native-code-from-the-folder",
