@@ -189,6 +189,35 @@ def apply(
         explicit_default(conv, d)
 
 
+def drop_same(flat: dict[str, Any], same: Mapping[str, tuple[Any, ...]]) -> None:
+    """Take the keys of ``flat`` whose value is one of ``same``'s for the key: what
+    streamrft does anyway, no field needed."""
+    for key, values in same.items():
+        if key in flat and flat[key] in values:
+            del flat[key]
+
+
+def finish(
+    flat: dict[str, Any],
+    conv: Conversion,
+    steps_key: str,
+    same: Mapping[str, tuple[Any, ...]],
+    known: Mapping[str, str],
+) -> None:
+    """The end of a conversion: a run until its epochs end where the source's
+    ``steps_key`` set no length, the keys ``same`` takes, the rest unmapped (their reasons
+    from ``known``, :func:`leftovers`), then :func:`settle`."""
+    if "trainer.max_steps" not in conv.fields:
+        conv.set(
+            "trainer.max_steps",
+            0,
+            f"`{steps_key}` not set: {conv.source} runs until its epochs end; 0 does too",
+        )
+    drop_same(flat, same)
+    leftovers(flat, conv, known)
+    settle(conv)
+
+
 def explicit_default(conv: Conversion, d: Default) -> None:
     """``d``'s field written with the value :attr:`Default.take` chooses, both defaults said."""
     ours = streamrft_default(d.target)

@@ -19,14 +19,15 @@ from streamrft.app.conversion import (
     Default,
     Rule,
     apply,
+    drop_same,
     explicit_default,
+    finish,
     flatten,
     interpolate,
     leftovers,
     optimizer_defaults,
     optimizer_rules,
     run_name,
-    settle,
     shown,
     streamrft_default,
 )
@@ -197,22 +198,22 @@ DEFAULTS = (
 )
 
 SAME = {
-    "trainer.trainer_type": "verl",
-    "trainer.use_dynamic_bsz": True,
-    "trainer.ulysses_sequence_parallel_size": 1,
-    "trainer.enable_preview": True,
-    "explorer.eval_on_startup": True,
-    "model.top_p": 1.0,
-    "model.top_k": -1,
-    "model.logprobs": 0,
-    "model.min_response_tokens": 0,
-    "model.repetition_penalty": 1.0,
-    "model.enable_prompt_truncation": True,
-    "model.tinker.enable": False,
-    "model.external_model.enable": False,
-    "algorithm.entropy_loss_fn": "default",
-    "algorithm.optimizer.optimizer_type": "adam",
-    "cluster.ray_address": "auto",
+    "trainer.trainer_type": ("verl",),
+    "trainer.use_dynamic_bsz": (True,),
+    "trainer.ulysses_sequence_parallel_size": (1,),
+    "trainer.enable_preview": (True,),
+    "explorer.eval_on_startup": (True,),
+    "model.top_p": (1.0,),
+    "model.top_k": (-1,),
+    "model.logprobs": (0,),
+    "model.min_response_tokens": (0,),
+    "model.repetition_penalty": (1.0,),
+    "model.enable_prompt_truncation": (True,),
+    "model.tinker.enable": (False,),
+    "model.external_model.enable": (False,),
+    "algorithm.entropy_loss_fn": ("default",),
+    "algorithm.optimizer.optimizer_type": ("adam",),
+    "cluster.ray_address": ("auto",),
 }
 """Keys whose value here is what streamrft does anyway: taken without a field."""
 
@@ -262,17 +263,7 @@ def convert(data: Mapping[str, Any], env: Mapping[str, str]) -> Conversion:
     _placement(flat, conv)
     _monitor(flat, conv, tree)
     apply(flat, (), DEFAULTS, conv)
-    if "trainer.max_steps" not in conv.fields:
-        conv.set(
-            "trainer.max_steps",
-            0,
-            "`buffer.total_steps` not set: Trinity-RFT runs until its epochs end; 0 does too",
-        )
-    for key, value in SAME.items():
-        if key in flat and flat[key] == value:
-            del flat[key]
-    leftovers(flat, conv, KNOWN)
-    settle(conv)
+    finish(flat, conv, "buffer.total_steps", SAME, KNOWN)
     return conv
 
 
@@ -379,18 +370,18 @@ TASKSET_RULES = (
     Rule("task_selector.selector_type", "taskset.shuffle", SELECTORS),
 )
 TASKSET_SAME = {
-    "storage_type": "file",
-    "format.prompt_type": None,
-    "rollout_args.top_p": None,
-    "rollout_args.top_k": -1,
-    "rollout_args.logprobs": None,
-    "rollout_args.n": 1,
-    "repeat_times": 1,
-    "max_retry_times": 3,
-    "max_retry_interval": 1,
-    "enable_progress_bar": False,
-    "data_selector.seed": 42,
-    "task_selector.seed": 42,
+    "storage_type": ("file",),
+    "format.prompt_type": (None,),
+    "rollout_args.top_p": (None,),
+    "rollout_args.top_k": (-1,),
+    "rollout_args.logprobs": (None,),
+    "rollout_args.n": (1,),
+    "repeat_times": (1,),
+    "max_retry_times": (3,),
+    "max_retry_interval": (1,),
+    "enable_progress_bar": (False,),
+    "data_selector.seed": (42,),
+    "task_selector.seed": (42,),
 }
 TASKSET_KNOWN = {
     "name": "the set's name is its file's",
@@ -414,7 +405,7 @@ def _one_taskset(flat: dict[str, Any], conv: Conversion, where: str) -> None:
         selector = f"{where}.data_selector.selector_type"
         explicit_default(conv, Default(selector, False, "taskset.shuffle", said="sequential"))
     _overlong(flat, conv, where)
-    _drop_same(flat, TASKSET_SAME)
+    drop_same(flat, TASKSET_SAME)
     answer = conv.fields.get("taskset.answer_key", "answer")
     if path and "gsm8k" in str(path).lower() and answer == "answer":
         conv.set(
@@ -435,12 +426,6 @@ def _path(conv: Conversion, target: str, path: str, subset: Any, where: str) -> 
 
 def _prefixed(rules: tuple[Rule, ...], prefix: str) -> list[Rule]:
     return [Rule(prefix + r.key, r.target, r.values, r.why, r.value_why) for r in rules]
-
-
-def _drop_same(flat: dict[str, Any], same: Mapping[str, Any]) -> None:
-    for key, value in same.items():
-        if key in flat and flat[key] == value:
-            del flat[key]
 
 
 def _overlong(flat: dict[str, Any], conv: Conversion, where: str) -> None:
@@ -487,7 +472,7 @@ def _sources(sets: list[Any], conv: Conversion, where: str) -> None:
             named = WORKFLOWS.get(str(flat.pop("default_workflow_type")).lower())
             if named:
                 source["workflow"] = named[0]
-        _drop_same(flat, TASKSET_SAME)
+        drop_same(flat, TASKSET_SAME)
         leftovers(flat, conv, TASKSET_KNOWN, f"{key}.")
         sources.append(source)
     conv.set(
@@ -526,7 +511,7 @@ def _eval_set(flat: dict[str, Any], conv: Conversion, where: str) -> None:
     ):
         if theirs in flat and flat[theirs] == conv.fields.get(f"taskset.{ours}"):
             del flat[theirs]
-    _drop_same(flat, TASKSET_SAME)
+    drop_same(flat, TASKSET_SAME)
     known = {**TASKSET_KNOWN, "format.": "the evaluation set is read with the taskset's keys"}
     leftovers(flat, conv, known, f"{where}.")
 

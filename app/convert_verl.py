@@ -22,11 +22,10 @@ from streamrft.app.conversion import (
     Default,
     Rule,
     apply,
-    leftovers,
+    finish,
     optimizer_defaults,
     optimizer_rules,
     run_name,
-    settle,
 )
 from streamrft.schemas.errors import ConfigError
 
@@ -324,22 +323,12 @@ def convert(overrides: Mapping[str, str]) -> Conversion:
     _placement(flat, conv)
     _logger(flat, conv, project)
     apply(flat, (), DEFAULTS, conv)
-    if "trainer.max_steps" not in conv.fields:
-        conv.set(
-            "trainer.max_steps",
-            0,
-            "`trainer.total_training_steps` not set: verl runs until its epochs end; 0 does too",
-        )
     if f"{A}.clip_ratio_c" not in flat:
         conv.note(
             "verl's PPO loss bounds the ratio of a negative advantage's token at clip_ratio_c "
             "(3, its dual clip); streamrft's ppo_clip has no such bound"
         )
-    for key, values in SAME.items():
-        if key in flat and flat[key] in values:
-            del flat[key]
-    leftovers(flat, conv, KNOWN)
-    settle(conv)
+    finish(flat, conv, "trainer.total_training_steps", SAME, KNOWN)
     return conv
 
 
