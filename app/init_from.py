@@ -75,7 +75,7 @@ def localize(conv: Conversion, out: Path, model: str | None, data: str | None) -
             conv.fields[target] = _relative(os.path.expanduser(value), out)
     for source in conv.fields.get("taskset.sources", []):
         if source.get("path"):
-            source["path"] = _relative(str(source["path"]), out)
+            source["path"] = _relative(os.path.expanduser(str(source["path"])), out)
 
 
 def _hub(conv: Conversion, target: str, path: str) -> None:
