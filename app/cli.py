@@ -608,6 +608,13 @@ def cmd_export_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+OVERRIDE_HELP = (
+    "override a config field: KEY a dotted path, VALUE read as YAML, e.g. "
+    "trainer.lr=5e-4; repeatable"
+)
+"""The help of every command's ``-o``."""
+
+
 def _optional_config(sp: argparse.ArgumentParser, text: str) -> None:
     """CONFIG as the first, optional positional; ``--config`` still read (it warns)."""
     sp.add_argument("config", nargs="?", help=f"{text} (optional)")
@@ -627,7 +634,7 @@ def _where_runs_are(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--bootstrap", metavar="HOST:PORT", help="broker (wins over the config)")
     sp.add_argument("--dir", metavar="INFRA_DIR", help="state folder of `infra up`")
     sp.add_argument("--runs-dir", metavar="DIR", help="folder of the run folders (run.dir)")
-    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
+    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE", help=OVERRIDE_HELP)
 
 
 def _with_config(sp: argparse.ArgumentParser, run_id_help: str, joins: bool = False) -> None:
@@ -649,13 +656,7 @@ def _with_config(sp: argparse.ArgumentParser, run_id_help: str, joins: bool = Fa
     else:
         sp.add_argument("config", help="YAML config file (see examples/)")
     sp.add_argument("--run-id", metavar="ID", help=run_id_help)
-    sp.add_argument(
-        "-o",
-        "--override",
-        action="append",
-        metavar="KEY=VALUE",
-        help="override a config field, e.g. trainer.lr=5e-4",
-    )
+    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE", help=OVERRIDE_HELP)
 
 
 def _add_run_commands(sub: argparse._SubParsersAction) -> None:
@@ -810,7 +811,7 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction) -> None:
         "validate", help="check a config and the files it names without starting anything"
     )
     sp.add_argument("config", help="YAML config file")
-    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
+    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE", help=OVERRIDE_HELP)
     sp.add_argument(
         "--connect", action="store_true", help="also reach the broker and object store it names"
     )
@@ -824,7 +825,7 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction) -> None:
 
     sp = sub.add_parser("plan", help="estimate the accelerator memory each process needs")
     sp.add_argument("config", help="YAML config file")
-    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE")
+    sp.add_argument("-o", "--override", action="append", metavar="KEY=VALUE", help=OVERRIDE_HELP)
     sp.add_argument(
         "--device-memory", help="each device's memory, e.g. 80GiB (default: the GPU torch sees)"
     )
@@ -892,7 +893,12 @@ def _add_watch_commands(sub: argparse._SubParsersAction) -> None:
         help="start/stop/inspect the embedded broker and object store; clean: remove the "
         "/dev/shm version files of trainers that are gone",
     )
-    sp.add_argument("action", choices=["up", "down", "status", "clean"])
+    sp.add_argument(
+        "action",
+        choices=["up", "down", "status", "clean"],
+        help="up: start them; down: stop them; status: show what runs; clean: remove the "
+        "/dev/shm version files of trainers that are gone",
+    )
     sp.add_argument(
         "--dir", default=DEFAULT_INFRA_DIR, help=f"state folder (default {DEFAULT_INFRA_DIR})"
     )
@@ -993,7 +999,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="streamrft", description="Event-driven reinforcement fine-tuning of LLMs."
     )
     p.add_argument("--version", action="version", version=f"streamrft {_version()}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, help="the command to run")
     _add_run_commands(sub)
     _add_checkpoint_commands(sub)
     _add_watch_commands(sub)

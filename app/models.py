@@ -240,7 +240,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 def add_models_parser(sub: argparse._SubParsersAction) -> None:
     """The ``models`` command, under the ``streamrft`` parser's subcommands ``sub``."""
     models = sub.add_parser("models", help="prepare pretrained models for model.source: path")
-    actions = models.add_subparsers(dest="action", required=True)
+    actions = models.add_subparsers(
+        dest="action", required=True, help="prepare: write a model folder"
+    )
     sp = actions.add_parser(
         "prepare", help="convert a model shipped on PyPI as GGUF into a safetensors folder"
     )

@@ -37,7 +37,7 @@ def cmd_tasks_make(args: argparse.Namespace) -> int:
 def add_tasks_parser(sub: argparse._SubParsersAction) -> None:
     """``tasks make`` under the ``streamrft`` parser's subcommands ``sub``."""
     tasks = sub.add_parser("tasks", help="generate task sets locally")
-    actions = tasks.add_subparsers(dest="action", required=True)
+    actions = tasks.add_subparsers(dest="action", required=True, help="make: write a task set")
     sp = actions.add_parser("make", help="write a generated task set (JSONL) and its eval split")
     sp.add_argument("name", help="generator: word_problems (arithmetic word problems, chat)")
     sp.add_argument("--n", type=int, default=1000, help="training tasks (default 1000)")

@@ -175,20 +175,76 @@ def _is_struct(tp: Any) -> bool:
 
 
 # -- config -------------------------------------------------------------------------------
-def config_reference() -> str:
-    """Markdown: one ``### <section>`` with a table of its fields per Config section."""
-    out: list[str] = []
+CONFIG_DIR = "docs/reference/config"
+"""One generated page per Config section, ``<section>.md``; the index of them is the
+``config`` block of ``docs/reference/configuration.md``."""
+SECTION_SUMMARIES: dict[str, str] = {
+    "run": "the run's name and id, its folder, seed, and start order",
+    "kafka": "the broker: address, topics, producers and consumers, TLS and SASL",
+    "object_store": "the S3 store of weight versions and checkpoints",
+    "model": "the model: a folder or the tiny built-in one, device, dtype, LoRA",
+    "taskset": "the tasks: files, columns, prompt template, answer extraction, mixing",
+    "explorer": "the explorers: count, devices, engine, sampling, reward, agents",
+    "trainer": "the trainer: devices and ranks, batches, optimizer, checkpoints, warm-up",
+    "eval": "evaluation: tasks, evaluator processes, which versions, pass@k",
+    "algorithm": "the RL algorithm: a preset and the parts that replace its own",
+    "synchronizer": "how weight versions reach the explorers: method, style, deltas",
+    "monitor": "progress, logs, metric exporters, dashboard, probes",
+    "serve": "`streamrft serve`: the OpenAI-compatible API and what it records",
+    "reward": "the reward services: a judge model, code tests in a sandbox",
+}
+"""What each section holds, for the index (written by hand; docgen fails on a section
+missing here)."""
+
+
+def config_sections() -> list[tuple[str, type]]:
+    """``(name in YAML, section struct)`` of each Config section, in Config's order."""
+    out = []
     for section in msgspec.structs.fields(Config):
-        cls = section.type
-        if not _is_struct(cls):
-            raise TypeError(f"Config.{section.name}: not a section struct ({cls!r})")
-        out += _field_table(f"### {section.encode_name}", cls)
-        for f in msgspec.structs.fields(cls):
-            for inner in _nested_structs(f.type):
-                many = typing.get_origin(f.type) is list
-                title = f"#### {section.encode_name}.{f.encode_name}{'[]' if many else ''}"
-                out += _field_table(title, inner)
+        if not _is_struct(section.type):
+            raise TypeError(f"Config.{section.name}: not a section struct ({section.type!r})")
+        out.append((section.encode_name, section.type))
+    return out
+
+
+def config_reference() -> str:
+    """Markdown: the index of the Config sections, each a link to its page."""
+    missing = [name for name, _ in config_sections() if name not in SECTION_SUMMARIES]
+    if missing:
+        raise RuntimeError(f"docgen: no summary in SECTION_SUMMARIES for section(s) {missing}")
+    folder = Path(CONFIG_DIR).name
+    rows = [
+        [f"[`{name}`]({folder}/{name}.md)", cell(SECTION_SUMMARIES[name])]
+        for name, _ in config_sections()
+    ]
+    return "\n".join(_table(["section", "what it holds"], rows)) + "\n"
+
+
+def config_section_page(name: str, cls: type) -> str:
+    """The whole page of one Config section: a table of its fields, then one of each
+    struct inside it (``model.lora``, ``taskset.sources[]``)."""
+    out = [
+        f"# Configuration: {name}",
+        "",
+        "<!-- Generated from infra/config.py by python -m tools.docgen: do not edit. -->",
+        "",
+        f"The fields of the `{name}:` section of a config file; every field has a default. "
+        "[All sections](../configuration.md).",
+        "",
+    ]
+    out += _field_table(f"## {name}", cls)
+    for f in msgspec.structs.fields(cls):
+        for inner in _nested_structs(f.type):
+            many = typing.get_origin(f.type) is list
+            out += _field_table(f"## {name}.{f.encode_name}{'[]' if many else ''}", inner)
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def config_pages() -> dict[str, str]:
+    """Path (from the repository root) -> text of each section's page."""
+    return {
+        f"{CONFIG_DIR}/{name}.md": config_section_page(name, cls) for name, cls in config_sections()
+    }
 
 
 def _field_table(title: str, cls: type) -> list[str]:
@@ -374,38 +430,45 @@ def _html_safe(text: str) -> str:
 
 
 def cli_reference() -> str:
-    """One section per ``streamrft`` command: what it does, its usage, its arguments."""
+    """One section per ``streamrft`` command (and per subcommand of ``tasks``, ``models``):
+    what it does, its usage, its arguments."""
     from streamrft.app.cli import build_parser
 
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    helps = {c.dest: c.help for c in sub._choices_actions}
     out: list[str] = []
-    seen: set[int] = set()
-    for name, command in sub.choices.items():
-        if id(command) in seen:  # an alias
-            continue
-        seen.add(id(command))
-        aliases = [n for n, c in sub.choices.items() if c is command and n != name]
-        out.append(f"### streamrft {name}")
-        out.append("")
-        also = f" (also: `{'`, `'.join(aliases)}`)" if aliases else ""
-        out.append(_html_safe(_prose(helps.get(name) or "")) + also)
-        out.append("")
-        usage = " ".join(command.format_usage().split())
-        out.append(f"`{usage.removeprefix('usage: ')}`")
-        out.append("")
-        rows = [r for r in (_option_row(a) for a in command._actions) if r is not None]
-        nested = [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]
-        if rows:
-            out += _table(["argument", "what it does"], rows)
-            out.append("")
-        for group in nested:
-            for parser_ in group.choices.values():
-                usage = " ".join(parser_.format_usage().split()).removeprefix("usage: ")
-                out.append(f"`{usage}`")
-                out.append("")
+    for name, aliases, helptext, command in _commands(build_parser(), "streamrft"):
+        out += _command_section(name, aliases, helptext, command)
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _commands(
+    parser: argparse.ArgumentParser, prog: str
+) -> Iterator[tuple[str, list[str], str, argparse.ArgumentParser]]:
+    """``(full name, aliases, help, parser)`` of each subcommand of ``parser``, each
+    followed by its own subcommands."""
+    for group in parser._actions:
+        if not isinstance(group, argparse._SubParsersAction):
+            continue
+        helps = {c.dest: c.help for c in group._choices_actions}
+        seen: set[int] = set()
+        for name, command in group.choices.items():
+            if id(command) in seen:  # an alias
+                continue
+            seen.add(id(command))
+            aliases = [n for n, c in group.choices.items() if c is command and n != name]
+            yield f"{prog} {name}", aliases, helps.get(name) or "", command
+            yield from _commands(command, f"{prog} {name}")
+
+
+def _command_section(
+    name: str, aliases: list[str], helptext: str, command: argparse.ArgumentParser
+) -> list[str]:
+    also = f" (also: `{'`, `'.join(aliases)}`)" if aliases else ""
+    usage = " ".join(command.format_usage().split()).removeprefix("usage: ")
+    out = [f"### {name}", "", _html_safe(_prose(helptext)) + also, "", f"`{usage}`", ""]
+    rows = [r for r in (_option_row(a) for a in command._actions) if r is not None]
+    if rows:
+        out += [*_table(["argument", "what it does"], rows), ""]
+    return out
 
 
 def acl_reference() -> str:
@@ -456,19 +519,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.docgen", description="Regenerate the reference pages."
     )
-    parser.add_argument("pages", nargs="*", default=list(PAGES), help="default: docs/reference/")
+    parser.add_argument(
+        "pages",
+        nargs="*",
+        help=f"default: docs/reference/ (the pages with generated blocks, and {CONFIG_DIR}/)",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if a page is stale")
     args = parser.parse_args(argv)
+    whole = config_pages()
+    pages = args.pages or [*PAGES, *whole]
     worst = 0
-    for page in args.pages:
-        worst = max(worst, _one_page(Path(page), args.check))
+    for page in pages:
+        worst = max(worst, _one_page(Path(page), args.check, whole))
+    if not args.pages:
+        worst = max(worst, _extra_pages(whole, args.check))
     return worst
 
 
-def _one_page(path: Path, check: bool) -> int:
+def _one_page(path: Path, check: bool, whole: dict[str, str]) -> int:
+    """Regenerate (or with ``check``, compare) one page: wholly from ``whole`` when it is
+    one of those, else its generated blocks."""
+    generated = whole.get(path.as_posix().removeprefix(f"{Path.cwd().as_posix()}/"))
     try:
-        old = path.read_text()
-        new = render_page(old)
+        old = path.read_text() if path.exists() or generated is None else ""
+        new = generated if generated is not None else render_page(old)
     except (OSError, ValueError) as exc:
         print(f"docgen: {path}: {exc}", file=sys.stderr)
         return 2
@@ -484,11 +558,25 @@ def _one_page(path: Path, check: bool) -> int:
         print("\n".join(diff[:60]))
         if len(diff) > 60:
             print(f"... ({len(diff) - 60} more diff lines)")
-        print(f"{path} is stale; run: python -m tools.docgen")
+        print(f"{path} is {'stale' if old else 'missing'}; run: python -m tools.docgen")
         return 1
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(new)
-    print(f"{path}: updated")
+    print(f"{path}: {'updated' if old else 'written'}")
     return 0
+
+
+def _extra_pages(whole: dict[str, str], check: bool) -> int:
+    """A page in CONFIG_DIR of no section (one removed from Config): an error with
+    ``check``, else removed."""
+    extra = sorted(p for p in Path(CONFIG_DIR).glob("*.md") if p.as_posix() not in whole)
+    for page in extra:
+        if check:
+            print(f"{page}: no Config section has this page; run: python -m tools.docgen")
+        else:
+            page.unlink()
+            print(f"{page}: removed (no Config section has it)")
+    return 1 if extra and check else 0
 
 
 if __name__ == "__main__":

@@ -89,12 +89,18 @@ def expected_default(field: msgspec.structs.FieldInfo) -> str:
     return "`" + json.dumps(msgspec.to_builtins(value)).replace("|", "\\|") + "`"
 
 
+def config_page_sections(name: str) -> dict[str, str]:
+    """The ``## `` sections of one Config section's page."""
+    cls = dict(docgen.config_sections())[name]
+    return split_sections(docgen.config_section_page(name, cls), "##")
+
+
 def test_config_reference_has_every_field_with_its_default():
-    sections = split_sections(docgen.config_reference(), "###")
-    assert list(sections) == [f.name for f in msgspec.structs.fields(Config)]
+    assert [name for name, _ in docgen.config_sections()] == [
+        f.name for f in msgspec.structs.fields(Config)
+    ]
     for section in msgspec.structs.fields(Config):
-        own, *_nested = sections[section.name].split("\n#### ")
-        table = rows(own)
+        table = rows(config_page_sections(section.name)[section.name])
         fields = msgspec.structs.fields(section.type)
         assert list(table) == [f.name for f in fields], section.name
         for f in fields:
@@ -102,34 +108,74 @@ def test_config_reference_has_every_field_with_its_default():
             assert table[f.name][4], f"{section.name}.{f.name} has no description"
 
 
+def test_each_config_section_has_a_page_the_index_links_and_voice_accepts():
+    from tools import voice
+
+    index = docgen.config_reference()
+    pages = docgen.config_pages()
+    assert len(pages) == len(msgspec.structs.fields(Config))
+    for section in msgspec.structs.fields(Config):
+        path = f"{docgen.CONFIG_DIR}/{section.name}.md"
+        assert f"[`{section.name}`](config/{section.name}.md)" in index, section.name
+        assert pages[path].startswith(f"# Configuration: {section.name}\n")
+        assert "[All sections](../configuration.md)" in pages[path]
+        assert len(pages[path].splitlines()) < voice.MAX_LINES, path
+
+
 def test_structs_inside_a_section_have_tables_of_their_own():
     from streamrft.infra.config import LoraConfig, TaskSource
 
-    nested = split_sections(docgen.config_reference(), "####")
-    for title, cls in (("model.lora", LoraConfig), ("taskset.sources[]", TaskSource)):
-        table = rows(nested[title].split("\n### ")[0])
+    for section, title, cls in (
+        ("model", "model.lora", LoraConfig),
+        ("taskset", "taskset.sources[]", TaskSource),
+    ):
+        table = rows(config_page_sections(section)[title])
         assert list(table) == [f.name for f in msgspec.structs.fields(cls)], title
         assert all(cells[4] for cells in table.values()), title
 
 
 def test_config_reference_types_bounds_and_descriptions():
-    sections = split_sections(docgen.config_reference(), "###")
-    kafka = rows(sections["kafka"])
+    kafka = rows(config_page_sections("kafka")["kafka"])
     assert kafka["compression"][1] == r"`none \| gzip \| lz4 \| zstd \| snappy`"
     assert kafka["bootstrap_servers"][1] == r"`str \| None`"
     assert kafka["max_request_bytes"][2] == f"`{16 << 20}`"
     assert kafka["control_fetch_max_wait_ms"][3] == ">= 1, <= 1000"
     assert kafka["partitions"][1:4] == ["`int`", "`4`", "> 0"]
     assert kafka["topic_prefix"][4].startswith("First part of every topic name")
-    run = rows(sections["run"])
+    run = rows(config_page_sections("run")["run"])
     assert "pattern `^[A-Za-z0-9_-]+$`" in run["id"][3]  # Meta inside `... | None`
-    trainer = rows(sections["trainer"])
+    trainer = rows(config_page_sections("trainer")["trainer"])
     assert trainer["betas"][1:3] == ["`tuple[float, float]`", "`[0.9, 0.999]`"]
     # a docstring after a run of fields describes each of them
-    model = rows(sections["model"])
+    model = rows(config_page_sections("model")["model"])
     for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "max_positions"):
         assert model[name][4] == "Tiny model shape.", name
     assert model["seed"][4] == "Seed of the tiny model's initial weights."
+
+
+def test_section_pages_are_written_checked_and_pruned(tmp_path, monkeypatch, capsys):
+    """The section pages are wholly generated: a missing or stale one fails --check and is
+    written; a page of no section fails --check and is removed."""
+    monkeypatch.chdir(tmp_path)
+    reference = tmp_path / "docs" / "reference"
+    reference.mkdir(parents=True)
+    for page in docgen.PAGES:
+        (tmp_path / page).write_text(docgen.render_page((ROOT / page).read_text()))
+    assert docgen.main(["--check"]) == 1
+    assert f"{docgen.CONFIG_DIR}/run.md is missing" in capsys.readouterr().out
+    assert docgen.main([]) == 0
+    assert docgen.main(["--check"]) == 0
+    run_page = tmp_path / docgen.CONFIG_DIR / "run.md"
+    run_page.write_text(run_page.read_text().replace("| `seed` |", "| `sead` |"))
+    gone = tmp_path / docgen.CONFIG_DIR / "old_section.md"
+    gone.write_text("# Configuration: old_section\n")
+    capsys.readouterr()
+    assert docgen.main(["--check"]) == 1
+    out = capsys.readouterr().out
+    assert "run.md is stale" in out and "old_section.md: no Config section" in out
+    assert docgen.main([]) == 0
+    assert not gone.exists()
+    assert docgen.main(["--check"]) == 0
 
 
 def test_schema_reference_has_every_wire_struct_and_field():
