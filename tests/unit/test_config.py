@@ -56,6 +56,10 @@ def test_defaults_and_values():
             {"synchronizer": {"method": "carrier_pigeon"}},
             r"^synchronizer\.method: Invalid enum value 'carrier_pigeon'",
         ),
+        (
+            {"synchronizer": {"staging": "gpu"}},
+            r"^synchronizer\.staging: Invalid enum value 'gpu'",
+        ),
         ({"algorithm": {"loss_agg_mode": "sum"}}, r"^algorithm\.loss_agg_mode: "),
         ({"run": {"name": "my run"}}, r"^run\.name: "),
     ],
