@@ -453,9 +453,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     cfg, choices = init(given, out, args.expert, None if args.yes else ask_stdin, machine)
     if choices:
         print(f"sized for {cfg.model.path} and {cfg.taskset.path}:")
-        for c in choices:
-            shown = yaml.safe_dump(c.value, default_flow_style=True).strip().removesuffix("...")
-            print(f"  {c.field} = {shown.strip()}\n      {c.reason}")
+        for choice in choices:
+            shown = yaml.safe_dump(choice.value, default_flow_style=True)
+            print(f"  {choice.field} = {shown.strip().removesuffix('...').strip()}")
+            print(f"      {choice.reason}")
     print(f"written: {out}")
     checks = validate(cfg, False)
     for c in checks:
