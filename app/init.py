@@ -323,7 +323,8 @@ def size(data: dict[str, Any], a: Answers, base: Path, machine: Machine) -> list
     hw = hardware(machine.gpus, machine.gpu_memory, a.device or "auto")
     recipe = sizing.recipe_fits(model, hw)
     prompt = sizing.prompt_choice(facts, recipe, model.chat_template)
-    response = sizing.fit_context(prompt, sizing.response_choice(facts, recipe), model.context)
+    wanted = sizing.response_choice(facts, recipe, model.chat_template)
+    response = sizing.fit_context(prompt, wanted, model.context)
     batches = sizing.batch_choices(hw)
     batch = next(c.value for c in batches if c.field == "trainer.batch_size")
     common = [

@@ -37,9 +37,13 @@ FULL_HEADROOM = 0.8
 WORKED_FACTOR = 2
 """Room for a response over the data's worked answers: a model's own working is longer
 than a dataset's terse reference."""
-BARE_FLOOR = 128
-"""Response room where the answers are bare (no working in the data): enough to work a
-short answer out."""
+FLOOR = 128
+"""The least response room: enough to work a short answer out."""
+CHAT_FLOOR = 256
+"""The least response room of a chat model, which explains in prose: SmolLM2-135M-Instruct's
+sampled answers (temperature 1) to 8 questions of the GSM8K-shaped sample, whose worked
+answers are 28 tokens at most, ran 30, 62, 63, 80, 145, 158 tokens and two past 256
+(2-core dev box, 2026-12-06)."""
 PROMPT_HEADROOM = 1.25
 """Over the longest prompt sampled, for the rows not sampled."""
 WARMUP_RATIO = 0.033
@@ -177,21 +181,20 @@ def recipe_fits(model: ModelFacts, hw: Hardware) -> bool:
     return hw.gpus > 0 and low * RECIPE_PARAMS <= model.params <= high * RECIPE_PARAMS
 
 
-def response_choice(data: DataFacts, recipe: bool) -> Choice:
-    """``explorer.max_new_tokens``: twice the data's worked answers (95th percentile), or
-    :data:`BARE_FLOOR` for bare ones, to a power of two; the recipes' 512 where that holds
-    them."""
+def response_choice(data: DataFacts, recipe: bool, chat: bool) -> Choice:
+    """``explorer.max_new_tokens``: twice the data's answers (95th percentile), at least
+    :data:`CHAT_FLOOR` for a chat model (``chat``), else :data:`FLOOR`, to a power of two;
+    the recipes' 512 where that holds them."""
     p95, longest = data.answer_p95, data.answer_tokens[-1] if data.answer_tokens else 0
     seen = (
         f"{data.sampled} answers sampled from {data.where}: 95% within {p95} tokens, the "
         f"longest {longest}"
     )
-    if data.worked:
-        need = power_of_two(WORKED_FACTOR * p95, 32)
-        why = f"{seen}; worked solutions, so room for {WORKED_FACTOR}x that"
-    else:
-        need = power_of_two(max(BARE_FLOOR, WORKED_FACTOR * p95), 32)
-        why = f"{seen}; bare answers, so room to work them out ({BARE_FLOOR}+)"
+    kind = "worked solutions" if data.worked else "bare answers"
+    floor, who = (CHAT_FLOOR, "a chat model explains in prose") if chat else (FLOOR, "")
+    need = power_of_two(max(floor, WORKED_FACTOR * p95))
+    why = f"{seen} ({kind}); room for {WORKED_FACTOR}x that, and at least {floor}"
+    why += f" ({who})" if who else ""
     if recipe and need <= 512:
         return Choice("explorer.max_new_tokens", 512, f"the GSM8K recipes' 512 holds them ({why})")
     return Choice("explorer.max_new_tokens", need, f"{why}, to a power of two")
@@ -398,7 +401,9 @@ def warnings(cfg: Config, model: ModelFacts, data: DataFacts | None, advantage: 
         need = data.answer_p95 if data.worked else 32
         if e.max_new_tokens < need:
             cut = sum(1 for n in data.answer_tokens if n > e.max_new_tokens)
-            suggested = response_choice(data, recipe=False).value
+            suggested = response_choice(data, False, model.chat_template).value
+            if model.context:  # what the context leaves after the prompts
+                suggested = min(suggested, model.context - cfg.taskset.max_prompt_tokens)
             what = "worked answers" if data.worked else "answers"
             out.append(
                 f"explorer.max_new_tokens: {e.max_new_tokens} tokens would not hold the data's "

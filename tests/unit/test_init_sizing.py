@@ -58,9 +58,9 @@ def test_a_cpu_run_of_a_model_folder_is_sized_by_its_context_and_data(folders, t
     )
     assert e.max_new_tokens == 32
     assert reasons["explorer.max_new_tokens"] == (
-        "100 answers sampled from train.parquet: 95% within 27 tokens, the longest 27; worked "
-        "solutions, so room for 2x that, to a power of two; cut to the 32 the model's 64 "
-        "positions leave after 32 of prompt"
+        "100 answers sampled from train.parquet: 95% within 27 tokens, the longest 27 (worked "
+        "solutions); room for 2x that, and at least 256 (a chat model explains in prose), to "
+        "a power of two; cut to the 32 the model's 64 positions leave after 32 of prompt"
     )
     # a CPU: an adapter at the CPU example's rate and sizes
     assert cfg.model.lora.enabled and (cfg.model.lora.rank, cfg.model.lora.alpha) == (16, 32)

@@ -77,7 +77,9 @@ def test_on_gpus_the_batches_schedule_and_layout_are_the_recipes():
         chosen = {
             **_values(sizing.batch_choices(GPU)),
             **steps,
-            **_values([sizing.response_choice(data, True), sizing.prompt_choice(data, True, True)]),
+            **_values(
+                [sizing.response_choice(data, True, True), sizing.prompt_choice(data, True, True)]
+            ),
         }
         for field, value in chosen.items():
             section, key = field.split(".")
@@ -131,15 +133,24 @@ def test_the_recipes_fit_a_model_of_their_size_on_a_gpu_only():
 
 def test_response_room_follows_the_answers():
     worked = _data([20] * 90 + [41] * 9 + [60], [30] * 100)
-    c = sizing.response_choice(worked, recipe=False)
+    c = sizing.response_choice(worked, recipe=False, chat=False)
     assert worked.answer_p95 == 41 and c.value == 128  # 2 x 41 = 82, to a power of two
-    assert "95% within 41 tokens, the longest 60" in c.reason and "2x" in c.reason
-    assert sizing.response_choice(worked, recipe=True).value == 512  # the recipes' holds them
-    long = _data([300] * 100, [30] * 100)
-    c = sizing.response_choice(long, recipe=True)
+    assert c.reason == (
+        "100 answers sampled from d.parquet: 95% within 41 tokens, the longest 60 (worked "
+        "solutions); room for 2x that, and at least 128, to a power of two"
+    )
+    long = _data([100] * 100, [30] * 100)
+    assert sizing.response_choice(long, recipe=False, chat=False).value == 256  # 200
+    # a chat model explains in prose: at least 256
+    c = sizing.response_choice(worked, recipe=False, chat=True)
+    assert c.value == sizing.CHAT_FLOOR and "(a chat model explains in prose)" in c.reason
+    assert sizing.response_choice(worked, recipe=True, chat=True).value == 512  # the recipes'
+    longer = _data([300] * 100, [30] * 100)
+    c = sizing.response_choice(longer, recipe=True, chat=True)
     assert c.value == 1024 and "power of two" in c.reason  # 512 would cut them: the data's
     bare = _data([3] * 100, [30] * 100, worked=False)
-    assert sizing.response_choice(bare, recipe=False).value == sizing.BARE_FLOOR
+    c = sizing.response_choice(bare, recipe=False, chat=False)
+    assert c.value == sizing.FLOOR and "(bare answers)" in c.reason
 
 
 def test_prompt_room_and_the_context_bound():
@@ -183,7 +194,7 @@ def test_each_tiny_model_value_is_warned_of_and_recipe_values_are_not():
     ]
     assert found[0] == (
         "explorer.max_new_tokens: 16 tokens would not hold the data's worked answers: 95% need "
-        "up to 28 (the longest 28; 512 of 512 sampled are longer); init would write 64"
+        "up to 28 (the longest 28; 512 of 512 sampled are longer); init would write 256"
     )
     assert found[1].startswith("trainer.lr: 0.001 is 1,000x the usual 1e-06 for all weights")
     assert sizing.warnings(tiny, model, data, "reinforce_plus_plus")[2:] == []  # no groups
