@@ -61,7 +61,7 @@ from streamrft.schemas.events import (
     StatusEvent,
     SyncRequest,
 )
-from tests.harness.store_relay import BitRotRelay
+from tests.harness.store_relay import BitRotRelay, RequestRelay, VersionGate
 from tests.helpers.cli import env, overrides, streamrft_cmd
 from tests.helpers.groups import make_group
 from tests.helpers.paths import EXAMPLE
@@ -216,6 +216,7 @@ class Drill(ABC):
         self.detail: dict = {}
         self.cfg: Config | None = None
         self.proc: subprocess.Popen | None = None
+        self.relay: RequestRelay | None = None
 
     # -- the run ---------------------------------------------------------------------------
     def overrides(self) -> list[str]:
@@ -228,9 +229,21 @@ class Drill(ABC):
             f"object_store.access_key={eps.access_key}",
         ]
 
+    def make_relay(self, target: tuple[str, int]) -> RequestRelay | None:
+        """A relay this drill puts between the run and the object store (None: none)."""
+        return None
+
     def store_endpoint(self) -> str:
-        """Where the run's processes reach the object store (a drill may put a relay there)."""
-        return self.services.endpoints.s3_endpoint or ""
+        """Where the run's processes reach the object store: the store, or this drill's
+        relay in front of it (made before the run starts: every request goes through it)."""
+        direct = self.services.endpoints.s3_endpoint or ""
+        if self.relay is None:
+            host, port = direct.rsplit(":", 1)
+            self.relay = self.make_relay((host, int(port)))
+            if self.relay is None:
+                return direct
+            self.relay.start()
+        return self.relay.endpoint
 
     def _start_run(self) -> None:
         # every setting is an override (the drill's own config is built from the same list),
@@ -360,6 +373,9 @@ class Drill(ABC):
                 asyncio.run(self._drive())
             finally:
                 self._kill_leftovers()
+                if self.relay is not None:
+                    self.relay.release()  # nothing held may outlive the run
+                    self.relay.close()
             books = asyncio.run(self.books())
         summary_path = self.workdir / "runs" / self.run_id / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -513,26 +529,12 @@ class CorruptShard(Drill):
 
     fault_at_step = 0
 
-    def __init__(self, name: str, workdir: Path) -> None:
-        super().__init__(name, workdir)
-        self.relay: BitRotRelay | None = None
-
-    def store_endpoint(self) -> str:
-        if self.relay is None:  # before the run starts: every upload goes through it
-            host, port = super().store_endpoint().rsplit(":", 1)
-            self.relay = BitRotRelay((host, int(port)), self.run_id).start()
-        return self.relay.endpoint
-
-    def run(self) -> DrillResult:
-        try:
-            return super().run()
-        finally:
-            if self.relay is not None:
-                self.relay.close()
+    def make_relay(self, target: tuple[str, int]) -> RequestRelay:
+        return BitRotRelay(target, self.run_id)
 
     async def fault(self) -> None:
         relay = self.relay
-        assert relay is not None  # made with the run's overrides
+        assert isinstance(relay, BitRotRelay)  # made with the run's overrides
         self.fault_started = time.time()
         await self._wait(relay.fetched.is_set, 240, "an explorer fetching a rotten shard")
         self.fault_ended = time.time()
@@ -676,12 +678,21 @@ class Hostile(Drill):
     has, carry a wrong digest or build on a version never announced; with them an old
     Shutdown replayed and a sync request for a version that never comes. Each group is
     dead-lettered with its reason; each announcement is refused or rejected with its reason
-    in the explorers' status; the run finishes with balanced books."""
+    in the explorers' status; the run finishes with balanced books.
+
+    The store holds the trainer's versions after 0 back until every record is in (a relay
+    in front of it, ``tests/harness/store_relay.py`` :class:`VersionGate`): the explorers
+    then come to a sync point that waits for version 1 after the hostile announcements
+    are there, and version 0, whose manifest one of them copies, is not retired yet,
+    however fast the run goes while the drill injects."""
 
     fault_at_step = 0  # as soon as version 0 is out: every explorer step comes after
     BASE = 1_000_000
     """Hostile announcements carry versions from here: newer than any the trainer makes, so
     every explorer tries (or refuses) each at its next sync point."""
+
+    def make_relay(self, target: tuple[str, int]) -> RequestRelay:
+        return VersionGate(target, self.run_id)
 
     def _groups(self) -> list[tuple[object, str]]:
         """(group, the reason its dead letter must give)."""
@@ -775,6 +786,8 @@ class Hostile(Drill):
             [FuzzMessage(CONTROL.encode(e), CONTROL.headers()) for e in control],
         )
         self.detail["expected_kinds"] = {v: kind for v, (_, kind) in versions.items()}
+        assert self.relay is not None
+        self.relay.release()  # version 1 and the rest may go out now
         self.fault_ended = time.time()
 
     async def books(self) -> dict:

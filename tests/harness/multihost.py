@@ -232,7 +232,7 @@ class Drill:
         killed = a.kill()
         # what A had done when it was lost, read once nothing of it runs
         at, stored = _trained(cfg, until_quiet=5), _newest(STORED, trainer_a)
-        self.gate.lift()
+        self.gate.release()
         tl.add(
             f"host A lost at step {at} ({killed} processes killed); newest checkpoint in the "
             f"store: step {stored} (its checkpoints of steps {sorted(self.gate.refused)} refused)"

@@ -3,9 +3,10 @@ fault must be in place before the run can race it.
 
 A :class:`RequestRelay` reads each request a client sends (its head and its
 ``Content-Length`` body) and a subclass decides what becomes of it: passed on, passed with
-its body replaced by random bytes of the same length, or refused here with a ``503`` the
-store never sees. Only what this needs of HTTP/1.1 is read: a connection whose request comes
-with a chunked body (or a head past :data:`HEAD_MAX`) is relayed unread from there on.
+its body replaced by random bytes of the same length, refused here with a ``503`` the store
+never sees, or held until the relay is released (:meth:`RequestRelay.release`). Only what
+this needs of HTTP/1.1 is read: a connection whose request comes with a chunked body (or a
+head past :data:`HEAD_MAX`) is relayed unread from there on.
 
 - :class:`BitRotRelay` stores weight shards rotten: every PUT of a shard
   (``<run>/vNNNNNNNN/<name>.safetensors``) of a version from ``first`` on goes up with random
@@ -16,9 +17,10 @@ with a chunked body (or a head past :data:`HEAD_MAX`) is relayed unread from the
   The store takes the changed body because uploads are presigned with ``UNSIGNED-PAYLOAD``
   (``sync/object_store.py``).
 - :class:`CheckpointGate` refuses every write into a checkpoint of the run
-  (``<run>/checkpoints/step_N/``) from step ``first`` on, until :meth:`CheckpointGate.lift`:
-  the store's newest checkpoint stays one from before ``first``, however far the trainer
-  gets meanwhile.
+  (``<run>/checkpoints/step_N/``) from step ``first`` on, until released: the store's newest
+  checkpoint stays one from before ``first``, however far the trainer gets meanwhile.
+- :class:`VersionGate` holds every write into a weight version of the run from ``first`` on
+  until released: no such version can be announced before, and none before it is retired.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ REFUSAL = (
 )
 _SHARD = re.compile(r"/v(\d{8})/[^/]+\.safetensors$")
 _CHECKPOINT = re.compile(r"/checkpoints/step_(\d+)/")
+_VERSION = re.compile(r"/v(\d{8})/")
 
 
 class Verdict(enum.Enum):
@@ -49,6 +52,8 @@ class Verdict(enum.Enum):
     """The body goes up as random bytes of its length."""
     REFUSE = "refuse"
     """Answered here with :data:`REFUSAL`; the store never sees the request."""
+    HOLD = "hold"
+    """Passed on once the relay is released; the client waits for its answer meanwhile."""
 
 
 class _Requests:
@@ -101,6 +106,11 @@ class RequestRelay(Relay):
         super().__init__(target, host)
         self.run_id = run_id
         self._lock = threading.Lock()
+        self.released = threading.Event()
+
+    def release(self) -> None:
+        """Held requests go on, and a gate lets everything pass from now on."""
+        self.released.set()
 
     def _verdict(self, method: str, path: str) -> Verdict:
         """What becomes of a request (called under the relay's lock)."""
@@ -121,6 +131,8 @@ class RequestRelay(Relay):
                     pass
                 src.sendall(REFUSAL)
                 continue
+            if verdict is Verdict.HOLD:
+                self.released.wait()
             dst.sendall(head)
             for part in body:
                 dst.sendall(os.urandom(len(part)) if verdict is Verdict.ROT else part)
@@ -156,25 +168,42 @@ class BitRotRelay(RequestRelay):
         return Verdict.PASS
 
 
+def _written_at(pattern: re.Pattern, method: str, path: str) -> int | None:
+    """The number ``pattern`` finds in the path of a write (an upload's part, its start or
+    its end); None for a read or another path."""
+    m = pattern.search(path)
+    return int(m[1]) if m is not None and method in ("PUT", "POST") else None
+
+
 class CheckpointGate(RequestRelay):
-    """Refuses writes into the run's checkpoints from step ``first`` on until lifted."""
+    """Refuses writes into the run's checkpoints from step ``first`` on until released."""
 
     def __init__(self, target: tuple[str, int], run_id: str, first: int, host: str) -> None:
         super().__init__(target, run_id, host)
         self.first = first
         self.refused: set[int] = set()
         """The steps whose checkpoint writes were refused."""
-        self._lifted = False
-
-    def lift(self) -> None:
-        with self._lock:
-            self._lifted = True
 
     def _verdict(self, method: str, path: str) -> Verdict:
-        m = _CHECKPOINT.search(path)
-        if self._lifted or m is None or method not in ("PUT", "POST"):
+        step = _written_at(_CHECKPOINT, method, path)
+        if self.released.is_set() or step is None or step < self.first:
             return Verdict.PASS
-        if int(m[1]) < self.first:
-            return Verdict.PASS
-        self.refused.add(int(m[1]))
+        self.refused.add(step)
         return Verdict.REFUSE
+
+
+class VersionGate(RequestRelay):
+    """Holds writes into the run's weight versions from ``first`` on until released."""
+
+    def __init__(self, target: tuple[str, int], run_id: str, first: int = 1) -> None:
+        super().__init__(target, run_id)
+        self.first = first
+        self.held: set[int] = set()
+        """The versions whose writes waited."""
+
+    def _verdict(self, method: str, path: str) -> Verdict:
+        version = _written_at(_VERSION, method, path)
+        if self.released.is_set() or version is None or version < self.first:
+            return Verdict.PASS
+        self.held.add(version)
+        return Verdict.HOLD
