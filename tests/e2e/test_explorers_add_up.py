@@ -129,7 +129,15 @@ def test_a_batch_an_explorer_died_in_is_finished_by_the_one_that_inherits_it(
         )
         hand = start_logged(
             explore_argv(
-                EXAMPLE, run_id, runs, services, f"trainer.batch_size={per_batch}", *simulated
+                EXAMPLE,
+                run_id,
+                runs,
+                services,
+                f"trainer.batch_size={per_batch}",
+                *simulated,
+                # 4 times slower: its half share takes 5 s, the window the kill must land
+                # in once its sampling has begun, whatever the load on the machine
+                "explorer.simulated_seconds_per_token=0.02",
             ),
             hand_log,
             tmp_path,
@@ -141,8 +149,7 @@ def test_a_batch_an_explorer_died_in_is_finished_by_the_one_that_inherits_it(
 
         wait_for(lambda: applied() >= 3, run, 240, "the hand-started explorer to work")
         before = applied()
-        wait_for(lambda: applied() > before, run, 60, "its next batch")
-        time.sleep(0.35)  # into the 1.3 s it samples its half of that batch
+        wait_for(lambda: applied() > before, run, 60, "its next batch")  # sampling it now
         hand.send_signal(signal.SIGKILL)
         hand.wait(timeout=30)
         _, err = run.communicate(timeout=600)
