@@ -182,6 +182,9 @@ class WeightFollower:
         self._remembered = False
         self._refused: set[tuple[int, str, str]] = set()
         """(version, method, manifest sha256) of announcements refused (reported once)."""
+        self._unreported = False
+        """A refusal is in the status only from the next one sent: by the end of a sync
+        point at the latest."""
         self.failed_broadcasts: set[tuple[int, str]] = set()
         """(version, rendezvous) of broadcasts this explorer failed to receive: a broadcast
         happens once, so it is never tried again (its trainer may be gone for good: the
@@ -257,7 +260,7 @@ class WeightFollower:
         seen = (event.version, event.method, event.manifest_sha256)
         if why is not None and report and seen not in self._refused:
             self._refused.add(seen)
-            self.events.reject(_rejection(event, why, "refused"))
+            self._unreported |= self.events.reject(_rejection(event, why, "refused"))
             self.counters.add("versions_refused")
             log.warning("%s: version %d refused: %s", self.name, event.version, why)
         return why is None
@@ -306,7 +309,8 @@ class WeightFollower:
                 return waited
         if not await self._apply_chosen(plan, moved):
             return Synced.STOP
-        if self.events.state != RunState.RUNNING:
+        if self.events.state != RunState.RUNNING or self._unreported:
+            self._unreported = False  # refusals noted since (a rejection is sent at once)
             await self.events.status(RunState.RUNNING)
         return Synced.READY
 
