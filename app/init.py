@@ -332,7 +332,7 @@ def size(data: dict[str, Any], a: Answers, base: Path, machine: Machine) -> list
         prompt,
         *batches,
         *sizing.schedule_choices(facts, batch),
-        *sizing.eval_choices(hw),
+        *sizing.eval_choices(hw, _held_out(Path(taskset.path), base)),
     ]
 
     def build(lora: bool) -> list[Choice]:
@@ -352,6 +352,23 @@ def size(data: dict[str, Any], a: Answers, base: Path, machine: Machine) -> list
             for c in choices
         ]
     return _fit_micro_batch(data, choices, base, hw)
+
+
+def _held_out(data: Path, base: Path) -> str | None:
+    """The one file of a hub-style data folder's test (else validation) split, as the
+    config file in ``base`` reads it; None for a file, a saved dataset, or a split of
+    several files or none."""
+    from streamrft.infra.data_files import is_saved_dataset, split_files
+
+    if not data.is_dir() or is_saved_dataset(data):
+        return None
+    for split in ("test", "validation"):
+        try:
+            files = split_files(data, split)
+        except ConfigError:  # no such split there
+            continue
+        return _relative(str(files[0]), base / "config.yaml") if len(files) == 1 else None
+    return None
 
 
 def _with(data: dict[str, Any], choices: list[Choice]) -> dict[str, Any]:

@@ -295,22 +295,25 @@ def schedule_choices(data: DataFacts, batch: int) -> list[Choice]:
     ]
 
 
-def eval_choices(hw: Hardware) -> list[Choice]:
-    """The trainer's own evaluation: every 50 steps (the recipes) on the first tasks of the
-    training set (no held-out set is named): 500 on GPUs (two_gpus.yaml), 48 on a CPU
-    (the CPU example's held-out set)."""
+def eval_choices(hw: Hardware, held_out: str | None = None) -> list[Choice]:
+    """The trainer's own evaluation: every 50 steps (the recipes) on the first 500 tasks on
+    GPUs (two_gpus.yaml), 48 on a CPU (the CPU example's held-out set), of ``held_out``
+    (the data folder's test split, a path as the file reads it) or else of the training
+    set."""
     tasks = 500 if hw.gpus else 48
     basis = "examples/gsm8k/two_gpus.yaml" if hw.gpus else "the CPU example"
-    return [
+    out = [
         Choice(
             "eval.interval", 50, "greedy accuracy every 50 steps, the first and last (the recipes)"
-        ),
-        Choice(
-            "eval.max_tasks",
-            tasks,
-            f"the first {tasks} tasks ({basis}); the training tasks, as no held-out set is "
-            "named: set eval.path to one",
-        ),
+        )
+    ]
+    if held_out is None:
+        why = "the training tasks, as no held-out set is named: set eval.path to one"
+        return [*out, Choice("eval.max_tasks", tasks, f"the first {tasks} ({basis}); {why}")]
+    return [
+        Choice("eval.path", held_out, "the data folder's held-out split, its own file"),
+        *out,
+        Choice("eval.max_tasks", tasks, f"the first {tasks} of them ({basis})"),
     ]
 
 

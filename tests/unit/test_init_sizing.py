@@ -219,3 +219,23 @@ def test_every_check_runs_and_a_missing_file_is_its_own_line(folders, tmp_path, 
         f"ok: 100 tasks in {data}; prompt lengths not measured (no model folder: see model)"
     )
     assert "Repo id" not in "\n".join(lines)
+
+
+def test_a_hub_style_folder_gives_its_test_split_to_evaluation(folders, tmp_path, capsys):
+    tiny, _qwen, data = folders
+    main_ = tmp_path / "data" / "gsm8k" / "main"  # as `hf download openai/gsm8k` lays it out
+    main_.mkdir(parents=True)
+    (main_ / "train-00000-of-00001.parquet").write_bytes(data.read_bytes())
+    (main_ / "test-00000-of-00001.parquet").write_bytes(data.read_bytes())
+    out = tmp_path / "hub.yaml"
+    code, reasons, printed = _init(
+        capsys, out, tiny, tmp_path / "data" / "gsm8k", "--device", "cpu"
+    )
+    assert code == 0, printed
+    cfg = load_config(out)
+    assert cfg.taskset.path == str(tmp_path / "data" / "gsm8k")
+    assert cfg.eval.path == str(main_ / "test-00000-of-00001.parquet")
+    assert "path: data/gsm8k/main/test-00000-of-00001.parquet" in out.read_text()  # relative
+    assert reasons["eval.path"] == "the data folder's held-out split, its own file"
+    assert reasons["eval.max_tasks"] == "the first 48 of them (the CPU example)"
+    assert "eval set      ok: 100 tasks in" in printed
