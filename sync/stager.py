@@ -294,6 +294,11 @@ class Stager:
                 return staged
             job = self._job
             if job is None:
+                failed = next((f for f in self._failures if f[0] == event), None)
+                if failed is not None:  # it failed in the background a moment ago: the
+                    self._failures.remove(failed)  # sync point's policy handles it, once
+                    self._retry_at[(event.version, event.uri)] = time.monotonic() + RETRY_AFTER_S
+                    raise failed[1]
                 self.counters.add("sync_point_receives")  # staging did not have it ready
                 job = self._start(event)
             assert job.task is not None
