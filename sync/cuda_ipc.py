@@ -64,7 +64,7 @@ from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.shared import SHM_DIR, file_prefix, host_id
 from streamrft.sync.transport import Announce, MakePayload, WeightReceiver, WeightSender
-from streamrft.sync.weights import check_fits, decode_shard, largest_version, safetensors_header
+from streamrft.sync.weights import checked_image, largest_version, safetensors_header
 
 if TYPE_CHECKING:
     from streamrft.sync.staging import Stage
@@ -439,16 +439,8 @@ def copy_verified(
             stream.synchronize()  # copied before the lease is given back
     with _on(stream):
         digest = device_digest(buf)
-    if digest != event.manifest_sha256:
-        raise IntegrityError(
-            f"{what}: digest {digest[:16]}... does not match the event's "
-            f"{event.manifest_sha256[:16]}... (rewritten while copied, or corrupted); "
-            "refusing to apply it"
-        )
-    tensors = decode_shard(buf, what)
-    if like:  # the model's names and shapes, before any copy
-        check_fits(like, tensors, what, error=IntegrityError)
-    return tensors
+    why = "rewritten while copied, or corrupted"
+    return checked_image(buf, digest, event.manifest_sha256, what, like, why)
 
 
 class CudaIpcSender(WeightSender):

@@ -46,7 +46,7 @@ from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.mapped import Mappings, copy_hashed
 from streamrft.sync.staging import Stage
 from streamrft.sync.transport import Announce, MakePayload, WeightReceiver, WeightSender
-from streamrft.sync.weights import Shard, check_fits, decode_shard, largest_version, make_shard
+from streamrft.sync.weights import Shard, checked_image, largest_version, make_shard
 
 log = logging.getLogger(__name__)
 
@@ -269,16 +269,8 @@ class SharedReceiver(WeightReceiver):
             )
         buf = buffer(event.bytes)
         digest = self._read_hashed(path, buf, what)
-        if digest != event.manifest_sha256:
-            raise IntegrityError(
-                f"{what}: xxh3 {digest[:16]}... does not match the event's "
-                f"{event.manifest_sha256[:16]}... (rewritten while read, or corrupted); "
-                "refusing to apply it"
-            )
-        tensors = decode_shard(buf, what)
-        if like:  # the model's names and shapes, before any copy
-            check_fits(like, tensors, what, error=IntegrityError)
-        return tensors
+        why = "rewritten while read, or corrupted"
+        return checked_image(buf, digest, event.manifest_sha256, what, like, why)
 
     def _buffer(self, size: int) -> torch.Tensor:
         turn, self._turn = self._turn, self._turn ^ 1

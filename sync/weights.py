@@ -275,6 +275,29 @@ def _tensor_at(data: torch.Tensor, name: str, info: dict) -> torch.Tensor:
     return raw.view(dtype).view(shape)
 
 
+def checked_image(
+    buf: torch.Tensor,
+    digest: str,
+    expected: str,
+    what: str,
+    like: Mapping[str, torch.Tensor],
+    why: str,
+) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors image in ``buf`` (views of it) once ``digest`` (what
+    the receiver computed as it copied) is the event's ``expected`` and, when ``like`` is
+    given, they fit the model's names and shapes; else an :class:`IntegrityError` naming
+    ``why`` a mismatch may come (a same-host copy: the slot rewritten while read)."""
+    if digest != expected:
+        raise IntegrityError(
+            f"{what}: digest {digest[:16]}... does not match the event's "
+            f"{expected[:16]}... ({why}); refusing to apply it"
+        )
+    tensors = decode_shard(buf, what)
+    if like:  # the model's names and shapes, before any copy
+        check_fits(like, tensors, what, error=IntegrityError)
+    return tensors
+
+
 FILE_SLACK = 64 << 10
 """Bytes a version's files may hold beyond its tensors, at most: safetensors headers."""
 TENSOR_SLACK = 2048
