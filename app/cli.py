@@ -394,10 +394,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _remove_shm_leftovers() -> list[str]:
     """Remove the shared-memory version files of trainers that are gone, of any run
-    (``sync/shared.py``): ``streamrft run``, ``train`` and ``infra clean`` do."""
-    from streamrft.sync.shared import remove_leftovers
+    (``sync/shared.py``) and the lease files of ``cuda_ipc`` (``sync/cuda_ipc.py``):
+    ``streamrft run``, ``train`` and ``infra clean`` do."""
+    from streamrft.sync import cuda_ipc, shared
 
-    return remove_leftovers()
+    return shared.remove_leftovers() + cuda_ipc.remove_leftovers()
 
 
 def cmd_infra(args: argparse.Namespace) -> int:

@@ -62,6 +62,7 @@ import torch
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
+from streamrft.sync import shared
 from streamrft.sync.shared import SHM_DIR, file_prefix, host_id
 from streamrft.sync.transport import Announce, MakePayload, WeightReceiver, WeightSender
 from streamrft.sync.weights import checked_image, largest_version, safetensors_header
@@ -347,17 +348,11 @@ def reading(path: str, what: str) -> Iterator[tuple[int, int]]:
         os.close(fd)  # releases the lock
 
 
-def remove_leftovers(run_id: str, folder: str = SHM_DIR) -> list[str]:
-    """Remove the lease files of this run that a killed trainer left (its slots went with
-    its process); their names."""
-    pattern = re.compile(re.escape(file_prefix(run_id)) + r"\d+-cuda[01]")
-    removed = []
-    for name in sorted(os.listdir(folder)):
-        if pattern.fullmatch(name):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(folder, name))
-                removed.append(name)
-    return removed
+def remove_leftovers(run_id: str = "", folder: str = SHM_DIR) -> list[str]:
+    """Remove the lease files that trainers now gone left (their slots went with their
+    processes), of any run, by the pid in each name, and this process's own of run
+    ``run_id``: shared memory's rule (:func:`~.shared.remove_leftovers`); their names."""
+    return shared.remove_leftovers(run_id, folder, SLOT_NAMES)
 
 
 # -- CUDA (not run here: no GPU) ------------------------------------------------------------

@@ -74,26 +74,29 @@ SLOTS = ("0", "1", "base")
 apply on, sent once per trainer: it must outlive the adapters after it)."""
 
 
-def remove_leftovers(run_id: str = "", folder: str = SHM_DIR) -> list[str]:
+def remove_leftovers(
+    run_id: str = "", folder: str = SHM_DIR, slots: tuple[str, ...] = SLOTS
+) -> list[str]:
     """Remove the version files that trainers now gone left in ``folder`` (killed before
     they could), of any run, by the pid in each name, checked across pid reuse
     (:func:`~streamrft.infra.logfiles.remove_dead_leftovers`): a file whose trainer still
     runs is never touched, except this process's own of run ``run_id``, which the caller
     is about to write anew. Their names. A trainer calls this at start, before it writes
-    its own; so do ``streamrft run`` and ``streamrft infra clean``."""
+    its own; so do ``streamrft run`` and ``streamrft infra clean``. ``slots``: the files'
+    last parts (``cuda_ipc``'s lease files have their own)."""
     from streamrft.infra.logfiles import remove_dead_leftovers
 
-    slots = "|".join(SLOTS)
+    names = "|".join(re.escape(slot) for slot in slots)
     removed = []
     if run_id:
-        mine = re.compile(re.escape(f"{file_prefix(run_id)}{os.getpid()}-") + f"({slots})")
+        mine = re.compile(re.escape(f"{file_prefix(run_id)}{os.getpid()}-") + f"({names})")
         with contextlib.suppress(FileNotFoundError):  # no such folder here (not Linux)
             for name in sorted(os.listdir(folder)):
                 if mine.fullmatch(name):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(folder, name))
                         removed.append(name)
-    any_run = rf"streamrft-[A-Za-z0-9_-]+-(?P<pid>\d+)-({slots})"  # file_prefix(any run id)
+    any_run = rf"streamrft-[A-Za-z0-9_-]+-(?P<pid>\d+)-({names})"  # file_prefix(any run id)
     return removed + remove_dead_leftovers(Path(folder), any_run)  # which logs them
 
 

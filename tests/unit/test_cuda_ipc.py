@@ -369,14 +369,24 @@ def test_a_reader_holds_its_slot_until_it_is_done_or_dies(tmp_path):
 
 
 def test_a_trainer_removes_the_lease_files_a_killed_one_left(tmp_path):
+    dead = _dead_pid()
+    live = os.getppid()  # a process that started before these files: their writer
     names = [
-        "streamrft-ipc-4242-cuda0",
-        "streamrft-ipc-4242-cuda1",
-        "streamrft-ipc-4242-0",  # shared memory's own file: not this module's
-        "streamrft-ipc-x-4242-cuda0",  # run "ipc-x": another run
-        "streamrft-ipc-4242-cuda2",
+        f"streamrft-ipc-{dead}-cuda0",
+        f"streamrft-ipc-{dead}-cuda1",
+        f"streamrft-ipc-x-{dead}-cuda0",  # another run's, its trainer gone too
+        f"streamrft-ipc-{dead}-0",  # shared memory's own file: not this module's
+        f"streamrft-ipc-{live}-cuda0",  # a trainer that runs: never touched
+        f"streamrft-ipc-{dead}-cuda2",
     ]
     for name in names:
         (tmp_path / name).write_bytes(b"")
-    assert remove_leftovers("ipc", str(tmp_path)) == names[:2]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
+    assert sorted(remove_leftovers("ipc", str(tmp_path))) == sorted(names[:3])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[3:])
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
