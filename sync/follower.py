@@ -220,6 +220,11 @@ class WeightFollower:
         if self.stager is not None:
             self.stager.start()
 
+    def receiving(self) -> bool:
+        """A version is being received in the background now (serve mode waits for it to
+        be staged before it holds requests for the swap, which then is only the apply)."""
+        return self.stager is not None and self.stager.running and self.stager.receiving is not None
+
     def take_times(self) -> SyncTimes:
         """The times since the last call (an explorer's step reports them)."""
         times, self._times = self._times, SyncTimes()

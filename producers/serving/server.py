@@ -55,6 +55,8 @@ CLOSE_MIN_S = 2.0
 """After a stop, time to close the Kafka clients, at least (see :meth:`Server._close`)."""
 CANCEL_STEP_S = 0.2
 """Past that, how long each wait of the closing clients is given before it is cancelled."""
+STAGED_POLL_S = 0.05
+"""How often serve mode looks whether the version received in the background is staged."""
 SPOOL_NOTES_KEPT = 64
 """Distinct spool errors logged at most (each once: a disk that stays full is not logged
 every second); past it the record starts again."""
@@ -318,8 +320,10 @@ class Server:
 
     # -- background loops --------------------------------------------------------------------
     async def _follow(self) -> None:
-        """Apply each newer version between two engine calls (the lock is held while it is
-        received and applied: requests wait for a swap)."""
+        """Apply each newer version between two engine calls: received in the background
+        into the staging copy while requests are served (``synchronizer.staging``), then
+        applied under the lock (requests wait for the swap: the apply, or with ``staging:
+        none`` the receive and the apply)."""
         while not self.stop.is_set():
             newer = await self.view.wait_until(
                 lambda: self.follower.newest() > self.follower.version,
@@ -331,6 +335,8 @@ class Server:
                 if self.view.shutdown.is_set():
                     log.info("%s: the run shut down; serving version %d", self.name, self.version)
                 return
+            while self.follower.receiving() and not self.stop.is_set():
+                await self._pause(STAGED_POLL_S)  # staged in the background, requests served
             async with self.lock:
                 if not await self.follower.apply_newest():
                     return
@@ -487,6 +493,7 @@ class Server:
             self.follower,
             self.cfg.serve.publish_attempt_s,
         )
+        self.follower.start_staging()  # versions are received in the background from now on
         waiting = self.version < 0
         state = RunState.WAITING_SYNC if waiting else RunState.RUNNING
         await self.events.status(state, "no model version yet" if waiting else "serving")
