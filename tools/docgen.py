@@ -6,14 +6,19 @@ A page holds generated blocks between markers::
     <!-- BEGIN GENERATED: schemas --> ...  <!-- END GENERATED: schemas -->
     <!-- BEGIN GENERATED: cli -->     ...  <!-- END GENERATED: cli -->
 
-Types, defaults and bounds come from the msgspec structs; descriptions come from the string
-literal that follows a field in the class body (read from the source with :mod:`ast`); the
-command line's from its argparse parser.
+The ``config`` block is the index of the config sections; each section's fields are a page
+of their own, wholly generated, in ``docs/reference/config/<section>.md`` (one page each
+keeps every page under the voice check's length). Types, defaults and bounds come from the
+msgspec structs; descriptions come from the string literal that follows a field in the
+class body (read from the source with :mod:`ast`); the command line's from its argparse
+parser.
 
     python -m tools.docgen [--check] [PAGE ...]
 
-rewrites the blocks of each page in place (default: the pages of ``docs/reference/``), or
-with ``--check`` exits 1 (printing a diff) when one is stale.
+rewrites the blocks of each page in place, and the section pages (default: the pages of
+``docs/reference/``, and ``docs/reference/config/``, where a page of no section is
+removed), or with ``--check`` exits 1 (printing a diff) when one is stale, missing or left
+over.
 """
 
 from __future__ import annotations
