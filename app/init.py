@@ -325,7 +325,7 @@ def size(data: dict[str, Any], a: Answers, base: Path, machine: Machine) -> list
     prompt = sizing.prompt_choice(facts, recipe, model.chat_template)
     wanted = sizing.response_choice(facts, recipe, model.chat_template)
     response = sizing.fit_context(prompt, wanted, model.context)
-    batches = sizing.batch_choices(hw)
+    batches = sizing.batch_choices(hw, prompt.value + response.value)
     batch = next(c.value for c in batches if c.field == "trainer.batch_size")
     common = [
         response,

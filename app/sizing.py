@@ -50,6 +50,10 @@ WARMUP_RATIO = 0.033
 """The recipes' warm-up: 10 of 300 steps."""
 MIN_GROUP = 4
 """Smaller groups of a group-based algorithm are warned of (the recipes use 8)."""
+CPU_MICRO_TOKENS = 1024
+"""Tokens of a CPU trainer's micro-batch: the CPU example's 8 rows of about 120 tokens
+(its trainer peaked at ~4.4 GB); a two-step run with 8 rows of 128 + 256 tokens had its
+trainer killed for memory at 19.5 GB resident on the 24 GB dev box (2026-12-06)."""
 LR_SPREAD = 10.0
 """An lr more than this factor from the usual one for the model's size is warned of."""
 
@@ -239,9 +243,10 @@ def lr_choice(model: ModelFacts, lora: bool) -> Choice:
     )
 
 
-def batch_choices(hw: Hardware) -> list[Choice]:
+def batch_choices(hw: Hardware, sequence: int) -> list[Choice]:
     """Tasks, group and batch sizes: the GSM8K recipes' on GPUs, the SmolLM2 example's on
-    a CPU."""
+    a CPU, where micro-batches of sequences of ``sequence`` tokens (prompt and response)
+    hold about :data:`CPU_MICRO_TOKENS`."""
     gpu = bool(hw.gpus)
     tasks = 16 if gpu else 4
     basis = (
@@ -253,8 +258,17 @@ def batch_choices(hw: Hardware) -> list[Choice]:
         ("explorer.batch_size", tasks, "tasks an explorer step samples"),
         ("explorer.repeat_times", 8, "rollouts a task (the group)"),
         ("trainer.batch_size", tasks, f"groups a step, {tasks * 8} sequences"),
-        ("trainer.micro_batch_size", 8, "sequences a forward/backward"),
     ]
+    if gpu:
+        rows.append(("trainer.micro_batch_size", 8, "sequences a forward/backward"))
+    else:
+        micro = max(1, min(8, CPU_MICRO_TOKENS // max(1, sequence)))
+        why = (
+            f"sequences a forward/backward, about {CPU_MICRO_TOKENS} tokens of {sequence}-token "
+            f"sequences: the CPU example's 8 rows of about 120 peaked at ~4.4 GB, and 8 rows "
+            f"of 384 were killed for memory at 19.5 GB"
+        )
+        rows.append(("trainer.micro_batch_size", micro, why))
     if gpu:
         rows += [
             ("trainer.mini_batch_size", 8, "two optimizer updates a step"),

@@ -75,7 +75,7 @@ def test_on_gpus_the_batches_schedule_and_layout_are_the_recipes():
         data = _data([100] * 50, [200] * 50)
         steps = _values(sizing.schedule_choices(data, 16))
         chosen = {
-            **_values(sizing.batch_choices(GPU)),
+            **_values(sizing.batch_choices(GPU, 1024)),
             **steps,
             **_values(
                 [sizing.response_choice(data, True, True), sizing.prompt_choice(data, True, True)]
@@ -111,10 +111,14 @@ def test_on_gpus_the_batches_schedule_and_layout_are_the_recipes():
 
 def test_on_a_cpu_the_sizes_are_the_cpu_examples():
     cpu = yaml.safe_load(CPU_EXAMPLE.read_text())
-    chosen = _values(sizing.batch_choices(CPU))
+    chosen = _values(sizing.batch_choices(CPU, 120))  # the example's 80 + 40 tokens
     for field, value in chosen.items():
         section, key = field.split(".")
         assert cpu[section][key] == value, field
+    # longer sequences: fewer rows a micro-batch, about as many tokens
+    assert _values(sizing.batch_choices(CPU, 384))["trainer.micro_batch_size"] == 2
+    assert _values(sizing.batch_choices(CPU, 4096))["trainer.micro_batch_size"] == 1
+    assert _values(sizing.batch_choices(GPU, 4096))["trainer.micro_batch_size"] == 8  # planned
     placed = _values(sizing.placement_choices(CPU, True, 134_515_008))
     assert placed["model.lora"] == {"enabled": True, **cpu["model"]["lora"]}
     assert (placed["model.device"], placed["model.dtype"]) == ("cpu", cpu["model"]["dtype"])
