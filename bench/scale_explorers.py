@@ -274,24 +274,35 @@ def stop_run(proc: subprocess.Popen, runs: Path) -> None:
 
 
 def run_to_end(
-    argv: list[str], folder: Path, runs: Path, timeout: float, progress: Callable[[float], str]
+    argv: list[str],
+    folder: Path,
+    runs: Path,
+    timeout: float,
+    progress: Callable[[float], str],
+    environ: dict[str, str] | None = None,
+    started: Callable[[subprocess.Popen], None] | None = None,
 ) -> tuple[subprocess.Popen, bool]:
     """``streamrft run`` (``argv``) in ``folder``, its output in ``folder/run.log``, in a
     process group of its own (Ctrl-C reaches the bench, which stops the run itself), until
     it ends or ``timeout`` passes (:func:`wait_for_run`); then stopped (:func:`stop_run`)
-    and whatever is left of its process group killed. The process, and whether it ended
-    by itself; also bench/sync_in_loop.py's."""
+    and whatever is left of its process group killed. ``environ``: its environment
+    (default :func:`env`); ``started(proc)``: called once it runs, before the wait (to
+    watch or signal it; its time counts in ``timeout``). The process, and whether it ended
+    by itself; also the other benches' that run ``streamrft run``."""
     with (folder / "run.log").open("wb") as out:
         proc = subprocess.Popen(
             argv,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=env(),
+            env=environ or env(),
             cwd=folder,
             start_new_session=True,
         )
         try:
-            finished = wait_for_run(proc, timeout, progress)
+            began = time.monotonic()
+            if started is not None:
+                started(proc)
+            finished = wait_for_run(proc, timeout - (time.monotonic() - began), progress)
         finally:
             with _no_interrupts():
                 try:

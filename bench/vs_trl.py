@@ -28,11 +28,14 @@ Both evaluate with the same code (the streamrft trainer's ``GreedyEvaluator``: g
 answers to the 100 tasks, exact match) at the start, every ``--eval-interval`` steps and at
 the end, inside the training loop. Per arm (``bench/vs_trl_runs.py`` measures): ``t90_s``
 and ``t95_s`` (launch of the command to the first evaluation at or above 0.9 / 0.95),
-``first_step_s`` (launch to the first trainer step), ``acc_at_equal_wall`` (the last
+``ready_s`` (launch to the first evaluation, before any step), ``first_step_s`` (launch
+to the first trainer step), ``acc_at_equal_wall`` (the last
 evaluation within ``equal_wall_s``, the seed's shortest arm's last evaluation),
 ``steps_per_s`` and ``tokens_per_s`` (trainer steps and completion tokens trained, first
 step to last), ``wall_s``, ``peak_rss_mb`` / ``peak_pss_mb`` (summed over the arm's
-processes), ``cpu_s``, ``processes``. ``ratios``: each streamrft arm over TRL of the same
+processes), ``cpu_s`` and ``cpu_s_by_process`` (by command: ``run`` the supervisor,
+``feed``, ``explore``, ``train``, ``tansu`` the broker, ``juicefs`` the object store;
+``trl``), ``processes``. ``ratios``: each streamrft arm over TRL of the same
 seed (below 1: less time or memory; ``steps_per_s`` and ``tokens_per_s`` above 1: faster);
 ``summary``: their medians over the seeds.
 
@@ -65,6 +68,7 @@ import contextlib
 import json
 import platform
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -165,6 +169,7 @@ def figures(arm: str, seed: int, line: Timeline) -> dict:
         hit = next((t for t, _, acc in line.evals if acc >= target), None)
         out[f"t{round(target * 100)}_s"] = _r(None if hit is None else hit - t0)
     out.update(
+        ready_s=_r(line.evals[0][0] - t0 if line.evals else None),
         first_step_s=_r(None if first is None else first - t0),
         acc_start=line.evals[0][2] if line.evals else None,
         acc_final=line.evals[-1][2] if line.evals else None,
@@ -197,7 +202,16 @@ def equal_wall(points: list[dict]) -> None:
             p["acc_at_equal_wall"] = within[-1] if within else p["acc_start"]
 
 
-RATIO_KEYS = ("t95_s", "t90_s", "first_step_s", "wall_s", "peak_rss_mb", "peak_pss_mb", "cpu_s")
+RATIO_KEYS = (
+    "t95_s",
+    "t90_s",
+    "ready_s",
+    "first_step_s",
+    "wall_s",
+    "peak_rss_mb",
+    "peak_pss_mb",
+    "cpu_s",
+)
 SPEED_KEYS = ("steps_per_s", "tokens_per_s")
 
 
@@ -378,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     from vs_trl_check import check_failures, check_step  # imports trl
 
     seeds = [int(s) for s in args.seeds.split(",")]
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up as Ctrl-C
     work = Path(tempfile.mkdtemp(prefix="vs-trl-"))
     say(f"work folder {work}")
     made = Seeds(work, args)
@@ -386,8 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         config = made.config(seeds[0])
         cfg = read_config(config)
         check_mappable(cfg)
-        threads = args.trl_threads or f"torch default ({os.cpu_count()} cores here)"
-        rows = mapping(cfg, str(threads))
+        rows = mapping(cfg, args.trl_threads)
         print("streamrft setting -> TRL option (why they match):")
         for ours, theirs, why in rows:
             print(f"  {ours:45s} -> {theirs}" + (f"  ({why})" if why else ""))

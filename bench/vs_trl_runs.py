@@ -35,7 +35,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ helpers
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scale_explorers import stop_run  # bench/, beside us
+from scale_explorers import run_to_end  # bench/, beside us
 
 from streamrft.app.watch.metrics_log import read_metrics
 from tests.helpers.cli import streamrft_cmd
@@ -62,6 +62,7 @@ class TreeMeter:
     def __init__(self) -> None:
         self.roots: list[int] = []
         self.cpu: dict[int, float] = {}
+        self.role: dict[int, str] = {}
         self.peak_rss = self.peak_pss = 0
         self.processes = 0
         self.stop_flag = threading.Event()
@@ -91,6 +92,8 @@ class TreeMeter:
                 pss += getattr(mem, "pss", mem.rss)
                 times = p.cpu_times()
                 self.cpu[p.pid] = times.user + times.system
+                if p.pid not in self.role:
+                    self.role[p.pid] = role_of(p.cmdline())
         self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
         self.processes = max(self.processes, len(procs))
 
@@ -99,12 +102,33 @@ class TreeMeter:
         if self.thread.is_alive():
             self.thread.join()
         reaped = _children_cpu() - self.rusage_before
+        by_role: dict[str, float] = {}
+        for pid, cpu in self.cpu.items():
+            by_role[self.role[pid]] = by_role.get(self.role[pid], 0.0) + cpu
         return {
             "peak_rss_mb": round(self.peak_rss / 2**20, 1),
             "peak_pss_mb": round(self.peak_pss / 2**20, 1),
             "cpu_s": round(max(reaped, sum(self.cpu.values())), 1),
             "processes": self.processes,
+            "cpu_s_by_process": {k: round(v, 1) for k, v in sorted(by_role.items())},
         }
+
+
+def role_of(argv: list[str]) -> str:
+    """A process's name in the figures: the ``streamrft`` command it runs (``run`` is the
+    supervisor; ``explore`` the explorers, together), ``trl`` for the TRL arm, the local
+    services' ``tansu`` (the broker) and ``juicefs`` (the object store), else its
+    program's name."""
+    if "streamrft.app.cli" in argv:
+        i = argv.index("streamrft.app.cli")
+        return argv[i + 1] if i + 1 < len(argv) else "streamrft"
+    line = " ".join(argv)
+    if "vs_trl_arm.py" in line:
+        return "trl"
+    for service in ("tansu", "juicefs"):
+        if service in line:
+            return service
+    return Path(argv[0]).name if argv else "?"
 
 
 def _children_cpu() -> float:
@@ -134,13 +158,10 @@ class Timeline:
 
 
 def _wait(proc: subprocess.Popen, deadline: float, until=None) -> bool:
-    """Until ``proc`` ends (False), ``until()`` is true (True) or the deadline passes
-    (raises TimeoutError)."""
-    while proc.poll() is None:
+    """Until ``until()`` is true (True), or ``proc`` ends or the deadline passes (False)."""
+    while proc.poll() is None and time.time() < deadline:
         if until is not None and until():
             return True
-        if time.time() > deadline:
-            raise TimeoutError
         time.sleep(POLL_S)
     return False
 
@@ -222,32 +243,27 @@ def run_streamrft(
     metrics = runs / run_id / "metrics.jsonl"
     argv = streamrft_argv(config, run_id, runs, explorers, style, summary, save_every)
     meter = TreeMeter()
+    watch = StepWatch(metrics, _is_trainer_step)
     line = Timeline(t0=time.time())
-    with (folder / "run.log").open("wb") as out:
-        proc = subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=arm_env(),
-            cwd=folder,
-            start_new_session=True,
-        )
+
+    def started(proc: subprocess.Popen) -> None:
         meter.watch(proc.pid)
-        deadline = line.t0 + RUN_TIMEOUT_S
-        try:
-            watch = StepWatch(metrics, _is_trainer_step)
-            if kill_at and _wait(proc, deadline, lambda: watch() >= kill_at):
-                pid = _trainer_pid(proc.pid)
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
-                    line.kills.append((time.time(), watch()))
-            _wait(proc, deadline)
-        except TimeoutError:
-            line.timed_out = True
-        finally:
-            stop_run(proc, runs)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        if kill_at and _wait(proc, line.t0 + RUN_TIMEOUT_S, lambda: watch() >= kill_at):
+            pid = _trainer_pid(proc.pid)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                line.kills.append((time.time(), watch()))
+
+    proc, finished = run_to_end(
+        argv,
+        folder,
+        runs,
+        RUN_TIMEOUT_S,
+        lambda s: f"{run_id}: {s:.0f} s, trainer step {watch()}",
+        arm_env(),
+        started,
+    )
+    line.timed_out = not finished
     line.end, line.exit_code, line.meter = time.time(), proc.returncode, meter.stop()
     line.summary = json.loads(summary.read_text()) if summary.is_file() else {}
     if metrics.is_file():
@@ -296,31 +312,31 @@ def run_trl(
     line = Timeline(t0=time.time())
     deadline = line.t0 + RUN_TIMEOUT_S
     with (folder / "run.log").open("ab") as out:
-        proc = None
-        try:
-            for attempt in ("first", "resumed"):
-                extra = ["--resume"] if attempt == "resumed" else []
-                proc = subprocess.Popen(
-                    argv + extra,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=arm_env(threads),
-                    cwd=folder,
-                )
+        for attempt in ("first", "resumed"):
+            extra = ["--resume"] if attempt == "resumed" else []
+            proc = subprocess.Popen(
+                argv + extra,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=arm_env(threads),
+                cwd=folder,
+            )
+            try:
                 meter.watch(proc.pid)
-                crash = kill_at and attempt == "first"
-                if crash and _wait(proc, deadline, lambda: watch() >= kill_at):
+                if (
+                    kill_at
+                    and attempt == "first"
+                    and _wait(proc, deadline, lambda: watch() >= kill_at)
+                ):
                     proc.kill()
                     line.kills.append((time.time(), watch()))
-                    proc.wait()
-                    continue  # restarted at once, as its user would
+                    continue  # started again at once, as its user would
                 _wait(proc, deadline)
+                line.timed_out = proc.poll() is None
                 break
-        except TimeoutError:
-            line.timed_out = True
-        finally:
-            if proc is not None and proc.poll() is None:
-                proc.kill()
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
                 proc.wait()
     line.end, line.exit_code, line.meter = time.time(), proc.returncode, meter.stop()
     if events.is_file():

@@ -10,6 +10,7 @@ import of ``trl`` here: the orchestrator prints the mapping without it.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from pathlib import Path
 from typing import Any
 
@@ -163,8 +164,9 @@ def check_mappable(cfg: Config) -> None:
         raise SystemExit("constant learning rate, whole-batch updates only")
 
 
-def mapping(cfg: Config, trl_threads: str) -> list[tuple[str, str, str]]:
-    """``(streamrft setting = value, TRL option = value, why they match)`` rows."""
+def mapping(cfg: Config, trl_threads: int = 0) -> list[tuple[str, str, str]]:
+    """``(streamrft setting = value, TRL option = value, why they match)`` rows;
+    ``trl_threads``: the TRL process's torch threads (0: torch's default)."""
     t, e, a = cfg.trainer, cfg.explorer, cfg.algorithm
     opts = trl_options(cfg, Path("."))
     return [
@@ -244,7 +246,7 @@ def mapping(cfg: Config, trl_threads: str) -> list[tuple[str, str, str]]:
         ),
         (
             f"trainer.threads={t.threads}, explorer.threads={e.threads}",
-            f"torch threads: {trl_threads}",
-            "each tool's default",
+            f"torch threads: {trl_threads or f'torch default, {os.cpu_count()} here'}",
+            "--trl-threads" if trl_threads else "each tool's default",
         ),
     ]

@@ -6,14 +6,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import env
+from tests.helpers.benches import run_bench
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import processes_mentioning
 
@@ -23,34 +20,10 @@ BENCH = ROOT / "bench" / "sync_in_loop.py"
 POINTS = ["object_store", "filesystem", "nccl", "shared", "auto", "ideal", "no_sync"]
 FIRST_KEYS = ["method", "step_over_ideal", "step_over_no_sync", "sync_wait_s", "receive_s"]
 FIRST_KEYS += ["apply_s", "publish_s", "blocked_s", "bytes", "step_s"]
-TIMEOUT_S = 780  # under pytest's 900: room to stop the bench and look
-
-
-def run_bench(*args: str) -> tuple[int, str, str]:
-    """The bench's exit code, stdout and stderr; past ``TIMEOUT_S`` it is stopped with
-    SIGTERM (it then stops its runs and services and removes its folder) and the test fails."""
-    proc = subprocess.Popen(
-        [sys.executable, str(BENCH), *args],
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-        pytest.fail(f"the bench took over {TIMEOUT_S} s:\n{err[-3000:]}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    return proc.returncode, out, err
 
 
 def test_sync_in_loop_bench_prints_its_figures_and_leaves_nothing_behind():
-    code, out, err = run_bench("--quick")
+    code, out, err = run_bench(BENCH, "--quick")
     assert code == 0, err[-3000:]
     # stdout is the one JSON line; progress went to stderr
     [line] = out.strip().splitlines()
