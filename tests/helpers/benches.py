@@ -1,11 +1,13 @@
-"""Running a bench (``bench/*.py``) from a test, as its user would."""
+"""Benches (``bench/*.py``) from a test: run as their user would, or imported."""
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -38,3 +40,14 @@ def run_bench(script: Path, *args: str) -> tuple[int, str, str]:
         if proc.poll() is None:
             proc.kill()
     return proc.returncode, out, err
+
+
+def load_bench(name: str) -> ModuleType:
+    """``bench/NAME.py`` imported as the module ``NAME`` (the benches import their siblings
+    by those names)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

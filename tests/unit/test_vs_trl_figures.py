@@ -4,28 +4,18 @@ sampled again, groups dropped as stale)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
 
-from tests.helpers.paths import ROOT
+from tests.helpers.benches import load_bench
 
 pytestmark = pytest.mark.unit
 
 pytest.importorskip("psutil", reason="the bench extra (pip install -e '.[bench]')")
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load("vs_trl")
+bench = load_bench("vs_trl")
 Timeline = sys.modules["vs_trl_runs"].Timeline
 
 

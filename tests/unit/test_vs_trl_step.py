@@ -5,34 +5,19 @@ Skipped without TRL (the ``bench`` extra)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-from tests.helpers.paths import ROOT
+from tests.helpers.benches import load_bench
 
 pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 
-BENCH = ROOT / "bench"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-setup = load("vs_trl_setup")
+setup = load_bench("vs_trl_setup")
 if setup.trl_missing():
     pytest.skip(setup.trl_missing(), allow_module_level=True)
 
 
 def test_one_step_of_trl_and_of_streamrft_moves_the_weights_the_same_way(tmp_path):
-    check = load("vs_trl_check")
+    check = load_bench("vs_trl_check")
     folder, losses = setup.warm_folder(0, tmp_path / "warm")
     assert losses[-1] < losses[0] / 4  # the warm-up taught the format
     config = setup.write_config(tmp_path / "c.yaml", folder, 0, 2, 1, 0, tmp_path / "runs")
