@@ -25,6 +25,7 @@ import msgspec
 import torch
 
 from streamrft.infra.bus import Counters
+from streamrft.infra.daemon_call import on_daemon_thread
 from streamrft.infra.retry import retrying
 from streamrft.schemas.codec import decode_manifest, encode_manifest
 from streamrft.schemas.errors import IntegrityError, SchemaError, SyncError
@@ -298,7 +299,8 @@ class StoreSender(WeightSender):
         )
         event = await retrying(
             f"publishing version {payload.version} ({self.method})",
-            lambda: asyncio.to_thread(publish),
+            # a daemon thread: a signalled trainer leaves an upload to a slow store behind
+            lambda: on_daemon_thread(publish, name=f"store-v{payload.version}"),
             self.outage_timeout_s,
             lambda _exc: self.counters.add("publish_retries"),
         )

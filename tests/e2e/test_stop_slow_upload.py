@@ -121,3 +121,47 @@ def test_a_signalled_trainer_gives_up_a_slow_upload_at_its_deadline(services, tm
     assert asyncio.run(_committed(cfg)) == 2
     assert [step for step, _ in CheckpointStore(cfg).complete()] == [1]
     assert (runs / run_id / "checkpoints" / "step_00000002").is_dir()  # on this host's disk
+
+
+AUTO_SETTINGS = tuple(s for s in SETTINGS if not s.startswith(("synchronizer.", "trainer.check")))
+"""The same run with ``auto``'s store lane, checkpoints on this host's disk."""
+
+
+def test_a_signalled_trainer_does_not_wait_for_autos_store_lane(services, tmp_path):
+    """``synchronizer.method: auto`` copies each version to the store in the background; a
+    signal leaves that copy behind (other hosts get the next run's versions): the trainer
+    exits at once, not after an upload that takes minutes up a slow uplink."""
+    run_id = f"stop-lane-{tmp_path.name[-8:]}"
+    runs = tmp_path / "runs"
+    cfg = _config(services, run_id, runs, services.s3_endpoint)
+    asyncio.run(admin.ensure_topics(cfg.kafka, cfg.topics()))
+    log = tmp_path / "trainer.log"
+    with throttled(services.s3_endpoint, SLOW / 2) as relay:  # a version: minutes
+        argv = streamrft_cmd(
+            "train",
+            str(EXAMPLE),
+            "--run-id",
+            run_id,
+            *overrides(
+                *AUTO_SETTINGS,
+                "synchronizer.method=auto",
+                "trainer.checkpoint_store=local",
+                f"run.dir={runs}",
+                f"kafka.bootstrap_servers={services.bootstrap_servers}",
+                f"object_store.endpoint={relay.endpoint}",
+                f"object_store.access_key={services.access_key}",
+                f"object_store.secret_key={services.secret_key}",
+            ),
+        )
+        trainer = start_logged(argv, log, tmp_path)
+        try:
+            _send(cfg, ["a", "b"])
+            wait_for(lambda: log_has(log, "step_00000001\n"), trainer, 240, "step 1's checkpoint")
+            trainer.send_signal(signal.SIGTERM)
+            # version 0's store copy alone needs ~8 minutes at this rate: a trainer that
+            # waits for its upload thread is still running long after this timeout
+            assert trainer.wait(timeout=180) == 0, log.read_text()[-3000:]
+        finally:
+            if trainer.poll() is None:
+                trainer.kill()
+    assert asyncio.run(_committed(cfg)) == 2  # step 1's offsets: its checkpoint is on disk
