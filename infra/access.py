@@ -105,6 +105,7 @@ ROLES: dict[str, Access] = {
         "`streamrft export --run-id`",
         writes=("control", "metrics"),
         reads=("control", "status"),
+        group_offsets=("record",),  # score and export by run id read the run's record
         creates_topics=True,
         lists_topics=True,
     ),

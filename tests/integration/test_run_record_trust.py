@@ -120,3 +120,23 @@ def test_the_vouch_is_renewed_until_a_newer_record_is_vouched_for(make_config, a
         return renewal
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("joiner", ["operator", "explorer", "serve", "evaluator", "feeder"])
+def test_every_role_that_joins_by_run_id_reads_the_trainer_s_record(make_config, as_role, joiner):
+    """``export`` and ``score`` with ``--run-id`` and ``--bootstrap`` (the operator's role)
+    read the run's definition as the run's processes do: the record group's offset
+    (DESCRIBE on it), never a commit in it."""
+    cfg = make_config()
+
+    async def go() -> tuple[RunDefined, RunDefined]:
+        as_role("trainer")
+        published = await publish_record(cfg)
+        as_role(joiner)
+        fetched = await fetch_record(cfg.kafka, cfg.topics())
+        with pytest.raises(AccessError, match="may not commit"):
+            await commit_vouch(cfg.kafka, cfg.topics(), Vouch(0, 0))
+        return published, fetched
+
+    published, fetched = asyncio.run(go())
+    assert fetched == published

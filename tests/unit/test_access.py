@@ -125,7 +125,7 @@ def test_only_the_trainer_may_commit_in_the_run_s_record_group(as_role):
     }
     assert {role for role, op in rows if op == "READ"} == {"trainer"}
     assert {role for role, op in rows if op == "DESCRIBE"} == {
-        "trainer", "explorer", "evaluator", "serve", "feeder"
+        "trainer", "explorer", "evaluator", "serve", "feeder", "operator"
     }  # fmt: skip
     as_role("explorer")
     access.check("group", group)  # reads where the trainer's record is
