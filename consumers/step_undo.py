@@ -13,7 +13,8 @@ the random number generators. A failure puts them back: the failed step is as if
 began, and the row-by-row retry trains the batch once.
 
 A step of one update needs no copy (:func:`needs_undo`): its update is the last thing
-it changes, so a failure before it leaves nothing to undo. One that fails during or after
+it changes, so a failure before it leaves nothing to undo but the float16 loss scaler's
+record of its ``unscale_`` (:func:`forget_unscale`). One that fails during or after
 that update (the update applied) cannot be undone: the engine raises
 :class:`~streamrft.schemas.errors.StepNotUndone`, the trainer exits, and the next one
 resumes from the checkpoint (whose offsets are before the batch: it is read and trained
@@ -50,6 +51,17 @@ def _put_back(saved: Any) -> Any:
         tensor, device = saved
         return tensor.to(device, copy=True)
     return copy.deepcopy(saved)
+
+
+def forget_unscale(scalers: list[Any | None]) -> None:
+    """Drop what the loss ``scalers`` recorded of a failed step (an ``unscale_`` or a step
+    of an optimizer), which would refuse the next step's ``unscale_``; their scale is kept.
+    Also after a failed step that changed nothing else (no copy needed)."""
+    from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+    for scaler in scalers:
+        if scaler is not None:
+            scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
 
 class StepUndo:
@@ -92,10 +104,7 @@ class StepUndo:
                 group.update(copy.deepcopy(saved))
         for scaler, saved in self._scalers:
             scaler.load_state_dict(saved)
-            # an unscale_ or step recorded before the failure would refuse the next one
-            from torch.amp.grad_scaler import _refresh_per_optimizer_state
-
-            scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+        forget_unscale([scaler for scaler, _ in self._scalers])
         torch.set_rng_state(self._rng)
         if self._cuda_rng is not None:
             torch.cuda.set_rng_state_all(self._cuda_rng)

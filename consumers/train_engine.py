@@ -35,7 +35,7 @@ from streamrft.consumers.critic import Critic, ValueModel
 from streamrft.consumers.lr_schedule import lr_factor, set_lr
 from streamrft.consumers.precision import Precision
 from streamrft.consumers.state import TrainerState
-from streamrft.consumers.step_undo import StepUndo, needs_undo
+from streamrft.consumers.step_undo import StepUndo, forget_unscale, needs_undo
 from streamrft.consumers.teacher import load_teacher
 from streamrft.consumers.throughput import peak_tflops, step_flops, throughput_metrics
 from streamrft.consumers.warmup import sft_warmup
@@ -210,6 +210,13 @@ class TorchTrainEngine(TrainEngine):
         assert self.optimizer is not None, "prepare() first"
         return [self.optimizer, *([self.critic.optimizer] if self.critic is not None else [])]
 
+    def _scalers(self) -> list[Any | None]:
+        """The float16 loss scalers of the policy and the critic (None: no scaling)."""
+        scalers = [self.precision.scaler]
+        if self.critic is not None:
+            scalers.append(self.critic.precision.scaler)
+        return scalers
+
     def _count_update(self, *_: object) -> None:
         self.updates_applied += 1
 
@@ -231,10 +238,7 @@ class TorchTrainEngine(TrainEngine):
             return self._timed_step(groups, version)
         undo = None
         if needs_undo(self.updates_per_step(groups)):
-            scalers = [self.precision.scaler]
-            if self.critic is not None:
-                scalers.append(self.critic.precision.scaler)
-            undo = StepUndo(self._optimizers(), scalers)
+            undo = StepUndo(self._optimizers(), self._scalers())
         steps = self.steps_trained
         try:
             return self._timed_step(groups, version)
@@ -263,6 +267,7 @@ class TorchTrainEngine(TrainEngine):
         else:
             for optimizer in self._optimizers():
                 optimizer.zero_grad(set_to_none=True)
+            forget_unscale(self._scalers())  # an unscale_ before the update failed
         self.model.eval()
         if self.critic is not None:
             self.critic.model.eval()

@@ -176,3 +176,35 @@ FP16 = {"dtype": "float16"}
 FP16_ABS = 1e-4
 """float16 compute, row by row against the whole batch (5e-6 seen); the first update
 applied twice moves the weights by about 5e-4."""
+
+
+def test_float16_a_one_update_step_failing_after_the_unscale_is_retried_and_trains_once():
+    """A step of one update is not copied; one that fails after the loss scaler unscaled
+    its gradients but before the update (an out-of-memory error in the gradient clipping)
+    changed no weight: its retry must be able to unscale again, and train the batch once."""
+    settings = {"lr_warmup_steps": 4, "max_steps": 10, "ppo_epochs": 1}
+    engines = [
+        TorchTrainEngine(learning_config({"type": "grpo"}, trainer=settings, model=FP16))
+        for _ in range(2)
+    ]
+    for engine in engines:
+        engine.prepare()
+        engine.train_step(_batch("a"), 0)
+    clean, bad = engines
+    clean.train_step(_batch("b"), 1)
+    before = _state(bad)
+    scaler = bad.precision.scaler
+    real_unscale = scaler.unscale_
+
+    def unscale_then_fail(optimizer):  # what an out-of-memory clip_grad_norm_ leaves
+        scaler.unscale_ = real_unscale
+        real_unscale(optimizer)
+        raise torch.OutOfMemoryError("CUDA out of memory (injected, after the unscale)")
+
+    scaler.unscale_ = unscale_then_fail
+    trainer = step_path(bad, _batch("b"))
+    values = asyncio.run(trainer._step(_batch("b")))
+    assert values is not None, [str(r.error) for r in trainer.events.records]
+    assert trainer.counters["steps_retried"] == 1 and not trainer.events.records
+    assert before.keys() == _state(bad).keys()
+    _assert_close(_state(bad), _state(clean), atol=FP16_ABS)  # one clean step, no more
