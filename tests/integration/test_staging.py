@@ -444,3 +444,46 @@ def test_a_sync_point_stopped_while_it_waits_leaves_the_version_staged(make_conf
             assert follower.stager.area.lent() == frozenset()
 
     asyncio.run(scenario())
+
+
+def test_a_sync_point_cancelled_while_the_version_is_copied_in_keeps_its_stage_until_done(
+    make_config, tmp_path
+):
+    """A sync point cancelled (a partial rollout's refresh that timed out, a stop) while the
+    staged version is copied into the model: the copy cannot be stopped, so its staging
+    memory stays lent (no receive reuses it) until the copy ends, and the version it applied
+    is the one the follower says it holds."""
+    cfg = _config(make_config, tmp_path, "shared")
+
+    async def scenario():
+        async with _trainer(cfg) as (model, publisher, _), _explorer(cfg) as explorer:
+            follower = explorer.follower
+            await _on_version_0(explorer, publisher)
+            _step(model, 0.01)
+            await publisher.publish(1)
+            await _staged(explorer, 1)
+            engine = explorer.engine.engine
+            copy_in, entered, open_ = engine.load_weights, threading.Event(), threading.Event()
+
+            def gated(version, tensors):
+                entered.set()
+                assert open_.wait(WAIT_S), "the gate was never opened"
+                copy_in(version, tensors)
+
+            engine.load_weights = gated
+            apply = asyncio.create_task(follower.apply_newest())
+            assert await asyncio.to_thread(entered.wait, WAIT_S)
+            apply.cancel()
+            try:
+                for _ in range(10):  # the cancellation reaches the sync point (loop turns)
+                    await asyncio.sleep(0)
+                assert follower.stager.area.lent() == {"version"}  # still read by the copy
+                assert follower.stager.receiving is None  # and nothing is received into it
+            finally:
+                open_.set()
+            with pytest.raises(asyncio.CancelledError):
+                await apply
+            assert follower.version == 1 and _holds(explorer, model)
+            assert follower.stager.area.lent() == frozenset()
+
+    asyncio.run(scenario())
