@@ -160,7 +160,7 @@ class Spool:
     def take(self, path: Path) -> Taken | None:
         """Hold ``path`` and read its groups. None when another process holds it, it is
         gone (published meanwhile), or it does not decode (then it is renamed ``*.bad``
-        with a logged error)."""
+        with a logged error). The ``OSError`` of a disk that refuses it, holding nothing."""
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -175,13 +175,18 @@ class Spool:
         except (BlockingIOError, FileNotFoundError):
             os.close(fd)
             return None
+        except BaseException:  # a disk error: let go of it, taken again later
+            os.close(fd)
+            raise
         try:
             groups = decode(data)
         except SchemaError as exc:
             bad = path.with_name(path.name + BAD_SUFFIX)
             log.error("spool file %s does not decode (%s); set aside as %s", path, exc, bad.name)
-            os.rename(path, bad)
-            os.close(fd)
+            try:
+                os.rename(path, bad)
+            finally:  # a rename the disk refuses: let go of it too
+                os.close(fd)
             return None
         return Taken(path, groups, len(data), fd)
 

@@ -152,3 +152,22 @@ def test_a_file_that_cannot_be_deleted_stays_held_until_it_is(tmp_path):
         disk.read_only(False)
         spool.done(taken)
         assert spool.pending() == [] and other.take(path) is None
+
+
+def test_a_file_the_disk_does_not_let_it_set_aside_is_let_go(tmp_path):
+    """A take that fails on a disk error (here the rename of a file that does not decode,
+    on a read-only disk) holds nothing after it: once the disk takes writes again, this
+    spool, or another server's, sets the file aside."""
+    with tiny_disk(tmp_path / "disk") as disk:
+        spool = Spool(disk.path / "spool", 1 << 20, "serve-1")
+        bad = spool.folder / "00000000000000000001-foreign-000000.spool"
+        bad.write_bytes(b"\x93not msgpack of groups")
+        good = spool.put(_groups("a"))
+        disk.read_only()
+        with pytest.raises(OSError) as refused:
+            spool.take(bad)
+        assert refused.value.errno == errno.EROFS
+        disk.read_only(False)
+        assert spool.take(bad) is None  # set aside now...
+        assert not bad.exists() and bad.with_name(bad.name + ".bad").exists()
+        assert spool.pending() == [good]  # ... and out of the files waiting
