@@ -100,6 +100,13 @@ def remove_leftovers(
     return removed + remove_dead_leftovers(Path(folder), any_run)  # which logs them
 
 
+def is_version_file(run_id: str, name: str) -> bool:
+    """Whether ``name`` is one of run ``run_id``'s version files (a trainer's, by its pid and
+    slot): the only files of the folder a receiver maps."""
+    slots = "|".join(re.escape(slot) for slot in SLOTS)
+    return re.fullmatch(re.escape(file_prefix(run_id)) + rf"\d+-({slots})", name) is not None
+
+
 def parse_uri(uri: str) -> tuple[str, str]:
     """``(host id, file name)`` of a ``shm://`` uri; SyncError when it is not one."""
     if not uri.startswith(SCHEME):
@@ -223,6 +230,7 @@ class SharedReceiver(WeightReceiver):
     def __init__(self, cfg: Config, folder: str = SHM_DIR) -> None:
         self.folder = folder
         self.host = host_id(cfg)
+        self.run_id = cfg.topics().run
         self._buffers: list[torch.Tensor | None] = [None, None]
         self._turn = 0
         self._maps = Mappings()
@@ -230,13 +238,27 @@ class SharedReceiver(WeightReceiver):
         """Held while a file is copied out of its mapping: :meth:`close` unmaps only then."""
         self._closed = False
 
+    def refusal(self, event: ModelVersionReady) -> str | None:
+        """A file that is not one of this run's version files is never mapped (another
+        program's, which may shrink it under the mapping: SIGBUS)."""
+        try:
+            _host, name = parse_uri(event.uri)
+        except SyncError as exc:
+            return str(exc)
+        if not is_version_file(self.run_id, name):
+            return f"{name[:80]!r} is not a version file of this run in {self.folder}"
+        return None
+
     def _path(self, event: ModelVersionReady) -> str | None:
-        """The file ``event`` names if it is on this host (None: another host's)."""
+        """The file ``event`` names if it is on this host (None: another host's, or not a
+        version file of this run)."""
         try:
             host, name = parse_uri(event.uri)
         except SyncError:
             return None
-        return os.path.join(self.folder, name) if host == self.host else None
+        if host != self.host or not is_version_file(self.run_id, name):
+            return None
+        return os.path.join(self.folder, name)
 
     def can_load(self, event: ModelVersionReady) -> bool:
         path = self._path(event)
@@ -261,6 +283,9 @@ class SharedReceiver(WeightReceiver):
         buffer: Callable[[int], torch.Tensor],
     ) -> dict[str, torch.Tensor]:
         what = f"version {event.version} in shared memory"
+        why = self.refusal(event)
+        if why is not None:
+            raise IntegrityError(f"{what}: {why}: refused")
         path = self._path(event)
         if path is None:
             raise SyncError(f"{what}: {event.uri} is not on this host ({self.host})")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,3 +91,39 @@ def test_a_version_of_another_size_is_a_new_file_and_an_old_event_is_refused(tmp
         receiver.close()
         sender.close()
     assert not os.path.exists(sender.paths["0"])
+
+
+def test_a_file_that_is_not_one_of_the_runs_version_files_is_never_mapped(tmp_path):
+    """An event naming another file of the folder (another program's segment, which its
+    owner may shrink under a mapping: SIGBUS; another run's file) is refused before the file
+    is opened, even when its bytes and digest are those of a real version."""
+    import msgspec
+
+    cfg = Config(run=RunSection(id="mapped-test"))
+    sender = SharedSender(cfg, folder=str(tmp_path))
+    receiver = SharedReceiver(cfg, folder=str(tmp_path))
+    events = []
+
+    async def announce(event):
+        events.append(event)
+
+    tensors = {"w": torch.randn(16, 16)}
+    payload = Payload(0, 0, tensors, base_version=0)
+    try:
+        asyncio.run(sender.send(lambda _full: payload, announce))
+        real = events[0]
+        assert receiver.refusal(real) is None and receiver.can_load(real)
+        image = Path(sender.paths["0"]).read_bytes()
+        host = real.uri.rsplit("/", 1)[0]
+        for name in ("pulse-shm-4242", "streamrft-another-run-77-0", "streamrft-mapped-test-x"):
+            _write(tmp_path / name, image)
+            event = msgspec.structs.replace(real, uri=f"{host}/{name}")
+            assert receiver.refusal(event) is not None, name
+            assert not receiver.can_load(event)
+            with pytest.raises(IntegrityError, match="not a version file"):
+                receiver.receive(event, tensors)
+        assert receiver._maps._maps == {}  # nothing was mapped
+        assert torch.equal(receiver.receive(real, tensors)["w"], tensors["w"])
+    finally:
+        receiver.close()
+        sender.close()
