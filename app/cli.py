@@ -225,12 +225,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     if "RANK" not in os.environ:
         _remove_shm_leftovers()
     # node 0's launcher or the one process (not a rank), given a config: a trainer started
-    # from the run's record (no CONFIG) goes on with it, checked in _from_record
-    if "RANK" not in os.environ and args.node_rank == 0 and args.config:
-        from streamrft.app.run_record import publish_record
+    # from the run's record (no CONFIG) goes on with it, checked in _from_record, and keeps
+    # it vouched for while it runs
+    if "RANK" not in os.environ and args.node_rank == 0:
+        from streamrft.app.run_record import keep_vouched, publish_record
 
         # the run as configured, before this process's placement: a joiner places itself
-        asyncio.run(publish_record(cfg, renew=True))
+        if args.config:
+            asyncio.run(publish_record(cfg, renew=True))
+        else:
+            asyncio.run(keep_vouched(cfg))
     cfg = _placed(cfg, "trainer")
     if cfg.trainer.world > 1:  # this process launches the ranks, or is one of them
         from streamrft.app.launch import launch_trainer, run_trainer_rank

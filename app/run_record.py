@@ -70,6 +70,27 @@ async def publish_record(cfg: Config, renew: bool = False) -> RunDefined:
     return record
 
 
+async def keep_vouched(cfg: Config, every_s: float = VOUCH_RENEW_S) -> VouchRenewal | None:
+    """A trainer started from the run's record (no config: it publishes none) keeps that
+    record vouched for while it runs, as :func:`publish_record` does its own: committed
+    again now and every ``every_s`` (:class:`VouchRenewal`). None, with a warning, when
+    no record is vouched for any more or the broker does not answer."""
+    try:
+        held = await vouched(cfg.kafka, cfg.topics())
+        if not held:
+            log.warning("run %s: no record of it is vouched for; not renewing", cfg.topics().run)
+            return None
+        partition, offset = min(held.items())  # the control topic has one partition
+        renewal = VouchRenewal(cfg, Vouch(partition, offset), every_s)
+        if not await renewal.renew_once():
+            return None
+    except StreamRFTError as exc:
+        log.warning("the run's record was not vouched for again: %s", exc)
+        return None
+    renewal.start()
+    return renewal
+
+
 class VouchRenewal(threading.Thread):
     """Commits the trainer's vouch ``at`` again every ``every_s`` while the process runs (a
     daemon thread, with an event loop of its own), until the record group holds a newer

@@ -140,3 +140,37 @@ def test_every_role_that_joins_by_run_id_reads_the_trainer_s_record(make_config,
 
     published, fetched = asyncio.run(go())
     assert fetched == published
+
+
+def test_a_trainer_started_from_the_record_keeps_it_vouched_for(make_config, as_role):
+    """``streamrft train --run-id ID --bootstrap HOST`` (no config: a trainer moved to
+    another host) publishes no record of its own: the one it took must stay vouched for
+    while it runs, or Kafka forgets it a week after the first trainer's last renewal and
+    no process can join the run any more."""
+    from streamrft.app.run_record import keep_vouched
+
+    cfg = make_config()
+    topics = cfg.topics()
+
+    async def go() -> VouchRenewal:
+        as_role("trainer")
+        await publish_record(cfg)
+        taken = await publish_record(cfg)  # the first trainer's newest, at offset 1
+        assert await fetch_record(cfg.kafka, topics) == taken  # what the new trainer starts from
+        renewal = await keep_vouched(cfg, every_s=0.2)
+        assert renewal is not None and renewal.at == Vouch(0, 1) and renewal.is_alive()
+        await commit_vouch(cfg.kafka, topics, Vouch(0, 0))  # as if forgotten, or stale
+        await until_vouched(cfg, {0: 1})  # committed again by the renewal
+        renewal.stopped.set()
+        return renewal
+
+    renewal = asyncio.run(go())
+    renewal.join(60)
+    assert not renewal.is_alive()
+
+
+async def until_vouched(cfg, offsets: dict[int, int], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (held := await vouched(cfg.kafka, cfg.topics())) != offsets:
+        assert time.monotonic() < deadline, f"vouched: {held}, expected {offsets}"
+        await asyncio.sleep(0.1)
