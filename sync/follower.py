@@ -257,7 +257,8 @@ class WeightFollower:
         fallback), it is over. ``report``: a refusal goes into the status (on the event
         loop only: off it, a receive thread asks)."""
         out = {}
-        for v, latest in self.view.versions.items():
+        # a copy (made holding the GIL): a receive thread asks while the loop adds versions
+        for v, latest in list(self.view.versions.items()):
             options = [
                 ev
                 for ev in self.view.announcements(v) or [latest]

@@ -487,3 +487,57 @@ def test_a_sync_point_cancelled_while_the_version_is_copied_in_keeps_its_stage_u
             assert follower.stager.area.lent() == frozenset()
 
     asyncio.run(scenario())
+
+
+def test_a_version_announced_while_a_receive_looks_up_an_adapters_base_is_no_rejection(
+    make_config,
+):
+    """The background receive of an adapter looks up its base among the versions announced,
+    in the stager's thread, while the event loop goes on reading the control topic: a
+    version announced in the middle of that look-up leaves the adapter loadable (it was
+    rejected for good, as if it had failed verification)."""
+    cfg = make_config(
+        synchronizer={"method": "object_store", "style": "dynamic_by_trainer"},
+        model={"lora": {"enabled": True, "rank": 2}},
+        trainer={"max_staleness": 100},
+    )
+
+    def adapter_step(model) -> None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if ".lora_" in name:
+                    p.add_(0.1)
+
+    async def scenario():
+        async with _trainer(cfg) as (model, publisher, _):
+            model = attach_lora(model, cfg.model.lora)
+            publisher.weights = ModelWeights(model, True)
+            await publisher.publish(0)  # the base
+            adapter_step(model)
+            await publisher.publish(1)
+            async with _explorer(cfg) as late:  # its stager wants 1, which needs base 0
+                receivers = late.follower.receivers
+                can_load, entered, open_ = receivers.can_load, threading.Event(), threading.Event()
+
+                def gated(event):  # the stager thread's look-up, held once in its middle
+                    thread = threading.current_thread() is not threading.main_thread()
+                    if thread and not entered.is_set():
+                        entered.set()
+                        assert open_.wait(WAIT_S), "the gate was never opened"
+                    return can_load(event)
+
+                receivers.can_load = gated
+                try:
+                    assert await asyncio.to_thread(entered.wait, WAIT_S)
+                    adapter_step(model)
+                    await publisher.publish(2)
+                    await _until(late, lambda: 2 in late.view.versions, "v2 seen")
+                finally:
+                    open_.set()
+                await _staged(late, 2)
+                assert late.follower.rejected == set()
+                assert late.counters.get("versions_rejected") == 0
+                assert await late.follower.sync_point(2, 2) is Synced.READY
+                assert late.follower.version == 2
+
+    asyncio.run(scenario())
