@@ -16,7 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
-from streamrft.infra.pids import writer_gone
+from streamrft.infra.pids import held_for_writing, writer_gone
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,9 @@ def rotate_all(folders: list[Path], max_bytes: int = LOG_MAX_BYTES, kept: int = 
 def remove_dead_leftovers(folder: Path, pattern: str) -> list[str]:
     """Remove the entries of ``folder`` whose name fully matches ``pattern`` (a regex with a
     ``pid`` group) and whose process is gone (:func:`~streamrft.infra.pids.writer_gone`:
-    a pid now another process's counts as gone): the temporary files and folders of a
+    a pid now another process's counts as gone), and no process holds open for writing
+    (:func:`~streamrft.infra.pids.held_for_writing`: a file's writer in another pid
+    namespace, whose pid means nothing here): the temporary files and folders of a
     process that was killed before it could remove them. Returns their names."""
     regex = re.compile(pattern)
     removed = []
@@ -85,6 +87,8 @@ def remove_dead_leftovers(folder: Path, pattern: str) -> list[str]:
                 continue
             if not writer_gone(int(m["pid"]), changed_at):
                 continue
+            if entry.is_file() and held_for_writing(entry):  # a writer the pid misses: one
+                continue  # of another pid namespace sharing the folder (--ipc=host)
             try:
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry)

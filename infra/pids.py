@@ -1,10 +1,13 @@
 """Whether a process or a port is there: pids checked across reuse (by a recorded start
-time, or against the time a file was last changed), ports by a connect. Used by the local
+time, or against the time a file was last changed; a file a process of any pid namespace
+holds open for writing by a read lease), ports by a connect. Used by the local
 services, the endpoint resolver and the leftover cleanup."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
 import socket
 import time
@@ -80,6 +83,26 @@ def writer_gone(pid: int, changed_at: float) -> bool:
         return True
     age = process_age(pid)
     return age is not None and age + PID_REUSE_SLACK_S < time.time() - changed_at
+
+
+def held_for_writing(path: Path) -> bool | None:
+    """Whether a process of any pid namespace holds the regular file ``path`` open for
+    writing (a descriptor, or a shared mapping made through one): the kernel then refuses
+    a read lease on it. None when this cannot tell (not a regular file, another user's
+    file, a file system without leases)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError as exc:
+        return True if exc.errno == errno.EAGAIN else None
+    else:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return False
+    finally:
+        os.close(fd)
 
 
 def port_open(port: int, timeout: float = 0.5, host: str = "127.0.0.1") -> bool:

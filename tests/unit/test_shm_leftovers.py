@@ -106,3 +106,36 @@ def test_streamrft_infra_clean_removes_what_gone_trainers_left_in_dev_shm(capsys
     finally:
         for name in (dead, kept):
             (folder / name).unlink(missing_ok=True)
+
+
+WRITER = """
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(fd, 4096)
+m = mmap.mmap(fd, 4096)  # kept, as a trainer keeps its version files mapped
+os.close(fd)
+m[:1] = b"v"
+print("mapped", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_file_a_live_process_writes_stays_whatever_pid_its_name_holds(tmp_path):
+    """A trainer in another pid namespace that shares ``/dev/shm`` (containers with
+    ``--ipc=host``) names its files by a pid that here is no process, or another: the
+    file is kept while a process holds it open for writing (its mapping), and goes once
+    that process is gone."""
+    name = f"{file_prefix('run-c')}{_dead_pid()}-0"  # its writer's pid in its own namespace
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path / name)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout.readline().strip() == "mapped"
+        assert remove_leftovers("", str(tmp_path)) == []
+        assert (tmp_path / name).exists()
+    finally:
+        writer.communicate("\n", timeout=30)
+    assert remove_leftovers("", str(tmp_path)) == [name]  # its writer gone: removed
