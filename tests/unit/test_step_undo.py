@@ -144,16 +144,7 @@ def test_a_step_of_one_update_that_fails_once_it_is_applied_ends_the_trainer():
 def test_float16_a_failure_inside_the_optimizers_step_is_undone_with_its_loss_scale():
     """Under float16 the loss scaler has unscaled the gradients before the update: undone,
     it must take the next step's unscale again (and keep its scale)."""
-    settings = {"lr_warmup_steps": 4, "max_steps": 10, "ppo_epochs": 2}
-    engines = [
-        TorchTrainEngine(learning_config({"type": "grpo"}, trainer=settings, model=FP16))
-        for _ in range(2)
-    ]
-    for engine in engines:
-        engine.prepare()
-        engine.train_step(_batch("a"), 0)
-    clean, bad = engines
-    clean.train_step(_batch("b"), 1)
+    clean, bad = _float16_pair(ppo_epochs=2)
     before, scale = _state(bad), bad.precision.scaler.get_scale()
     calls = []
 
@@ -172,6 +163,21 @@ def test_float16_a_failure_inside_the_optimizers_step_is_undone_with_its_loss_sc
     _assert_close(_state(bad), _state(clean), atol=FP16_ABS)
 
 
+def _float16_pair(ppo_epochs: int) -> tuple[TorchTrainEngine, TorchTrainEngine]:
+    """Two float16 engines after one step each: the first has trained batch b cleanly."""
+    settings = {"lr_warmup_steps": 4, "max_steps": 10, "ppo_epochs": ppo_epochs}
+    engines = [
+        TorchTrainEngine(learning_config({"type": "grpo"}, trainer=settings, model=FP16))
+        for _ in range(2)
+    ]
+    for engine in engines:
+        engine.prepare()
+        engine.train_step(_batch("a"), 0)
+    clean, bad = engines
+    clean.train_step(_batch("b"), 1)
+    return clean, bad
+
+
 FP16 = {"dtype": "float16"}
 FP16_ABS = 1e-4
 """float16 compute, row by row against the whole batch (5e-6 seen); the first update
@@ -182,16 +188,7 @@ def test_float16_a_one_update_step_failing_after_the_unscale_is_retried_and_trai
     """A step of one update is not copied; one that fails after the loss scaler unscaled
     its gradients but before the update (an out-of-memory error in the gradient clipping)
     changed no weight: its retry must be able to unscale again, and train the batch once."""
-    settings = {"lr_warmup_steps": 4, "max_steps": 10, "ppo_epochs": 1}
-    engines = [
-        TorchTrainEngine(learning_config({"type": "grpo"}, trainer=settings, model=FP16))
-        for _ in range(2)
-    ]
-    for engine in engines:
-        engine.prepare()
-        engine.train_step(_batch("a"), 0)
-    clean, bad = engines
-    clean.train_step(_batch("b"), 1)
+    clean, bad = _float16_pair(ppo_epochs=1)
     before = _state(bad)
     scaler = bad.precision.scaler
     real_unscale = scaler.unscale_
