@@ -16,8 +16,10 @@ One receive at a time, in a thread. At a sync point the follower takes the versi
 - staged already: it is handed over at once, and only the apply is left;
 - being received: the sync point waits for what is left of it;
 - another version in flight or staged (an older one the batch needs, a newer one than the
-  one staged): the receive under way ends first (a broadcast cannot stop halfway, and a
-  thread cannot be interrupted), then the chosen version is received now, replacing it.
+  one staged), or another announcement of it (a broadcast whose store copy was chosen):
+  the receive under way ends first (a broadcast cannot stop halfway, and a thread cannot be
+  interrupted), then the chosen version is received now, replacing it, unless what that
+  receive staged serves it (its failure goes to the background policy).
 
 The stager never applies anything: the follower applies what :meth:`Stager.taken` hands it
 at the sync point, and nothing is staged meanwhile, so the memory holds one version at a
@@ -302,8 +304,10 @@ class Stager:
                 self.counters.add("sync_point_receives")  # staging did not have it ready
                 job = self._start(event)
             assert job.task is not None
-            if job.event.version != event.version or job.claimed:
-                await asyncio.shield(job.task)  # another version's receive ends first
+            # another version's receive, or another announcement's (its failure is not this
+            # one's), ends first; what it staged may serve (above)
+            if job.event != event or job.claimed:
+                await asyncio.shield(job.task)
                 continue
             job.claimed = True
             try:

@@ -5,13 +5,15 @@ chooses it, not a second time by the background policy."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
+import msgspec
 import pytest
 import torch
 
 from streamrft.infra.bus import Counters
-from streamrft.schemas.errors import IntegrityError
+from streamrft.schemas.errors import IntegrityError, SyncTimeout
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.stager import Staged, Stager, StagerHooks
 from streamrft.sync.staging import StageMemory, StagingArea
@@ -88,3 +90,66 @@ def test_a_failure_in_the_background_is_handled_once_by_the_sync_point_that_take
 
     asyncio.run(scenario())
     assert policy == []
+
+
+def test_a_sync_point_never_takes_the_failure_of_another_announcement_of_its_version():
+    """A broadcast of version 1 is received in the background when the sync point chooses
+    version 1's store copy (the trainer announced it because the broadcast failed): the
+    broadcast's failure is the background policy's (a broadcast failed: its store copy
+    serves), and the sync point receives the store copy it chose, not the broadcast's error
+    as the store copy's (which stayed on older weights, or rejected the store copy)."""
+    broadcast = msgspec.structs.replace(_event(1), method="nccl", uri="gloo://h:1/0?members=e")
+    store = _event(1)
+    gate = threading.Event()
+    policy: list[str] = []
+
+    def receive(event, stage) -> Staged:
+        if event.method == "nccl":
+            assert gate.wait(30), "the gate was never opened"
+            raise SyncTimeout("weight-sync epoch 0: version 1 was not sent within 30s")
+        return Staged(event, {"w": torch.ones(2)})
+
+    async def failed(event, exc) -> None:
+        policy.append(event.method)
+
+    async def scenario() -> ModelVersionReady:
+        stop = asyncio.Event()
+        hooks = StagerHooks(
+            wanted=lambda: None,
+            receive=receive,
+            serves=lambda staged, event: event is not None and staged.event == event,
+            failed=failed,
+            held=lambda: 0,
+        )
+        stager = Stager(
+            StagingArea(StageMemory(torch.device("cpu"))),
+            hooks,
+            _View([broadcast, store]),
+            stop,
+            Counters(),
+            "explorer-0",
+        )
+        stager._start(broadcast)  # joined in the background
+        take = asyncio.create_task(_took(stager, store))
+        for _ in range(10):  # the sync point reaches the receive under way (loop turns)
+            await asyncio.sleep(0)
+        gate.set()
+        took = await take
+        stager.start()  # the background policy handles the broadcast's failure
+        await asyncio.wait_for(_until(lambda: policy), 30)
+        stop.set()
+        stager.close()
+        return took
+
+    assert asyncio.run(scenario()) == store
+    assert policy == ["nccl"]
+
+
+async def _took(stager: Stager, event: ModelVersionReady) -> ModelVersionReady:
+    async with stager.taken(event) as staged:
+        return staged.event
+
+
+async def _until(ready) -> None:
+    while not ready():
+        await asyncio.sleep(0.01)
