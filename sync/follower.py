@@ -237,10 +237,13 @@ class WeightFollower:
         if self.stager is not None:
             self.stager.start()
 
-    def receiving(self) -> bool:
-        """A version is being received in the background now (serve mode waits for it to
-        be staged before it holds requests for the swap, which then is only the apply)."""
-        return self.stager is not None and self.stager.running and self.stager.receiving is not None
+    def receiving(self) -> int | None:
+        """The version being received in the background now (None: none; serve mode waits
+        for that receive to end before it holds requests for the swap, which then is only
+        the apply)."""
+        if self.stager is None or not self.stager.running or self.stager.receiving is None:
+            return None
+        return self.stager.receiving[0]
 
     def take_times(self) -> SyncTimes:
         """The times since the last call (an explorer's step reports them)."""

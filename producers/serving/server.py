@@ -335,8 +335,13 @@ class Server:
                 if self.view.shutdown.is_set():
                     log.info("%s: the run shut down; serving version %d", self.name, self.version)
                 return
-            while self.follower.receiving() and not self.stop.is_set():
-                await self._pause(STAGED_POLL_S)  # staged in the background, requests served
+            # staged in the background while requests are served: the receive under way
+            # now, not the next ones (versions may come faster than one is received)
+            under_way = self.follower.receiving()
+            while under_way is not None and self.follower.receiving() == under_way:
+                if self.stop.is_set():
+                    break
+                await self._pause(STAGED_POLL_S)
             async with self.lock:
                 if not await self.follower.apply_newest():
                     return

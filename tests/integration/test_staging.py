@@ -541,3 +541,57 @@ def test_a_version_announced_while_a_receive_looks_up_an_adapters_base_is_no_rej
                 assert late.follower.version == 2
 
     asyncio.run(scenario())
+
+
+def test_serve_applies_a_newer_version_while_newer_ones_keep_coming(make_config, tmp_path):
+    """Serve mode receives versions in the background; when each receive takes longer than
+    the trainer's step (it ends only once the next version is out), the stager is always
+    receiving: serve still moves on to a newer version (it waited for a background receive
+    to be over, which then never was)."""
+    import time as clock
+
+    from streamrft.producers.serving.server import Server
+    from streamrft.schemas.events import ModelVersionReady
+
+    cfg = _config(make_config, tmp_path, "object_store")
+
+    async def scenario():
+        async with _trainer(cfg) as (model, publisher, _):
+            server = Server(cfg)
+            free = threading.Event()
+            async with contextlib.AsyncExitStack() as stack:
+                await server._start(stack)
+                follow = None
+                try:
+                    any_version = ModelVersionReady(
+                        version=0, method="object_store", uri="s3://b/k", manifest_sha256="0",
+                        bytes=0, step=0, created_at=clock.time(),
+                    )  # fmt: skip
+                    receiver = server.follower.receivers.for_event(any_version)
+                    inner = receiver.receive_into
+
+                    def slow(event, like, stage):  # done once the next version is out
+                        while event.version + 1 not in server.view.versions:
+                            if free.wait(0.01):
+                                break
+                        return inner(event, like, stage)
+
+                    receiver.receive_into = slow
+                    stager = server.follower.stager
+                    follow = asyncio.create_task(server._follow())
+                    for v in range(3):
+                        _step(model, 0.01)
+                        await publisher.publish(v)
+                        await _until(
+                            server,
+                            lambda v=v: stager.receiving is not None and stager.receiving[0] == v,
+                            f"v{v} received",
+                        )
+                    await _until(server, lambda: server.follower.version >= 1, "a newer version")
+                finally:
+                    free.set()
+                    server.stop.set()
+                    if follow is not None:
+                        await follow
+
+    asyncio.run(scenario())
