@@ -18,7 +18,10 @@ record of its ``unscale_`` (:func:`forget_unscale`). One that fails during or af
 that update (the update applied) cannot be undone: the engine raises
 :class:`~streamrft.schemas.errors.StepNotUndone`, the trainer exits, and the next one
 resumes from the checkpoint (whose offsets are before the batch: it is read and trained
-again, once).
+again, once). A step whose copy host memory cannot hold is treated the same way: it goes
+on without a copy, and a failure after one of its updates raises ``StepNotUndone`` (the
+engine warns once and counts such steps), never a dead letter of a batch the model may
+have learned from.
 """
 
 from __future__ import annotations
@@ -38,11 +41,18 @@ def needs_undo(updates: int) -> bool:
     return updates > 1
 
 
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` in host memory: where the copy's memory is allocated (a
+    :class:`MemoryError`, or a :class:`RuntimeError` such as torch's out-of-memory, when
+    it cannot be)."""
+    return tensor.detach().to("cpu", copy=True)
+
+
 def _host_copy(value: Any) -> Any:
     """A tensor copied to host memory (with the device to put it back on); anything else
     deep-copied."""
     if isinstance(value, torch.Tensor):
-        return (value.detach().to("cpu", copy=True), value.device)
+        return (to_host(value), value.device)
     return copy.deepcopy(value)
 
 
@@ -66,12 +76,14 @@ def forget_unscale(scalers: list[Any | None]) -> None:
 
 class StepUndo:
     """The state ``optimizers`` train (their parameters, their state and settings) and the
-    ``scalers``' loss scales, in host memory, as they were when this was made."""
+    ``scalers``' loss scales, in host memory, as they were when this was made. Making it
+    raises :class:`MemoryError` or :class:`RuntimeError` when host memory cannot hold the
+    copy (about 3 times the trainable weights under AdamW)."""
 
     def __init__(self, optimizers: list[torch.optim.Optimizer], scalers: list[Any | None]) -> None:
         self._optimizers = optimizers
         self._params = [
-            (p, p.detach().to("cpu", copy=True))
+            (p, to_host(p))
             for opt in optimizers
             for group in opt.param_groups
             for p in group["params"]

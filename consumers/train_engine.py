@@ -90,6 +90,9 @@ class TrainEngine(abc.ABC):
     retries_steps = False
     """Whether :meth:`retry_row_by_row` may follow a failed :meth:`train_step` in this
     process (not when other ranks take part in every step)."""
+    steps_not_copied = 0
+    """Steps of several updates this process trained without the copy that undoes them
+    (host memory could not hold it: :mod:`.step_undo`)."""
 
     def retry_row_by_row(self, groups: list[ExperienceGroup], version: int) -> dict[str, float]:
         """After a step that raised (out of memory), which left the model and optimizer as
@@ -236,9 +239,7 @@ class TorchTrainEngine(TrainEngine):
         self.updates_applied = 0
         if not self.retries_steps:  # a failure ends every rank's process: nothing to keep
             return self._timed_step(groups, version)
-        undo = None
-        if needs_undo(self.updates_per_step(groups)):
-            undo = StepUndo(self._optimizers(), self._scalers())
+        undo = self._copy() if needs_undo(self.updates_per_step(groups)) else None
         steps = self.steps_trained
         try:
             return self._timed_step(groups, version)
@@ -246,6 +247,25 @@ class TorchTrainEngine(TrainEngine):
             self._after_failure(undo, exc)
             self.steps_trained = steps
             raise
+
+    def _copy(self) -> StepUndo | None:
+        """The copy a step of several updates is undone from; None when host memory cannot
+        hold it: the step goes on uncopied (a failure after one of its updates then raises
+        :class:`StepNotUndone`, as for a step of one update), rather than the copy's
+        failure being taken for the batch's."""
+        try:
+            return StepUndo(self._optimizers(), self._scalers())
+        except (MemoryError, RuntimeError) as exc:  # torch's out-of-memory is a RuntimeError
+            self.steps_not_copied += 1
+            if self.steps_not_copied == 1:
+                log.warning(
+                    "trainer: no host memory for the copy a step of several updates is undone "
+                    "from (%r); such steps go on without it (counted: steps_not_copied), and "
+                    "one that fails after an update ends the trainer, which resumes from its "
+                    "checkpoint",
+                    exc,
+                )
+            return None
 
     def _after_failure(self, undo: StepUndo | None, exc: Exception) -> None:
         """Put the state from before the failed step back (``undo``); nothing to put back

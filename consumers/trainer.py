@@ -338,6 +338,14 @@ class Trainer:
         aside was never learned from; a failure the engine cannot undo
         (:class:`~streamrft.schemas.errors.StepNotUndone`) ends the trainer, whose
         successor resumes from the checkpoint, before the batch."""
+        not_copied = self.engine.steps_not_copied
+        try:
+            return await self._step_or_retry(groups)
+        finally:  # steps the engine had no host memory to copy first
+            if self.engine.steps_not_copied > not_copied:
+                self.counters.add("steps_not_copied", self.engine.steps_not_copied - not_copied)
+
+    async def _step_or_retry(self, groups: list[ExperienceGroup]) -> dict[str, float] | None:
         try:
             values = await asyncio.to_thread(self.engine.train_step, groups, self.version)
         except Exception as exc:

@@ -205,3 +205,43 @@ def test_float16_a_one_update_step_failing_after_the_unscale_is_retried_and_trai
     assert trainer.counters["steps_retried"] == 1 and not trainer.events.records
     assert before.keys() == _state(bad).keys()
     _assert_close(_state(bad), _state(clean), atol=FP16_ABS)  # one clean step, no more
+
+
+def test_a_step_whose_copy_host_memory_refuses_goes_on_uncopied(monkeypatch, caplog):
+    """The copy before a step of several updates needs host memory (about 3 times the
+    trainable weights); when it cannot be made, the step goes on without it: trained as
+    usual when nothing fails, and a failure after one of its updates ends the trainer
+    (StepNotUndone) instead of being taken for the batch's (retried, then set aside)."""
+    from streamrft.consumers import step_undo
+    from streamrft.schemas.errors import StepNotUndone
+
+    clean, engine = _engine("grpo", ppo_epochs=2), _engine("grpo", ppo_epochs=2)
+    for e in (clean, engine):
+        e.train_step(_batch("a"), 0)
+    clean.train_step(_batch("b"), 1)
+    copies = []
+
+    def refused(tensor):  # what the allocator says when host memory is short
+        copies.append(tensor.numel())
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory (injected)")
+
+    monkeypatch.setattr(step_undo, "to_host", refused)
+    trainer = step_path(engine, _batch("b"))
+    with caplog.at_level("WARNING", "streamrft.consumers.train_engine"):
+        values = asyncio.run(trainer._step(_batch("b")))
+    assert copies and values is not None and values["train/lr"] > 0
+    _assert_close(_state(engine), _state(clean), atol=0.0)  # the same step, copied or not
+    assert trainer.counters["steps_not_copied"] == 1 and not trainer.events.records
+
+    OutOfMemoryAt(engine.precision, {2})  # the next step: its 2nd update fails
+    trainer = step_path(engine, _batch("c"))
+    with (
+        caplog.at_level("WARNING", "streamrft.consumers.train_engine"),
+        pytest.raises(StepNotUndone, match="after its optimizer update was applied"),
+    ):
+        asyncio.run(trainer._step(_batch("c")))
+    assert not trainer.events.records  # learned from in part: never set aside
+    assert trainer.counters.get("steps_retried", 0) == 0
+    assert trainer.counters["steps_not_copied"] == 1
+    assert engine.steps_not_copied == 2
+    assert caplog.text.count("no host memory for the copy") == 1  # said once
