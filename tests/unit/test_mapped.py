@@ -60,11 +60,13 @@ def test_a_mapping_is_kept_for_the_same_file_and_dropped_when_it_is_replaced(tmp
     maps.close()
 
 
-def test_a_version_of_another_size_is_a_new_file_and_an_old_event_is_refused(tmp_path):
+def _pair(folder):
+    """A sender and a receiver of run ``mapped-test`` in ``folder``, the events sent, and
+    ``send(version, tensors)``."""
     cfg = Config(run=RunSection(id="mapped-test"))
-    sender = SharedSender(cfg, folder=str(tmp_path))
-    receiver = SharedReceiver(cfg, folder=str(tmp_path))
-    events = []
+    sender = SharedSender(cfg, folder=str(folder))
+    receiver = SharedReceiver(cfg, folder=str(folder))
+    events: list = []
 
     async def announce(event):
         events.append(event)
@@ -73,6 +75,11 @@ def test_a_version_of_another_size_is_a_new_file_and_an_old_event_is_refused(tmp
         payload = Payload(version, version, tensors, base_version=version)
         asyncio.run(sender.send(lambda _full: payload, announce))
 
+    return sender, receiver, events, send
+
+
+def test_a_version_of_another_size_is_a_new_file_and_an_old_event_is_refused(tmp_path):
+    sender, receiver, events, send = _pair(tmp_path)
     try:
         big = {"w": torch.randn(64, 64)}
         send(0, big)
@@ -99,18 +106,10 @@ def test_a_file_that_is_not_one_of_the_runs_version_files_is_never_mapped(tmp_pa
     is opened, even when its bytes and digest are those of a real version."""
     import msgspec
 
-    cfg = Config(run=RunSection(id="mapped-test"))
-    sender = SharedSender(cfg, folder=str(tmp_path))
-    receiver = SharedReceiver(cfg, folder=str(tmp_path))
-    events = []
-
-    async def announce(event):
-        events.append(event)
-
+    sender, receiver, events, send = _pair(tmp_path)
     tensors = {"w": torch.randn(16, 16)}
-    payload = Payload(0, 0, tensors, base_version=0)
     try:
-        asyncio.run(sender.send(lambda _full: payload, announce))
+        send(0, tensors)
         real = events[0]
         assert receiver.refusal(real) is None and receiver.can_load(real)
         image = Path(sender.paths["0"]).read_bytes()

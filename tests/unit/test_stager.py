@@ -47,6 +47,19 @@ class _View:
         return True
 
 
+def _stager(receive, failed, events: list[ModelVersionReady], stop: asyncio.Event) -> Stager:
+    """A stager on host memory whose view holds ``events``, staging nothing by itself."""
+    hooks = StagerHooks(
+        wanted=lambda: None,
+        receive=receive,
+        serves=lambda staged, event: event is not None and staged.event == event,
+        failed=failed,
+        held=lambda: 0,
+    )
+    area = StagingArea(StageMemory(torch.device("cpu")))
+    return Stager(area, hooks, _View(events), stop, Counters(), "explorer-0")
+
+
 def test_a_failure_in_the_background_is_handled_once_by_the_sync_point_that_takes_it():
     bad, good = _event(1), _event(2)
     policy: list[int] = []
@@ -61,21 +74,7 @@ def test_a_failure_in_the_background_is_handled_once_by_the_sync_point_that_take
 
     async def scenario() -> None:
         stop = asyncio.Event()
-        hooks = StagerHooks(
-            wanted=lambda: None,
-            receive=receive,
-            serves=lambda staged, event: event is not None and staged.event == event,
-            failed=failed,
-            held=lambda: 0,
-        )
-        stager = Stager(
-            StagingArea(StageMemory(torch.device("cpu"))),
-            hooks,
-            _View([bad, good]),
-            stop,
-            Counters(),
-            "explorer-0",
-        )
+        stager = _stager(receive, failed, [bad, good], stop)
         job = stager._start(bad)  # received in the background, nobody waiting
         await job.task
         with pytest.raises(IntegrityError, match="sha256"):
@@ -114,21 +113,7 @@ def test_a_sync_point_never_takes_the_failure_of_another_announcement_of_its_ver
 
     async def scenario() -> ModelVersionReady:
         stop = asyncio.Event()
-        hooks = StagerHooks(
-            wanted=lambda: None,
-            receive=receive,
-            serves=lambda staged, event: event is not None and staged.event == event,
-            failed=failed,
-            held=lambda: 0,
-        )
-        stager = Stager(
-            StagingArea(StageMemory(torch.device("cpu"))),
-            hooks,
-            _View([broadcast, store]),
-            stop,
-            Counters(),
-            "explorer-0",
-        )
+        stager = _stager(receive, failed, [broadcast, store], stop)
         stager._start(broadcast)  # joined in the background
         take = asyncio.create_task(_took(stager, store))
         for _ in range(10):  # the sync point reaches the receive under way (loop turns)
