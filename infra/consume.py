@@ -11,6 +11,7 @@ dead-letter send) are never swallowed here: they propagate to the caller.
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -161,6 +162,47 @@ async def read_topic(
         await consume(
             reader, codecs, out.append, on_bad=out.append, until_quiet=until_quiet, poll_ms=poll_ms
         )
+    finally:
+        await reader.stop()
+    return out
+
+
+async def read_to_end(
+    cfg: KafkaConfig,
+    topic: str,
+    codecs: Codecs,
+    client_id: str,
+    timeout_s: float,
+    poll_ms: int = 200,
+) -> list[Record]:
+    """Every record of ``topic`` (all partitions) from the beginning up to its end as it
+    was when the read began (each partition's end offset then), good and bad, however long
+    a slow broker keeps the stream quiet meanwhile; a :class:`ServiceError` when that takes
+    more than ``timeout_s``. Only for topics whose every record was sent as a batch of its
+    own (the control topic): the embedded broker's end offset is too low after a
+    multi-record batch, and records past it would be missed."""
+    reader = kafka.topic_reader(cfg, client_id)
+    await kafka.start_client(reader, f"{client_id} reader")
+    out: list[Record] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        await assign_from_beginning(reader, topic)
+        ends = await reader.end_offsets(list(reader.assignment()))
+        left = {tp: end for tp, end in ends.items() if end > 0}
+        while left:
+            if time.monotonic() > deadline:
+                raise ServiceError(
+                    f"{topic}: not read to its end within {timeout_s:.0f}s (the broker is "
+                    f"slow or unreachable); {len(out)} record(s) read"
+                )
+            out += [
+                r
+                for r in await poll(reader, codecs, poll_ms)
+                if r.offset < ends[TopicPartition(r.topic, r.partition)]
+            ]
+            for tp in list(left):
+                if await reader.position(tp) >= left[tp]:
+                    del left[tp]
     finally:
         await reader.stop()
     return out

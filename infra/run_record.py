@@ -49,7 +49,7 @@ from streamrft.infra.config import (
     task_paths,
     to_yaml,
 )
-from streamrft.infra.consume import Record, assign_from_beginning, read_topic
+from streamrft.infra.consume import Record, assign_from_beginning, read_to_end
 from streamrft.infra.kafka import group_reader, start_client
 from streamrft.schemas.codec import CONTROL
 from streamrft.schemas.errors import ConfigError, ServiceError
@@ -64,6 +64,10 @@ RECORD_GROUP = "record"
 """Suffix of the consumer group the trainer vouches for its record in (see the module
 docstring)."""
 CLIENT = "streamrft-run-record"
+READ_TIMEOUT_S = 120.0
+"""How long reading the control topic to its end (where the run's record is) may take
+before it is an error: generous, for a slow or loaded broker (the read ends at the end
+offset the topic had when it began, never after a quiet spell)."""
 CHUNK = 1 << 20
 
 
@@ -132,7 +136,7 @@ async def vouch(kafka: KafkaConfig, topics: TopicNames, record: RunDefined) -> V
     and no other. :class:`~streamrft.infra.access.AccessError` for a role other than the
     trainer's (in strict mode), as the ACLs would refuse it."""
     access.check("commit", topics.group(RECORD_GROUP))
-    records = await read_topic(kafka, topics.control, CONTROL, CLIENT, 3, poll_ms=200)
+    records = await read_to_end(kafka, topics.control, CONTROL, CLIENT, READ_TIMEOUT_S)
     mine = [r for r in records if r.error is None and r.obj == record]
     if not mine:
         raise ServiceError(f"the run's record is not on {topics.control} after its publication")
@@ -184,7 +188,7 @@ async def find_records(kafka: KafkaConfig, topics: TopicNames) -> Found:
     """The ``RunDefined`` records on the run's control topic, the trainer's apart (the one
     at the offset its record group holds). ServiceError when there is no control topic."""
     offsets = await vouched(kafka, topics)  # before the topic: the record is older
-    records = await read_topic(kafka, topics.control, CONTROL, CLIENT, 3, poll_ms=200)
+    records = await read_to_end(kafka, topics.control, CONTROL, CLIENT, READ_TIMEOUT_S)
     defined = [r for r in records if r.error is None and isinstance(r.obj, RunDefined)]
     trainers = [r for r in defined if offsets.get(r.partition) == r.offset]
     return Found(trainers[0] if trainers else None, [r for r in defined if r not in trainers])

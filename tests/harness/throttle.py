@@ -3,9 +3,10 @@
 :class:`ThrottledRelay` slows what clients send: a slow uplink. Put in front of the object
 store, it makes every upload (the trainer publishing a version) take ``bytes / rate``
 seconds while downloads (explorers fetching) pass at full speed: a publisher slower than
-the training steps, with nothing in the code under test changed. :class:`Relay` is the
-plain relay both it and ``tests/harness/store_relay.py`` build on: a subclass changes how the
-bytes from the client go up (:meth:`Relay._up`).
+the training steps, with nothing in the code under test changed. :class:`LaggedRelay` holds
+each request a while instead: a server that answers late. :class:`Relay` is the plain relay
+they and ``tests/harness/store_relay.py`` build on: a subclass changes how the bytes from the
+client go up (:meth:`Relay._up`).
 """
 
 from __future__ import annotations
@@ -105,6 +106,20 @@ class ThrottledRelay(Relay):
     def _up(self, src: socket.socket, dst: socket.socket) -> None:
         while data := src.recv(CHUNK):
             time.sleep(self._slot(len(data)))
+            dst.sendall(data)
+
+
+class LaggedRelay(Relay):
+    """A :class:`Relay` that holds what the client sends ``delay_s`` before it goes on (a
+    slow or loaded server: every request answered late); the answers pass at once."""
+
+    def __init__(self, target: tuple[str, int], delay_s: float = 0.0) -> None:
+        super().__init__(target)
+        self.delay_s = delay_s
+
+    def _up(self, src: socket.socket, dst: socket.socket) -> None:
+        while data := src.recv(CHUNK):
+            time.sleep(self.delay_s)
             dst.sendall(data)
 
 
