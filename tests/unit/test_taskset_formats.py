@@ -128,7 +128,7 @@ def test_bad_sources_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"bad\.parquet: not a readable Parquet file"):
         read_taskset(tmp_path / "bad.parquet", cfg())
     (tmp_path / "folder").mkdir()
-    with pytest.raises(ConfigError, match="a folder must hold Parquet .* or be a dataset saved"):
+    with pytest.raises(ConfigError, match=r"a folder must hold Parquet .* or be a dataset saved"):
         read_taskset(tmp_path / "folder", cfg())
     write_jsonl(tmp_path / "t.jsonl", ROWS[:1])
     with pytest.raises(ConfigError, match=r"prompt_template names 'problem' , which the row lacks"):
