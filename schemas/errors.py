@@ -59,6 +59,13 @@ class SyncTimeout(SyncError):
     retriable = True
 
 
+class VersionGone(SyncError):
+    """The version being loaded was retired (``VersionsRetired``) while it was: nothing is
+    wrong with it, it is no longer there to load; the explorer chooses a version again."""
+
+    retriable = True
+
+
 class RolloutError(StreamRFTError):
     """A task's workflow kept failing (raised, timed out or produced no group) through its
     retries; the task goes to the dead-letter topic with this reason."""

@@ -25,8 +25,8 @@ them) :meth:`WeightFollower.sync_point` does, in order:
 5. **on failure** — one policy (:func:`on_failure`), at the sync point and for a receive in
    the background alike: keep the current weights and try at the next sync point (the store
    is down), retry soon (down, and no weights yet), wait for the store fallback (a broadcast
-   failed), or reject the version for good (it failed verification) and wait for the next
-   one.
+   failed), choose again (the version was retired while it loaded), or reject the version
+   for good (it failed verification) and wait for the next one.
 
 Times (:meth:`WeightFollower.take_times`, and counters of the same names in seconds): the
 wait for a version to be announced (``version_wait``: backpressure), the sampling held from
@@ -51,7 +51,13 @@ import torch
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender
 from streamrft.infra.config import Config
 from streamrft.infra.modeling import model_device
-from streamrft.schemas.errors import IntegrityError, ServiceError, StreamRFTError, SyncError
+from streamrft.schemas.errors import (
+    IntegrityError,
+    ServiceError,
+    StreamRFTError,
+    SyncError,
+    VersionGone,
+)
 from streamrft.schemas.events import ModelVersionReady, Rejection, RunState, SyncRequest
 from streamrft.sync.delta import verify_state
 from streamrft.sync.payload import ModelWeights
@@ -96,6 +102,7 @@ class Synced(enum.Enum):
 
 
 class OnFailure(enum.Enum):
+    CHOOSE_AGAIN = "the version was retired meanwhile: choose a version again"
     STAY = "keep the current weights; try again at the next sync point"
     RETRY_SOON = "no weights to go on with: try again in a second"
     WAIT_FALLBACK = "wait for the version through the store (or a newer one)"
@@ -104,6 +111,8 @@ class OnFailure(enum.Enum):
 
 def on_failure(exc: SyncError, refetchable: bool, have_weights: bool) -> OnFailure:
     """What to do after loading a version failed with ``exc``."""
+    if isinstance(exc, VersionGone):  # nothing wrong with it: it is no longer there
+        return OnFailure.CHOOSE_AGAIN
     if not refetchable:  # a broadcast happens once; the trainer re-announces it by the store
         return OnFailure.WAIT_FALLBACK
     if exc.retriable:  # the store did not answer
@@ -116,7 +125,11 @@ def delta_chain(
 ) -> list[ModelVersionReady]:
     """The versions to load, in order, to make version ``target``: when ``target`` is a
     delta, back through the deltas it builds on to ``held`` (the version the explorer holds:
-    the first is then a delta on it) or else to a full version (the first is that one)."""
+    the first is then a delta on it) or else to a full version (the first is that one).
+    :class:`VersionGone` when ``target`` is no longer announced (retired meanwhile: a
+    background rebuild outlived it)."""
+    if target not in versions:
+        raise VersionGone(f"version {target} was retired while it was being loaded")
     chain = [versions[target]]
     while chain[-1].delta_base >= 0 and chain[-1].delta_base != held:
         base = versions.get(chain[-1].delta_base)
@@ -435,6 +448,9 @@ class WeightFollower:
                 return True
             refetchable = self.receivers.for_event(event).refetchable
             action = on_failure(exc, refetchable, self.version >= 0)
+            if action is OnFailure.CHOOSE_AGAIN:
+                log.info("%s: %s; choosing again", self.name, exc)
+                continue
             if action is OnFailure.STAY:
                 self.counters.add("store_unavailable")
                 log.warning(
@@ -731,7 +747,9 @@ class WeightFollower:
         """A receive in the background failed: the sync point's policy (:func:`on_failure`),
         with nothing to wait for (the stager tries a version that may load later again)."""
         action = on_failure(exc, self.receivers.for_event(event).refetchable, self.version >= 0)
-        if action is OnFailure.REJECT:
+        if action is OnFailure.CHOOSE_AGAIN:  # the stager wants the newest one still there
+            log.info("%s: %s (in the background)", self.name, exc)
+        elif action is OnFailure.REJECT:
             await self._reject(event, exc)
         elif action is OnFailure.WAIT_FALLBACK:
             self._broadcast_failed(event, exc)

@@ -19,6 +19,7 @@ import torch
 from streamrft.infra.bus import Counters
 from streamrft.infra.consume import read_history
 from streamrft.schemas.codec import METRICS
+from streamrft.schemas.events import VersionsRetired
 from streamrft.sync.follower import Synced
 from streamrft.sync.lora import attach_lora
 from streamrft.sync.payload import ModelWeights
@@ -170,6 +171,54 @@ def test_a_delta_is_rebuilt_in_staging_and_checked_before_the_sync_point(
             # the state kept to rebuild the next delta on is the one applied, bit for bit
             own = explorer.engine.model.state_dict()
             assert all(torch.equal(own[k], t) for k, t in follower.weights.held.items())
+
+    asyncio.run(scenario())
+
+
+def test_a_delta_retired_while_it_is_rebuilt_in_the_background_is_no_failure(make_config, tmp_path):
+    """A delta version retired (``VersionsRetired``) while the stager's thread is about to
+    rebuild it: the version is gone, nothing is wrong with it; neither a rejection nor an
+    error of the explorer (its receive raised KeyError, which the next sync point raised),
+    and the sync point takes the version after it."""
+    cfg = make_config(
+        model={"dtype": "bfloat16"},
+        synchronizer={
+            "method": "object_store",
+            "style": "dynamic_by_trainer",
+            "delta": "always",
+            "full_every": 1,  # version 1 a delta, version 2 full: it needs nothing retired
+        },
+        trainer={"max_staleness": 100},
+    )
+
+    async def scenario():
+        async with _delta_trainer(cfg) as (model, tok, publisher), _explorer(cfg) as explorer:
+            follower = explorer.follower
+            await _on_version_0(explorer, publisher)
+            rebuilt, entered, open_ = follower._rebuilt, threading.Event(), threading.Event()
+
+            def gated(event):  # the stager's rebuild of version 1, held at its start
+                if event.version == 1:
+                    entered.set()
+                    assert open_.wait(WAIT_S), "the gate was never opened"
+                return rebuilt(event)
+
+            follower._rebuilt = gated
+            try:
+                _train(model, tok)
+                assert (await publisher.publish(1)).delta_base == 0
+                assert await asyncio.to_thread(entered.wait, WAIT_S)
+                _train(model, tok)
+                assert (await publisher.publish(2)).delta_base < 0
+                await explorer.events.control(VersionsRetired(versions=[1]))
+                await _until(explorer, lambda: 1 not in explorer.view.versions, "v1 retired")
+            finally:
+                open_.set()
+            assert await follower.sync_point(2, 2) is Synced.READY
+            assert follower.version == 2
+            _assert_holds(explorer, model)
+            assert follower.rejected == set() and not explorer.events.rejections
+            assert explorer.counters.get("versions_rejected") == 0
 
     asyncio.run(scenario())
 

@@ -9,7 +9,7 @@ import torch
 
 from streamrft.infra.config import Config, from_dict
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
-from streamrft.schemas.errors import IntegrityError, SyncError
+from streamrft.schemas.errors import IntegrityError, SyncError, VersionGone
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync import delta
 from streamrft.sync.follower import delta_chain
@@ -250,6 +250,11 @@ def test_delta_chain_from_what_is_held_or_from_the_newest_full():
     del versions[1]
     with pytest.raises(SyncError, match="never announced"):
         chain(2, -1)
+    # the target itself retired meanwhile (a background rebuild outlived it): gone, which
+    # the failure policy answers by choosing again, never a rejection or a crash
+    for held in (-1, 4):
+        with pytest.raises(VersionGone, match="version 6 was retired"):
+            chain(6, held)
 
 
 def test_tensors_of_any_width_go_whole_and_a_lost_tensor_is_a_sync_error():

@@ -12,7 +12,13 @@ import torch
 from streamrft.infra.bus import Counters
 from streamrft.infra.config import LoraConfig, ModelConfig
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
-from streamrft.schemas.errors import IntegrityError, StoreUnavailable, SyncError, SyncTimeout
+from streamrft.schemas.errors import (
+    IntegrityError,
+    StoreUnavailable,
+    SyncError,
+    SyncTimeout,
+    VersionGone,
+)
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.follower import OnFailure, WeightFollower, on_failure
 from streamrft.sync.payload import ModelWeights
@@ -32,6 +38,8 @@ pytestmark = pytest.mark.unit
         (SyncError("shapes differ"), True, True, OnFailure.REJECT),
         (SyncTimeout("late member"), False, True, OnFailure.WAIT_FALLBACK),
         (SyncError("mismatch"), False, False, OnFailure.WAIT_FALLBACK),
+        (VersionGone("retired meanwhile"), True, True, OnFailure.CHOOSE_AGAIN),
+        (VersionGone("retired meanwhile"), True, False, OnFailure.CHOOSE_AGAIN),
     ],
 )
 def test_failure_policy(exc, refetchable, have_weights, action):
