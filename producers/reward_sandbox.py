@@ -63,6 +63,8 @@ NAMESPACES = ("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-c
 (no interface), a PID namespace whose every process dies with the program."""
 KILL_GRACE_S = 2.0
 """Wait for a killed program's process group to be reaped."""
+START_S = 30.0
+"""Longest the interpreter's start-up check may take."""
 
 
 def extract_code(response: str) -> tuple[str, bool]:
@@ -138,9 +140,6 @@ class CodeTestsReward(PooledReward):
     def __init__(
         self, cfg: SandboxConfig, concurrency: int, cache_size: int, timeout_s: float = 60.0
     ) -> None:
-        python = cfg.python or sys.executable
-        if shutil.which(python) is None and not Path(python).is_file():
-            raise ConfigError(f"reward.sandbox.python: {python!r} is not an interpreter found")
         if timeout_s < cfg.time_limit_s:
             raise ConfigError(
                 f"reward.timeout_s: {timeout_s:g} s is shorter than one test's "
@@ -148,8 +147,9 @@ class CodeTestsReward(PooledReward):
                 "to its limit would fail its task instead of the test"
             )
         super().__init__(concurrency, cache_size, timeout_s)
-        self.cfg, self.python = cfg, python
+        self.cfg, self.python = cfg, cfg.python or sys.executable
         self.prefix = isolation_prefix(cfg)
+        _check_starts([*self.prefix, self.python, "-I", "-c", "pass"])
 
     def key(self, response: str, task: Task) -> str:
         """The cache key: the response and the task's tests (the same task id may come
@@ -250,6 +250,22 @@ def folder_bytes(root: Path) -> int:
             except OSError:
                 continue  # removed meanwhile: nothing to count
     return total
+
+
+def _check_starts(argv: list[str]) -> None:
+    """ConfigError unless ``argv`` (the interpreter, behind the isolation's prefix) runs:
+    behind ``unshare`` an interpreter that cannot start would fail every test silently."""
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=START_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        reason = str(exc)
+    else:
+        if done.returncode == 0:
+            return
+        reason = (
+            done.stderr.decode("utf-8", "replace").strip()[-300:] or f"status {done.returncode}"
+        )
+    raise ConfigError(f"reward.sandbox.python: {argv[-4]!r} does not start ({reason})")
 
 
 def _kill(proc: subprocess.Popen) -> None:

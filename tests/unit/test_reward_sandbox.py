@@ -8,16 +8,19 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from streamrft.infra.config import RewardConfig, SandboxConfig
 from streamrft.producers import reward_sandbox
 from streamrft.producers.reward_sandbox import (
+    NAMESPACES,
     CodeTestsReward,
     extract_code,
     namespace_works,
@@ -249,12 +252,21 @@ def test_a_machine_without_namespaces_refuses_namespace_and_warns_for_auto(monke
     assert _passes(ADD, "assert add(1, 2) == 3", _reward("auto"))[0] == 1.0
 
 
-def test_the_interpreter_is_one_that_exists(tmp_path):
-    with pytest.raises(ConfigError, match=r"reward\.sandbox\.python: .* is not an interpreter"):
-        _reward(python=str(tmp_path / "python3"))
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+@pytest.mark.parametrize("kind", ["missing", "not executable", "not a program"])
+def test_an_interpreter_that_does_not_start_is_refused_at_start(kind, isolation, tmp_path):
+    python = tmp_path / "python3"
+    if kind != "missing":
+        python.write_text("not a program")
+        python.chmod(0o755 if kind == "not a program" else 0o644)
+    with pytest.raises(ConfigError, match=r"reward\.sandbox\.python: .*python3' does not start"):
+        _reward(isolation, python=str(python))
+
+
+def test_an_interpreter_may_be_named_by_its_path_or_found_on_path():
     by_path = _reward(python=sys.executable)
     assert _passes(ADD, "assert add(1, 2) == 3", by_path)[0] == 1.0
-    if shutil.which("python3") is not None:  # a name found on PATH will do
+    if shutil.which("python3") is not None:
         assert _reward(python="python3").python == "python3"
 
 
@@ -392,3 +404,46 @@ def test_native_code_from_outside_the_interpreters_folders_is_refused(tmp_path):
     )
     assert _passes(load.format(path=str(copy)), "assert LOADED == 1")[0] == 0.0
     assert _passes(load.format(path=spec.origin), "assert LOADED == 1")[0] == 1.0
+
+
+def test_namespace_works_says_what_unshare_does(monkeypatch):
+    unshare = shutil.which("unshare")
+    works = unshare is not None and (
+        subprocess.run([unshare, *NAMESPACES, "true"], capture_output=True).returncode == 0
+    )
+    assert namespace_works.__wrapped__() is works
+    monkeypatch.setattr(reward_sandbox.shutil, "which", lambda name: None)
+    assert namespace_works.__wrapped__() is False
+
+
+def _recording_python(tmp_path) -> tuple[str, Path]:
+    """An interpreter that leaves a mark each time it starts."""
+    mark, script = tmp_path / "started", tmp_path / "python"
+    script.write_text(f'#!/bin/sh\ntouch {mark}\nexec {sys.executable} "$@"\n')
+    script.chmod(0o755)
+    return str(script), mark
+
+
+def test_no_program_starts_past_the_deadline(tmp_path):
+    python, mark = _recording_python(tmp_path)
+    reward = _reward(python=python)
+    assert mark.exists()  # the check at start ran it once
+    mark.unlink()
+    with pytest.raises(RewardServiceError, match=r"took longer than reward\.timeout_s"):
+        reward.run_test(ADD, "assert add(1, 2) == 3", deadline=time.monotonic() - 1)
+    assert not mark.exists()
+    assert reward.run_test(ADD, "assert add(1, 2) == 3").verdict == "passed"
+    assert mark.exists()
+
+
+def test_an_interpreter_gone_after_the_start_is_the_reward_services_error(tmp_path):
+    python, _mark = _recording_python(tmp_path)
+    reward = _reward("audit", python=python)
+    os.chmod(python, 0o644)
+    with pytest.raises(RewardServiceError, match=f"code_tests: cannot start {python}: "):
+        reward(GOOD, TASK)
+
+
+def test_a_refused_import_names_the_module():
+    code = "try:\n    import readline\nexcept PermissionError as e:\n    WHY = str(e)\n"
+    assert _passes(code, "assert 'readline' in WHY")[0] == 1.0
