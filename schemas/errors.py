@@ -59,6 +59,14 @@ class SyncTimeout(SyncError):
     retriable = True
 
 
+class OutOfMemory(SyncError):
+    """Memory for a version (its staging copy, a receive buffer of the size this model's
+    versions have) could not be allocated: not the version's fault; the explorer keeps the
+    weights it holds and tries again."""
+
+    retriable = True
+
+
 class VersionGone(SyncError):
     """The version being loaded was retired (``VersionsRetired``) while it was: nothing is
     wrong with it, it is no longer there to load; the explorer chooses a version again."""

@@ -64,6 +64,7 @@ from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync import shared
 from streamrft.sync.shared import SHM_DIR, file_prefix, host_id
+from streamrft.sync.staging import allocated
 from streamrft.sync.transport import Announce, MakePayload, WeightReceiver, WeightSender
 from streamrft.sync.weights import checked_image, largest_version, safetensors_header
 
@@ -625,7 +626,11 @@ class CudaIpcReceiver(WeightReceiver):
         buf = self._buffer
         if buf is None or buf.numel() != event.bytes or buf.device.index != own:
             self._buffer = None
-            buf = self._buffer = torch.empty(event.bytes, dtype=torch.uint8, device=own)
+            buf = self._buffer = allocated(
+                lambda: torch.empty(event.bytes, dtype=torch.uint8, device=own),
+                event.bytes,
+                "a receive buffer on the GPU",
+            )
         return self._copy_verified(event, ref, like, buf, source, route)
 
     def receive_into(
@@ -682,7 +687,11 @@ class CudaIpcReceiver(WeightReceiver):
             dst.copy_(src, non_blocking=True)
             return
         if self._bounce is None:
-            self._bounce = torch.empty(BOUNCE_BYTES, dtype=torch.uint8, pin_memory=True)
+            self._bounce = allocated(
+                lambda: torch.empty(BOUNCE_BYTES, dtype=torch.uint8, pin_memory=True),
+                BOUNCE_BYTES,
+                "a pinned bounce buffer",
+            )
         bounce, stream = self._bounce, torch.cuda.current_stream(dst.device)
         for lo in range(0, src.numel(), BOUNCE_BYTES):
             piece = src[lo : lo + BOUNCE_BYTES]

@@ -53,6 +53,7 @@ from streamrft.infra.config import Config
 from streamrft.infra.modeling import model_device
 from streamrft.schemas.errors import (
     IntegrityError,
+    OutOfMemory,
     ServiceError,
     StreamRFTError,
     SyncError,
@@ -80,7 +81,9 @@ RETRY_SOON_S = 1.0
 UNEXPECTED = (StreamRFTError, ValueError, RuntimeError, OSError, MemoryError)
 """What a version can make a decoder or an allocation raise (a manifest of another schema, a
 header that lies, a size past memory): that version is refused, the process lives on (the
-model is touched only after every check)."""
+model is touched only after every check). A staging copy or receive buffer of the size this
+model's versions have that memory cannot hold is no refusal: :class:`OutOfMemory`
+(retriable, :func:`.staging.allocated`)."""
 
 
 @dataclass
@@ -452,7 +455,7 @@ class WeightFollower:
                 log.info("%s: %s; choosing again", self.name, exc)
                 continue
             if action is OnFailure.STAY:
-                self.counters.add("store_unavailable")
+                self._unavailable(exc)
                 log.warning(
                     "%s: version %d unavailable (%s); staying on version %d for now",
                     self.name,
@@ -462,7 +465,7 @@ class WeightFollower:
                 )
                 return True
             if action is OnFailure.RETRY_SOON:
-                self.counters.add("store_unavailable")
+                self._unavailable(exc)
                 if not await self._retry_soon(started, exc):
                     return False
             elif action is OnFailure.WAIT_FALLBACK:
@@ -642,15 +645,22 @@ class WeightFollower:
             return receiver.receive(event, like)
         return receiver.receive_into(event, like, stage)
 
+    def _unavailable(self, exc: SyncError) -> None:
+        """Count a version that could not be loaded now and may be later: the store did not
+        answer, or there was no memory for it (``versions_out_of_memory``)."""
+        oom = isinstance(exc, OutOfMemory)
+        self.counters.add("versions_out_of_memory" if oom else "store_unavailable")
+
     async def _retry_soon(self, started: float, exc: SyncError) -> bool:
-        """The store is down and there are no weights yet: wait, within the outage budget."""
-        log.warning("%s: no weights yet, store unavailable: %s", self.name, exc)
+        """The store is down (or memory short) and there are no weights yet: wait, within
+        the outage budget."""
+        log.warning("%s: no weights yet, version unavailable: %s", self.name, exc)
         if self.stop.is_set() or self.view.shutdown.is_set():
             return False
         outage = self.cfg.run.outage_timeout_s
         if time.monotonic() - started > outage:
             raise ServiceError(
-                f"{self.name}: object store unavailable for {outage:.0f}s: {exc}"
+                f"{self.name}: no version could be loaded for {outage:.0f}s: {exc}"
             ) from exc
         await asyncio.sleep(RETRY_SOON_S)
         return True
@@ -754,7 +764,7 @@ class WeightFollower:
         elif action is OnFailure.WAIT_FALLBACK:
             self._broadcast_failed(event, exc)
         else:
-            self.counters.add("store_unavailable")
+            self._unavailable(exc)
             log.warning(
                 "%s: version %d unavailable in the background (%s); trying again later",
                 self.name,

@@ -44,7 +44,7 @@ from streamrft.infra.config import Config
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.mapped import Mappings, copy_hashed
-from streamrft.sync.staging import Stage
+from streamrft.sync.staging import Stage, allocated
 from streamrft.sync.transport import Announce, MakePayload, WeightReceiver, WeightSender
 from streamrft.sync.weights import Shard, checked_image, largest_version, make_shard
 
@@ -304,7 +304,10 @@ class SharedReceiver(WeightReceiver):
         turn, self._turn = self._turn, self._turn ^ 1
         buf = self._buffers[turn]
         if buf is None or buf.numel() != size:
-            buf = self._buffers[turn] = torch.empty(size, dtype=torch.uint8)
+            self._buffers[turn] = None  # the old one is freed before the new one is made
+            buf = self._buffers[turn] = allocated(
+                lambda: torch.empty(size, dtype=torch.uint8), size, "a receive buffer"
+            )
         return buf
 
     def _read_hashed(self, path: str, buf: torch.Tensor, what: str) -> str:

@@ -30,11 +30,13 @@ stage's memory and copies them in otherwise.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
+
+from streamrft.schemas.errors import OutOfMemory
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,34 @@ def staging_memory(
             DEVICE_HEADROOM / 2**30,
         )
     return StageMemory(torch.device("cpu"), pinned=True)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says an allocation failed for want of memory (torch's allocators
+    raise RuntimeErrors: ``torch.OutOfMemoryError`` on a GPU, "can't allocate memory" from
+    the host's, "out of memory" from CUDA's pinned memory)."""
+    if isinstance(exc, MemoryError | torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text
+    )
+
+
+def allocated(make: Callable[[], torch.Tensor], nbytes: int, what: str) -> torch.Tensor:
+    """``make()``: an allocation of ``nbytes`` for a version of a size this model's versions
+    have (checked before), whose failure for want of memory is :class:`OutOfMemory`
+    (retriable: the explorer keeps its weights and tries again), never the version's
+    rejection."""
+    try:
+        return make()
+    except (MemoryError, RuntimeError) as exc:
+        if not out_of_memory(exc):
+            raise
+        raise OutOfMemory(
+            f"no memory for {what} ({nbytes / 2**20:.1f} MiB): {exc}; keeping the weights "
+            "held and trying again later"
+        ) from exc
 
 
 @dataclass
@@ -146,7 +176,11 @@ class Stage:
         if raw is None or raw.numel() != nbytes:
             pin = self.memory.pinned or self.memory.device.type == "cuda"
             self._buffers.raw = None  # the old one is freed before the new one is made
-            raw = self._buffers.raw = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+            raw = self._buffers.raw = allocated(
+                lambda: torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin),
+                nbytes,
+                "a staging buffer",
+            )
         return raw
 
     def like(self, like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -204,5 +238,11 @@ class Stage:
 
     def _empty(self, ref: torch.Tensor) -> torch.Tensor:
         if self.memory.device.type == "cpu":
-            return torch.empty(ref.shape, dtype=ref.dtype, pin_memory=self.memory.pinned)
-        return torch.empty(ref.shape, dtype=ref.dtype, device=self.memory.device)
+            place: dict = {"pin_memory": self.memory.pinned}
+        else:
+            place = {"device": self.memory.device}
+        return allocated(
+            lambda: torch.empty(ref.shape, dtype=ref.dtype, **place),
+            ref.numel() * ref.element_size(),
+            "a staging tensor",
+        )

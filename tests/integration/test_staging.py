@@ -24,6 +24,7 @@ from streamrft.sync.follower import Synced
 from streamrft.sync.lora import attach_lora
 from streamrft.sync.payload import ModelWeights
 from streamrft.sync.publisher import VersionPublisher
+from streamrft.sync.staging import Stage
 from streamrft.sync.transport import SenderContext, make_sender
 from tests.integration.test_delta_sync import _assert_holds, _train
 from tests.integration.test_delta_sync import _trainer as _delta_trainer
@@ -436,6 +437,48 @@ def test_a_staged_version_that_fails_verification_is_rejected_as_at_a_sync_point
             await _staged(explorer, 2)
             assert await follower.sync_point(2, 2) is Synced.READY
             assert follower.version == 2 and _holds(explorer, model)
+
+    asyncio.run(scenario())
+
+
+def test_a_version_memory_cannot_hold_now_is_tried_again_never_rejected(
+    make_config, tmp_path, monkeypatch
+):
+    """No memory for a version's staging copy (of the size this model's versions have: the
+    allocator fails): not the version's fault. The explorer keeps its weights (counter
+    ``versions_out_of_memory``), in the background and at a sync point, and loads the version
+    once memory is there; never a rejection (one is remembered across restarts)."""
+    cfg = _config(make_config, tmp_path, "shared")
+    host_bytes, short = Stage.host_bytes, [1, 1]  # memory is short for two allocations
+
+    def scarce(stage, nbytes):
+        if short:  # more than any machine has: the allocator's own failure
+            short.pop()
+            nbytes = 1 << 55
+        return host_bytes(stage, nbytes)
+
+    async def scenario():
+        async with _trainer(cfg) as (model, publisher, _), _explorer(cfg) as explorer:
+            follower, counters = explorer.follower, explorer.counters
+            await _on_version_0(explorer, publisher)
+            held = _weights(explorer)
+            monkeypatch.setattr(Stage, "host_bytes", scarce)
+            _step(model, 0.01)
+            await publisher.publish(1)
+            failures = ("versions_out_of_memory", "versions_rejected")
+            await _until(
+                explorer,
+                lambda: sum(map(counters.get, failures)) >= 1,
+                "v1 failed in the background",
+            )
+            assert counters.get("versions_rejected") == 0
+            assert await follower.sync_point(1, 1) is Synced.READY  # received there: short
+            assert follower.version == 0 and _same(explorer, held)
+            assert counters.get("versions_out_of_memory") == 2 and not short
+            assert await follower.sync_point(1, 1) is Synced.READY
+            assert follower.version == 1 and _holds(explorer, model)
+            assert follower.rejected == set() and not explorer.events.rejections
+            assert counters.get("versions_rejected") == 0
 
     asyncio.run(scenario())
 

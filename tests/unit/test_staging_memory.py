@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from streamrft.sync.staging import StageMemory, StagingArea, staging_memory
+from streamrft.schemas.errors import OutOfMemory
+from streamrft.sync.staging import StageMemory, StagingArea, out_of_memory, staging_memory
 
 pytestmark = pytest.mark.unit
 
@@ -93,3 +94,23 @@ def test_a_base_is_lent_with_its_version_and_released_with_it():
     assert area.lent() == {"version", "base"}
     stage.release()
     assert area.lent() == frozenset()
+
+
+def test_memory_the_allocator_cannot_give_is_a_retriable_error_not_the_versions_fault():
+    """A staging buffer the host cannot hold (the allocator's own failure: more bytes than
+    any machine has) is :class:`OutOfMemory`, retriable, so the follower keeps its weights
+    and tries again instead of rejecting the version; the stage stays usable."""
+    area = StagingArea(StageMemory(CPU))
+    stage = area.stage()
+    with pytest.raises(OutOfMemory, match="no memory for a staging buffer") as raised:
+        stage.host_bytes(1 << 55)
+    assert raised.value.retriable
+    huge = {"w": torch.empty(1 << 53, device="meta")}  # float32: 2**55 bytes
+    with pytest.raises(OutOfMemory, match="no memory for a staging tensor"):
+        stage.like(huge)
+    assert stage.host_bytes(64).numel() == 64
+    stage.release()
+    assert area.lent() == frozenset()
+    assert out_of_memory(MemoryError()) and out_of_memory(torch.OutOfMemoryError("CUDA oom"))
+    assert out_of_memory(RuntimeError("CUDA error: out of memory"))
+    assert not out_of_memory(RuntimeError("shapes differ")) and not out_of_memory(ValueError())
