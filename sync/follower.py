@@ -44,7 +44,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 
@@ -62,14 +61,13 @@ from streamrft.schemas.errors import (
 from streamrft.schemas.events import ModelVersionReady, Rejection, RunState, SyncRequest
 from streamrft.sync.delta import verify_state
 from streamrft.sync.payload import ModelWeights
-from streamrft.sync.stager import Staged, Stager, StagerHooks
+from streamrft.sync.stager import Staged, Stager, StagerHooks, to_its_end
 from streamrft.sync.staging import Stage, StagingArea, staging_memory
 from streamrft.sync.styles import ExplorerSync, Schedule, choose_version, explorer_sync
 from streamrft.sync.transport import COST, Receivers
 from streamrft.sync.weights import largest_version, live_tensors, nbytes
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
 REMEMBER_WAIT_S = 10.0
 """How long a starting follower waits to have read its component's last status (the
@@ -157,21 +155,6 @@ def _rejection(event: ModelVersionReady, reason: str, kind: str) -> Rejection:
         kind=kind,
         created_at=time.time(),
     )
-
-
-async def _to_its_end(work: Callable[..., _T], *args: object) -> _T:
-    """``work(*args)`` on a thread, awaited to its end even when the caller is cancelled
-    meanwhile (a thread cannot be stopped: the staging copy it reads is not released, and
-    no other version is received or applied, until it returns); the cancellation is raised
-    then."""
-    future = asyncio.ensure_future(asyncio.to_thread(work, *args))
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        while not future.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({future})
-        raise
 
 
 class WeightFollower:
@@ -491,13 +474,13 @@ class WeightFollower:
             if not self.cfg.synchronizer.load_versions:  # the weights held count as it
                 applied = 0.0
             elif self.stager is None:
-                received_s, applied = await _to_its_end(self._receive_and_apply, event)
+                received_s, applied = await to_its_end(self._receive_and_apply, event)
                 self._times.receive_s += received_s
                 self.counters.add("receive_seconds", received_s)
                 self.counters.add("sync_seconds", received_s)
             else:
                 async with self.stager.taken(event) as staged:
-                    applied = await _to_its_end(self._apply, staged)
+                    applied = await to_its_end(self._apply, staged)
                 event = staged.event  # the announcement its bytes came through
         except SyncError as exc:
             return exc

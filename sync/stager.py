@@ -35,6 +35,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -44,12 +45,28 @@ from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.staging import Stage, StagingArea
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 RETRY_AFTER_S = 5.0
 """After a background receive that failed and may work later (the store was down), the
 stager leaves that version alone this long (a sync point that chooses it tries at once)."""
 IDLE_CHECK_S = 60.0
 """Longest idle wait between two looks at the versions (every control event wakes it)."""
+
+
+async def to_its_end(work: Callable[..., _T], *args: object) -> _T:
+    """``work(*args)`` on a thread, awaited to its end even when the caller is cancelled
+    meanwhile (a thread cannot be stopped: the staging copy it reads or writes is not
+    released, and no other version is received or applied, until it returns); the
+    cancellation is raised then."""
+    future = asyncio.ensure_future(asyncio.to_thread(work, *args))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({future})
+        raise
 
 
 @dataclass
@@ -96,6 +113,8 @@ class _Job:
     task: asyncio.Task[None] | None = None
     claimed: bool = False
     """A sync point waits for it: its result (or error) is the sync point's."""
+    closed: bool = False
+    """:meth:`Stager.close` cut it off: its thread runs to its end, its result is dropped."""
     staged: Staged | None = None
     error: BaseException | None = None
 
@@ -143,8 +162,15 @@ class Stager:
     def receiving(self) -> tuple[int, bool] | None:
         """The version being received now and whether a sync point waits for it (None:
         no receive under way)."""
-        job = self._job
+        job = self._current()
         return None if job is None else (job.event.version, job.claimed)
+
+    def _current(self) -> _Job | None:
+        """The receive under way (one :meth:`close` cancelled before it began is none)."""
+        job = self._job
+        if job is not None and job.task is not None and job.task.done():
+            self._job = job = None
+        return job
 
     @property
     def staged_version(self) -> int | None:
@@ -188,7 +214,7 @@ class Stager:
 
     def _due(self) -> ModelVersionReady | None:
         """The version to receive now: wanted, not staged, not in flight, not failed lately."""
-        if self._job is not None or self._applying:
+        if self._current() is not None or self._applying:
             return None
         event = self.hooks.wanted()
         if event is None or (self._staged is not None and self._staged.event == event):
@@ -221,7 +247,7 @@ class Stager:
     def _start(self, event: ModelVersionReady) -> _Job:
         """Receive ``event`` in a thread, into the stage of the version slot (a staged
         version not yet applied gives it up: superseded)."""
-        assert self._job is None
+        assert self._current() is None
         if self._staged is not None:
             dropped, self._staged = self._staged, None
             dropped.release()
@@ -233,15 +259,17 @@ class Stager:
                 event.version,
             )
         job = self._job = _Job(event)
-        job.task = asyncio.create_task(self._receive(job, self.area.stage()))
+        job.task = asyncio.create_task(self._receive(job))
         return job
 
-    async def _receive(self, job: _Job, stage: Stage) -> None:
+    async def _receive(self, job: _Job) -> None:
         t0 = time.perf_counter()
+        stage = self.area.stage()  # lent once the receive begins (close() may come first)
         try:
-            staged = await asyncio.to_thread(self.hooks.receive, job.event, stage)
-        except asyncio.CancelledError:  # close(): the thread may still write into the
-            raise  # stage, which is never lent again
+            staged = await to_its_end(self.hooks.receive, job.event, stage)
+        except asyncio.CancelledError:  # close(): the thread has ended (it wrote into the
+            stage.release()  # stage until then): what it received is dropped
+            raise
         except Exception as exc:  # kept for whoever waits, and raised there (see _settle)
             stage.release()
             job.error = exc
@@ -249,7 +277,8 @@ class Stager:
             staged.stage = stage
             job.staged = staged
         finally:
-            self._job = None
+            if self._job is job:
+                self._job = None
         seconds = time.perf_counter() - t0
         self.receive_s += seconds
         self.counters.add("receive_seconds", seconds)
@@ -294,7 +323,7 @@ class Stager:
             if staged is not None and self.hooks.serves(staged, event):
                 self._staged = None
                 return staged
-            job = self._job
+            job = self._current()
             if job is None:
                 failed = next((f for f in self._failures if f[0] == event), None)
                 if failed is not None:  # it failed in the background a moment ago: the
@@ -305,18 +334,21 @@ class Stager:
                 job = self._start(event)
             assert job.task is not None
             # another version's receive, or another announcement's (its failure is not this
-            # one's), ends first; what it staged may serve (above)
-            if job.event != event or job.claimed:
-                await asyncio.shield(job.task)
+            # one's), or one close() cut off, ends first; what it staged may serve (above)
+            if job.event != event or job.claimed or job.closed:
+                await asyncio.wait({job.task})
                 continue
             job.claimed = True
             try:
-                await asyncio.shield(job.task)
+                await asyncio.wait({job.task})
             except asyncio.CancelledError:  # the sync point stops: the receive is staged
                 job.claimed = False
                 if job.task.done():
                     self._settle(job)
                 raise
+            if job.closed:  # close() cut it off meanwhile: received again (above)
+                job.claimed = False
+                continue
             if job.error is not None:
                 if isinstance(job.error, SyncError):
                     self._retry_at[(event.version, event.uri)] = time.monotonic() + RETRY_AFTER_S
@@ -330,10 +362,13 @@ class Stager:
         return seconds
 
     def close(self) -> None:
-        """Stop the background loop (a receive in its thread ends by itself); twice is safe."""
+        """Stop the background loop; twice is safe. A receive in its thread cannot be
+        stopped: its stage stays lent until the thread ends (nothing else writes into it
+        meanwhile), its result is dropped, and a take waits for it first."""
         if self._task is not None:
             self._task.cancel()
             self._task = None
-        job = self._job
+        job = self._current()
         if job is not None and job.task is not None:
+            job.closed = True
             job.task.cancel()

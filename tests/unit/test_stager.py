@@ -138,3 +138,55 @@ async def _took(stager: Stager, event: ModelVersionReady) -> ModelVersionReady:
 async def _until(ready) -> None:
     while not ready():
         await asyncio.sleep(0.01)
+
+
+def test_a_receive_close_cut_off_keeps_its_stage_until_its_thread_ends_and_a_take_works():
+    """close() while a receive runs in its thread (which cannot be stopped): its stage is
+    lent to nothing else until the thread has ended, and a later take of that version waits
+    for it, then receives the version again into the stage (it failed with 'lent already',
+    which rejected a good version). A receive close() cancels before it began holds nothing."""
+    wanted = _event(1)
+    gate, entered = threading.Event(), threading.Event()
+    calls: list[int] = []  # the versions received, in order
+
+    def receive(event, stage) -> Staged:
+        calls.append(event.version)
+        raw = stage.host_bytes(8)
+        if len(calls) == 1:  # the one close() cuts off
+            entered.set()
+            assert gate.wait(30), "the gate was never opened"
+        raw.fill_(len(calls))  # which receive wrote it
+        return Staged(event, {"w": raw})
+
+    async def failed(event, exc) -> None:
+        raise AssertionError(f"no failure expected: {exc!r}")
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        stager = _stager(receive, failed, [wanted], stop)
+        stager._start(wanted)
+        assert await asyncio.to_thread(entered.wait, 30)
+        stager.close()
+        take = asyncio.create_task(_took_w(stager, wanted))
+        for _ in range(10):  # the cancellation and the take go round (loop turns)
+            await asyncio.sleep(0)
+        assert not take.done() and calls == [1]  # the take waits for the thread...
+        assert stager.area.lent() == {"version"}  # ...which still has the stage
+        gate.set()
+        second = await asyncio.wait_for(take, 30)
+        assert torch.equal(second, torch.full((8,), 2, dtype=torch.uint8))
+        assert calls == [1, 1] and stager.area.lent() == frozenset()
+        stager._start(wanted)
+        stager.close()  # before the receive began: it never lends the stage
+        third = await asyncio.wait_for(_took_w(stager, wanted), 30)
+        assert torch.equal(third, torch.full((8,), 3, dtype=torch.uint8))
+        assert calls == [1, 1, 1] and stager.area.lent() == frozenset()
+        stop.set()
+        stager.close()
+
+    asyncio.run(scenario())
+
+
+async def _took_w(stager: Stager, event: ModelVersionReady) -> torch.Tensor:
+    async with stager.taken(event) as staged:
+        return staged.tensors["w"].clone()
