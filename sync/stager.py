@@ -240,8 +240,21 @@ class Stager:
         """Background failures go through the follower's policy (in the order they came)."""
         while self._failures:
             event, exc = self._failures.pop(0)
-            self._retry_at[(event.version, event.uri)] = time.monotonic() + RETRY_AFTER_S
+            self._pause(event)
             await self.hooks.failed(event, exc)
+
+    def _pause(self, event: ModelVersionReady) -> None:
+        """Leave ``event`` alone in the background for :data:`RETRY_AFTER_S` (it failed and
+        may load later); the pauses of versions never received again (retired, or no newer
+        than the one held) and those over are forgotten, so they do not pile up (one per
+        failed announcement) for the run's life."""
+        now, held, versions = time.monotonic(), self.hooks.held(), self.view.versions
+        self._retry_at = {
+            key: at
+            for key, at in self._retry_at.items()
+            if at > now and key[0] > held and key[0] in versions
+        }
+        self._retry_at[(event.version, event.uri)] = now + RETRY_AFTER_S
 
     # -- one receive -------------------------------------------------------------------------
     def _start(self, event: ModelVersionReady) -> _Job:
@@ -328,7 +341,7 @@ class Stager:
                 failed = next((f for f in self._failures if f[0] == event), None)
                 if failed is not None:  # it failed in the background a moment ago: the
                     self._failures.remove(failed)  # sync point's policy handles it, once
-                    self._retry_at[(event.version, event.uri)] = time.monotonic() + RETRY_AFTER_S
+                    self._pause(event)
                     raise failed[1]
                 self.counters.add("sync_point_receives")  # staging did not have it ready
                 job = self._start(event)
@@ -351,7 +364,7 @@ class Stager:
                 continue
             if job.error is not None:
                 if isinstance(job.error, SyncError):
-                    self._retry_at[(event.version, event.uri)] = time.monotonic() + RETRY_AFTER_S
+                    self._pause(event)
                 raise job.error
             assert job.staged is not None
             return job.staged

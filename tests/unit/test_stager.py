@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from streamrft.infra.bus import Counters
-from streamrft.schemas.errors import IntegrityError, SyncTimeout
+from streamrft.schemas.errors import IntegrityError, StoreUnavailable, SyncTimeout
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.stager import Staged, Stager, StagerHooks
 from streamrft.sync.staging import StageMemory, StagingArea
@@ -47,14 +47,16 @@ class _View:
         return True
 
 
-def _stager(receive, failed, events: list[ModelVersionReady], stop: asyncio.Event) -> Stager:
+def _stager(
+    receive, failed, events: list[ModelVersionReady], stop: asyncio.Event, held=lambda: 0
+) -> Stager:
     """A stager on host memory whose view holds ``events``, staging nothing by itself."""
     hooks = StagerHooks(
         wanted=lambda: None,
         receive=receive,
         serves=lambda staged, event: event is not None and staged.event == event,
         failed=failed,
-        held=lambda: 0,
+        held=held,
     )
     area = StagingArea(StageMemory(torch.device("cpu")))
     return Stager(area, hooks, _View(events), stop, Counters(), "explorer-0")
@@ -190,3 +192,36 @@ def test_a_receive_close_cut_off_keeps_its_stage_until_its_thread_ends_and_a_tak
 async def _took_w(stager: Stager, event: ModelVersionReady) -> torch.Tensor:
     async with stager.taken(event) as staged:
         return staged.tensors["w"].clone()
+
+
+def test_pauses_after_failures_keep_only_versions_that_may_still_be_received():
+    """An announcement that failed in the background is left alone a while (a pause each):
+    the pauses of versions retired, or no newer than the one held, are forgotten as new
+    ones come (they piled up, one per failed announcement, for the run's life)."""
+    events = [_event(v) for v in (1, 2, 3, 4)]
+    held = [0]
+    handled: list[int] = []
+
+    def receive(event, stage) -> Staged:
+        raise StoreUnavailable("the store did not answer")
+
+    async def failed(event, exc) -> None:
+        handled.append(event.version)
+
+    async def scenario() -> set:
+        stop = asyncio.Event()
+        stager = _stager(receive, failed, events, stop, held=lambda: held[0])
+        stager.start()
+        for event in events[:3]:
+            await stager._start(event).task  # nobody waits: the background policy's
+        await asyncio.wait_for(_until(lambda: len(handled) == 3), 30)
+        assert {v for v, _ in stager._retry_at} == {1, 2, 3}
+        held[0] = 2  # the model holds version 2 now...
+        del stager.view.versions[3]  # ...and version 3 was retired
+        await stager._start(events[3]).task
+        await asyncio.wait_for(_until(lambda: len(handled) == 4), 30)
+        stop.set()
+        stager.close()
+        return set(stager._retry_at)
+
+    assert asyncio.run(scenario()) == {(4, events[3].uri)}
