@@ -61,10 +61,13 @@ def _latest_step(root: Path) -> int | None:
 class CheckpointStore:
     """The run's checkpoints under ``<run id>/checkpoints/`` in its bucket."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, quick: bool = False) -> None:
+        """``quick``: a client with short timeouts and the bucket taken as made, for the
+        run's small records (:class:`StoredRecord`): a store that does not answer fails a
+        call within seconds (:data:`~streamrft.sync.object_store.QUICK_TIMEOUT`)."""
         from streamrft.sync.object_store import S3Store
 
-        self.store = S3Store(cfg.object_store, create_bucket=True)
+        self.store = S3Store(cfg.object_store, create_bucket=not quick, quick=quick)
         self.prefix = f"{cfg.run.id}/checkpoints"
         self.keep = cfg.trainer.keep_checkpoints
 

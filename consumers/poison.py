@@ -20,7 +20,8 @@ Three guards, from the cheapest:
    serve traffic make other batches of it after a restart). A group trained since is
    cleared. The record lives with the checkpoints: ``<run dir>/checkpoints/poison.json``,
    and beside the checkpoints in the store when they go there (a trainer restarted on
-   another host reads it).
+   another host reads it), that copy written off the training loop
+   (:mod:`.shared_copy`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from streamrft.infra.durable import replace_durably
 from streamrft.schemas.errors import SchemaError, StreamRFTError
@@ -130,12 +131,20 @@ class _Record:
     """Group id -> crashed batches it was in, not trained since."""
 
 
+class Written(NamedTuple):
+    """A record as written to this host's copy, for the store's (:mod:`.shared_copy`)."""
+
+    seq: int
+    data: bytes
+
+
 class InFlight:
     """The poison record: the batch a trainer is training, and per group id the crashed
-    batches it was in (module docstring, guard 3). ``local``: this host's copy, which must
-    be written; ``shared``: the copy other hosts read (the store), written best effort
-    (a store outage does not stop training; a trainer on another host then misses what
-    was counted meanwhile)."""
+    batches it was in (module docstring, guard 3). ``local``: this host's copy, written
+    (durably) by every call; ``shared``: the copy other hosts read (the store), read at
+    start: the caller writes it, each record :attr:`last` written, off the training loop
+    (:class:`~.shared_copy.SharedCopy`: a store outage does not stop training; a trainer
+    on another host then misses what was counted meanwhile)."""
 
     def __init__(self, local: Path, max_crashes: int, shared: RecordPlace | None = None) -> None:
         self.places: list[RecordPlace] = [LocalRecord(local), *([shared] if shared else [])]
@@ -145,8 +154,9 @@ class InFlight:
         batches."""
         self.crashes: dict[str, int] = {}
         """Group id -> crashed batches it was in (not trained since)."""
+        self.last: Written | None = None
+        """The newest record written (to this host's copy)."""
         self._seq = 0
-        self._shared_failing = False
 
     def recover(self) -> set[str]:
         """At start: a batch found in flight counts a crash for each of its groups; the
@@ -180,38 +190,25 @@ class InFlight:
         self._write([])  # the batch found is counted once, whatever happens next
         return self.poisoned
 
-    def begin(self, ids: list[str]) -> None:
+    def begin(self, ids: list[str]) -> Written:
         """Before a step: its groups are in flight."""
-        self._write(list(ids))
+        return self._write(list(ids))
 
-    def done(self, ids: list[str]) -> None:
+    def done(self, ids: list[str]) -> Written:
         """After a step (trained, or its groups set aside): nothing in flight, and those
         groups' counts cleared."""
         for gid in ids:
             self.crashes.pop(gid, None)
-        self._write([])
+        return self._write([])
 
-    def _write(self, batch: list[str]) -> None:
+    def _write(self, batch: list[str]) -> Written:
         while len(self.crashes) > MAX_RECORDED:
             del self.crashes[next(iter(self.crashes))]
         self._seq += 1
         data = json.dumps({"seq": self._seq, "batch": batch, "crashes": self.crashes}).encode()
-        local, *shared = self.places
-        local.write(data)
-        for place in shared:
-            try:
-                place.write(data)
-            except (StreamRFTError, OSError) as exc:
-                if not self._shared_failing:
-                    log.warning(
-                        "trainer: the poison record in %s not written (%s); this host's "
-                        "copy holds it until the next write goes through",
-                        place.where,
-                        exc,
-                    )
-                self._shared_failing = True
-            else:
-                self._shared_failing = False
+        self.places[0].write(data)
+        self.last = Written(self._seq, data)
+        return self.last
 
     def _read(self) -> _Record | None:
         """The newest readable copy (the most writes), None when there is none."""

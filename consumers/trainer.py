@@ -24,6 +24,7 @@ import math
 import shutil
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from pathlib import Path
 
 import torch
@@ -40,8 +41,9 @@ from streamrft.consumers.checkpoint_store import (
 )
 from streamrft.consumers.expert_data import ExpertSource
 from streamrft.consumers.intake import ExperienceIntake
-from streamrft.consumers.poison import RECORD, GroupLimits, InFlight, step_failure
+from streamrft.consumers.poison import RECORD, GroupLimits, InFlight, Written, step_failure
 from streamrft.consumers.replay import ReplayCursor
+from streamrft.consumers.shared_copy import WAIT_S, SharedCopy
 from streamrft.consumers.state import TrainerState
 from streamrft.consumers.strategies import check_strategy, make_strategy
 from streamrft.consumers.train_engine import Evaluator, make_train_engine
@@ -49,6 +51,7 @@ from streamrft.infra.admin import unexplored_tasks
 from streamrft.infra.bus import HEARTBEAT_S, ControlView, Counters, EventSender, Position
 from streamrft.infra.config import Config
 from streamrft.infra.consume import Record
+from streamrft.infra.daemon_call import on_daemon_thread
 from streamrft.infra.signals import install_stop_handlers
 from streamrft.infra.taskset import read_training_set
 from streamrft.schemas.codec import EXPERIENCE_GROUP
@@ -133,6 +136,8 @@ class Trainer:
         )
         self.inflight = InFlight(cfg.run_dir / "checkpoints" / RECORD, self.tcfg.max_step_crashes)
         """The poison record (with the checkpoints: in the store too, once it is open)."""
+        self.shared_record: SharedCopy | None = None
+        """The poison record's copy in the store, written off the loop."""
         self._failed_in_a_row = 0
         self.publisher: VersionPublisher | None = None  # made once the model is final
         self.uploads: CheckpointUploads | None = None
@@ -224,12 +229,15 @@ class Trainer:
         watch = asyncio.create_task(self._stop_on_shutdown(), name="shutdown watch")
         stack.callback(watch.cancel)
         if self.cfg.stores_checkpoints:
-            store = await self._open_checkpoint_store()
+            await self._open_checkpoint_store()
+            # a client of its own, with short timeouts: a step never waits long for it
+            quick = await asyncio.to_thread(CheckpointStore, self.cfg, True)
+            stored = StoredRecord(quick, RECORD)
             self.inflight = InFlight(
-                self.cfg.run_dir / "checkpoints" / RECORD,
-                self.tcfg.max_step_crashes,
-                StoredRecord(store, RECORD),
+                self.cfg.run_dir / "checkpoints" / RECORD, self.tcfg.max_step_crashes, stored
             )
+            self.shared_record = SharedCopy(stored, "poison_record", self.counters)
+            stack.callback(self.shared_record.close)
         ckpt = self.engine.latest() if self.tcfg.resume else None
         if ckpt is None and self.tcfg.warmup_sft_steps:
             await self._warmup()
@@ -250,7 +258,9 @@ class Trainer:
         await self.publisher.submit(self.step)  # sent while the first evaluation runs
         await self.evaluate()
         stack.push_async_callback(self.intake.stop)
-        self.intake.poisoned = await asyncio.to_thread(self.inflight.recover)
+        # on a daemon thread: the store's copy is read too
+        self.intake.poisoned = await on_daemon_thread(self.inflight.recover, name="poison-record")
+        await self._share_record(self.inflight.last, wait=True)  # the crash counted once
         await self.intake.start(state.resume_offsets() if state else {})
         self.resumed = True
         await self.events.status(RunState.RUNNING, "training")
@@ -295,9 +305,10 @@ class Trainer:
         (None: the step failed and its groups were set aside)."""
         t0 = time.perf_counter()
         ids = [g.id for g in groups]
-        await asyncio.to_thread(self.inflight.begin, ids)
+        await self._share_record(await asyncio.to_thread(self.inflight.begin, ids), wait=True)
         values = await self._step(groups)
-        await asyncio.to_thread(self.inflight.done, ids)  # trained, or set aside
+        done = await asyncio.to_thread(self.inflight.done, ids)  # trained, or set aside
+        await self._share_record(done, wait=False)
         if values is None:
             return None
         assert self.publisher is not None
@@ -328,6 +339,18 @@ class Trainer:
             }
         )
         return values, [TrainedGroup(g.id, g.model_version) for g in fresh]
+
+    async def _share_record(self, written: Written | None, wait: bool) -> None:
+        """The poison record just written on this host, to the store too (when checkpoints
+        go there) in the background; ``wait``: a batch in flight, which a trainer restarted
+        on another host must count, is waited for in the store, up to
+        :data:`~.shared_copy.WAIT_S` and not at all while the store does not keep up
+        (docs/reliability.md: a batch that kills the trainer)."""
+        if self.shared_record is None or written is None:
+            return
+        self.shared_record.submit(*written)
+        if wait:
+            await self.shared_record.stored(written.seq)
 
     async def _step(self, groups: list[ExperienceGroup]) -> dict[str, float] | None:
         """The engine's step; a failure the batch may cause (out of memory) is retried once
@@ -425,8 +448,12 @@ class Trainer:
         await self.checkpoint()
         # a signal may be a scheduler's with a deadline; a Shutdown (`streamrft stop`) has none
         signalled = self.stop.is_set() and not self.view.shutdown.is_set()
+        drains: list[Awaitable[object]] = []
         if self.uploads is not None:  # the last checkpoint complete in the store
-            await self.uploads.drain(stopping=signalled)
+            drains.append(self.uploads.drain(stopping=signalled))
+        if self.shared_record is not None:  # the poison record's last copy, briefly
+            drains.append(self.shared_record.drain(WAIT_S))
+        await asyncio.gather(*drains)
         if not signalled:  # its copies for other hosts (auto's store lane) too,
             await self.publisher.drain()  # unless a signal leaves no time for them
         await self.events.metrics(

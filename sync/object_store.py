@@ -52,13 +52,21 @@ def tls_options(cfg: ObjectStoreConfig) -> dict[str, Any]:
     return {}  # urllib3's default: CERT_REQUIRED against the system CAs
 
 
-def make_http(cfg: ObjectStoreConfig) -> urllib3.PoolManager:
+QUICK_TIMEOUT = urllib3.Timeout(connect=3, read=5)
+"""The timeouts of a client for small records that must not hold their caller long
+(``quick``): a request to a store that does not answer fails within seconds."""
+
+
+def make_http(cfg: ObjectStoreConfig, quick: bool = False) -> urllib3.PoolManager:
     """The connection pool of one store client: enough connections for two shards'
-    ``parallel`` transfers at once, retries of 5xx answers and dropped connections."""
+    ``parallel`` transfers at once, retries of 5xx answers and dropped connections;
+    ``quick``: :data:`QUICK_TIMEOUT` and one retry (small records)."""
     return urllib3.PoolManager(
-        timeout=urllib3.Timeout(connect=5, read=120),
+        timeout=QUICK_TIMEOUT if quick else urllib3.Timeout(connect=5, read=120),
         maxsize=max(16, 2 * cfg.parallel + 2),
-        retries=urllib3.Retry(total=3, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
+        retries=urllib3.Retry(
+            total=1 if quick else 3, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]
+        ),
         **tls_options(cfg),
     )
 
@@ -246,9 +254,9 @@ class S3Store:
     reader before a tensor is returned (and by TLS in transit with ``secure``).
     """
 
-    def __init__(self, cfg: ObjectStoreConfig, create_bucket: bool) -> None:
+    def __init__(self, cfg: ObjectStoreConfig, create_bucket: bool, quick: bool = False) -> None:
         self.cfg = cfg
-        self.http = make_http(cfg)
+        self.http = make_http(cfg, quick)
         self.client = make_client(cfg, self.http)
         self.part_size = cfg.part_size_mb << 20
         if create_bucket:

@@ -56,10 +56,46 @@ def _config(services, run_id: str, runs, endpoint: str):
     return with_run_id(cfg, run_id)
 
 
+def _trainer(services, run_id: str, runs, endpoint: str, log, settings=SETTINGS):
+    """``streamrft train`` of run ``run_id`` with ``settings``, the store at ``endpoint``."""
+    argv = streamrft_cmd(
+        "train",
+        str(EXAMPLE),
+        "--run-id",
+        run_id,
+        *overrides(
+            *settings,
+            f"run.dir={runs}",
+            f"kafka.bootstrap_servers={services.bootstrap_servers}",
+            f"object_store.endpoint={endpoint}",
+            f"object_store.access_key={services.access_key}",
+            f"object_store.secret_key={services.secret_key}",
+        ),
+    )
+    return start_logged(argv, log, log.parent)
+
+
 def _send(cfg, tasks: list[str]) -> None:
     groups = [make_group(cfg.run.id, t, 0, 4, rewards=[0, 1, 0, 1]) for t in tasks]
     msgs = [FuzzMessage(EXPERIENCE_GROUP.encode(g), EXPERIENCE_GROUP.headers()) for g in groups]
     asyncio.run(inject(cfg, cfg.topics().experiences, msgs))
+
+
+def _first_step_stored(cfg, trainer, log) -> None:
+    """Step 1 trained on groups a and b, and its checkpoint in the store."""
+    _send(cfg, ["a", "b"])
+    wait_for(
+        lambda: log_has(log, "checkpoint step_00000001 in the store"),
+        trainer,
+        240,
+        "the first checkpoint in the store",
+    )
+
+
+def _stopped(trainer, log) -> None:
+    """SIGTERM to the trainer; it exits 0 (a drain past its deadline would keep it)."""
+    trainer.send_signal(signal.SIGTERM)
+    assert trainer.wait(timeout=180) == 0, log.read_text()[-3000:]
 
 
 async def _committed(cfg) -> int | None:
@@ -81,37 +117,15 @@ def test_a_signalled_trainer_gives_up_a_slow_upload_at_its_deadline(services, tm
     asyncio.run(admin.ensure_topics(cfg.kafka, cfg.topics()))
     log = tmp_path / "trainer.log"
     with throttled(services.s3_endpoint, FAST) as relay:
-        slow = _config(services, run_id, runs, relay.endpoint)
-        argv = streamrft_cmd(
-            "train",
-            str(EXAMPLE),
-            "--run-id",
-            run_id,
-            *overrides(
-                *SETTINGS,
-                f"run.dir={runs}",
-                f"kafka.bootstrap_servers={services.bootstrap_servers}",
-                f"object_store.endpoint={slow.object_store.endpoint}",
-                f"object_store.access_key={services.access_key}",
-                f"object_store.secret_key={services.secret_key}",
-            ),
-        )
-        trainer = start_logged(argv, log, tmp_path)
+        trainer = _trainer(services, run_id, runs, relay.endpoint, log)
         try:
-            _send(cfg, ["a", "b"])  # step 1: its checkpoint reaches the store at full speed
-            wait_for(
-                lambda: log_has(log, "checkpoint step_00000001 in the store"),
-                trainer,
-                240,
-                "the first checkpoint in the store",
-            )
+            _first_step_stored(cfg, trainer, log)  # at full speed
             relay.rate = SLOW
             _send(cfg, ["c", "d"])  # step 2: its checkpoint creeps up the slow uplink
             wait_for(lambda: log_has(log, "step_00000002\n"), trainer, 240, "the second checkpoint")
-            trainer.send_signal(signal.SIGTERM)
             # the deadline is 10 s; the upload would take ~13 minutes: an exit at all is
             # the point (a process waiting for its upload thread would still be running)
-            assert trainer.wait(timeout=180) == 0, log.read_text()[-3000:]
+            _stopped(trainer, log)
         finally:
             if trainer.poll() is None:
                 trainer.kill()
@@ -137,31 +151,56 @@ def test_a_signalled_trainer_does_not_wait_for_autos_store_lane(services, tmp_pa
     asyncio.run(admin.ensure_topics(cfg.kafka, cfg.topics()))
     log = tmp_path / "trainer.log"
     with throttled(services.s3_endpoint, SLOW / 2) as relay:  # a version: minutes
-        argv = streamrft_cmd(
-            "train",
-            str(EXAMPLE),
-            "--run-id",
-            run_id,
-            *overrides(
-                *AUTO_SETTINGS,
-                "synchronizer.method=auto",
-                "trainer.checkpoint_store=local",
-                f"run.dir={runs}",
-                f"kafka.bootstrap_servers={services.bootstrap_servers}",
-                f"object_store.endpoint={relay.endpoint}",
-                f"object_store.access_key={services.access_key}",
-                f"object_store.secret_key={services.secret_key}",
-            ),
-        )
-        trainer = start_logged(argv, log, tmp_path)
+        settings = (*AUTO_SETTINGS, "synchronizer.method=auto", "trainer.checkpoint_store=local")
+        trainer = _trainer(services, run_id, runs, relay.endpoint, log, settings)
         try:
             _send(cfg, ["a", "b"])
             wait_for(lambda: log_has(log, "step_00000001\n"), trainer, 240, "step 1's checkpoint")
-            trainer.send_signal(signal.SIGTERM)
             # version 0's store copy alone needs ~8 minutes at this rate: a trainer that
             # waits for its upload thread is still running long after this timeout
-            assert trainer.wait(timeout=180) == 0, log.read_text()[-3000:]
+            _stopped(trainer, log)
         finally:
             if trainer.poll() is None:
                 trainer.kill()
     assert asyncio.run(_committed(cfg)) == 2  # step 1's offsets: its checkpoint is on disk
+
+
+def test_a_store_that_never_answers_holds_neither_the_steps_nor_a_signalled_trainer(
+    services, tmp_path
+):
+    """The poison record's copy in the store is written off the training loop: with the
+    store behind a relay that takes every request and answers none (after the first
+    checkpoint), the trainer trains step after step (it waits once, briefly, for the
+    record of a batch in flight, then not while the store does not keep up), each record
+    on this host's disk, and a SIGTERM ends it within its drain deadline."""
+    import json
+
+    from streamrft.consumers.poison import RECORD
+    from tests.harness.throttle import lagged
+
+    run_id = f"stop-silent-{tmp_path.name[-8:]}"
+    runs = tmp_path / "runs"
+    cfg = _config(services, run_id, runs, services.s3_endpoint)
+    asyncio.run(admin.ensure_topics(cfg.kafka, cfg.topics()))
+    log = tmp_path / "trainer.log"
+    with lagged(services.s3_endpoint) as relay:
+        trainer = _trainer(services, run_id, runs, relay.endpoint, log)
+        try:
+            _first_step_stored(cfg, trainer, log)  # the store answers
+            relay.delay_s = 24 * 3600.0  # from now on: taken, never answered
+            _send(cfg, ["c", "d", "e", "f", "g", "h", "i", "j"])  # steps 2 to 5
+            # a trainer that wrote the store's copy in its loop would spend minutes on
+            # step 2's record alone (the store client's timeouts and retries)
+            wait_for(lambda: log_has(log, "step_00000005\n"), trainer, 240, "step 5")
+            _stopped(trainer, log)
+        finally:
+            if trainer.poll() is None:
+                trainer.kill()
+    text = log.read_text()
+    assert "the poison record is not written to" in text, text[-3000:]
+    assert "upload unfinished after 10 s; it is abandoned" in text, text[-3000:]
+    assert "stopping with the last poison record not in" in text, text[-3000:]
+    local = json.loads((runs / run_id / "checkpoints" / RECORD).read_text())
+    stored = json.loads(CheckpointStore(cfg).read_record(RECORD))
+    assert local["batch"] == [] and local["seq"] > stored["seq"]  # every step's, on disk
+    assert asyncio.run(_committed(cfg)) == 2  # step 1's checkpoint, the last one stored

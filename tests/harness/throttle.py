@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Self
+from typing import Self, TypeVar
 
 CHUNK = 16 << 10
 
@@ -123,12 +123,30 @@ class LaggedRelay(Relay):
             dst.sendall(data)
 
 
+R = TypeVar("R", bound=Relay)
+
+
 @contextlib.contextmanager
-def throttled(endpoint: str, bytes_per_s: float) -> Iterator[ThrottledRelay]:
-    """A :class:`ThrottledRelay` in front of ``host:port``, closed on exit."""
-    host, port = endpoint.rsplit(":", 1)
-    relay = ThrottledRelay((host, int(port)), bytes_per_s).start()
+def _running(relay: R) -> Iterator[R]:
+    relay.start()
     try:
         yield relay
     finally:
         relay.close()
+
+
+def _target(endpoint: str) -> tuple[str, int]:
+    host, port = endpoint.rsplit(":", 1)
+    return host, int(port)
+
+
+def throttled(
+    endpoint: str, bytes_per_s: float
+) -> contextlib.AbstractContextManager[ThrottledRelay]:
+    """A :class:`ThrottledRelay` in front of ``host:port``, closed on exit."""
+    return _running(ThrottledRelay(_target(endpoint), bytes_per_s))
+
+
+def lagged(endpoint: str, delay_s: float = 0.0) -> contextlib.AbstractContextManager[LaggedRelay]:
+    """A :class:`LaggedRelay` in front of ``host:port``, closed on exit."""
+    return _running(LaggedRelay(_target(endpoint), delay_s))

@@ -202,18 +202,101 @@ def test_the_poison_record_lives_beside_the_checkpoints_in_the_store(make_config
     """The trainer's poison record (crashes per group) in a real S3 server: none at first,
     then what the last write made; a trainer on another host (its own folder) counts on
     from it, and a third sets the group aside."""
+    import asyncio
+
     from streamrft.consumers.checkpoint_store import StoredRecord
     from streamrft.consumers.poison import RECORD, InFlight
+    from streamrft.consumers.shared_copy import SharedCopy
 
     cfg = make_config()
     store = CheckpointStore(cfg)
-    shared = StoredRecord(store, RECORD)
+    shared = StoredRecord(CheckpointStore(cfg, quick=True), RECORD)
     assert shared.read() is None and shared.where.endswith(f"{cfg.run.id}/checkpoints/{RECORD}")
-    for host, companion in (("a", "c1"), ("b", "c2")):  # each trainer killed on X
+
+    async def killed(host: str, companion: str) -> None:  # a trainer killed on X
         record = InFlight(tmp_path / host / RECORD, 2, shared)
+        copy = SharedCopy(shared, "poison_record")
         assert record.recover() == set()
-        record.begin(["X", companion])
+        for written in (record.last, record.begin(["X", companion])):
+            if written is not None:
+                copy.submit(*written)
+                assert await copy.stored(written.seq)
+        copy.close()
+
+    for host, companion in (("a", "c1"), ("b", "c2")):
+        asyncio.run(killed(host, companion))
     assert b'"X": 1' in shared.read()  # the batch in flight and the count before it
     third = InFlight(tmp_path / "c" / RECORD, 2, shared)
     assert third.recover() == {"X"} and third.crashes == {"X": 2, "c1": 1, "c2": 1}
     assert store.complete() == [] and store._steps() == set()  # not taken for a checkpoint
+
+
+def test_the_poison_records_store_copy_never_holds_the_trainer(
+    make_config, tmp_path, monkeypatch, caplog
+):
+    """The poison record's copy in the store is written on a daemon thread, one write at a
+    time: with the store behind a relay that takes requests and never answers, each
+    record is on this host's disk when the write returns, a wait for the store's copy ends
+    after :data:`~streamrft.consumers.shared_copy.WAIT_S` and the next ones do not wait;
+    records made meanwhile replace each other, and once the store answers again the
+    newest one is written (the ones it replaced never are)."""
+    import asyncio
+    import json
+
+    from streamrft.consumers import shared_copy
+    from streamrft.consumers.checkpoint_store import StoredRecord
+    from streamrft.consumers.poison import RECORD, InFlight
+    from streamrft.consumers.shared_copy import SharedCopy
+    from streamrft.infra.bus import Counters
+    from tests.harness.throttle import lagged
+    from tests.helpers.waits import until
+
+    monkeypatch.setattr(shared_copy, "WAIT_S", 1.0)
+    monkeypatch.setattr(shared_copy, "RETRY_S", 0.2)
+    cfg = make_config()
+    store = CheckpointStore(cfg)
+    tried: list[int] = []
+
+    class Watched(StoredRecord):  # the real store's copy; which records were sent to it
+        def write(self, data: bytes) -> None:
+            tried.append(json.loads(data)["seq"])
+            super().write(data)
+
+    with lagged(cfg.object_store.endpoint) as relay:
+        section = {"endpoint": relay.endpoint, "bucket": cfg.object_store.bucket}
+        slow = make_config(run={"id": cfg.run.id}, object_store=section)
+        place = Watched(CheckpointStore(slow, quick=True), RECORD)
+        local = tmp_path / "a" / RECORD
+        record = InFlight(local, 2, place)
+        counters = Counters()
+
+        async def go() -> None:
+            copy = SharedCopy(place, "poison_record", counters)
+            record.recover()
+            first = record.begin(["X", "a"])
+            copy.submit(*first)
+            assert await copy.stored(first.seq)  # the store keeps up: waited for
+            relay.delay_s = 3600.0  # from now on it takes requests and never answers
+            copy.submit(*record.done(["X", "a"]))  # replaced at once by the next one:
+            hung = record.begin(["Y"])
+            copy.submit(*hung)
+            assert not await copy.stored(hung.seq)  # waited WAIT_S in vain
+            assert copy.slow and tried[-1] == hung.seq  # under way, hung
+            for ids in (["Y"], ["Z"]):  # the next steps: not waited for at all
+                copy.submit(*record.done(ids))
+                newest = record.begin(["Z"]) if ids == ["Y"] else record.done(ids)
+                copy.submit(*newest)
+                assert not await asyncio.wait_for(copy.stored(newest.seq), 0.5)
+                assert json.loads(local.read_bytes())["seq"] == newest.seq  # on disk: all
+            relay.delay_s = 0.0  # answers again: the hung request times out, a new one goes
+            await until(lambda: copy.stored_seq == newest.seq, 120, "the newest record stored")
+            assert await copy.drain(5.0)
+
+        with caplog.at_level("WARNING", "streamrft.consumers.shared_copy"):
+            asyncio.run(go())
+    assert store.read_record(RECORD) == record.last.data
+    assert tried[0] == 1 and tried[-1] == record.last.seq  # the recovery's write, then...
+    replaced = set(range(1, record.last.seq + 1)) - set(tried)
+    assert replaced >= {2, 4, 5, 6}  # replaced while one was under way: never sent
+    assert counters["poison_record_late"] == 3
+    assert caplog.text.count("is not written to") == 1

@@ -47,11 +47,26 @@ def test_what_counts_as_the_batchs_failure():
 
 
 def _killed(path, max_crashes: int, batch: list[str], shared=None) -> set[str]:
-    """A trainer starts (what it sets aside), then dies training ``batch``."""
-    record = InFlight(path, max_crashes, *([shared] if shared else []))
-    poisoned = record.recover()
-    record.begin(batch)  # ... and the kernel kills it here
-    return poisoned
+    """A trainer starts (what it sets aside), then dies training ``batch``; with
+    ``shared``, each record is copied there as the trainer copies it to the store (and
+    waited for: the store keeps up)."""
+    import asyncio
+
+    from streamrft.consumers.shared_copy import SharedCopy
+
+    async def go() -> set[str]:
+        record = InFlight(path, max_crashes, shared)
+        copy = SharedCopy(shared, "poison_record") if shared else None
+        poisoned = record.recover()
+        for written in (record.last, record.begin(batch)):  # ... killed after the 2nd
+            if copy is not None and written is not None:
+                copy.submit(*written)
+                assert await copy.stored(written.seq)
+        if copy is not None:
+            copy.close()
+        return poisoned
+
+    return asyncio.run(go())
 
 
 def test_a_group_in_n_crashed_batches_is_set_aside_whatever_its_companions(tmp_path):
@@ -108,16 +123,38 @@ def test_the_shared_copy_goes_with_the_trainer_to_another_host(tmp_path):
 
 
 def test_a_shared_copy_that_cannot_be_written_does_not_stop_training(tmp_path, caplog):
+    """Each write to a place that refuses it fails (counted, said once); the first wait
+    for one is in vain, the next ones do not wait; this host's copy has every record."""
+    import asyncio
+
     from streamrft.consumers.poison import LocalRecord
+    from streamrft.consumers.shared_copy import SharedCopy
+    from streamrft.infra.bus import Counters
 
     (tmp_path / "file").write_text("")
     broken = LocalRecord(tmp_path / "file" / "poison.json")  # under a file: OSError
     record = InFlight(tmp_path / "poison.json", 2, broken)
+    counters = Counters()
+
+    async def steps() -> list[bool]:
+        copy = SharedCopy(broken, "poison_record", counters)
+        stored = []
+        for ids in (["a"], ["b"]):
+            written = record.begin(ids)
+            copy.submit(*written)
+            stored.append(await copy.stored(written.seq))
+            copy.submit(*record.done(ids))
+        assert copy.slow and not await copy.drain(1.0)
+        return stored
+
     with caplog.at_level("WARNING"):
-        record.begin(["a"])
-        record.done(["a"])
-    assert caplog.text.count("not written") == 1  # said once, not at every write
-    assert json.loads((tmp_path / "poison.json").read_text())["batch"] == []
+        assert asyncio.run(steps()) == [False, False]
+    assert caplog.text.count("is not written to") == 1  # said once, not at every write
+    assert counters["poison_record_late"] == 2
+    assert counters["poison_record_store_failures"] >= 1
+    assert json.loads((tmp_path / "poison.json").read_text()) == {
+        "seq": 4, "batch": [], "crashes": {}
+    }  # fmt: skip
 
 
 # -- a step that fails in the process ------------------------------------------------------------
