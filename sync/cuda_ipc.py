@@ -334,11 +334,9 @@ def take_slot(
 def reading(path: str, what: str) -> Iterator[tuple[int, int]]:
     """Hold a slot's lease for reading (shared: other readers may hold it too; the trainer
     cannot rewrite the slot meanwhile); yields its stamp. A slot being rewritten now, or a
-    lease file gone (the trainer stopped), is an IntegrityError: that version is gone."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise IntegrityError(f"{what}: cannot open the slot's lease {path}: {exc}") from exc
+    lease file gone (the trainer stopped), is an IntegrityError: that version is gone; so is
+    anything but a regular file under its name (:func:`~.shared.open_regular`)."""
+    fd = shared.open_regular(path, f"{what}: the slot's lease")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

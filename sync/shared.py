@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -115,6 +116,26 @@ def parse_uri(uri: str) -> tuple[str, str]:
     if not host or not name or "/" in name or name.startswith("."):
         raise SyncError(f"malformed shared-memory uri: {uri!r}")
     return host, name
+
+
+def open_regular(path: str, what: str) -> int:
+    """``path`` opened for reading when it is a regular file itself: never through a symbolic
+    link (one planted under a version file's name would redirect the read), never blocking
+    (a FIFO would hold the open, and every read after it, for ever). Anything else is an
+    IntegrityError of the announcement naming it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:  # gone, or a symbolic link (ELOOP)
+        raise IntegrityError(f"{what}: cannot open {path}: {exc}") from exc
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        raise IntegrityError(f"{what}: {path} is not a regular file: refused")
+    return fd
 
 
 def _write_hashed(into: memoryview, shard: Shard) -> str:
@@ -315,10 +336,7 @@ class SharedReceiver(WeightReceiver):
         version in it, hashing each piece as it lands."""
         view = memoryview(buf.numpy()).cast("B")
         digest = xxhash.xxh3_128()
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:  # gone: the trainer restarted, or another version replaced it
-            raise IntegrityError(f"{what}: cannot open {path}: {exc}") from exc
+        fd = open_regular(path, what)  # gone: the trainer restarted, or a newer one replaced it
         with self._reading:
             try:
                 size = os.fstat(fd).st_size

@@ -46,6 +46,7 @@ from streamrft.sync.cuda_ipc import (
 from streamrft.sync.shared import host_id
 from streamrft.sync.transport import COST, Receivers
 from tests.helpers.configs import cfg_of
+from tests.helpers.waits import open_fifo_writer, outcome_within
 
 pytestmark = pytest.mark.unit
 
@@ -366,6 +367,32 @@ def test_a_reader_holds_its_slot_until_it_is_done_or_dies(tmp_path):
     finally:
         if reader.poll() is None:
             reader.kill()
+
+
+def test_a_lease_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
+    """A FIFO planted under a lease file's name held the reader for ever (its open waits for
+    a writer); a symbolic link made it read (and lock) whatever it points at: both are that
+    announcement's IntegrityError, at once."""
+    real = tmp_path / "streamrft-ipc-1-cuda0"
+    fd = os.open(real, os.O_RDWR | os.O_CREAT, 0o600)
+    write_stamp(fd, 4, 99)
+    fifo, link = tmp_path / "streamrft-ipc-1-cuda1", tmp_path / "streamrft-ipc-2-cuda0"
+    os.mkfifo(fifo)
+    os.symlink(real, link)
+
+    def stamp(path) -> tuple[int, int]:
+        with reading(str(path), "v4") as held:
+            return held
+
+    try:
+        assert stamp(real) == (4, 99)
+        for path, why in ((fifo, "not a regular file"), (link, "cannot open")):
+            error = outcome_within(
+                lambda path=path: stamp(path), 30, lambda path=path: open_fifo_writer(path)
+            )
+            assert isinstance(error, IntegrityError) and why in str(error), error
+    finally:
+        os.close(fd)
 
 
 def test_a_trainer_removes_the_lease_files_a_killed_one_left(tmp_path):

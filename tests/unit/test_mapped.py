@@ -18,6 +18,7 @@ from streamrft.schemas.errors import IntegrityError
 from streamrft.sync.mapped import PIECE, Mappings, copy_hashed
 from streamrft.sync.shared import SharedReceiver, SharedSender
 from streamrft.sync.transport import Payload
+from tests.helpers.waits import open_fifo_writer, outcome_within
 
 pytestmark = pytest.mark.unit
 
@@ -122,6 +123,39 @@ def test_a_file_that_is_not_one_of_the_runs_version_files_is_never_mapped(tmp_pa
             with pytest.raises(IntegrityError, match="not a version file"):
                 receiver.receive(event, tensors)
         assert receiver._maps._maps == {}  # nothing was mapped
+        assert torch.equal(receiver.receive(real, tensors)["w"], tensors["w"])
+    finally:
+        receiver.close()
+        sender.close()
+
+
+def test_a_fifo_or_a_symbolic_link_under_a_version_files_name_is_refused_at_once(tmp_path):
+    """A FIFO planted under a version file's name held the receive for ever (its open waits
+    for a writer); a symbolic link redirected it to whatever it points at (here a copy of a
+    real version, which was read): both are that announcement's IntegrityError, at once."""
+    import msgspec
+
+    sender, receiver, events, send = _pair(tmp_path)
+    tensors = {"w": torch.randn(16, 16)}
+    try:
+        send(0, tensors)
+        real = events[0]
+        host = real.uri.rsplit("/", 1)[0]
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.write_bytes(Path(sender.paths["0"]).read_bytes())
+        fifo, link = tmp_path / "streamrft-mapped-test-1-0", tmp_path / "streamrft-mapped-test-1-1"
+        os.mkfifo(fifo)
+        os.symlink(elsewhere, link)
+        for path, why in ((fifo, "not a regular file"), (link, "cannot open")):
+            event = msgspec.structs.replace(real, uri=f"{host}/{path.name}")
+            assert receiver.refusal(event) is None  # a version file's name...
+            error = outcome_within(
+                lambda event=event: receiver.receive(event, tensors),
+                30,
+                lambda path=path: open_fifo_writer(path),
+            )
+            assert isinstance(error, IntegrityError) and why in str(error), error
+        assert list(receiver._maps._maps) == []  # nothing was mapped
         assert torch.equal(receiver.receive(real, tensors)["w"], tensors["w"])
     finally:
         receiver.close()
