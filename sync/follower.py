@@ -492,6 +492,7 @@ class WeightFollower:
         self.counters.add("apply_seconds", applied)
         self.counters.add("sync_seconds", applied)
         self.version = event.version
+        self.receivers.release_unused()  # e.g. the mappings of a stopped trainer's files
         self.counters.add("versions_applied")
         self.counters.add(f"versions_applied_{event.method}")
         log.info("%s: applied version %d (%s)", self.name, event.version, event.method)

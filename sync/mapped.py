@@ -7,7 +7,9 @@ faulted in again: the files are rewritten in place, version after version). A ma
 reused while its path names the same file (inode and size); the trainer never shrinks a
 file that may be mapped (it replaces it with a new one: a mapping of a file that shrank
 would fault on the pages it lost), so a mapping stays valid memory for as long as it is
-kept, and the digest tells whether what was read is what the writer wrote.
+kept, and the digest tells whether what was read is what the writer wrote. A mapping of a
+file removed (a trainer that stopped) or replaced is dropped at the next receive, and an
+explorer drops it when it applies a version too, whatever transport brought that one.
 """
 
 from __future__ import annotations
@@ -89,14 +91,15 @@ class Mappings:
 
     def prune(self) -> None:
         """Drop the mappings whose path is gone or names another file now (their memory is
-        freed once unmapped: a trainer's files after it restarted)."""
+        freed once unmapped: a trainer's files after it stopped or restarted)."""
         for path, mapped in list(self._maps.items()):
             try:
                 same = mapped.same_file(os.stat(path))
-            except FileNotFoundError:
+            except OSError:  # gone (or no longer ours to look at)
                 same = False
             if not same:
-                self.drop(path)
+                with contextlib.suppress(BufferError):  # still exported: unmapped with it
+                    self.drop(path)
 
     def drop(self, path: str) -> None:
         mapped = self._maps.pop(path, None)

@@ -353,6 +353,16 @@ class SharedReceiver(WeightReceiver):
                 self._maps.close()
         return digest.hexdigest()
 
+    def release_unused(self) -> None:
+        """Unmap the files the trainer removed or replaced (their memory is freed only once
+        no mapping holds it: a stopped trainer's files stayed allocated until the next
+        shared-memory receive, or for ever); a copy under way prunes them itself."""
+        if self._reading.acquire(blocking=False):
+            try:
+                self._maps.prune()
+            finally:
+                self._reading.release()
+
     def close(self) -> None:
         """Unmap the files (a copy under way unmaps them when it ends); twice is safe."""
         self._closed = True

@@ -147,6 +147,10 @@ class WeightReceiver(abc.ABC):
         tensors are not in its memory, or are this receiver's reused buffers)."""
         return stage.adopt(self.receive(event, like), copy=self.reuses_buffers)
 
+    def release_unused(self) -> None:  # noqa: B027 - optional hook, nothing kept by default
+        """Free what the receiver keeps of versions no longer there (shared memory: its
+        mappings of files the trainer removed). Called on the event loop after an apply."""
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Leave what the receiver joined; safe to call twice."""
 
@@ -320,6 +324,11 @@ class Receivers:
         """Whether this explorer can load ``event``: not refused, and its receiver can (a
         broadcast of a group it is not in, shared memory of another host: it cannot)."""
         return self.refusal(event) is None and self.for_event(event).can_load(event)
+
+    def release_unused(self) -> None:
+        """:meth:`WeightReceiver.release_unused` of each receiver made."""
+        for receiver in self._made.values():
+            receiver.release_unused()
 
     def close(self) -> None:
         for receiver in self._made.values():

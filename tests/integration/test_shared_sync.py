@@ -113,6 +113,30 @@ def test_auto_serves_the_host_from_shared_memory_and_another_host_from_the_store
     asyncio.run(scenario())
 
 
+def test_an_explorer_unmaps_the_files_of_a_trainer_that_stopped_when_it_applies(make_config):
+    """The trainer's files removed (it stopped): an explorer that goes on with store versions
+    no longer keeps them mapped (their memory stayed allocated until its next shared-memory
+    receive, which may never come) once it applies a version."""
+    cfg = make_config(synchronizer={"method": "auto", "style": "dynamic_by_trainer"})
+
+    async def scenario():
+        async with _trainer(cfg) as (model, publisher, _), _explorer(cfg, 0) as explorer:
+            first = await publisher.publish(0)
+            await _sync(explorer, 0)
+            receiver = explorer.follower.receivers.for_event(first)
+            assert isinstance(receiver, SharedReceiver) and len(receiver._maps._maps) == 1
+            _step(model, 0.01)
+            await publisher.publish(1)
+            await publisher.drain()  # and its store copy
+            for name in _shm_files(cfg):
+                os.unlink(os.path.join(SHM_DIR, name))  # as a stopping trainer does
+            await _sync(explorer, 1)
+            assert _holds(explorer, model)
+            assert receiver._maps._maps == {}
+
+    asyncio.run(scenario())
+
+
 def test_a_corrupted_or_rewritten_file_is_rejected_and_the_store_copy_taken(make_config):
     cfg = make_config(synchronizer={"method": "auto", "style": "dynamic_by_trainer"})
 

@@ -95,10 +95,30 @@ def test_a_version_of_another_size_is_a_new_file_and_an_old_event_is_refused(tmp
             receiver.receive(events[0], big)
         got = receiver.receive(events[2], small)
         assert torch.equal(got["w"], small["w"])
+        assert list(receiver._maps._maps) == [sender.paths["0"]]  # the new file's
+        receiver.release_unused()  # still there: kept
+        assert list(receiver._maps._maps) == [sender.paths["0"]]
     finally:
         receiver.close()
         sender.close()
     assert not os.path.exists(sender.paths["0"])
+
+
+def test_the_mappings_of_files_the_trainer_removed_are_released_without_a_receive(tmp_path):
+    """After the trainer removed its files (it stopped), the explorer's mappings of them go
+    when it asks (an apply of any version), not at its next shared-memory receive only."""
+    sender, receiver, events, send = _pair(tmp_path)
+    tensors = {"w": torch.randn(32, 32)}
+    try:
+        send(0, tensors)
+        receiver.receive(events[0], tensors)
+        assert list(receiver._maps._maps) == [sender.paths["0"]]
+        sender.close()  # removes its files
+        receiver.release_unused()
+        assert receiver._maps._maps == {}
+    finally:
+        receiver.close()
+        sender.close()
 
 
 def test_a_file_that_is_not_one_of_the_runs_version_files_is_never_mapped(tmp_path):
