@@ -870,9 +870,10 @@ class SynchronizerConfig(_Section, frozen=True):
     verifies there; at the sync point only the copy into the model is left. ``host``: host
     memory (pinned when the model is on a GPU); ``device``: the model's GPU when a version
     fits in its free memory (else pinned host memory, with a warning; on a CPU, host
-    memory); ``none``: no staging copy, a version is received at the sync point. Costs one
-    version of memory in ``model.dtype`` per explorer (two with LoRA while an adapter's
-    base is being fetched); ``streamrft plan`` counts it."""
+    memory); ``none``: no staging copy, a version is received at the sync point. A version
+    read from the trainer's GPU (``cuda_ipc``) is staged on the explorer's GPU wherever it
+    fits, with ``host`` too. Costs one version of memory in ``model.dtype`` per explorer
+    (two with LoRA while an adapter's base is being fetched); ``streamrft plan`` counts it."""
     load_versions: bool = True
     """False, for benchmarks only: an explorer waits for every version its schedule needs,
     as always, but loads none (it samples with the weights it started with and counts each

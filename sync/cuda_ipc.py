@@ -37,8 +37,11 @@ reader's copy: a copy of a slot that was rewritten, a wrong or stale mapping, a 
 Like shared memory's xxh3, it is not a defence against a hostile process on the host: one
 that can open the handle can write the slot too.
 
-Costs: two slots of a version's size on the trainer's GPU, and on each explorer one buffer of
-that size on its GPU (or, with ``synchronizer.staging: device``, the staging copy itself).
+Costs: two slots of a version's size on the trainer's GPU, and on each explorer one version of
+memory on its GPU: its staging copy, which a version read from a device takes there whenever
+it fits, whatever ``synchronizer.staging`` says but ``none`` (:mod:`.staging`), else a buffer
+of its own (then the version is copied into host staging memory, or, with ``none``, into the
+model at the sync point).
 """
 
 from __future__ import annotations
@@ -243,6 +246,13 @@ def copy_route(own: int, source: int, peer_access: bool) -> Route:
     if own == source:
         return "same"
     return "peer" if peer_access else "host"
+
+
+def copies_into(own: int | None, memory: torch.device) -> bool:
+    """Whether an explorer whose model is on GPU ``own`` (None: not on a GPU) copies a slot
+    straight into staging memory on ``memory``: only memory of that GPU (any other gets the
+    receiver's own copy on the GPU first, then a copy into it)."""
+    return own is not None and memory.type == "cuda" and memory.index in (None, own)
 
 
 def slot_order(newest: int | None) -> tuple[int, int]:
@@ -634,15 +644,16 @@ class CudaIpcReceiver(WeightReceiver):
     def receive_into(
         self, event: ModelVersionReady, like: Mapping[str, torch.Tensor], stage: Stage
     ) -> dict[str, torch.Tensor]:
-        """Into a staging copy on this explorer's GPU directly (no buffer of its own);
-        other staging memory: :meth:`receive`, then a copy into the stage."""
-        own = cuda_index(self.device)
-        memory = stage.memory.device
-        if own is None or memory.type != "cuda" or memory.index not in (None, own):
+        """Into the stage's memory for versions read from a device (on this explorer's GPU
+        whenever a version fits there, whatever ``synchronizer.staging`` says: see
+        :mod:`.staging`) directly, no buffer of its own; when that is host memory (the
+        version did not fit): :meth:`receive`, then a copy into the stage."""
+        memory = stage.from_device
+        if not copies_into(cuda_index(self.device), memory.device):
             return super().receive_into(event, like, stage)
-        ref, own, source, route = self._checked(event, like)
+        ref, _own, source, route = self._checked(event, like)
         flat = torch.empty(event.bytes, dtype=torch.uint8, device="meta")
-        buf = stage.like({_STAGE_NAME: flat})[_STAGE_NAME]
+        buf = stage.like({_STAGE_NAME: flat}, memory)[_STAGE_NAME]
         return self._copy_verified(event, ref, like, buf, source, route)
 
     def _checked(

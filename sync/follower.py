@@ -62,9 +62,9 @@ from streamrft.schemas.events import ModelVersionReady, Rejection, RunState, Syn
 from streamrft.sync.delta import verify_state
 from streamrft.sync.payload import ModelWeights
 from streamrft.sync.stager import Staged, Stager, StagerHooks, to_its_end
-from streamrft.sync.staging import Stage, StagingArea, staging_memory
+from streamrft.sync.staging import Stage, StagingArea, from_device_kind, staging_memory
 from streamrft.sync.styles import ExplorerSync, Schedule, choose_version, explorer_sync
-from streamrft.sync.transport import COST, Receivers
+from streamrft.sync.transport import ACCEPTED, COST, Receivers
 from streamrft.sync.weights import largest_version, live_tensors, nbytes
 
 log = logging.getLogger(__name__)
@@ -217,10 +217,17 @@ class WeightFollower:
             return None
         device = model_device(self.weights.model)
         size = nbytes(live_tensors(self.weights.model))  # a version, and an adapter's base
-        memory = staging_memory(self.cfg.synchronizer.staging, device, size)
+        kind = self.cfg.synchronizer.staging
+        memory = staging_memory(kind, device, size)
         if memory is None:
             return None
+        from_device = memory  # versions read from a device (cuda_ipc): on it where they fit
+        if kind != "device" and "cuda_ipc" in ACCEPTED.get(self.cfg.synchronizer.method, ()):
+            what = f"{kind}, for a version read from a device"
+            from_device = staging_memory(from_device_kind(kind), device, size, what) or memory
         log.info("%s: versions are staged in %s", self.name, memory.describe())
+        if from_device != memory:
+            log.info("%s: versions read from a device in %s", self.name, from_device.describe())
         hooks = StagerHooks(
             wanted=self._to_stage,
             receive=self._received,
@@ -228,7 +235,7 @@ class WeightFollower:
             failed=self._staging_failed,
             held=lambda: self.version,
         )
-        area = StagingArea(memory)
+        area = StagingArea(memory, from_device)
         return Stager(area, hooks, self.view, self.stop, self.counters, self.name)
 
     def start_staging(self) -> None:

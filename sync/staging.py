@@ -10,6 +10,12 @@ yet applied (``synchronizer.staging``).
 - ``none``: no staging copy: a version is received at the sync point, into the receiver's
   own buffers, and applied from there.
 
+A version read from a device (``cuda_ipc``: a slot on the trainer's GPU) is staged on the
+model's device whenever it fits there, whatever ``host`` or ``device`` says (:func:`choose_memory`
+of ``device``, :attr:`StagingArea.from_device`): through host memory it would cross the bus
+twice, and the apply at the sync point would be a host-to-device copy instead of a copy
+within the GPU; when it does not fit, pinned host memory, as ``device`` staging falls back.
+
 **Ownership.** A :class:`Stage` is the memory of one version from its receive to its apply.
 What it hands out (:meth:`Stage.host_bytes`, :meth:`Stage.like`, :meth:`Stage.adopt`) is its
 own and nobody else writes it until :meth:`Stage.release`; the :class:`StagingArea` then
@@ -68,28 +74,51 @@ class StageMemory:
         return "pinned host memory" if self.pinned else "host memory"
 
 
-def staging_memory(
-    kind: StagingKind, device: torch.device, version_bytes: int
+def choose_memory(
+    kind: StagingKind, device: torch.device, version_bytes: int, free_bytes: int | None
 ) -> StageMemory | None:
     """The memory of ``synchronizer.staging: kind`` for a model on ``device`` whose staged
-    versions take ``version_bytes`` (None: no staging copy)."""
+    versions take ``version_bytes``, its device having ``free_bytes`` free (None: no
+    staging copy). Arithmetic only: :func:`staging_memory` asks the device."""
     if kind == "none":
         return None
     if device.type != "cuda":  # a CPU model: host memory, whatever was asked
         return StageMemory(torch.device("cpu"))
-    if kind == "device":
+    if (
+        kind == "device"
+        and free_bytes is not None
+        and version_bytes + DEVICE_HEADROOM <= free_bytes
+    ):
+        return StageMemory(device)
+    return StageMemory(torch.device("cpu"), pinned=True)
+
+
+def from_device_kind(kind: StagingKind) -> StagingKind:
+    """The staging of a version read from a device (``cuda_ipc``): ``device`` (where it
+    fits: :func:`choose_memory`) unless there is no staging copy at all."""
+    return "none" if kind == "none" else "device"
+
+
+def staging_memory(
+    kind: StagingKind, device: torch.device, version_bytes: int, what: str = ""
+) -> StageMemory | None:
+    """:func:`choose_memory` with the device's free memory now; a warning when ``device``
+    staging (or ``what`` asked it) falls back to pinned host memory."""
+    free = None
+    if kind == "device" and device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        if version_bytes + DEVICE_HEADROOM <= free:
-            return StageMemory(device)
+    memory = choose_memory(kind, device, version_bytes, free)
+    if kind == "device" and device.type == "cuda" and memory is not None and memory.pinned:
         log.warning(
-            "synchronizer.staging: device: a staged version takes %.2f GiB and %s has %.2f "
+            "synchronizer.staging: %s: a staged version takes %.2f GiB and %s has %.2f "
             "GiB free (keeping %.1f GiB for the rest); staging in pinned host memory instead",
+            what or "device",
             version_bytes / 2**30,
             device,
-            free / 2**30,
+            (free or 0) / 2**30,
             DEVICE_HEADROOM / 2**30,
         )
-    return StageMemory(torch.device("cpu"), pinned=True)
+    return memory
 
 
 def out_of_memory(exc: BaseException) -> bool:
@@ -132,8 +161,10 @@ class StagingArea:
     """The staging memory of one explorer: a slot for a version and one for its base, each
     lent to one :class:`Stage` at a time, their buffers reused from version to version."""
 
-    def __init__(self, memory: StageMemory) -> None:
+    def __init__(self, memory: StageMemory, from_device: StageMemory | None = None) -> None:
         self.memory = memory
+        self.from_device = from_device or memory
+        """Where a version read from a device (``cuda_ipc``) is staged (see the module)."""
         self._free = {slot: _Buffers() for slot in SLOTS}
         self._lent: set[str] = set()
 
@@ -161,6 +192,8 @@ class Stage:
         self.area = area
         self.slot = slot
         self.memory = area.memory
+        self.from_device = area.from_device
+        """The memory a receiver reading a version from a device asks :meth:`like` for."""
         self._buffers = buffers
         self._base: Stage | None = None
         self._released = False
@@ -183,15 +216,26 @@ class Stage:
             )
         return raw
 
-    def like(self, like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Tensors of ``like``'s names, shapes and dtypes in the staging memory (contents
-        undefined), reusing this slot's tensors that match."""
+    def like(
+        self, like: Mapping[str, torch.Tensor], memory: StageMemory | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Tensors of ``like``'s names, shapes and dtypes in the staging memory (``memory``:
+        that one, e.g. :attr:`from_device`; contents undefined), reusing this slot's tensors
+        that match."""
+        memory = memory or self.memory
         named = self._buffers.named
         out = {}
         for name, ref in like.items():
             buf = named.get(name)
-            if buf is None or buf.shape != ref.shape or buf.dtype != ref.dtype:
-                buf = named[name] = self._empty(ref)
+            if (
+                buf is None
+                or buf.shape != ref.shape
+                or buf.dtype != ref.dtype
+                or not memory.holds(buf)
+            ):
+                named.pop(name, None)
+                buf = None  # the old one is freed before the new one is made
+                buf = named[name] = self._empty(ref, memory)
             out[name] = buf
             self._used.add(name)
         return out
@@ -236,11 +280,11 @@ class Stage:
         self.area._give_back(self.slot, kept)
         self._buffers = _Buffers()
 
-    def _empty(self, ref: torch.Tensor) -> torch.Tensor:
-        if self.memory.device.type == "cpu":
-            place: dict = {"pin_memory": self.memory.pinned}
+    def _empty(self, ref: torch.Tensor, memory: StageMemory) -> torch.Tensor:
+        if memory.device.type == "cpu":
+            place: dict = {"pin_memory": memory.pinned}
         else:
-            place = {"device": self.memory.device}
+            place = {"device": memory.device}
         return allocated(
             lambda: torch.empty(ref.shape, dtype=ref.dtype, **place),
             ref.numel() * ref.element_size(),

@@ -25,6 +25,7 @@ from streamrft.sync.cuda_ipc import (
     CudaIpcSender,
     IpcHandle,
     SlotRef,
+    copies_into,
     copy_route,
     copy_verified,
     device_digest,
@@ -185,6 +186,11 @@ def test_a_slot_reaches_a_gpu_by_uuid_then_by_the_cheapest_copy():
     assert local_index(GPU.replace("-", ""), visible) == 0
     assert local_index("0" * 31 + "1", visible) == 1
     assert local_index("f" * 32, visible) is None  # a process shown only its own GPU
+    # a slot goes straight into staging memory on the explorer's own GPU only
+    assert copies_into(0, torch.device("cuda", 0)) and copies_into(0, torch.device("cuda"))
+    assert not copies_into(1, torch.device("cuda", 0))
+    assert not copies_into(None, torch.device("cuda", 0))  # a model on a CPU
+    assert not copies_into(0, torch.device("cpu"))  # host staging: the version did not fit
     assert copy_route(0, 0, peer_access=False) == "same"
     assert copy_route(1, 0, peer_access=True) == "peer"
     assert copy_route(1, 0, peer_access=False) == "host"

@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from streamrft.schemas.errors import OutOfMemory
-from streamrft.sync.staging import StageMemory, StagingArea, out_of_memory, staging_memory
+from streamrft.sync.staging import (
+    DEVICE_HEADROOM,
+    StageMemory,
+    StagingArea,
+    choose_memory,
+    from_device_kind,
+    out_of_memory,
+    staging_memory,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -20,6 +28,42 @@ def test_on_a_cpu_host_and_device_staging_are_host_memory_and_none_is_none():
     assert staging_memory("device", CPU, 1 << 40) == StageMemory(CPU)
     assert staging_memory("none", CPU, 1) is None
     assert not StageMemory(CPU).pinned
+
+
+def test_a_version_read_from_a_device_is_staged_on_the_gpu_where_it_fits_whatever_staging_says():
+    """The choice on a GPU box, by the free memory given (the GPU is not here): ``device``
+    staging, and a version read from a device (``cuda_ipc``) with ``host`` staging too, on
+    the model's GPU when a version fits with the headroom left, else pinned host memory;
+    ``host`` otherwise pinned host memory; ``none`` nothing."""
+    gpu, version = torch.device("cuda", 1), 10 << 20
+    fits, short = version + DEVICE_HEADROOM, version + DEVICE_HEADROOM - 1
+    pinned = StageMemory(CPU, pinned=True)
+    assert choose_memory("device", gpu, version, fits) == StageMemory(gpu)
+    assert choose_memory("device", gpu, version, short) == pinned
+    assert choose_memory("host", gpu, version, fits) == pinned
+    assert choose_memory("none", gpu, version, fits) is None
+    for kind in ("host", "device"):  # a version on a device stays on one: never over the bus
+        assert choose_memory(from_device_kind(kind), gpu, version, fits) == StageMemory(gpu)
+        assert choose_memory(from_device_kind(kind), gpu, version, short) == pinned
+    assert from_device_kind("none") == "none"  # received at the sync point, as it asks
+    assert choose_memory(from_device_kind("host"), CPU, version, None) == StageMemory(CPU)
+
+
+def test_a_stage_gives_tensors_in_the_memory_for_versions_read_from_a_device():
+    """``like(..., stage.from_device)``: the receiver of a device's version asks for that
+    memory (a "meta" device stands for the GPU here); a buffer of the same name in another
+    memory is replaced, never handed out."""
+    other = StageMemory(torch.device("meta"))
+    area = StagingArea(StageMemory(CPU), other)
+    stage = area.stage()
+    assert stage.memory == StageMemory(CPU) and stage.from_device == other
+    flat = {"image": torch.empty(64, dtype=torch.uint8)}
+    assert stage.like(flat, stage.from_device)["image"].device.type == "meta"
+    stage.release()
+    again = area.stage()
+    assert again.like(flat)["image"].device == CPU  # this slot's buffer was elsewhere
+    again.release()
+    assert StagingArea(StageMemory(CPU)).from_device == StageMemory(CPU)
 
 
 def _like() -> dict[str, torch.Tensor]:
