@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -124,11 +126,40 @@ class LocalRecord:
 @dataclass
 class _Record:
     seq: int
-    """Writes so far, over every trainer of the run: the newest copy has the most."""
+    """Writes so far, over every trainer of the run (each goes on from the copy it read)."""
+    step: int
+    """The writing trainer's steps trained (counting the batch of a ``done``)."""
+    checkpoint: int
+    """The step of the checkpoint the writing trainer resumed from (0: none)."""
     batch: list[str]
     """The batch in flight (empty between steps)."""
     crashes: dict[str, int]
     """Group id -> crashed batches it was in, not trained since."""
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Newer copies sort higher: a trainer that resumed from a newer checkpoint wrote
+        later (whatever its count of writes), then the count of writes."""
+        return self.checkpoint, self.seq
+
+    @classmethod
+    def decode(cls, data: bytes) -> _Record:
+        """Raises ValueError (also KeyError, TypeError, AttributeError) on a bad record."""
+        raw = json.loads(data)
+        return cls(
+            int(raw["seq"]),
+            int(raw.get("step", 0)),
+            int(raw.get("checkpoint", 0)),
+            [str(i) for i in raw["batch"]],
+            {str(k): int(v) for k, v in raw["crashes"].items()},
+        )
+
+
+BAD_RECORD = (ValueError, KeyError, TypeError, AttributeError)
+"""What decoding a damaged record raises."""
+READ_TRIES = 3
+"""Tries of reading the store's copy at start before the trainer goes on without it."""
+READ_RETRY_S = 2.0
 
 
 class Written(NamedTuple):
@@ -144,95 +175,224 @@ class InFlight:
     (durably) by every call; ``shared``: the copy other hosts read (the store), read at
     start: the caller writes it, each record :attr:`last` written, off the training loop
     (:class:`~.shared_copy.SharedCopy`: a store outage does not stop training; a trainer
-    on another host then misses what was counted meanwhile)."""
+    on another host then misses what was counted meanwhile).
+
+    Which copy a starting trainer goes on from: each record carries its count of writes
+    over the run, the trainer's step and the checkpoint that trainer resumed from. A copy
+    written before the checkpoint this trainer resumes from (its step lower: the run went
+    further since, elsewhere) is ignored, however many writes it counts; of the others
+    the newest wins (:attr:`_Record.order`). A store copy that cannot be read at start
+    (after :data:`READ_TRIES`) is said, and never written over until it is read
+    (:meth:`catch_up`, before the first write of the store's copy): then, if it is the
+    newer, its counts are merged in (per group the larger, but for groups trained here
+    since) and its batch in flight counted."""
 
     def __init__(self, local: Path, max_crashes: int, shared: RecordPlace | None = None) -> None:
-        self.places: list[RecordPlace] = [LocalRecord(local), *([shared] if shared else [])]
+        self.local = LocalRecord(local)
+        self.shared = shared
         self.max_crashes = max_crashes
         self.poisoned: set[str] = set()
         """Group ids to dead-letter as they are read again: in ``max_crashes`` crashed
-        batches."""
+        batches (grows in place when a late read of the store's copy adds some)."""
         self.crashes: dict[str, int] = {}
         """Group id -> crashed batches it was in (not trained since)."""
         self.last: Written | None = None
         """The newest record written (to this host's copy)."""
+        self.shared_unread = False
+        """The store's copy could not be read at start: it is not to be written over
+        before :meth:`catch_up` has read it."""
         self._seq = 0
+        self._step = 0
+        self._batch: list[str] = []
+        """The step and batch of the last write."""
+        self._checkpoint = 0
+        self._from: tuple[int, int] = (-1, -1)
+        """The order of the copy this trainer went on from (none: below any)."""
+        self._trained: set[str] = set()
+        """Groups trained here since start, while the store's copy is unread."""
+        self._lock = threading.Lock()
 
-    def recover(self) -> set[str]:
-        """At start: a batch found in flight counts a crash for each of its groups; the
-        ids counted ``max_crashes`` times (0: never) are returned (and kept in
-        :attr:`poisoned`)."""
-        found = self._read()
-        if found is None:
-            return set()
-        self._seq, self.crashes = found.seq, found.crashes
+    def recover(self, checkpoint: int = 0) -> set[str]:
+        """At start, resuming from the checkpoint of step ``checkpoint`` (0: none): a batch
+        found in flight counts a crash for each of its groups; the ids counted
+        ``max_crashes`` times (0: never) are returned (and kept in :attr:`poisoned`)."""
+        with self._lock:
+            self._checkpoint = checkpoint
+            copies = [(self.local.where, self._read(self.local))]
+            if self.shared is not None:
+                copies.append((self.shared.where, self._read_shared()))
+            self._seq = max((r.seq for _, r in copies if r is not None), default=0)
+            found = self._newest(copies)
+            if found is None:
+                return self.poisoned
+            self._from = found.order
+            self.crashes = found.crashes
+            self._count(found.batch, "the last trainer died training")
+            self._write([], checkpoint)  # the batch found is counted once, whatever follows
+            return self.poisoned
+
+    def begin(self, ids: list[str], step: int = 0) -> Written:
+        """Before a step (``step`` steps trained): its groups are in flight."""
+        with self._lock:
+            return self._write(list(ids), step)
+
+    def done(self, ids: list[str], step: int = 0) -> Written:
+        """After a step (trained, or its groups set aside; ``step`` steps trained now):
+        nothing in flight, and those groups' counts cleared."""
+        with self._lock:
+            for gid in ids:
+                self.crashes.pop(gid, None)
+            if self.shared_unread:
+                self._trained.update(ids)
+            return self._write([], step)
+
+    def catch_up(self) -> Written | None:
+        """Read the store's copy that could not be read at start (raises while it still
+        cannot be: StreamRFTError, OSError); if it is newer than the copy this trainer went
+        on from, merge it in and return the record written then. None: nothing to do."""
+        if not self.shared_unread or self.shared is None:
+            return None
+        data = self.shared.read()
+        with self._lock:
+            self.shared_unread = False
+            trained, self._trained = self._trained, set()
+            try:
+                found = _Record.decode(data) if data is not None else None
+            except BAD_RECORD as exc:
+                log.warning("trainer: bad poison record %s (%s): ignored", self.shared.where, exc)
+                found = None
+            if (
+                found is not None
+                and self._fresh(self.shared.where, found)
+                and found.order > self._from
+            ):
+                return self._merge(found, trained)
+            log.info(
+                "trainer: the poison record in %s is read now; this trainer's is the newer",
+                self.shared.where,
+            )
+            return None
+
+    def _merge(self, found: _Record, trained: set[str]) -> Written:
+        counted = dict(found.crashes)
         for gid in found.batch:
+            counted[gid] = counted.get(gid, 0) + 1
+        for gid, n in counted.items():
+            if gid not in trained:  # a group trained here since is cleared
+                self.crashes[gid] = max(self.crashes.get(gid, 0), n)
+        self._seq = max(self._seq, found.seq)
+        self._from = found.order
+        assert self.shared is not None
+        log.warning(
+            "trainer: the poison record in %s, read now, is newer than the one this trainer "
+            "started from: its counts are taken (%d group(s)%s)",
+            self.shared.where,
+            len(counted),
+            f", a crash for each of the {len(found.batch)} of its batch in flight"
+            if found.batch
+            else "",
+        )
+        self._note_poisoned()
+        return self._write(self._batch, self._step)
+
+    def _count(self, batch: list[str], who: str) -> None:
+        for gid in batch:
             self.crashes[gid] = self.crashes.get(gid, 0) + 1
-        if self.max_crashes:
-            self.poisoned = {g for g, n in self.crashes.items() if n >= self.max_crashes}
-        if found.batch:
-            worst = max(self.crashes[g] for g in found.batch)
+        if batch:
+            worst = max(self.crashes[g] for g in batch)
             log.warning(
-                "trainer: the last trainer died training a batch of %d groups; a crash "
-                "counted for each (the most for one group: %d of trainer.max_step_crashes %d)",
-                len(found.batch),
+                "trainer: %s a batch of %d groups; a crash counted for each (the most for "
+                "one group: %d of trainer.max_step_crashes %d)",
+                who,
+                len(batch),
                 worst,
                 self.max_crashes,
             )
-        if self.poisoned:
-            log.error(
-                "trainer: %d group(s) were in %d or more batches trainers died training; "
-                "they are set aside (dead-lettered) as they are read again: %s",
-                len(self.poisoned),
-                self.max_crashes,
-                ", ".join(sorted(self.poisoned)[:10]),
-            )
-        self._write([])  # the batch found is counted once, whatever happens next
-        return self.poisoned
+        self._note_poisoned()
 
-    def begin(self, ids: list[str]) -> Written:
-        """Before a step: its groups are in flight."""
-        return self._write(list(ids))
+    def _note_poisoned(self) -> None:
+        if not self.max_crashes:
+            return
+        new = {g for g, n in self.crashes.items() if n >= self.max_crashes} - self.poisoned
+        if not new:
+            return
+        self.poisoned |= new  # in place: the intake holds this set
+        log.error(
+            "trainer: %d group(s) were in %d or more batches trainers died training; "
+            "they are set aside (dead-lettered) as they are read again: %s",
+            len(new),
+            self.max_crashes,
+            ", ".join(sorted(new)[:10]),
+        )
 
-    def done(self, ids: list[str]) -> Written:
-        """After a step (trained, or its groups set aside): nothing in flight, and those
-        groups' counts cleared."""
-        for gid in ids:
-            self.crashes.pop(gid, None)
-        return self._write([])
-
-    def _write(self, batch: list[str]) -> Written:
+    def _write(self, batch: list[str], step: int) -> Written:
         while len(self.crashes) > MAX_RECORDED:
             del self.crashes[next(iter(self.crashes))]
-        self._seq += 1
-        data = json.dumps({"seq": self._seq, "batch": batch, "crashes": self.crashes}).encode()
-        self.places[0].write(data)
+        self._seq, self._step, self._batch = self._seq + 1, step, batch
+        record = {
+            "seq": self._seq,
+            "step": step,
+            "checkpoint": self._checkpoint,
+            "batch": batch,
+            "crashes": self.crashes,
+        }
+        data = json.dumps(record).encode()
+        self.local.write(data)
         self.last = Written(self._seq, data)
         return self.last
 
-    def _read(self) -> _Record | None:
-        """The newest readable copy (the most writes), None when there is none."""
-        found = []
-        for place in self.places:
+    def _read(self, place: RecordPlace) -> _Record | None:
+        """``place``'s copy; None when there is none or it is damaged (said)."""
+        try:
+            data = place.read()
+            return _Record.decode(data) if data is not None else None
+        except (StreamRFTError, OSError, *BAD_RECORD) as exc:
+            log.warning("trainer: unreadable poison record %s (%s): ignored", place.where, exc)
+            return None
+
+    def _read_shared(self) -> _Record | None:
+        """The store's copy, tried :data:`READ_TRIES` times; one that cannot be read is
+        said and marked :attr:`shared_unread` (a damaged one is ignored: written over)."""
+        assert self.shared is not None
+        for attempt in range(1, READ_TRIES + 1):
             try:
-                data = place.read()
-                if data is None:
+                data = self.shared.read()
+            except (StreamRFTError, OSError) as exc:
+                if attempt < READ_TRIES:
+                    time.sleep(READ_RETRY_S)
                     continue
-                raw = json.loads(data)
-                found.append(
-                    _Record(
-                        int(raw["seq"]),
-                        [str(i) for i in raw["batch"]],
-                        {str(k): int(v) for k, v in raw["crashes"].items()},
-                    )
+                log.error(
+                    "trainer: the poison record in %s cannot be read (%s, %d tries): the "
+                    "crashes counted there are unknown to this trainer until it can read it, "
+                    "and it is not written over before",
+                    self.shared.where,
+                    exc,
+                    READ_TRIES,
                 )
-            except (
-                StreamRFTError,
-                OSError,
-                ValueError,
-                KeyError,
-                TypeError,
-                AttributeError,
-            ) as exc:
-                log.warning("trainer: unreadable poison record %s (%s): ignored", place.where, exc)
-        return max(found, key=lambda r: r.seq, default=None)
+                self.shared_unread = True
+                return None
+            try:
+                return _Record.decode(data) if data is not None else None
+            except BAD_RECORD as exc:
+                log.warning("trainer: bad poison record %s (%s): ignored", self.shared.where, exc)
+                return None
+        return None
+
+    def _fresh(self, where: str, record: _Record) -> bool:
+        """Whether ``record`` is not older than the checkpoint resumed from (said if not)."""
+        if record.step >= self._checkpoint:
+            return True
+        log.warning(
+            "trainer: the poison record in %s was written at step %d, before the checkpoint "
+            "of step %d this trainer resumes from: ignored (the run went on since)",
+            where,
+            record.step,
+            self._checkpoint,
+        )
+        return False
+
+    def _newest(self, copies: list[tuple[str, _Record | None]]) -> _Record | None:
+        """Of the copies read, the newest not older than the checkpoint resumed from;
+        ties go to the first (this host's)."""
+        fresh = [r for where, r in copies if r is not None and self._fresh(where, r)]
+        return max(fresh, key=lambda r: r.order, default=None)

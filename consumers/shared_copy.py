@@ -23,8 +23,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
-from streamrft.consumers.poison import RecordPlace
+from streamrft.consumers.poison import RecordPlace, Written
 from streamrft.infra.bus import Counters
 from streamrft.infra.daemon_call import on_daemon_thread
 from streamrft.schemas.errors import StreamRFTError
@@ -43,10 +44,20 @@ THREAD = "record-copy"
 class SharedCopy:
     """The store copy of the record ``name`` (for log lines and counters: ``<name>_store_failures``
     counts failed writes, ``<name>_late`` the waits in vain), kept in ``place``. Records are
-    numbered by their writer, newer ones higher."""
+    numbered by their writer, newer ones higher. ``before`` (on the daemon thread, before
+    the first write, until it returns without raising): what must be read of the store's
+    copy before it is written over (:meth:`~.poison.InFlight.catch_up`); a record it
+    returns is written instead of the one waiting."""
 
-    def __init__(self, place: RecordPlace, name: str, counters: Counters | None = None) -> None:
+    def __init__(
+        self,
+        place: RecordPlace,
+        name: str,
+        counters: Counters | None = None,
+        before: Callable[[], Written | None] | None = None,
+    ) -> None:
         self.place = place
+        self._before = before
         self.name = name
         self.counters = counters if counters is not None else Counters()
         self.stored_seq = -1
@@ -121,6 +132,12 @@ class SharedCopy:
             self._waiting = None
             started = time.monotonic()
             try:
+                if self._before is not None:
+                    first = await on_daemon_thread(self._before, name=THREAD)
+                    self._before = None
+                    if first is not None and first.seq > seq:
+                        seq, data = first
+                        self._submitted = max(self._submitted, seq)
                 await on_daemon_thread(self.place.write, data, name=THREAD)
             except (StreamRFTError, OSError) as exc:
                 self.counters.add(f"{self.name}_store_failures")

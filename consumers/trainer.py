@@ -236,7 +236,10 @@ class Trainer:
             self.inflight = InFlight(
                 self.cfg.run_dir / "checkpoints" / RECORD, self.tcfg.max_step_crashes, stored
             )
-            self.shared_record = SharedCopy(stored, "poison_record", self.counters)
+            # never written over before it could be read (InFlight.catch_up)
+            self.shared_record = SharedCopy(
+                stored, "poison_record", self.counters, before=self.inflight.catch_up
+            )
             stack.callback(self.shared_record.close)
         ckpt = self.engine.latest() if self.tcfg.resume else None
         if ckpt is None and self.tcfg.warmup_sft_steps:
@@ -258,8 +261,11 @@ class Trainer:
         await self.publisher.submit(self.step)  # sent while the first evaluation runs
         await self.evaluate()
         stack.push_async_callback(self.intake.stop)
-        # on a daemon thread: the store's copy is read too
-        self.intake.poisoned = await on_daemon_thread(self.inflight.recover, name="poison-record")
+        # on a daemon thread: the store's copy is read too; copies from before the
+        # checkpoint resumed from (self.step) are ignored
+        self.intake.poisoned = await on_daemon_thread(
+            self.inflight.recover, self.step, name="poison-record"
+        )
         await self._share_record(self.inflight.last, wait=True)  # the crash counted once
         await self.intake.start(state.resume_offsets() if state else {})
         self.resumed = True
@@ -305,9 +311,11 @@ class Trainer:
         (None: the step failed and its groups were set aside)."""
         t0 = time.perf_counter()
         ids = [g.id for g in groups]
-        await self._share_record(await asyncio.to_thread(self.inflight.begin, ids), wait=True)
+        begun = await asyncio.to_thread(self.inflight.begin, ids, self.step)
+        await self._share_record(begun, wait=True)
         values = await self._step(groups)
-        done = await asyncio.to_thread(self.inflight.done, ids)  # trained, or set aside
+        trained = self.step + (values is not None)  # the step counted below
+        done = await asyncio.to_thread(self.inflight.done, ids, trained)  # or set aside
         await self._share_record(done, wait=False)
         if values is None:
             return None

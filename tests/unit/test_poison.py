@@ -153,8 +153,104 @@ def test_a_shared_copy_that_cannot_be_written_does_not_stop_training(tmp_path, c
     assert counters["poison_record_late"] == 2
     assert counters["poison_record_store_failures"] >= 1
     assert json.loads((tmp_path / "poison.json").read_text()) == {
-        "seq": 4, "batch": [], "crashes": {}
+        "seq": 4, "step": 0, "checkpoint": 0, "batch": [], "crashes": {}
     }  # fmt: skip
+
+
+def test_a_copy_from_before_the_checkpoint_resumed_from_never_wins(tmp_path, caplog):
+    """Host A trained on while the store was down (its record on its own disk only; it set
+    batches aside too), then died training [X, a] at step 5. The run went on on host B
+    from the store's checkpoint of step 1 (the last one uploaded): B trained X and a, and
+    more, up to a checkpoint at step 7. A trainer back on host A resumes from that
+    checkpoint: A's record counts more writes than the store's, yet it was written before
+    that checkpoint, so it is ignored: X and a, trained on B since, count no crash."""
+    from streamrft.consumers.poison import LocalRecord
+
+    store = LocalRecord(tmp_path / "store" / "poison.json")  # what the store holds
+    on_a, on_b = tmp_path / "a" / "poison.json", tmp_path / "b" / "poison.json"
+    a = InFlight(on_a, 2, store)
+    assert a.recover(0) == set()
+    for written in (a.begin(["g0"], 0), a.done(["g0"], 1)):  # the store takes them
+        store.write(written.data)
+    for step in range(1, 5):  # the store is down: on A's disk only
+        a.begin([f"g{step}"], step)
+        a.done([f"g{step}"], step + 1)
+        a.begin([f"bad{step}"], step + 1)
+        a.done([f"bad{step}"], step + 1)  # set aside: no step
+    a.begin(["X", "a"], 5)  # ... killed
+    b = InFlight(on_b, 2, store)
+    assert b.recover(1) == set() and b.crashes == {}  # the store's copy: nothing in flight
+    for step, ids in enumerate((["X", "a"], ["h1"], ["h2"], ["h3"], ["h4"], ["h5"]), start=1):
+        for written in (b.begin(ids, step), b.done(ids, step + 1)):
+            store.write(written.data)
+    on_disk, stored = json.loads(on_a.read_text()), json.loads(store.path.read_text())
+    assert on_disk["seq"] > stored["seq"] and on_disk["batch"] == ["X", "a"]  # more writes
+    back = InFlight(on_a, 2, store)
+    with caplog.at_level("WARNING"):
+        assert back.recover(7) == set()
+    assert back.crashes == {}
+    assert f"{on_a} was written at step 5, before the checkpoint of step 7" in caplog.text
+    assert "the last trainer died" not in caplog.text
+    assert json.loads(on_a.read_text())["seq"] > on_disk["seq"]  # the count goes on from it
+    # alone, as old as that: ignored too (the run went on from a checkpoint it cannot know)
+    store.path.unlink()
+    again = InFlight(tmp_path / "c" / "poison.json", 2, LocalRecord(tmp_path / "a-copy"))
+    (tmp_path / "a-copy").write_text(json.dumps(on_disk))
+    assert again.recover(6) == set() and again.crashes == {}
+
+
+def test_a_store_copy_unreadable_at_start_is_merged_once_read_never_written_over(
+    tmp_path, monkeypatch, caplog
+):
+    """Host A's trainers died twice training X (max 3). A trainer on host B starts while
+    the store's copy cannot be read (a symlink loop stands in its place): tried, said, and
+    never written over while B trains. Once it can be read, the next write merges it (X's
+    count and its batch in flight; the groups B trained since are cleared), so when B dies
+    training X the next trainer sets X aside: the third crash with it."""
+    import asyncio
+    import os
+
+    from streamrft.consumers import poison
+    from streamrft.consumers.poison import LocalRecord
+    from streamrft.consumers.shared_copy import SharedCopy
+    from tests.helpers.waits import until
+
+    monkeypatch.setattr(poison, "READ_RETRY_S", 0.0)
+    path = tmp_path / "store" / "poison.json"
+    store = LocalRecord(path)
+    on_a = tmp_path / "a" / "poison.json"
+    _killed(on_a, 3, ["X", "a"], store)
+    _killed(on_a, 3, ["X", "b"], store)
+    held = path.read_bytes()  # X counted once, in flight again
+    path.unlink()
+    os.symlink(path.name, path)  # reading it fails (too many levels of symbolic links)
+    b = InFlight(tmp_path / "b" / "poison.json", 3, store)
+
+    async def go():
+        copy = SharedCopy(store, "poison_record", before=b.catch_up)
+        assert b.recover(0) == set() and b.shared_unread
+        for ids in (["a"], ["c"]):  # trained on B
+            written = b.begin(ids)
+            copy.submit(*written)
+            assert not await copy.stored(written.seq)
+            copy.submit(*b.done(ids))
+        assert path.is_symlink()  # not written over
+        path.unlink()
+        path.write_bytes(held)  # readable again
+        killer = b.begin(["X", "d"])
+        copy.submit(*killer)
+        await until(lambda: copy.stored_seq >= killer.seq, 30, "the merged record stored")
+        copy.close()
+
+    with caplog.at_level("INFO"):
+        asyncio.run(go())
+    assert "cannot be read" in caplog.text and "not written over before" in caplog.text
+    assert "read now, is newer than the one this trainer started from" in caplog.text
+    merged = json.loads(path.read_text())
+    assert merged["crashes"] == {"X": 2, "b": 1}  # a, trained on B since: cleared
+    assert merged["batch"] == ["X", "d"] and merged["seq"] > json.loads(held)["seq"]
+    assert json.loads((tmp_path / "b" / "poison.json").read_text()) == merged
+    assert InFlight(tmp_path / "c" / "poison.json", 3, store).recover(0) == {"X"}
 
 
 # -- a step that fails in the process ------------------------------------------------------------
