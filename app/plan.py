@@ -32,6 +32,7 @@ from streamrft.infra.memory_plan import (
     explorer_estimate,
     llama_shape,
     lora_params,
+    receive_memory,
     staging_bytes,
     trainer_estimate,
     vllm_estimate,
@@ -53,6 +54,8 @@ COLUMNS = (
     "logits",
     "vllm_share",
     "staging",
+    "ipc_buffer",
+    "ipc_slots",
 )
 
 
@@ -211,12 +214,18 @@ def make_plan(
     device = role_device(cfg, "trainer")[0]
     processes = []
     trainer = trainer_estimate(shape, work, t.gradient_checkpointing)
+    slots_on = None  # the GPU of the trainer's device-path slots (None: no device path)
     for r in range(t.nproc):  # this host's ranks: node 0's (1 unless ranks > 1)
         name = f"trainer rank {r}" if ranks > 1 else "trainer"
         where = t.devices[r] if t.devices else _rank(device, r, ranks)
-        processes.append((name, where, trainer))
+        est = trainer
+        if r == 0 and device_path(cfg, where):  # two slots a version is read from
+            slots_on = physical_device(where)
+            slots = 2 * staging_bytes(shape, work, lora=False)
+            est = dataclasses.replace(trainer, parts={**trainer.parts, "ipc_slots": slots})
+        processes.append((name, where, est))
     for i in range(e.count):
-        processes += _sampler(cfg, "explorer", i, shape, work, device_bytes)
+        processes += _sampler(cfg, "explorer", i, shape, work, device_bytes, slots_on)
     ev = cfg.eval
     reading = dataclasses.replace(
         work,
@@ -224,7 +233,7 @@ def make_plan(
         response_tokens=ev.max_new_tokens or e.max_new_tokens,
     )
     for i in range(ev.count):
-        processes += _sampler(cfg, "evaluator", i, shape, reading, device_bytes)
+        processes += _sampler(cfg, "evaluator", i, shape, reading, device_bytes, slots_on)
     try:
         check_gpu_shares(cfg)
         refused = None
@@ -240,33 +249,57 @@ def _sampler(
     shape: ModelShape,
     work: Workload,
     device_bytes: int | None,
+    slots_on: str | None,
 ) -> list[tuple[str, str, Estimate]]:
     """The rows of explorer (or evaluator) ``index``: one, or one per GPU its vLLM engine
-    spans (``explorer.tensor_parallel_size``), each holding vLLM's share of that GPU."""
+    spans (``explorer.tensor_parallel_size``), each holding vLLM's share of that GPU.
+    ``slots_on``: the GPU of the trainer's device-path slots (None: none)."""
     name = f"{role}-{index}"
     device = role_device(cfg, role, index)[0]
-    if role_engine(cfg, role) != "vllm":
+    vllm = role_engine(cfg, role) == "vllm"
+    gpus = span(device, engine_gpus(cfg, role)) if vllm else [device]
+    # a process placed on GPUs is shown only those: it reads the slots where they are one
+    reads_slots = slots_on is not None and slots_on in {physical_device(g) for g in gpus}
+    if not vllm:
         est = explorer_estimate(shape, work, role)
-        return [(name, device, _staged(cfg, device, shape, work, est))]
+        return [(name, device, _receiving(cfg, device, vllm, reads_slots, shape, work, est))]
     share = vllm_estimate(cfg.explorer.gpu_memory_utilization, device_bytes, role)
-    gpus = span(device, engine_gpus(cfg, role))
     rows = [(f"{name} tp{r}" if len(gpus) > 1 else name, gpu, share) for r, gpu in enumerate(gpus)]
-    first, gpu, _ = rows[0]  # the staging copy is the process's, on its first GPU
-    rows[0] = (first, gpu, _staged(cfg, gpu, shape, work, share))
+    first, gpu, _ = rows[0]  # what it keeps to receive versions is the process's: first GPU
+    rows[0] = (first, gpu, _receiving(cfg, gpu, vllm, reads_slots, shape, work, share))
     return rows
 
 
-def _staged(cfg: Config, device: str, shape: ModelShape, work: Workload, est: Estimate) -> Estimate:
-    """``est`` with the staging copy (``synchronizer.staging``): on the device with
-    ``device`` on a GPU, and on a CPU, whose device is host memory; with ``host`` on a GPU,
-    pinned host memory beside it (not in the device's total)."""
-    kind = cfg.synchronizer.staging
-    if kind == "none":
-        return est
-    size = staging_bytes(shape, work, cfg.model.lora.enabled)
-    if kind == "device" or not device.startswith("cuda"):
-        return dataclasses.replace(est, parts={**est.parts, "staging": size})
-    return dataclasses.replace(est, host={**est.host, "staging": size})
+def device_path(cfg: Config, trainer: str) -> bool:
+    """Whether a trainer on ``trainer`` sends versions from its GPU too (``cuda_ipc``):
+    ``auto`` or the method itself, full weights (``sync.cuda_ipc.uses_device_path``)."""
+    from streamrft.sync.cuda_ipc import uses_device_path
+
+    lora, gpu = cfg.model.lora.enabled, physical_device(trainer)  # "auto" too
+    return cfg.synchronizer.method in ("auto", "cuda_ipc") and uses_device_path(gpu, lora, True)
+
+
+def _receiving(
+    cfg: Config,
+    device: str,
+    vllm: bool,
+    reads_slots: bool,
+    shape: ModelShape,
+    work: Workload,
+    est: Estimate,
+) -> Estimate:
+    """``est`` with what the process keeps to receive versions (``receive_memory``): on its
+    device, in its total; in host memory beside it, not."""
+    on_gpu = device.startswith("cuda")
+    parts, host = receive_memory(
+        staging_bytes(shape, work, cfg.model.lora.enabled),
+        cfg.synchronizer.staging,
+        on_gpu,
+        vllm,
+        on_gpu and reads_slots,
+        cfg.synchronizer.method in ("auto", "shared"),
+    )
+    return dataclasses.replace(est, parts={**est.parts, **parts}, host={**est.host, **host})
 
 
 def _rank(device: str, rank: int, ranks: int) -> str:
@@ -324,12 +357,15 @@ def render(plan: Plan) -> str:
             f"the trainer needs more than its trainer.gpu_memory_fraction "
             f"({plan.trainer_share:g} of the GPU): does NOT fit"
         )
-    pinned = [(n, est.host["staging"]) for n, _, est in plan.processes if "staging" in est.host]
-    if pinned:
-        each = ", ".join(f"{n} {_gib(b)}" for n, b in pinned)
+    beside = [(n, est.host) for n, _, est in plan.processes if est.host]
+    if beside:
+        each = "; ".join(
+            f"{n} " + ", ".join(f"{part} {_gib(b)}" for part, b in h.items()) for n, h in beside
+        )
+        total = sum(sum(h.values()) for _, h in beside)
         lines.append(
-            f"host memory beside the GPUs, pinned (synchronizer.staging: host): {each} GiB; "
-            f"{_gib(sum(b for _, b in pinned))} GiB in all"
+            f"host memory beside the GPUs (pinned but a vLLM engine's): {each} GiB; "
+            f"{_gib(total)} GiB in all"
         )
     lines.append(
         "figures in GiB; estimates without the CUDA context and allocator slack (add ~0.5 GiB "

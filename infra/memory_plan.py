@@ -21,14 +21,23 @@ width ``K`` (heads x head size); ``V`` vocabulary):
   ``2 L K b S (P + R)``; the last position's logits, ``8 S V``.
 - **explorer, vLLM**: the share ``explorer.gpu_memory_utilization`` of the device, which
   vLLM takes whole (weights and KV cache inside it).
-- **staging copy** of an explorer or evaluator (``synchronizer.staging``, a version received
-  before its apply): ``bN``, and with LoRA the adapter beside its base, ``bN + 4n``; on the
-  device with ``staging: device``, in host memory with ``host`` (pinned on a GPU box), and
-  nothing with ``none``.
+- **what an explorer or evaluator keeps to receive versions** (:func:`receive_memory`), each
+  a version, ``bN``, and with LoRA the adapter beside its base, ``bN + 4n``: its staging copy
+  (``synchronizer.staging``, a version received before its apply) on the device with
+  ``device``, in host memory with ``host`` (pinned on a GPU box), nothing with ``none``; a
+  version read from the trainer's GPU (``cuda_ipc``, the device path) is staged on the
+  device whatever ``staging`` says but ``none``, which keeps the receiver's own buffer on
+  the device instead; a shared-memory receive with ``device`` staging keeps a pinned host
+  buffer of its own. A vLLM engine's torch mirror, which versions are received into, is in
+  host memory, and so is its staging copy; its device path keeps the receiver's buffer on
+  the device.
+- **the trainer's device-path slots** (``synchronizer.method: auto`` or ``cuda_ipc``, the
+  trainer on a GPU, not LoRA): two versions, ``2bN``, on the GPU of its first rank.
 
 Not counted: the CUDA context and allocator slack (a few hundred MB a process), temporary
-buffers of individual kernels, the trainer's weight-sync copies (``2 b N`` on the trainer
-with the same-host transport). An estimate to choose sizes with, not a guarantee.
+buffers of individual kernels, the trainer's snapshots of a version and shared memory's
+two files (``2bN`` of host memory on the trainer's host). An estimate to choose sizes with,
+not a guarantee.
 """
 
 from __future__ import annotations
@@ -152,6 +161,39 @@ def staging_bytes(shape: ModelShape, work: Workload, lora: bool) -> int:
     """The staging copy of one explorer: a version in ``model.dtype``, and with LoRA an
     adapter (float32) beside its base."""
     return work.dtype_bytes * shape.params + (4 * work.trainable if lora else 0)
+
+
+def receive_memory(
+    version: int, staging: str, on_gpu: bool, vllm: bool, device_path: bool, shared: bool
+) -> tuple[dict[str, int], dict[str, int]]:
+    """What an explorer (or evaluator) keeps to receive versions of ``version`` bytes, as
+    (parts on its device, parts in host memory beside it): see the module. ``staging``:
+    ``synchronizer.staging``; ``on_gpu``: the process is on a GPU; ``vllm``: its engine is
+    vLLM; ``device_path``: versions come from the trainer's GPU (``cuda_ipc``); ``shared``:
+    versions may come through shared memory (``shared``, ``auto``)."""
+    staged = staging != "none"
+    if not on_gpu:  # host memory is the device's
+        return ({"staging": version} if staged else {}), {}
+    device: dict[str, int] = {}
+    host: dict[str, int] = {}
+    if vllm:  # the torch mirror versions are received into, and its staging, are host memory
+        host["mirror"] = version
+        if staged:
+            host["staging"] = version
+        if device_path:  # the receiver's copy of the trainer's slot, on the GPU
+            device["ipc_buffer"] = version
+        return device, host
+    if not staged:
+        if device_path:
+            device["ipc_buffer"] = version
+        return device, host
+    if staging == "device" or device_path:
+        device["staging"] = version
+    if staging == "device" and shared:  # the file is read into pinned host memory first
+        host["shm_buffer"] = version
+    elif staging == "host" and (shared or not device_path):  # the other versions (pinned)
+        host["staging"] = version
+    return device, host
 
 
 def vllm_estimate(utilization: float, device_bytes: int | None, role: str = "explorer") -> Estimate:

@@ -167,8 +167,8 @@ def test_processes_are_summed_on_the_devices_their_roles_name():
     )
     plan = make_plan(cfg, 16, 80 * GIB)
     assert [d for _, d, _ in plan.processes] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
-    trainer, explorer = plan.processes[0][2].total, plan.processes[1][2].total
-    assert plan.by_device() == {"cuda:0": trainer + explorer, "cuda:1": 2 * explorer}
+    trainer, e0, e1, e2 = (est.total for _, _, est in plan.processes)
+    assert plan.by_device() == {"cuda:0": trainer + e1, "cuda:1": e0 + e2}
 
 
 def test_cuda_and_cuda_0_are_one_gpu_and_the_trainer_cap_counts():
@@ -262,7 +262,8 @@ def test_the_staging_copy_is_on_the_device_or_in_host_memory_beside_it():
     }
 
     def explorer(staging: str, **more):
-        cfg = from_dict({**base, "synchronizer": {"staging": staging}, **more})
+        sync = {"staging": staging, "method": "object_store"}
+        cfg = from_dict({**base, "synchronizer": sync, **more})
         plan = make_plan(cfg, 16, 80 * GIB)
         return plan, plan.processes[1][2]
 
@@ -273,7 +274,9 @@ def test_the_staging_copy_is_on_the_device_or_in_host_memory_beside_it():
     plan, beside = explorer("host")
     assert beside.host == {"staging": version} and "staging" not in beside.parts
     assert on_gpu.total - beside.total == version
-    assert "pinned (synchronizer.staging: host): explorer-0" in render(plan)
+    assert "host memory beside the GPUs (pinned but a vLLM engine's): explorer-0 staging" in (
+        render(plan)
+    )
     assert as_json(plan)["processes"][1]["host"] == {"staging": version}
     _, none = explorer("none")
     assert none.total == beside.total and not none.host
@@ -283,3 +286,67 @@ def test_the_staging_copy_is_on_the_device_or_in_host_memory_beside_it():
     cpu = from_dict({"taskset": {"path": "x.jsonl"}})  # host memory is the device's
     row = make_plan(cpu, 16, GIB).processes[1][2]
     assert row.parts["staging"] == 4 * make_plan(cpu, 16, GIB).shape.params
+
+
+def _rows(sync: dict, **more) -> tuple[dict, int]:
+    """The plan's rows by name, of a bf16 run on GPUs with ``synchronizer: sync``: the
+    trainer on cuda:0, explorer 0 beside it, explorer 1 on cuda:1; and the version's bytes."""
+    cfg = {
+        "taskset": {"path": "x.jsonl"},
+        "model": {"device": "cuda", "dtype": "bfloat16"},
+        "explorer": {"count": 2, "devices": ["cuda:0", "cuda:1"]},
+        "trainer": {"device": "cuda:0", "gpu_memory_fraction": 0.3},
+        "synchronizer": sync,
+        **more,
+    }
+    plan = make_plan(from_dict(cfg), 16, 80 * GIB)
+    return {n: e for n, _, e in plan.processes}, 2 * plan.shape.params
+
+
+def test_the_device_path_counts_the_trainers_slots_and_stages_on_the_gpu_that_reads_them():
+    """``auto`` (or ``cuda_ipc``) from a trainer on a GPU, full weights: the trainer keeps
+    two versions on its GPU; the explorer on that GPU stages its versions there whatever
+    ``staging`` says (``host``: the shared-memory and store versions in pinned host memory
+    beside it), or, with ``none``, keeps the receiver's buffer there; the explorer on
+    another GPU (shown only its own) does not read the slots."""
+    rows, version = _rows({"method": "auto", "staging": "host"})
+    assert rows["trainer"].parts["ipc_slots"] == 2 * version
+    beside, other = rows["explorer-0"], rows["explorer-1"]
+    assert beside.parts["staging"] == version and beside.host == {"staging": version}
+    assert "staging" not in other.parts and other.host == {"staging": version}
+    rows, _ = _rows({"method": "cuda_ipc", "staging": "host"})  # no shared-memory versions
+    assert rows["explorer-0"].parts["staging"] == version and not rows["explorer-0"].host
+    rows, _ = _rows({"method": "auto", "staging": "none"})
+    assert rows["explorer-0"].parts["ipc_buffer"] == version and not rows["explorer-0"].host
+    assert "ipc_buffer" not in rows["explorer-1"].parts
+    lora = {"model": {"device": "cuda", "dtype": "bfloat16", "lora": {"enabled": True}}}
+    rows, _ = _rows({"method": "auto", "staging": "host"}, **lora)  # adapters: shared memory
+    assert "ipc_slots" not in rows["trainer"].parts and "staging" not in rows["explorer-0"].parts
+    rows, _ = _rows({"method": "object_store", "staging": "host"})
+    assert "ipc_slots" not in rows["trainer"].parts and "staging" not in rows["explorer-0"].parts
+
+
+def test_device_staging_of_shared_memory_versions_keeps_a_pinned_host_buffer_too():
+    """A shared-memory version is read into pinned host memory, then copied to the GPU:
+    with ``staging: device`` that buffer is kept beside the staging copy."""
+    rows, version = _rows({"method": "shared", "staging": "device"})
+    for name in ("explorer-0", "explorer-1"):
+        assert rows[name].parts["staging"] == version
+        assert rows[name].host == {"shm_buffer": version}
+    rows, _ = _rows({"method": "object_store", "staging": "device"})
+    assert not rows["explorer-1"].host
+
+
+def test_a_vllm_engines_mirror_and_staging_copy_are_host_memory():
+    """vLLM's engine keeps the torch model versions are received into on the CPU: that
+    mirror and its staging copy are host memory, not its GPU's; reading the trainer's slots
+    it keeps the receiver's buffer on its GPU."""
+    engines = {"count": 2, "devices": ["cuda:0", "cuda:1"], "gpu_memory_utilization": 0.3}
+    rows, version = _rows(
+        {"method": "auto", "staging": "device"}, explorer={**engines, "engine": "vllm"}
+    )
+    for name in ("explorer-0", "explorer-1"):
+        assert rows[name].host == {"mirror": version, "staging": version}
+        assert "staging" not in rows[name].parts
+    assert rows["explorer-0"].parts["ipc_buffer"] == version  # on the trainer's GPU
+    assert rows["explorer-1"].parts == {"vllm_share": int(0.3 * 80 * GIB)}
