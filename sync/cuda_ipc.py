@@ -23,7 +23,9 @@ sets ``CUDA_VISIBLE_DEVICES``) when the trainer is on another, cannot load it: `
 announces each version from shared memory and the store.
 
 Leases: each slot has a lease file in ``/dev/shm`` (``streamrft-<run>-<pid>-cuda<slot>``)
-holding the version the slot holds and its size. A reader holds a shared ``flock`` on it
+holding the version the slot holds, its size, and the slot's storage size and offset (an
+announcement naming others, a real handle with a forged size or offset, is refused before
+the slot is mapped). A reader holds a shared ``flock`` on it
 while it copies; the trainer takes it exclusively to rewrite the slot, so a slot is never
 rewritten while an explorer reads it (the kernel drops the lock of a process that dies). The
 trainer writes a version into the slot that no reader holds, the older first
@@ -83,8 +85,10 @@ LEASE_WAIT_S = 10.0
 LEASE_POLL_S = 0.002
 CLOSE_WAIT_S = 2.0
 """A closing trainer waits this long at most for readers before it frees its slots."""
-STAMP = struct.Struct("<qq")
-"""A lease file's contents: the version its slot holds (-1: none) and its bytes."""
+STAMP = struct.Struct("<qqqq")
+"""A lease file's contents: the version its slot holds (-1: none), its bytes, and the slot's
+storage size and offset as its IPC handle has them (an announcement's must be these)."""
+Stamp = tuple[int, int, int, int]
 MAX_HANDLE_BYTES = 1024
 """Longest handle, ref-counter name or event handle an event may carry (torch's are 64-128)."""
 DIGEST_BLOCK = 1 << 20
@@ -262,15 +266,23 @@ def slot_order(newest: int | None) -> tuple[int, int]:
     return older, 1 - older
 
 
-def stamp_mismatch(stamp: tuple[int, int], version: int, nbytes: int) -> str | None:
-    """Why a slot whose lease file says ``stamp`` does not hold ``version`` of ``nbytes``
-    (None: it does)."""
-    held, size = stamp
-    if held == version and size == nbytes:
-        return None
+def stamp_mismatch(
+    stamp: Stamp, version: int, nbytes: int, slot: tuple[int, int] | None = None
+) -> str | None:
+    """Why a slot whose lease file says ``stamp`` does not hold ``version`` of ``nbytes``,
+    or (``slot``: the announcement's storage size and offset) is not that storage (None: it
+    does, and is)."""
+    held, size, storage_bytes, storage_offset = stamp
     if held < 0:
         return "its slot holds no version (being written, or the trainer is gone)"
-    return f"its slot was rewritten with version {held} ({size} bytes)"
+    if held != version or size != nbytes:
+        return f"its slot was rewritten with version {held} ({size} bytes)"
+    if slot is not None and slot != (storage_bytes, storage_offset):
+        return (
+            f"the announcement's slot of {slot[0]} bytes at offset {slot[1]} is not the slot's "
+            f"({storage_bytes} bytes at {storage_offset}): refused before it is mapped"
+        )
+    return None
 
 
 def device_digest(buf: torch.Tensor, block: int = DIGEST_BLOCK, chunk: int = DIGEST_CHUNK) -> str:
@@ -304,16 +316,18 @@ def device_digest(buf: torch.Tensor, block: int = DIGEST_BLOCK, chunk: int = DIG
 
 
 # -- leases ---------------------------------------------------------------------------------
-def read_stamp(fd: int) -> tuple[int, int]:
+def read_stamp(fd: int) -> Stamp:
     raw = os.pread(fd, STAMP.size, 0)
     if len(raw) != STAMP.size:
-        return -1, 0
-    version, nbytes = STAMP.unpack(raw)
-    return int(version), int(nbytes)
+        return -1, 0, 0, 0
+    version, nbytes, storage_bytes, storage_offset = STAMP.unpack(raw)
+    return int(version), int(nbytes), int(storage_bytes), int(storage_offset)
 
 
-def write_stamp(fd: int, version: int, nbytes: int) -> None:
-    os.pwrite(fd, STAMP.pack(version, nbytes), 0)
+def write_stamp(
+    fd: int, version: int, nbytes: int, storage_bytes: int = 0, storage_offset: int = 0
+) -> None:
+    os.pwrite(fd, STAMP.pack(version, nbytes, storage_bytes, storage_offset), 0)
 
 
 def try_exclusive(fd: int) -> bool:
@@ -341,7 +355,7 @@ def take_slot(
 
 
 @contextlib.contextmanager
-def reading(path: str, what: str) -> Iterator[tuple[int, int]]:
+def reading(path: str, what: str) -> Iterator[Stamp]:
     """Hold a slot's lease for reading (shared: other readers may hold it too; the trainer
     cannot rewrite the slot meanwhile); yields its stamp. A slot being rewritten now, or a
     lease file gone (the trainer stopped), is an IntegrityError: that version is gone; so is
@@ -421,24 +435,28 @@ def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[o
 
 def copy_verified(
     event: ModelVersionReady,
-    src: torch.Tensor,
+    src: Callable[[], torch.Tensor],
     buf: torch.Tensor,
     lease: str,
     like: Mapping[str, torch.Tensor],
     copy: Callable[[torch.Tensor, torch.Tensor], None],
     stream: torch.cuda.Stream | None = None,
+    slot: tuple[int, int] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Version ``event`` from the slot ``src`` (its image's bytes) into ``buf`` under the
-    slot's ``lease`` (its stamp must say this version), by ``copy(dst, src)``; then its
-    digest checked, the image decoded (views of ``buf``) and fitted to ``like``. Any
-    mismatch is an IntegrityError and nothing is returned."""
+    """Version ``event`` from its slot into ``buf`` under the slot's ``lease`` (its stamp
+    must say this version, and, ``slot``: the announcement's storage size and offset, that
+    they are the slot's), by ``copy(dst, src())``: ``src()`` maps the slot (its image's
+    bytes) only then, so a forged size or offset with a real handle is never mapped nor
+    read. Then its digest is checked, the image decoded (views of ``buf``) and fitted to
+    ``like``. Any mismatch is an IntegrityError and nothing is returned."""
     what = f"version {event.version} on the trainer's GPU"
     with reading(lease, what) as stamp:
-        why = stamp_mismatch(stamp, event.version, event.bytes)
+        why = stamp_mismatch(stamp, event.version, event.bytes, slot)
         if why is not None:
             raise IntegrityError(f"{what}: {why}")
+        source = src()
         with _on(stream):
-            copy(buf, src[: event.bytes])
+            copy(buf, source[: event.bytes])
         if stream is not None:
             stream.synchronize()  # copied before the lease is given back
     with _on(stream):
@@ -515,7 +533,9 @@ class CudaIpcSender(WeightSender):
             head, ordered, nbytes = image_layout(tensors)
             buf = self._slot(slot, nbytes)
             digest = self._fill(buf, head, ordered)
-            write_stamp(fd, version, nbytes)
+            handle = self._handles[slot]
+            assert handle is not None
+            write_stamp(fd, version, nbytes, handle.storage_bytes, handle.storage_offset)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         self._newest = slot
@@ -591,8 +611,9 @@ class CudaIpcReceiver(WeightReceiver):
         self.folder = folder
         self.host = host_id(cfg)
         self.device = cfg.model.device
-        self._mapped: dict[str, tuple[bytes, torch.Tensor]] = {}
-        """Slots mapped, by lease file name: (handle, the slot as uint8); the newest two."""
+        self._mapped: dict[str, tuple[tuple[bytes, int, int], torch.Tensor]] = {}
+        """Slots mapped, by lease file name: ((handle, offset, size), the slot as uint8); the
+        newest two."""
         self._buffer: torch.Tensor | None = None
         self._bounce: torch.Tensor | None = None
         self._stream: torch.cuda.Stream | None = None
@@ -683,12 +704,19 @@ class CudaIpcReceiver(WeightReceiver):
         source: int,
         route: Route,
     ) -> dict[str, torch.Tensor]:
-        src = self._map(ref, source, f"version {event.version} on the trainer's GPU")
+        what = f"version {event.version} on the trainer's GPU"
         if self._stream is None:
             self._stream = torch.cuda.Stream(buf.device)
         lease = os.path.join(self.folder, ref.slot)
         return copy_verified(
-            event, src, buf, lease, like, lambda d, s: self._copy(d, s, route), self._stream
+            event,
+            lambda: self._map(ref, source, what),  # once the lease says the slot is this
+            buf,
+            lease,
+            like,
+            lambda d, s: self._copy(d, s, route),
+            self._stream,
+            (ref.ipc.storage_bytes, ref.ipc.storage_offset),
         )
 
     def _copy(self, dst: torch.Tensor, src: torch.Tensor, route: Route) -> None:
@@ -709,14 +737,19 @@ class CudaIpcReceiver(WeightReceiver):
             stream.synchronize()
 
     def _map(self, ref: SlotRef, source: int, what: str) -> torch.Tensor:
-        """The slot as a uint8 tensor in this process (mapped once per slot and handle; the
-        newest two kept: a restarted trainer's slots replace the old ones)."""
+        """The slot as a uint8 tensor in this process, mapped once per slot, handle, offset
+        and size (torch caches mappings by handle and offset: a new slot in the block of an
+        old one has the handle and may have the offset of the old one, which is dropped
+        first, so torch's cache cannot hand it back); the newest two kept (a restarted
+        trainer's slots replace the old ones)."""
+        ipc = ref.ipc
+        key = (ipc.handle, ipc.storage_offset, ipc.storage_bytes)
         held = self._mapped.get(ref.slot)
-        if held is not None and held[0] == ref.ipc.handle:
+        if held is not None and held[0] == key:
             return held[1]
+        self._mapped.pop(ref.slot, None)  # unmapped (torch's cache forgets it) before anew
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-        ipc = ref.ipc
         try:
             slot = rebuild_cuda_tensor(
                 torch.Tensor,
@@ -737,8 +770,9 @@ class CudaIpcReceiver(WeightReceiver):
             )
         except RuntimeError as exc:  # the driver refused the handle
             raise IntegrityError(f"{what}: its IPC handle does not map here: {exc}") from exc
-        self._mapped.pop(ref.slot, None)
-        self._mapped[ref.slot] = (ipc.handle, slot)
+        if slot.numel() != ipc.storage_bytes:  # an older mapping torch kept alive elsewhere
+            raise IntegrityError(f"{what}: mapped {slot.numel()} bytes, not {ipc.storage_bytes}")
+        self._mapped[ref.slot] = (key, slot)
         while len(self._mapped) > len(SLOT_NAMES):
             self._mapped.pop(next(iter(self._mapped)))
         return slot

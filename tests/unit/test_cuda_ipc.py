@@ -261,7 +261,7 @@ class _Slot:
 
     def copy(self, like=None) -> dict[str, torch.Tensor]:
         buf = torch.empty(self.event.bytes, dtype=torch.uint8)
-        return copy_verified(self.event, self.slot, buf, self.lease, like or {}, _copy)
+        return copy_verified(self.event, lambda: self.slot, buf, self.lease, like or {}, _copy)
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -314,6 +314,57 @@ def test_a_copy_is_refused_when_the_slot_moved_on_or_its_bytes_changed(slot):
         slot.copy()
 
 
+def test_a_forged_slot_size_or_offset_is_refused_before_the_slot_is_mapped(slot):
+    """The trainer writes its slot's storage size and offset (its IPC handle's) into the
+    lease: an announcement with a real handle but another size or offset (which would map
+    and read memory outside the slot) is refused under the lease, before it is mapped."""
+    size, offset = slot.slot.numel(), 4096
+    write_stamp(slot.fd, 3, slot.event.bytes, size, offset)
+    mapped: list[int] = []
+
+    def src() -> torch.Tensor:
+        mapped.append(1)
+        return slot.slot
+
+    def copy(claimed: tuple[int, int]) -> dict[str, torch.Tensor]:
+        buf = torch.empty(slot.event.bytes, dtype=torch.uint8)
+        return copy_verified(slot.event, src, buf, slot.lease, {}, _copy, slot=claimed)
+
+    for forged in ((size + (1 << 20), offset), (size, 0), (size, offset + 64)):
+        with pytest.raises(IntegrityError, match="not the slot's"):
+            copy(forged)
+    assert mapped == []  # never mapped
+    assert set(copy((size, offset))) == set(slot.state) and mapped == [1]
+
+
+def test_a_slot_is_mapped_once_per_handle_offset_and_size_the_old_one_dropped_first(
+    monkeypatch,
+):
+    """torch caches IPC mappings by (handle, offset) while they live: a new slot at the
+    handle of an old one (the trainer's allocator reused its block) is mapped anew, the old
+    mapping let go first (else torch's cache handed the old storage back)."""
+    from torch.multiprocessing import reductions
+
+    receiver = CudaIpcReceiver(_cfg())
+    calls: list[tuple[int, int]] = []
+
+    def rebuild(cls, shape, stride, offset, storage_cls, dtype, device, handle, size, off, *rest):
+        assert "streamrft-ipc-4242-cuda0" not in receiver._mapped  # the old one went first
+        calls.append((off, size))
+        return torch.zeros(size, dtype=torch.uint8)
+
+    monkeypatch.setattr(reductions, "rebuild_cuda_tensor", rebuild)
+    ref = _ref("h")
+    first = receiver._map(ref, 0, "v3")
+    assert receiver._map(ref, 0, "v3") is first and calls == [(4096, 2 << 20)]  # kept
+    moved = dataclasses.replace(HANDLE, storage_offset=8192)  # same handle, another offset
+    assert receiver._map(_ref("h", handle=moved), 0, "v4").numel() == 2 << 20
+    grown = dataclasses.replace(moved, storage_bytes=3 << 20)  # and another size
+    assert receiver._map(_ref("h", handle=grown), 0, "v5").numel() == 3 << 20
+    assert calls == [(4096, 2 << 20), (8192, 2 << 20), (8192, 3 << 20)]
+    assert list(receiver._mapped) == ["streamrft-ipc-4242-cuda0"]
+
+
 # -- slots and leases ------------------------------------------------------------------------
 def test_slots_alternate_and_a_writer_takes_the_one_no_reader_holds():
     assert slot_order(None) == (0, 1)
@@ -327,9 +378,12 @@ def test_slots_alternate_and_a_writer_takes_the_one_no_reader_holds():
     assert tries[:4] == [0, 1, 0, 1]  # tried again, in order, until the wait ran out
     freed = iter([False, False, True])
     assert take_slot((0,), lambda s: next(freed), wait_s=5, poll_s=0.001) == 0
-    assert stamp_mismatch((3, 10), 3, 10) is None
-    assert "rewritten with version 5" in (stamp_mismatch((5, 10), 3, 10) or "")
-    assert "rewritten" in (stamp_mismatch((3, 11), 3, 10) or "")
+    assert stamp_mismatch((3, 10, 64, 0), 3, 10) is None
+    assert "rewritten with version 5" in (stamp_mismatch((5, 10, 64, 0), 3, 10) or "")
+    assert "rewritten" in (stamp_mismatch((3, 11, 64, 0), 3, 10) or "")
+    assert stamp_mismatch((3, 10, 64, 512), 3, 10, slot=(64, 512)) is None
+    for forged in ((65, 512), (64, 0)):  # the slot's size and offset are the lease's
+        assert "not the slot's" in (stamp_mismatch((3, 10, 64, 512), 3, 10, forged) or "")
 
 
 READER = """
@@ -353,7 +407,7 @@ def test_a_reader_holds_its_slot_until_it_is_done_or_dies(tmp_path):
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     write_stamp(fd, 4, 99)
     with reading(str(path), "v4") as first, reading(str(path), "v4") as second:
-        assert first == second == (4, 99)  # readers share a slot
+        assert first == second == (4, 99, 0, 0)  # readers share a slot
         assert not try_exclusive(fd)  # the writer waits for both
     assert try_exclusive(fd)  # both done
     with pytest.raises(IntegrityError, match="being rewritten"), reading(str(path), "v4"):
@@ -391,7 +445,7 @@ def test_a_lease_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
             return held
 
     try:
-        assert stamp(real) == (4, 99)
+        assert stamp(real) == (4, 99, 0, 0)
         for path, why in ((fifo, "not a regular file"), (link, "cannot open")):
             error = outcome_within(
                 lambda path=path: stamp(path), 30, lambda path=path: open_fifo_writer(path)
