@@ -227,8 +227,8 @@ def test_hadolint_with_our_settings_flags_a_bad_dockerfile(tmp_path):
 
 def test_the_image_installs_the_pinned_cpu_torch_then_the_package():
     steps = dockerfile_instructions((ROOT / "Dockerfile").read_text())
-    make_pin = re.search(r"^TORCH \?= torch==(\S+)$", (ROOT / "Makefile").read_text(), re.M)
-    assert make_pin, "Makefile: TORCH ?= torch==X"
+    make_pin = re.search(r"^TORCH_DEFAULT := torch==(\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert make_pin, "Makefile: TORCH_DEFAULT := torch==X"
     assert arg_default(steps, "TORCH_VERSION") == make_pin[1]
     assert arg_default(steps, "TORCH_INDEX") == "https://download.pytorch.org/whl/cpu"
     assert steps[1] == ("FROM", "${BASE_IMAGE}"), "the base (a CUDA one) comes by build argument"

@@ -64,7 +64,8 @@ def sasl(**kafka) -> dict:
     [
         (
             {"kafka": {"security_protocol": "TLS"}},
-            r"^kafka\.security_protocol: Invalid enum value 'TLS'$",
+            r"^kafka\.security_protocol: Invalid enum value 'TLS'; expected one of PLAINTEXT, "
+            r"SASL_PLAINTEXT, SASL_SSL, SSL$",
         ),
         (
             {"kafka": sasl(sasl_mechanism=None, security_protocol="SASL_SSL")},
