@@ -92,13 +92,13 @@ def test_a_recipe_sized_model_takes_the_recipes_values(folders, tmp_path, capsys
     cfg = load_config(out)
     e, t = cfg.explorer, cfg.trainer
     assert not cfg.model.lora.enabled
-    assert reasons["model.lora"] == "all weights fit: the plan needs 42.5 of 80 GiB (53%)"
+    assert reasons["model.lora"] == "all weights fit: the plan needs 51.1 of 80 GiB (64%)"
     assert t.lr == 1e-6 and "examples/gsm8k/one_gpu_full.yaml" in reasons["trainer.lr"]
     assert (e.max_new_tokens, cfg.taskset.max_prompt_tokens) == (512, 512)
     assert (e.batch_size, e.repeat_times, t.batch_size, t.mini_batch_size) == (16, 8, 16, 8)
     assert (t.micro_batch_size, t.gradient_checkpointing) == (8, True)
     assert (cfg.model.device, cfg.model.dtype) == ("cuda", "bfloat16")
-    assert "cuda:0: 42.47 GiB of 80.00 GiB: fits" in printed  # the plan on the GPU given
+    assert "cuda:0: 51.09 GiB of 80.00 GiB: fits" in printed  # the plan on the GPU given
     # an adapter when asked, at the LoRA recipe's rate and rank
     out = tmp_path / "lora.yaml"
     code, reasons, printed = _init(
@@ -113,7 +113,7 @@ def test_a_recipe_sized_model_takes_the_recipes_values(folders, tmp_path, capsys
     code, reasons, printed = _init(capsys, out, qwen, data, "--gpus", "1", "--gpu-memory", "24GiB")
     assert code == 0 and load_config(out).model.lora.enabled
     assert reasons["model.lora"].startswith(
-        "all weights would need 42.5 of 24 GiB (177%, over 80%)"
+        "all weights would need 51.1 of 24 GiB (213%, over 80%)"
     )
 
 
