@@ -90,10 +90,10 @@ class TreeMeter:
                 mem = p.memory_full_info()
                 rss += mem.rss
                 pss += getattr(mem, "pss", mem.rss)
+                if p.pid not in self.role:  # first: a process may end between the calls
+                    self.role[p.pid] = role_of(p.cmdline())
                 times = p.cpu_times()
                 self.cpu[p.pid] = times.user + times.system
-                if p.pid not in self.role:
-                    self.role[p.pid] = role_of(p.cmdline())
         self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
         self.processes = max(self.processes, len(procs))
 
