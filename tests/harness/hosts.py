@@ -15,6 +15,7 @@ namespaces (their processes killed first) and the bridge.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -77,6 +78,17 @@ class Host:
             ["ip", "netns", "pids", self.netns], capture_output=True, text=True, check=False
         ).stdout
         return [int(p) for p in out.split()]
+
+    def freeze(self) -> int:
+        """SIGSTOP every process on this host, again until no new one appears (a supervisor
+        may be starting one); how many there were. :meth:`kill` ends them frozen."""
+        stopped: set[int] = set()
+        while fresh := [pid for pid in self.pids() if pid not in stopped]:
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            stopped.update(fresh)
+        return len(stopped)
 
     def kill(self) -> int:
         """SIGKILL every process on this host (a host lost at once); how many there were."""

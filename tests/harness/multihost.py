@@ -18,7 +18,10 @@ Every wait is for a state of the run, never for a time: the steps are read from 
 metrics topic, and the store behind host A refuses its checkpoints from step ``KILL_A_AT``
 on (``tests/harness/store_relay.py`` :class:`CheckpointGate`, lifted once A is lost), so the
 newest checkpoint in the store is one from before the step A is lost at, however fast A's
-trainer goes while the drill looks. The explorers, started by hand, wait for versions as
+trainer goes while the drill looks. The first checkpoint it refuses freezes host A (every
+process SIGSTOPped) before it is answered: the tiny model trains ten steps a second once
+the explorers are ahead, faster than the drill reads the metrics topic, so A is lost
+mid-run, a step or two past ``KILL_A_AT``, on a fast machine as on a busy one. The explorers, started by hand, wait for versions as
 long as a trainer takes to start again on a busy machine (``EXPLORER_SYNC_TIMEOUT_S``).
 
 The books are then read back from the run's topics (``tests/harness/drills.py``
@@ -185,7 +188,13 @@ class Drill:
         cfg = self._config(run_id)
         store_host, store_port = (self.services.s3_endpoint or "").rsplit(":", 1)
         self.gate = CheckpointGate(
-            (store_host, int(store_port)), run_id, first=KILL_A_AT, host=hosts.address
+            (store_host, int(store_port)),
+            run_id,
+            first=KILL_A_AT,
+            host=hosts.address,
+            on_first=lambda: tl.add(
+                f"host A frozen at its first checkpoint refused ({a.freeze()} processes)"
+            ),
         ).start()
         join = ["--run-id", run_id, "--bootstrap", self.services.bootstrap_servers]
         explore = ["explore", *join, "-o", f"synchronizer.sync_timeout={EXPLORER_SYNC_TIMEOUT_S}"]

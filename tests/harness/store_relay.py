@@ -18,7 +18,9 @@ head past :data:`HEAD_MAX`) is relayed unread from there on.
   (``sync/object_store.py``).
 - :class:`CheckpointGate` refuses every write into a checkpoint of the run
   (``<run>/checkpoints/step_N/``) from step ``first`` on, until released: the store's newest
-  checkpoint stays one from before ``first``, however far the trainer gets meanwhile.
+  checkpoint stays one from before ``first``, however far the trainer gets meanwhile. A
+  drill may act on the first such write before it is answered (``on_first``: freeze the
+  trainer's host there, whose steps take a tenth of a second).
 - :class:`VersionGate` holds every write into a weight version of the run from ``first`` on
   until released: no such version can be announced before, and none before it is retired.
 """
@@ -31,7 +33,7 @@ import re
 import socket
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from tests.harness.throttle import CHUNK, Relay
 
@@ -176,11 +178,20 @@ def _written_at(pattern: re.Pattern, method: str, path: str) -> int | None:
 
 
 class CheckpointGate(RequestRelay):
-    """Refuses writes into the run's checkpoints from step ``first`` on until released."""
+    """Refuses writes into the run's checkpoints from step ``first`` on until released;
+    ``on_first()`` runs once, when the first of them arrives, before it is answered."""
 
-    def __init__(self, target: tuple[str, int], run_id: str, first: int, host: str) -> None:
+    def __init__(
+        self,
+        target: tuple[str, int],
+        run_id: str,
+        first: int,
+        host: str,
+        on_first: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(target, run_id, host)
         self.first = first
+        self.on_first = on_first
         self.refused: set[int] = set()
         """The steps whose checkpoint writes were refused."""
 
@@ -188,6 +199,8 @@ class CheckpointGate(RequestRelay):
         step = _written_at(_CHECKPOINT, method, path)
         if self.released.is_set() or step is None or step < self.first:
             return Verdict.PASS
+        if not self.refused and self.on_first is not None:
+            self.on_first()
         self.refused.add(step)
         return Verdict.REFUSE
 
