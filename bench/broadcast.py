@@ -65,6 +65,7 @@ import torch.distributed as dist
 from weight_sync import (  # bench/, on the path as the script's folder
     make_tensors,
     say,
+    stop_child,
 )
 
 from streamrft.sync.collective import CollectiveReceiver, CollectiveSender
@@ -219,12 +220,7 @@ def run(mb: float, count: int, bucket_mb: float, repeats: int, seed: int) -> dic
     finally:
         if sender is not None:
             sender.close()
-        if proc.is_alive():
-            commands.put(("exit",))
-            proc.join(timeout=15)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=10)
+        stop_child(proc, commands, results)
         if dist.is_initialized():
             dist.destroy_process_group()
     raw = lib["raw"]

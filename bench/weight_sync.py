@@ -384,7 +384,7 @@ def cuda_ipc_path(tensors: dict[str, torch.Tensor], run_id: str) -> dict[str, An
             done.append({**got, "publish_s": publish_s})
     finally:
         sender.close()
-        _stop_child(proc, commands, results)
+        stop_child(proc, commands, results)
     flat = torch.cat([t.reshape(-1) for t in tensors.values()])
     dst = torch.empty_like(flat)
     dst.copy_(flat)  # warm
@@ -444,7 +444,7 @@ def _serve(commands: Any, results: Any, receive: Callable[..., dict[str, Any]], 
         results.put(out)
 
 
-def _stop_child(proc: Any, commands: Any, results: Any) -> None:
+def stop_child(proc: Any, commands: Any, results: Any) -> None:
     """Ask a receiver child to exit, kill it if it does not, close its queues."""
     if proc.is_alive():
         commands.put(("exit",))
@@ -507,7 +507,7 @@ def nccl_path(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     finally:
         if sender is not None:
             sender.close()
-        _stop_child(proc, commands, results)
+        stop_child(proc, commands, results)
     for version, res in ((1, first), (2, second)):
         if "error" in res:
             raise RuntimeError(f"nccl receiver, version {version}: {res['error']}")
