@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -447,3 +448,41 @@ def test_an_interpreter_gone_after_the_start_is_the_reward_services_error(tmp_pa
 def test_a_refused_import_names_the_module():
     code = "try:\n    import readline\nexcept PermissionError as e:\n    WHY = str(e)\n"
     assert _passes(code, "assert 'readline' in WHY")[0] == 1.0
+
+
+@pytest.mark.parametrize("time_limit_s", [2.5, 3.0])
+def test_the_cpu_time_backstop_is_a_second_past_the_wall_clock(time_limit_s):
+    """The program's CPU limit is whole seconds: the wall-clock limit and a second more."""
+    code = "import resource\nSOFT, HARD = resource.getrlimit(resource.RLIMIT_CPU)\n"
+    check = f"assert SOFT == HARD and {time_limit_s + 1} <= SOFT < {time_limit_s + 2}"
+    assert _passes(code, check, _reward("audit", time_limit_s=time_limit_s))[0] == 1.0
+
+
+def test_a_test_due_now_starts_no_program(tmp_path, monkeypatch):
+    """At or past the deadline the deadline's error comes before any start: with the
+    interpreter gone, a start would be refused with another error."""
+    python, _mark = _recording_python(tmp_path)
+    reward = _reward("audit", python=python)
+    os.chmod(python, 0o644)
+    with pytest.raises(RewardServiceError, match=r"took longer than reward\.timeout_s"):
+        reward.run_test(ADD, "assert add(1, 2) == 3", deadline=time.monotonic() - 1)
+    frozen = types.SimpleNamespace(monotonic=lambda: 1000.0)
+    monkeypatch.setattr(reward_sandbox, "time", frozen)
+    with pytest.raises(RewardServiceError, match=r"took longer than reward\.timeout_s"):
+        reward.run_test(ADD, "assert add(1, 2) == 3", deadline=1000.0)
+
+
+def test_an_interpreter_that_does_not_start_is_refused_with_what_it_said(tmp_path):
+    """The reason is the end of its error output (its last 300 characters), else its
+    status."""
+    python = tmp_path / "python3"
+    python.write_text(
+        "#!/bin/sh\nprintf 'x%.0s' $(seq 100) >&2\nprintf 'y%.0s' $(seq 300) >&2\nexit 3\n"
+    )
+    python.chmod(0o755)
+    with pytest.raises(ConfigError) as said:
+        _reward("audit", python=str(python))
+    assert f"({'y' * 300})" in str(said.value)
+    python.write_text("#!/bin/sh\nexit 3\n")
+    with pytest.raises(ConfigError, match=r"python3' does not start \(status 3\)"):
+        _reward("audit", python=str(python))
