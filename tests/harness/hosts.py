@@ -79,26 +79,25 @@ class Host:
         ).stdout
         return [int(p) for p in out.split()]
 
-    def freeze(self) -> int:
-        """SIGSTOP every process on this host, again until no new one appears (a supervisor
-        may be starting one); how many there were. :meth:`kill` ends them frozen."""
-        stopped: set[int] = set()
-        while fresh := [pid for pid in self.pids() if pid not in stopped]:
+    def _signal_all(self, sig: signal.Signals) -> int:
+        """Send ``sig`` to every process on this host, again until no new one appears (a
+        supervisor may be starting one); how many there were."""
+        sent: set[int] = set()
+        while fresh := [pid for pid in self.pids() if pid not in sent]:
             for pid in fresh:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGSTOP)
-            stopped.update(fresh)
-        return len(stopped)
+                    os.kill(pid, sig)
+            sent.update(fresh)
+        return len(sent)
+
+    def freeze(self) -> int:
+        """SIGSTOP every process on this host; how many there were. :meth:`kill` ends them
+        frozen."""
+        return self._signal_all(signal.SIGSTOP)
 
     def kill(self) -> int:
         """SIGKILL every process on this host (a host lost at once); how many there were."""
-        pids = self.pids()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return len(pids)
+        return self._signal_all(signal.SIGKILL)
 
 
 class SimulatedHosts:

@@ -21,8 +21,9 @@ newest checkpoint in the store is one from before the step A is lost at, however
 trainer goes while the drill looks. The first checkpoint it refuses freezes host A (every
 process SIGSTOPped) before it is answered: the tiny model trains ten steps a second once
 the explorers are ahead, faster than the drill reads the metrics topic, so A is lost
-mid-run, a step or two past ``KILL_A_AT``, on a fast machine as on a busy one. The explorers, started by hand, wait for versions as
-long as a trainer takes to start again on a busy machine (``EXPLORER_SYNC_TIMEOUT_S``).
+mid-run, a step or two past ``KILL_A_AT``, on a fast machine as on a busy one. The
+explorers, started by hand, wait for versions as long as a trainer takes to start again
+on a busy machine (``EXPLORER_SYNC_TIMEOUT_S``).
 
 The books are then read back from the run's topics (``tests/harness/drills.py``
 :func:`audit_run`): every fed task trained once, none lost; the greedy accuracy of the
