@@ -8,8 +8,9 @@ The values are the repository's recipes' where one fits: ``examples/gsm8k/*.yaml
 on a CPU). Between and beyond them the rules scale:
 
 - the learning rate by the model's size, full fine-tuning or an adapter (:func:`lr_range`);
-- the response length from the data's answers (:func:`response_choice`), the prompt
-  length from its prompts as the model's template renders them (:func:`prompt_choice`);
+- the response length from the data's answers and the model's own responses to its first
+  prompts (:func:`response_choice`), the prompt length from its prompts as the model's
+  template renders them (:func:`prompt_choice`);
 - batches, group size and schedule by the hardware (:func:`batch_choices`,
   :func:`schedule_choices`), the engine and devices by what is there (:func:`placement_choices`).
 """
@@ -46,6 +47,12 @@ answers are 28 tokens at most, ran 30, 62, 63, 80, 145, 158 tokens and two past 
 (2-core dev box, 2026-12-06)."""
 PROMPT_HEADROOM = 1.25
 """Over the longest prompt sampled, for the rows not sampled."""
+RESPONSE_SAMPLES = 8
+"""The model's own responses ``init`` samples by default (``--sample-responses``), one to
+each of the data's first prompts: few, as a CPU samples them one by one."""
+RESPONSE_HEADROOM = 1.25
+"""Over the model's own sampled responses (their 90th percentile: of 8, the longest), for
+the prompts not sampled."""
 WARMUP_RATIO = 0.033
 """The recipes' warm-up: 10 of 300 steps."""
 MIN_GROUP = 4
@@ -93,6 +100,31 @@ class DataFacts:
     @property
     def longest_prompt(self) -> int:
         return self.prompt_tokens[-1] if self.prompt_tokens else 0
+
+
+@dataclass(frozen=True)
+class OwnResponses:
+    """The model's own responses to the data's first prompts, sampled as the explorer
+    samples them (``app/sizing_facts.py``, :func:`~streamrft.app.sizing_facts.model_responses`)."""
+
+    lengths: tuple[int, ...]
+    """Each response in tokens, its EOS included (sorted); one cut at ``cap`` counts ``cap``."""
+    cut: int
+    """Responses that reached ``cap`` without an EOS."""
+    cap: int
+    """Tokens each response could run to."""
+    temperature: float
+    """The sampling temperature (the explorer's)."""
+
+    @property
+    def p90(self) -> int:
+        return percentile(self.lengths, 0.9)
+
+    @property
+    def rambles(self) -> bool:
+        """Whether the 90th percentile ran to the cap: how long the model would go on is not
+        known, only that the cap is too short."""
+        return self.cut > 0 and self.p90 >= self.cap
 
 
 @dataclass(frozen=True)
@@ -185,10 +217,14 @@ def recipe_fits(model: ModelFacts, hw: Hardware) -> bool:
     return hw.gpus > 0 and low * RECIPE_PARAMS <= model.params <= high * RECIPE_PARAMS
 
 
-def response_choice(data: DataFacts, recipe: bool, chat: bool) -> Choice:
+def response_choice(
+    data: DataFacts, recipe: bool, chat: bool, own: OwnResponses | None = None
+) -> Choice:
     """``explorer.max_new_tokens``: twice the data's answers (95th percentile), at least
-    :data:`CHAT_FLOOR` for a chat model (``chat``), else :data:`FLOOR`, to a power of two;
-    the recipes' 512 where that holds them."""
+    :data:`CHAT_FLOOR` for a chat model (``chat``), else :data:`FLOOR`, and
+    :data:`RESPONSE_HEADROOM` times the model's own responses (``own``: their 90th
+    percentile, within the cap they were sampled to; the cap itself where they ran to it),
+    to a power of two; the recipes' 512 where that holds them."""
     p95, longest = data.answer_p95, data.answer_tokens[-1] if data.answer_tokens else 0
     seen = (
         f"{data.sampled} answers sampled from {data.where}: 95% within {p95} tokens, the "
@@ -196,12 +232,34 @@ def response_choice(data: DataFacts, recipe: bool, chat: bool) -> Choice:
     )
     kind = "worked solutions" if data.worked else "bare answers"
     floor, who = (CHAT_FLOOR, "a chat model explains in prose") if chat else (FLOOR, "")
-    need = power_of_two(max(floor, WORKED_FACTOR * p95))
+    room: float = max(floor, WORKED_FACTOR * p95)
     why = f"{seen} ({kind}); room for {WORKED_FACTOR}x that, and at least {floor}"
     why += f" ({who})" if who else ""
-    if recipe and need <= 512:
+    rambles = False
+    if own is not None and own.lengths:
+        own_room, own_why = _own_room(own)
+        room, why, rambles = max(room, own_room), f"{why}; {own_why}", own.rambles
+    need = power_of_two(room)
+    if recipe and need <= 512 and not rambles:
         return Choice("explorer.max_new_tokens", 512, f"the GSM8K recipes' 512 holds them ({why})")
     return Choice("explorer.max_new_tokens", need, f"{why}, to a power of two")
+
+
+def _own_room(own: OwnResponses) -> tuple[float, str]:
+    """The room the model's own responses ask for, and the reason's words for it."""
+    seen = (
+        f"{len(own.lengths)} responses of the model at temperature {own.temperature}: p90 "
+        f"{own.p90} tokens"
+    )
+    if own.p90 < own.lengths[-1]:
+        seen += f", the longest {own.lengths[-1]}"
+    seen += f", {own.cut} not ended by {own.cap}" if own.cut else ", all ended"
+    if own.rambles:
+        return own.cap, f"{seen}: the model runs on to the cap, so it gets the cap"
+    room = RESPONSE_HEADROOM * own.p90
+    if room > own.cap:
+        return own.cap, f"{seen}; room for {RESPONSE_HEADROOM:g}x that, up to the cap"
+    return room, f"{seen}; room for {RESPONSE_HEADROOM:g}x that"
 
 
 def prompt_choice(data: DataFacts, recipe: bool, chat: bool) -> Choice:
@@ -263,10 +321,15 @@ def batch_choices(hw: Hardware, sequence: int) -> list[Choice]:
         rows.append(("trainer.micro_batch_size", 8, "sequences a forward/backward"))
     else:
         micro = max(1, min(8, CPU_MICRO_TOKENS // max(1, sequence)))
+        held = (
+            f"about {CPU_MICRO_TOKENS} tokens of {sequence}-token sequences"
+            if sequence <= CPU_MICRO_TOKENS
+            else f"one {sequence}-token sequence, more than the {CPU_MICRO_TOKENS} tokens "
+            "a micro-batch is meant to hold (a shorter explorer.max_new_tokens keeps it so)"
+        )
         why = (
-            f"sequences a forward/backward, about {CPU_MICRO_TOKENS} tokens of {sequence}-token "
-            f"sequences: the CPU example's 8 rows of about 120 peaked at ~4.4 GB, and 8 rows "
-            f"of 384 were killed for memory at 19.5 GB"
+            f"sequences a forward/backward, {held}: the CPU example's 8 rows of about 120 "
+            f"peaked at ~4.4 GB, and 8 rows of 384 were killed for memory at 19.5 GB"
         )
         rows.append(("trainer.micro_batch_size", micro, why))
     if gpu:

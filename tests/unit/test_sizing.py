@@ -13,7 +13,7 @@ import yaml
 
 from streamrft.app import sizing
 from streamrft.app.model_shapes import KNOWN_MODELS, shape_of_config
-from streamrft.app.sizing import Choice, DataFacts, Hardware, ModelFacts
+from streamrft.app.sizing import Choice, DataFacts, Hardware, ModelFacts, OwnResponses
 from streamrft.consumers.algorithms.advantages import ADVANTAGES, AdvantageInputs
 from streamrft.consumers.algorithms.spec import AlgorithmSpec
 from streamrft.infra.config import from_dict
@@ -118,6 +118,11 @@ def test_on_a_cpu_the_sizes_are_the_cpu_examples():
     # longer sequences: fewer rows a micro-batch, about as many tokens
     assert _values(sizing.batch_choices(CPU, 384))["trainer.micro_batch_size"] == 2
     assert _values(sizing.batch_choices(CPU, 4096))["trainer.micro_batch_size"] == 1
+    # a sequence longer than a micro-batch's tokens: one row, and the reason says so
+    (micro,) = [c for c in sizing.batch_choices(CPU, 2048 + 128) if "micro" in c.field]
+    assert micro.value == 1 and micro.reason.startswith(
+        "sequences a forward/backward, one 2176-token sequence, more than the 1024 tokens"
+    )
     assert _values(sizing.batch_choices(GPU, 4096))["trainer.micro_batch_size"] == 8  # planned
     placed = _values(sizing.placement_choices(CPU, True, 134_515_008))
     assert placed["model.lora"] == {"enabled": True, **cpu["model"]["lora"]}
@@ -155,6 +160,80 @@ def test_response_room_follows_the_answers():
     bare = _data([3] * 100, [30] * 100, worked=False)
     c = sizing.response_choice(bare, recipe=False, chat=False)
     assert c.value == sizing.FLOOR and "(bare answers)" in c.reason
+
+
+def _own(lengths: list[int], cap: int = 2048) -> OwnResponses:
+    return OwnResponses(tuple(sorted(lengths)), sum(n >= cap for n in lengths), cap, 1.0)
+
+
+WORKED = (
+    "100 answers sampled from d.parquet: 95% within 41 tokens, the longest 60 (worked "
+    "solutions); room for 2x that, and at least 128"
+)
+"""The data part of the reason for :func:`test_the_models_own_responses_widen_the_room`'s
+data, a plain model's."""
+
+
+def test_the_models_own_responses_widen_the_room():
+    worked = _data([20] * 90 + [41] * 9 + [60], [30] * 100)
+    # responses that end early: the data decides, and the reason says what was sampled
+    early = _own([12, 20, 25, 30, 31, 40, 44, 60])
+    c = sizing.response_choice(worked, recipe=False, chat=False, own=early)
+    assert early.p90 == 60 and c.value == 128  # 1.25 x 60 = 75 < the data's 128
+    assert c.reason == (
+        f"{WORKED}; 8 responses of the model at temperature 1.0: p90 60 tokens, all ended; "
+        "room for 1.25x that, to a power of two"
+    )
+    # longer working than the data's answers: the model's 402 x 1.25 = 502.5 -> 512, which
+    # the recipes' 512 holds; 450 x 1.25 = 562.5 does not fit it: 1024
+    chatty = _own([94, 110, 120, 132, 150, 200, 300, 402])
+    assert sizing.response_choice(worked, False, True, chatty).value == 512
+    c = sizing.response_choice(worked, True, True, chatty)
+    assert c.value == 512 and c.reason.startswith("the GSM8K recipes' 512 holds them (")
+    c = sizing.response_choice(worked, True, True, _own([94, 110, 120, 132, 150, 200, 300, 450]))
+    assert c.value == 1024 and "p90 450 tokens, all ended; room for 1.25x that" in c.reason
+    # of 20 one runs to the cap, its 90th percentile does not: room over the 90th
+    one_cut = _own([100] * 17 + [310, 320, 2048])
+    assert one_cut.p90 == 310 and not one_cut.rambles
+    c = sizing.response_choice(worked, False, True, one_cut)
+    assert c.value == 512 and "p90 310 tokens, the longest 2048, 1 not ended by 2048;" in c.reason
+    # near the cap: room up to the cap, never past what was sampled
+    c = sizing.response_choice(worked, False, False, _own([100] * 7 + [1900]))
+    assert c.value == 2048 and c.reason.endswith(
+        "room for 1.25x that, up to the cap, to a power of two"
+    )
+
+
+def test_a_model_that_runs_on_to_the_cap_gets_the_cap():
+    worked = _data([20] * 90 + [41] * 9 + [60], [30] * 100)
+    rambler = _own([62, 63, 80, 94, 132, 158, 2048, 2048])
+    assert rambler.cut == 2 and rambler.rambles
+    for recipe in (False, True):  # the recipes' 512 would not hold it: the cap, said so
+        c = sizing.response_choice(worked, recipe, chat=False, own=rambler)
+        assert c.value == 2048
+        assert c.reason == (
+            f"{WORKED}; 8 responses of the model at temperature 1.0: p90 2048 tokens, 2 not "
+            "ended by 2048: the model runs on to the cap, so it gets the cap, to a power of two"
+        )
+    # a cap the context set below 512: the recipes' 512 is not said to hold them
+    short = _own([300] * 8, cap=300)
+    c = sizing.response_choice(worked, recipe=True, chat=True, own=short)
+    assert c.value == 512 and "holds them" not in c.reason and "8 not ended by 300" in c.reason
+    # and the context cuts what is chosen, as it cuts the data's room
+    prompt = Choice("taskset.max_prompt_tokens", 32, "p")
+    tiny_cap = _own([43] * 8, cap=43)  # a context of 64 left 43 after the longest prompt
+    wanted = sizing.response_choice(worked, recipe=False, chat=True, own=tiny_cap)
+    assert wanted.value == sizing.CHAT_FLOOR  # the cap (43) is below the chat floor
+    cut = sizing.fit_context(prompt, wanted, 64)
+    assert cut.value == 32 and cut.reason.endswith(
+        "8 not ended by 43: the model runs on to the cap, so it gets the cap, to a power of "
+        "two; cut to the 32 the model's 64 positions leave after 32 of prompt"
+    )
+    # no responses sampled: the data alone, as without them
+    none = OwnResponses((), 0, 2048, 1.0)
+    assert sizing.response_choice(worked, False, False, none) == sizing.response_choice(
+        worked, False, False
+    )
 
 
 def test_prompt_room_and_the_context_bound():
