@@ -30,8 +30,8 @@ from typing import Any
 import msgspec
 import yaml
 
-from streamrft.app.sizing import Choice
-from streamrft.infra.config import Config, from_dict, resolve_paths
+from streamrft.app.sizing import RESPONSE_SAMPLES, Choice, ModelFacts, OwnResponses
+from streamrft.infra.config import Config, TasksetConfig, from_dict, resolve_paths
 from streamrft.infra.source_docs import field_docs
 from streamrft.schemas.errors import ConfigError
 
@@ -65,6 +65,9 @@ class Machine:
     """GPUs of the machine the config is for; None: those torch sees here."""
     gpu_memory: int | None = None
     """Bytes of one of its GPUs; None: what torch says here."""
+    sample_responses: int = RESPONSE_SAMPLES
+    """The model's own responses to the data's first prompts sampled to size
+    ``explorer.max_new_tokens`` by (``--sample-responses``); 0: from the data alone."""
 
 
 Ask = Callable[[str, str], str]
@@ -84,7 +87,6 @@ def ask_stdin(question: str, suggestion: str) -> str:
 
 def first_row(path: str, split: str) -> dict[str, Any]:
     """The first row of a task file, as the taskset reader reads it."""
-    from streamrft.infra.config import TasksetConfig
     from streamrft.infra.taskset import read_rows
 
     if not Path(path).exists():
@@ -307,7 +309,6 @@ def size(data: dict[str, Any], a: Answers, base: Path, machine: Machine) -> list
     (:mod:`app.sizing`); the user's own device answer is kept."""
     from streamrft.app import sizing
     from streamrft.app.sizing_facts import data_facts, hardware, load_tokenizer_of, model_facts
-    from streamrft.infra.config import TasksetConfig
 
     resolved = _resolved(data, base)
     folder = Path(resolved["model"]["path"])
@@ -323,7 +324,8 @@ def size(data: dict[str, Any], a: Answers, base: Path, machine: Machine) -> list
     hw = hardware(machine.gpus, machine.gpu_memory, a.device or "auto")
     recipe = sizing.recipe_fits(model, hw)
     prompt = sizing.prompt_choice(facts, recipe, model.chat_template)
-    wanted = sizing.response_choice(facts, recipe, model.chat_template)
+    own = _own_responses(folder, taskset, resolved, model, a.device or "auto", machine)
+    wanted = sizing.response_choice(facts, recipe, model.chat_template, own)
     response = sizing.fit_context(prompt, wanted, model.context)
     batches = sizing.batch_choices(hw, prompt.value + response.value)
     batch = next(c.value for c in batches if c.field == "trainer.batch_size")
@@ -352,6 +354,50 @@ def size(data: dict[str, Any], a: Answers, base: Path, machine: Machine) -> list
             for c in choices
         ]
     return _fit_micro_batch(data, choices, base, hw)
+
+
+def _own_responses(
+    folder: Path,
+    taskset: TasksetConfig,
+    resolved: dict[str, Any],
+    model: ModelFacts,
+    device: str,
+    machine: Machine,
+) -> OwnResponses | None:
+    """The model's own responses (``machine.sample_responses`` of them) at the explorer's
+    temperature, progress on stderr; None, said on stderr, where they are not sampled."""
+    from streamrft.app.sizing_facts import model_responses, why_not_sampled
+    from streamrft.infra.config import ExplorerConfig
+
+    count = machine.sample_responses
+    if not count:
+        return None
+    why = why_not_sampled(folder, model.params, device)
+    if why:
+        print(
+            f"init: the model's responses are not sampled ({why}): max_new_tokens from the "
+            "data alone",
+            file=sys.stderr,
+        )
+        return None
+    explorer = msgspec.convert(resolved.get("explorer", {}), ExplorerConfig)
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        line = f"init: sampling {total} responses of the model to size max_new_tokens"
+        start, end = ("\r", "\n" if done == total else "") if tty else ("", "\n")
+        print(f"{start}{line} ({done}/{total})", end=end, file=sys.stderr, flush=True)
+
+    return model_responses(
+        folder,
+        taskset,
+        taskset.path,
+        count=count,
+        temperature=explorer.temperature,
+        device=device,
+        context=model.context,
+        progress=progress,
+    )
 
 
 def _held_out(data: Path, base: Path) -> str | None:
@@ -440,6 +486,15 @@ def add_init_parser(sub: argparse._SubParsersAction) -> None:
         "--gpu-memory",
         help="a model folder: one GPU's memory on that machine, e.g. 80GiB (default: here)",
     )
+    sp.add_argument(
+        "--sample-responses",
+        type=int,
+        default=RESPONSE_SAMPLES,
+        metavar="N",
+        help="a model folder: sample the model's own responses to the data's first N "
+        "prompts (on a GPU here, else the CPU) and give explorer.max_new_tokens room for "
+        "them too (default %(default)s; 0: size it from the data's answers alone)",
+    )
     sp.set_defaults(func=cmd_init)
 
 
@@ -465,8 +520,13 @@ def cmd_init(args: argparse.Namespace) -> int:
         device=args.device,
         split=args.split,
     )
+    if args.sample_responses < 0:
+        raise ConfigError(f"--sample-responses: {args.sample_responses} is negative (0: none)")
     machine = Machine(
-        args.tune, args.gpus, parse_size(args.gpu_memory) if args.gpu_memory else None
+        args.tune,
+        args.gpus,
+        parse_size(args.gpu_memory) if args.gpu_memory else None,
+        args.sample_responses,
     )
     cfg, choices = init(given, out, args.expert, None if args.yes else ask_stdin, machine)
     if choices:

@@ -8,12 +8,19 @@ weights (sized as the GSM8K recipes are); the data is a GSM8K-shaped Parquet fil
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
+import torch
 
 from streamrft.app.cli import main
-from streamrft.infra.config import load_config
+from streamrft.app.sizing import OwnResponses
+from streamrft.app.sizing_facts import model_responses, why_not_sampled
+from streamrft.infra.config import TasksetConfig, load_config
+from streamrft.schemas.errors import ConfigError
 from tests.helpers.gsm8k_shape import write_gsm8k_shaped
-from tests.helpers.model_folders import write_tiny_folder
+from tests.helpers.model_folders import write_eos_steered_folder, write_tiny_folder
 from tests.helpers.qwen_shape import write_qwen_shaped
 
 pytestmark = pytest.mark.unit
@@ -29,17 +36,30 @@ def folders(tmp_path_factory):
     )
 
 
+DATA_REASON = (
+    "100 answers sampled from train.parquet: 95% within 27 tokens, the longest 27 (worked "
+    "solutions); room for 2x that, and at least 256 (a chat model explains in prose)"
+)
+"""The data's part of ``explorer.max_new_tokens``' reason: answers such as "3 plus 4 makes
+7." and "#### 7" on a second line, 27 tokens at most with the EOS."""
+
+
 def _init(capsys, out, model, data, *flags: str) -> tuple[int, dict[str, str], str]:
+    return _init_err(capsys, out, model, data, *flags)[:3]
+
+
+def _init_err(capsys, out, model, data, *flags: str) -> tuple[int, dict[str, str], str, str]:
+    """``init``'s exit status, the reasons it printed by field, its output and its stderr."""
     code = main(
         ["init", "--yes", "--model", str(model), "--data", str(data), "--out", str(out), *flags]
     )
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
     lines = printed.split("written:")[0].splitlines()[1:]
     reasons = {
         field.strip().split(" = ")[0]: reason.strip()
         for field, reason in zip(lines[::2], lines[1::2], strict=True)
     }
-    return code, reasons, printed
+    return code, reasons, printed, err
 
 
 def test_a_cpu_run_of_a_model_folder_is_sized_by_its_context_and_data(folders, tmp_path, capsys):
@@ -57,10 +77,12 @@ def test_a_cpu_run_of_a_model_folder_is_sized_by_its_context_and_data(folders, t
         in (reasons["taskset.max_prompt_tokens"])
     )
     assert e.max_new_tokens == 32
-    assert reasons["explorer.max_new_tokens"] == (
-        "100 answers sampled from train.parquet: 95% within 27 tokens, the longest 27 (worked "
-        "solutions); room for 2x that, and at least 256 (a chat model explains in prose), to "
-        "a power of two; cut to the 32 the model's 64 positions leave after 32 of prompt"
+    # the model's own responses were sampled too (how long the random model's run is the
+    # seeded draw's): whatever they are, the 64 positions cut the room to 32
+    why = reasons["explorer.max_new_tokens"]
+    assert why.startswith(f"{DATA_REASON}; 8 responses of the model at temperature 1.0: p90 ")
+    assert why.endswith(
+        ", to a power of two; cut to the 32 the model's 64 positions leave after 32 of prompt"
     )
     # a CPU: an adapter at the CPU example's rate and sizes
     assert cfg.model.lora.enabled and (cfg.model.lora.rank, cfg.model.lora.alpha) == (16, 32)
@@ -87,8 +109,15 @@ def test_a_cpu_run_of_a_model_folder_is_sized_by_its_context_and_data(folders, t
 def test_a_recipe_sized_model_takes_the_recipes_values(folders, tmp_path, capsys):
     _tiny, qwen, data = folders
     out = tmp_path / "full.yaml"
-    code, reasons, printed = _init(capsys, out, qwen, data, "--gpus", "1", "--gpu-memory", "80GiB")
+    code, reasons, printed, err = _init_err(
+        capsys, out, qwen, data, "--gpus", "1", "--gpu-memory", "80GiB"
+    )
     assert code == 0, printed
+    # a folder of the shape without weights: its responses cannot be sampled, and it says so
+    assert (
+        "init: the model's responses are not sampled (qwen2.5-1.5b-instruct holds no weights): "
+        "max_new_tokens from the data alone" in err
+    )
     cfg = load_config(out)
     e, t = cfg.explorer, cfg.trainer
     assert not cfg.model.lora.enabled
@@ -239,3 +268,103 @@ def test_a_hub_style_folder_gives_its_test_split_to_evaluation(folders, tmp_path
     assert reasons["eval.path"] == "the data folder's held-out split, its own file"
     assert reasons["eval.max_tasks"] == "the first 48 of them (the CPU example)"
     assert "eval set      ok: 100 tasks in" in printed
+
+
+def test_init_samples_the_models_own_responses(folders, tmp_path, capsys):
+    _tiny, _qwen, data = folders
+    # a model that never ends, with 512 positions: its two responses run to the 491 the
+    # longest prompt (21 tokens) leaves, so it gets that cap, within the context
+    never = write_eos_steered_folder(tmp_path / "never", ends=False, positions=512)
+    out = tmp_path / "never.yaml"
+    code, reasons, printed, err = _init_err(
+        capsys, out, never, data, "--device", "cpu", "--sample-responses", "2"
+    )
+    assert code == 0, printed + err
+    cfg = load_config(out)
+    assert (cfg.explorer.max_new_tokens, cfg.taskset.max_prompt_tokens) == (480, 32)
+    assert reasons["explorer.max_new_tokens"] == (
+        f"{DATA_REASON}; 2 responses of the model at temperature 1.0: p90 491 tokens, 2 not "
+        "ended by 491: the model runs on to the cap, so it gets the cap, to a power of two; cut "
+        "to the 480 the model's 512 positions leave after 32 of prompt"
+    )
+    assert "init: sampling 2 responses of the model to size max_new_tokens (2/2)" in err
+    assert cfg.trainer.micro_batch_size == 2  # 1,024 tokens of 512-token sequences
+    # a model that ends at once: the data decides, and the reason says what was sampled
+    at_once = write_eos_steered_folder(tmp_path / "at-once", ends=True, positions=512)
+    out = tmp_path / "at-once.yaml"
+    code, reasons, printed = _init(capsys, out, at_once, data, "--device", "cpu")
+    assert code == 0 and load_config(out).explorer.max_new_tokens == 256
+    assert reasons["explorer.max_new_tokens"] == (
+        f"{DATA_REASON}; 8 responses of the model at temperature 1.0: p90 1 tokens, all "
+        "ended; room for 1.25x that, to a power of two"
+    )
+    # --sample-responses 0: the data alone, nothing sampled
+    out = tmp_path / "data-only.yaml"
+    code, reasons, printed, err = _init_err(
+        capsys, out, never, data, "--device", "cpu", "--sample-responses", "0"
+    )
+    assert code == 0 and load_config(out).explorer.max_new_tokens == 256
+    assert reasons["explorer.max_new_tokens"] == f"{DATA_REASON}, to a power of two"
+    assert "sampling" not in err
+    code = main(["init", "--yes", "--model", str(never), "--data", str(data), "--out",
+                 str(tmp_path / "x.yaml"), "--sample-responses", "-1"])  # fmt: skip
+    assert code == 2 and not (tmp_path / "x.yaml").exists()
+    assert "--sample-responses: -1 is negative (0: none)" in capsys.readouterr().err
+
+
+def test_the_sampling_is_seeded_bounded_and_leaves_torch_as_found(folders, tmp_path):
+    tiny, _qwen, data = folders
+    taskset = TasksetConfig(path=str(data), prompt_template="{question}", answer_extract="gsm8k")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _seeded_bounded_and_torch_as_found(taskset, data, tiny, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _seeded_bounded_and_torch_as_found(taskset, data, tiny, tmp_path):
+    state = torch.random.get_rng_state()
+    calls: list[tuple[int, int]] = []
+
+    def sample(folder, **kw):
+        kw = {"count": 8, "temperature": 1.0, "device": "cpu", "context": 64, **kw}
+        return model_responses(folder, taskset, str(data), **kw)
+
+    first = sample(tiny, progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(i, 8) for i in range(9)]
+    assert sample(tiny) == first  # seeded: the same lengths again
+    assert torch.get_num_threads() == 1 and torch.equal(torch.random.get_rng_state(), state)
+    assert len(first.lengths) == 8 and first.cap == 64 - 21 and first.temperature == 1.0
+    assert first.cut <= sum(n == first.cap for n in first.lengths)  # cut ones run to the cap
+    assert all(1 <= n <= first.cap for n in first.lengths)
+    # the cap given, and the context's room when it is less; a model that never ends runs
+    # every response to it
+    never = write_eos_steered_folder(tmp_path / "never", ends=False)
+    assert sample(never, cap=5) == OwnResponses((5,) * 8, 8, 5, 1.0)
+    assert sample(never, count=3, temperature=0.5) == OwnResponses((43,) * 3, 3, 43, 0.5)
+    ended = sample(write_eos_steered_folder(tmp_path / "ends", ends=True))
+    assert ended == OwnResponses((1,) * 8, 0, 43, 1.0)  # the EOS counted
+
+
+def test_a_model_that_cannot_be_sampled_is_a_config_error_or_skipped(folders, tmp_path):
+    tiny, qwen, data = folders
+    taskset = TasksetConfig(path=str(data), prompt_template="{question}", answer_extract="gsm8k")
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny, broken)  # its weights no longer fit its config
+    conf = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**conf, "hidden_size": 128}))
+    with pytest.raises(ConfigError) as caught:
+        model_responses(
+            broken, taskset, str(data), count=2, temperature=1.0, device="cpu", context=64
+        )
+    assert str(caught.value).startswith(
+        "--sample-responses: cannot sample broken's responses on cpu: "
+    )
+    assert str(caught.value).endswith("(--sample-responses 0 sizes from the data alone)")
+    # skipped, and why: no weights; too large to sample on a CPU
+    assert why_not_sampled(qwen, 1_543_714_304, "cuda") == "qwen2.5-1.5b-instruct holds no weights"
+    assert why_not_sampled(tiny, 2_000_000_000, "cpu").startswith(
+        "a 2.0B model samples too slowly on a CPU (over 0.6B)"
+    )
+    assert why_not_sampled(tiny, 100_000, "auto") is None
