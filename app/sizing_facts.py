@@ -25,15 +25,19 @@ from streamrft.schemas.errors import ConfigError
 SAMPLE_ROWS = 1000
 """Most rows of the data read to size by (the first ones)."""
 RESPONSE_CAP = 2048
-"""Most tokens a sampled response may run to: four times the GSM8K recipes' 512, past
-which a response to a task of a few lines is rambling rather than working it out, and a
-bound on the time ``init`` takes over a model that never ends (on a CPU, about two minutes
-for SmolLM2-135M: see :data:`CPU_SAMPLE_PARAMS`)."""
+"""Most tokens a response sampled on a GPU may run to: four times the GSM8K recipes' 512,
+past which a response to a task of a few lines is rambling rather than working it out."""
+CPU_RESPONSE_CAP = 512
+"""Most tokens a response sampled on a CPU may run to: there the time grows faster than the
+length (each token copies the whole KV cache). SmolLM2-135M-Instruct sampled one response
+of 128 tokens in 4.6 s, of 512 in 19.4 s, of 2,048 in 425 s (2-core dev box, 2 threads,
+float32, others' load 2-3, 2026-12-06): a model that never ends costs init 20 s a
+response at this cap, and an explorer on a CPU would sample longer responses as slowly."""
 CPU_SAMPLE_PARAMS = 600_000_000
-"""A larger model's responses are not sampled on a CPU: SmolLM2-135M-Instruct sampled ~21
-tokens a second there (2-core dev box, 2 threads, float32, 2026-12-06), 8 responses of
-~100 tokens in ~40 s; a model four times its size (Qwen2.5-0.5B) takes minutes, one of 1.5B
-far longer (run ``init`` where its GPU is)."""
+"""A larger model's responses are not sampled on a CPU: SmolLM2-135M-Instruct (see
+:data:`CPU_RESPONSE_CAP`) takes under a minute for 8 responses of about 100 tokens, a model
+four times its size (Qwen2.5-0.5B) minutes, one of 1.5B far longer (run ``init`` where its
+GPU is)."""
 
 
 def model_facts(folder: Path, tokenizer: Any) -> ModelFacts:
@@ -118,16 +122,17 @@ def model_responses(
     temperature: float,
     device: str,
     context: int,
-    cap: int = RESPONSE_CAP,
+    cap: int | None = None,
     seed: int = 0,
     progress: Progress | None = None,
 ) -> OwnResponses:
     """``count`` responses of the model in ``folder``, one to each of the first ``count``
     tasks of ``path`` (read as ``taskset`` reads them, rendered as the explorer renders
     them), sampled by the explorer's engine at ``temperature`` on ``device`` (``init``'s
-    answer: a GPU where torch sees one, else the CPU), each up to ``cap`` tokens (less where
-    the model's ``context`` leaves less after the longest of those prompts) and ended by
-    the EOS. Seeded (response ``i`` by ``seed + i``), so the same model and data give the
+    answer: a GPU where torch sees one, else the CPU), each up to ``cap`` tokens (None:
+    :data:`RESPONSE_CAP` on a GPU, :data:`CPU_RESPONSE_CAP` on the CPU; less where the
+    model's ``context`` leaves less after the longest of those prompts) and ended by the
+    EOS. Seeded (response ``i`` by ``seed + i``), so the same model and data give the
     same lengths; torch's global state is left as found. A model that cannot be loaded or
     sample is a :class:`ConfigError` naming ``--sample-responses``."""
     import torch
@@ -153,12 +158,13 @@ def model_responses(
         with torch.random.fork_rng(devices=[]), _quiet_loading():
             model, tokenizer = load_policy(model_cfg)  # may draw from the global generator
         prompts = PromptRenderer.from_config(taskset, tokenizer).batch(tasks)
-        room = context - max(map(len, prompts)) if context else cap
-        cap = max(1, min(cap, room))
+        most = cap or (CPU_RESPONSE_CAP if where == "cpu" else RESPONSE_CAP)
+        room = context - max(map(len, prompts)) if context else most
+        limit = max(1, min(most, room))
         engine = TransformersEngine(model, tokenizer)
         lengths, cut = [], 0
         for i, ids in enumerate(prompts):
-            (rollout,) = engine.rollout([ids], 1, temperature, cap, seed + i)[0]
+            (rollout,) = engine.rollout([ids], 1, temperature, limit, seed + i)[0]
             lengths.append(len(rollout.response_ids))
             cut += rollout.truncated
             if progress:
@@ -170,7 +176,7 @@ def model_responses(
         ) from exc
     finally:
         torch.set_num_threads(threads)
-    return OwnResponses(tuple(sorted(lengths)), cut, cap, temperature)
+    return OwnResponses(tuple(sorted(lengths)), cut, limit, temperature)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ import shutil
 import pytest
 import torch
 
+from streamrft.app import sizing_facts
 from streamrft.app.cli import main
 from streamrft.app.sizing import OwnResponses
 from streamrft.app.sizing_facts import model_responses, why_not_sampled
@@ -345,6 +346,10 @@ def _seeded_bounded_and_torch_as_found(taskset, data, tiny, tmp_path):
     assert sample(never, count=3, temperature=0.5) == OwnResponses((43,) * 3, 3, 43, 0.5)
     ended = sample(write_eos_steered_folder(tmp_path / "ends", ends=True))
     assert ended == OwnResponses((1,) * 8, 0, 43, 1.0)  # the EOS counted
+    # a context with room for more: on a CPU the cap is CPU_RESPONSE_CAP's 512
+    long = write_eos_steered_folder(tmp_path / "long", ends=False, positions=1024)
+    assert sample(long, count=1, context=1024) == OwnResponses((512,), 1, 512, 1.0)
+    assert sizing_facts.CPU_RESPONSE_CAP == 512
 
 
 def test_a_model_that_cannot_be_sampled_is_a_config_error_or_skipped(folders, tmp_path):
