@@ -5,7 +5,8 @@ fields, how the answer is read and scored, the algorithm preset and the device; 
 question has a flag (``--model``, ``--data``, ...) and ``--yes`` takes the suggested
 answer of any question not given, so scripts run it without a terminal. For a model
 folder it then sizes the run (``app/sizing.py``): response and prompt lengths from a
-sample of the data in the model's tokens, the learning rate by the model's size, batches,
+sample of the data in the model's tokens and a few of the model's own responses
+(``--sample-responses``), the learning rate by the model's size, batches,
 group size, schedule, engine and devices by the hardware (``--gpus``/``--gpu-memory`` for
 another machine), all weights or an adapter by the memory plan (``--tune``), and shows
 each choice with its reason. The file it writes holds the choices that matter with a
