@@ -9,16 +9,22 @@ import asyncio
 import json
 import os
 import re
-import subprocess
 
 import pytest
 
 from streamrft.infra.consume import read_history
 from streamrft.schemas import CONTROL, ModelVersionReady
 from streamrft.sync.shared import SHM_DIR, file_prefix
-from tests.helpers.cli import env, explore_argv, run_argv, start_piped
+from tests.helpers.cli import explore_argv, run_argv, start_logged, start_piped
 from tests.helpers.paths import EXAMPLE
-from tests.helpers.processes import log_has, processes_mentioning, wait_for
+from tests.helpers.processes import (
+    child_pid,
+    frozen,
+    kill_run,
+    log_has,
+    processes_mentioning,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -33,28 +39,35 @@ def test_auto_serves_a_mixed_fleet(services, make_config, tmp_path):
         "eval.interval=0",
         "trainer.max_staleness=4",
         "explorer.count=1",
+        "trainer.idle_timeout_s=900",  # held below for as long as the remote explorer needs
     ]
     run = start_piped(
         run_argv(EXAMPLE, run_id, steps, runs, services, *common, summary=tmp_path / "s.json"),
         tmp_path,
     )
+    cfg = make_config(run={"id": run_id})
     remote = None
     try:
         log = runs / run_id / "logs" / "trainer.log"
         wait_for(lambda: log_has(log, "trainer: step 1 "), run, 240, "training to start")
-        remote_log = (tmp_path / "remote.log").open("w")
-        remote = subprocess.Popen(
-            explore_argv(
-                EXAMPLE, run_id, runs, services, *common, "run.host_id=elsewhere", index=1
-            ),
-            env=env(),
-            stdout=remote_log,
-            stderr=subprocess.STDOUT,
-            cwd=tmp_path,
-        )
+        # the trainer is held until the remote explorer has its engine: on a busy machine
+        # that explorer's start (imports, the model) can take longer than the whole run
+        remote_log = tmp_path / "remote.log"
+        with frozen(child_pid(run_id, "train")):
+            remote = start_logged(
+                explore_argv(
+                    EXAMPLE, run_id, runs, services, *common, "run.host_id=elsewhere", index=1
+                ),
+                remote_log,
+                tmp_path,
+            )
+            wait_for(lambda: log_has(remote_log, "explorer-1: engine"), remote, 300, "remote")
         _, err = run.communicate(timeout=500)
         assert run.returncode == 0, err[-3000:]
-        remote.wait(timeout=60)
+        remote.wait(timeout=120)
+    except BaseException:
+        kill_run(run_id)  # the run's children too: nothing of a failed test outlives it
+        raise
     finally:
         for p in (run, remote):
             if p is not None and p.poll() is None:
@@ -65,7 +78,6 @@ def test_auto_serves_a_mixed_fleet(services, make_config, tmp_path):
     books = s["books"]
     assert books == {**books, "trained_twice": 0, "newer_than_trainer": 0, "staler_than_max": 0}
 
-    cfg = make_config(run={"id": run_id})
     control = asyncio.run(read_history(cfg.kafka, cfg.topics().control, CONTROL, "auto-test"))
     events = [e for e in control if isinstance(e, ModelVersionReady)]
     shared = sorted(e.version for e in events if e.method == "shared")

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
 
 import pytest
 
 from streamrft.infra.consume import read_history
 from streamrft.schemas import CONTROL, METRICS, ModelVersionReady
-from tests.helpers.cli import env, explore_argv, run_argv, start_piped
+from tests.helpers.cli import explore_argv, run_argv, start_logged, start_piped
 from tests.helpers.paths import EXAMPLE
-from tests.helpers.processes import log_has, processes_mentioning, wait_for
+from tests.helpers.processes import (
+    child_pid,
+    frozen,
+    kill_run,
+    log_has,
+    processes_mentioning,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -29,6 +35,7 @@ def test_broadcast_to_explorers_and_a_late_joiner(services, make_config, tmp_pat
         "trainer.warmup_sft_steps=20",
         "eval.interval=0",
         "explorer.count=2",
+        "trainer.idle_timeout_s=900",  # held below for as long as the late joiner needs
     ]
     run = start_piped(
         run_argv(EXAMPLE, run_id, steps, runs, services, *common, summary=tmp_path / "s.json"),
@@ -38,17 +45,22 @@ def test_broadcast_to_explorers_and_a_late_joiner(services, make_config, tmp_pat
     try:
         log = runs / run_id / "logs" / "trainer.log"
         wait_for(lambda: log_has(log, "trainer: step 1 "), run, 240, "training to start")
-        late_log = (tmp_path / "late.log").open("w")
-        late = subprocess.Popen(
-            explore_argv(EXAMPLE, run_id, runs, services, *common, index=2),
-            env=env(),
-            stdout=late_log,
-            stderr=subprocess.STDOUT,
-            cwd=tmp_path,
-        )
+        late_log = tmp_path / "late.log"
+        # the trainer is held until the late joiner has its engine: on a busy machine that
+        # explorer's start (imports, the model) can take longer than the whole run
+        with frozen(child_pid(run_id, "train")):
+            late = start_logged(
+                explore_argv(EXAMPLE, run_id, runs, services, *common, index=2),
+                late_log,
+                tmp_path,
+            )
+            wait_for(lambda: log_has(late_log, "explorer-2: engine"), late, 300, "the joiner")
         _, err = run.communicate(timeout=500)
         assert run.returncode == 0, err[-3000:]
-        late.wait(timeout=60)
+        assert late.wait(timeout=120) == 0, late_log.read_text()[-3000:]
+    except BaseException:
+        kill_run(run_id)  # the run's children too: nothing of a failed test outlives it
+        raise
     finally:
         for p in (run, late):
             if p is not None and p.poll() is None:

@@ -35,7 +35,7 @@ from streamrft.schemas.samples import Sample, SamplePart
 from tests.helpers.browser import Browser, need_browser
 from tests.helpers.cli import env, explore_argv, run_argv, start_logged, streamrft_cmd
 from tests.helpers.paths import EXAMPLE
-from tests.helpers.processes import processes_mentioning, wait_for
+from tests.helpers.processes import child_pid, frozen, kill_run, processes_mentioning, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -176,10 +176,11 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
         run_argv(
             EXAMPLE,
             run_id,
-            80,  # the hand-started explorer needs ~10-30 s to import and load on 2 cores
+            80,
             runs,
             None,
             "eval.interval=10",
+            "trainer.idle_timeout_s=900",  # held below while an explorer joins by hand
             "trainer.warmup_sft_steps=20",  # a reward that rises: a curve worth looking at
             explorers=2,
             summary=tmp_path / "summary.json",
@@ -210,20 +211,9 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
             "experiences/s above 0",
         )
 
-        # an explorer started by hand joins; SIGTERM makes it report STOPPED
-        hand = start_logged(
-            explore_argv(EXAMPLE, run_id, runs, None), tmp_path / "hand.log", tmp_path
-        )
-        hand_row = ROW.format(f"explorer-{hand.pid}-")
-        browser.wait(f"{hand_row}?.dataset.state === 'RUNNING'", 180, "the hand-started explorer")
-        # it joined the explorers' group: the others were reassigned their tasks partitions
-        browser.wait("Number(document.querySelector('#rebalances').textContent) >= 1", 60, "rebal.")
-        hand.send_signal(signal.SIGTERM)
-        assert hand.wait(timeout=90) == 0, (tmp_path / "hand.log").read_text()[-3000:]
-        browser.wait(f"{hand_row}?.dataset.state === 'STOPPED'", 60, "the explorer's STOPPED")
-
-        # garbage on the experiences topic: the trainer dead-letters it, the counter moves
-        before = _count(browser, "#dead-letter-count", "count")
+        # an explorer started by hand joins; SIGTERM makes it report STOPPED. The trainer is
+        # held from here until garbage waits on its topic: on a busy machine that explorer's
+        # start (imports, the model) can take longer than the whole run
         cfg = with_run_id(
             msgspec.structs.replace(
                 Config(), run=msgspec.structs.replace(Config().run, dir=str(runs))
@@ -232,10 +222,25 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
         )
         broker = run_events.find_broker(cfg)
         assert broker is not None
-        topic = cfg.topics().experiences
-        asyncio.run(
-            _produce_garbage(broker.kafka.bootstrap_servers, topic, cfg.topics().dead_letters)
-        )
+        with frozen(child_pid(run_id, "train")):
+            hand = start_logged(
+                explore_argv(EXAMPLE, run_id, runs, None), tmp_path / "hand.log", tmp_path
+            )
+            hand_row = ROW.format(f"explorer-{hand.pid}-")
+            browser.wait(f"{hand_row}?.dataset.state === 'RUNNING'", 300, "the hand's explorer")
+            # it joined the explorers' group: the others were reassigned their tasks partitions
+            browser.wait("Number(document.querySelector('#rebalances').textContent) >= 1", 60, "rebal.")
+            hand.send_signal(signal.SIGTERM)
+            assert hand.wait(timeout=90) == 0, (tmp_path / "hand.log").read_text()[-3000:]
+            browser.wait(f"{hand_row}?.dataset.state === 'STOPPED'", 60, "the explorer's STOPPED")
+            _check_samples(browser, broker.kafka.bootstrap_servers, cfg.topics().samples)
+
+            # garbage on the experiences topic: the trainer dead-letters it, the counter moves
+            before = _count(browser, "#dead-letter-count", "count")
+            topic = cfg.topics().experiences
+            asyncio.run(
+                _produce_garbage(broker.kafka.bootstrap_servers, topic, cfg.topics().dead_letters)
+            )
         browser.wait(
             f"Number(document.querySelector('#dead-letter-count').dataset.count) > {before + 1}",
             60,
@@ -246,7 +251,6 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
         )
         assert sum(topic in row for row in letters) >= 2, letters
         _assert_shown_as_text(browser, "#dead-letters")
-        _check_samples(browser, broker.kafka.bootstrap_servers, cfg.topics().samples)
         assert browser.eval("window.__loadedOnce") == "same page"  # all of it without a reload
         shot = browser.screenshot("dashboard.png")
         assert shot.stat().st_size > 10_000
@@ -282,6 +286,9 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
         browser.screenshot("dashboard-ended.png")
         _stop_dashboard(dash)
         dash = None
+    except BaseException:
+        kill_run(run_id)  # the run's children too: nothing of a failed test outlives it
+        raise
     finally:
         if browser is not None:
             browser.close()

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 
@@ -14,17 +13,13 @@ from streamrft.infra.consume import read_history
 from streamrft.schemas.codec import EXPERIENCE_GROUP
 from tests.helpers.cli import run_argv, run_ok, start_piped
 from tests.helpers.paths import EXAMPLE
-from tests.helpers.processes import kill_at_step, processes_mentioning
+from tests.helpers.processes import child_pid, kill_at_step, processes_mentioning
 
 pytestmark = pytest.mark.e2e
 
 
 def _trainer_pid(run_id: str) -> int | None:
-    for pid in processes_mentioning(run_id):
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if b"train" in cmd and b"streamrft.app.cli" in cmd:
-            return pid
-    return None
+    return child_pid(run_id, "train")
 
 
 def test_trainer_killed_then_resumed_keeps_the_books(services, make_config, tmp_path):
@@ -96,11 +91,7 @@ def test_trainer_killed_then_resumed_keeps_the_books(services, make_config, tmp_
 
 
 def _explorer_pid(run_id: str, index: int) -> int | None:
-    for pid in processes_mentioning(run_id):
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if b"explore" in cmd and str(index).encode() in cmd and b"--index" in cmd:
-            return pid
-    return None
+    return child_pid(run_id, "explore", f"--index {index} ")
 
 
 def test_explorer_killed_mid_run_is_restarted_and_nothing_is_lost(services, tmp_path):

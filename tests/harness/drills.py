@@ -65,6 +65,7 @@ from tests.harness.store_relay import BitRotRelay, RequestRelay, VersionGate
 from tests.helpers.cli import env, overrides, streamrft_cmd
 from tests.helpers.groups import make_group
 from tests.helpers.paths import EXAMPLE
+from tests.helpers.processes import child_pid
 
 EPOCHS = 2
 TASKS = 100 * EPOCHS  # examples/data/addition.jsonl has 100 tasks
@@ -269,22 +270,7 @@ class Drill(ABC):
 
     def pid_of(self, role: str, name: str | None = None) -> int | None:
         """Pid of a child of this run: ``role`` is train/explore/feed."""
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                args = (entry / "cmdline").read_bytes().split(b"\0")
-                state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
-            except OSError:
-                continue
-            text = b" ".join(args).decode(errors="replace")
-            if state == "Z" or "streamrft.app.cli" not in text or self.run_id not in text:
-                continue
-            if role in [a.decode(errors="replace") for a in args] and (
-                name is None or name in text
-            ):
-                return int(entry.name)
-        return None
+        return child_pid(self.run_id, role, name)
 
     async def _follow(self, stop: asyncio.Event) -> None:
         topics = self.cfg.topics()
