@@ -227,9 +227,13 @@ def test_the_dashboard_follows_a_live_run_in_a_real_browser(tmp_path):
                 explore_argv(EXAMPLE, run_id, runs, None), tmp_path / "hand.log", tmp_path
             )
             hand_row = ROW.format(f"explorer-{hand.pid}-")
-            browser.wait(f"{hand_row}?.dataset.state === 'RUNNING'", 300, "the hand's explorer")
+            # live: RUNNING, or waiting for the version its batch needs from the held trainer
+            live = "['RUNNING', 'WAITING_SYNC'].includes(" + hand_row + "?.dataset.state)"
+            browser.wait(live, 300, "the hand-started explorer")
             # it joined the explorers' group: the others were reassigned their tasks partitions
-            browser.wait("Number(document.querySelector('#rebalances').textContent) >= 1", 60, "rebal.")
+            browser.wait(
+                "Number(document.querySelector('#rebalances').textContent) >= 1", 60, "rebal."
+            )
             hand.send_signal(signal.SIGTERM)
             assert hand.wait(timeout=90) == 0, (tmp_path / "hand.log").read_text()[-3000:]
             browser.wait(f"{hand_row}?.dataset.state === 'STOPPED'", 60, "the explorer's STOPPED")
