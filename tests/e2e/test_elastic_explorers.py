@@ -19,7 +19,14 @@ from streamrft.infra.consume import read_history
 from streamrft.schemas.codec import EXPERIENCE_GROUP, STATUS
 from tests.helpers.cli import explore_argv, run_argv, start_logged, start_piped
 from tests.helpers.paths import EXAMPLE
-from tests.helpers.processes import log_has, processes_mentioning, wait_for
+from tests.helpers.processes import (
+    child_pid,
+    frozen,
+    kill_run,
+    log_has,
+    processes_mentioning,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -33,7 +40,7 @@ def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
 ):
     runs = tmp_path / "runs"
     run_id = f"elastic-{os.getpid()}-{int(time.time())}"
-    steps = 120  # the hand-started explorer needs ~10-30 s to import and load on 2 cores
+    steps = 120
     # reads the run's topics on the session broker (only its kafka section is used)
     reader_cfg = make_config(run={"id": run_id})
     run = start_piped(
@@ -46,6 +53,7 @@ def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
             "eval.interval=0",
             "trainer.warmup_sft_steps=20",
             "trainer.max_staleness=2",
+            "trainer.idle_timeout_s=900",  # held below while an explorer joins by hand
             explorers=1,
             summary=tmp_path / "s.json",
         ),
@@ -61,19 +69,23 @@ def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
             240,
             "explorer-0 to hold every tasks partition",
         )
-        # names no broker or object store: it finds the run's from the run folder
-        hand = start_logged(
-            explore_argv(
-                EXAMPLE,
-                run_id,
-                runs,
-                None,
-                f"object_store.access_key={services.access_key}",
-                f"object_store.secret_key={services.secret_key}",
-            ),
-            hand_log,
-            tmp_path,
-        )
+        # names no broker or object store: it finds the run's from the run folder. The
+        # trainer is held until it has its engine: on a busy machine that explorer's start
+        # (imports, the model) can take longer than the whole run
+        with frozen(child_pid(run_id, "train")):
+            hand = start_logged(
+                explore_argv(
+                    EXAMPLE,
+                    run_id,
+                    runs,
+                    None,
+                    f"object_store.access_key={services.access_key}",
+                    f"object_store.secret_key={services.secret_key}",
+                ),
+                hand_log,
+                tmp_path,
+            )
+            wait_for(lambda: log_has(hand_log, ": engine "), hand, 300, "its engine")
         name = f"explorer-{hand.pid}-"
 
         def hand_worked() -> bool:
@@ -95,6 +107,9 @@ def test_an_explorer_started_by_hand_joins_and_leaves_a_running_run(
             "explorer-0 to get every tasks partition back",
         )
         _, err = run.communicate(timeout=400)
+    except BaseException:
+        kill_run(run_id)  # the run's children too: nothing of a failed test outlives it
+        raise
     finally:
         for proc in (hand, run):
             if proc is not None and proc.poll() is None:
