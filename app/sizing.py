@@ -489,7 +489,8 @@ def warnings(cfg: Config, model: ModelFacts, data: DataFacts | None, advantage: 
                 f"explorer.max_new_tokens: {e.max_new_tokens} tokens would not hold the data's "
                 f"{what}: 95% need up to {data.answer_p95} (the longest "
                 f"{data.answer_tokens[-1]}; {cut} of {data.sampled} sampled are longer); "
-                f"init would write {suggested}"
+                f"init would write at least {suggested} (more where the model's own "
+                "responses run longer)"
             )
     r = lr_range(model.params, cfg.model.lora.enabled)
     if not r.low <= t.lr <= r.high:

@@ -198,7 +198,8 @@ def test_tiny_model_values_on_a_real_model_are_warnings(folders, tmp_path, capsy
     ]  # fmt: skip
     assert warnings[0] == (
         "explorer.max_new_tokens: 16 tokens would not hold the data's worked answers: 95% need "
-        "up to 27 (the longest 27; 100 of 100 sampled are longer); init would write 64"
+        "up to 27 (the longest 27; 100 of 100 sampled are longer); init would write at least 64 "
+        "(more where the model's own responses run longer)"
     )
     assert warnings[1].startswith("trainer.lr: 0.001 is 1,000x the usual 1e-06 for all weights")
     assert lines[-1] == "config ok with 3 warnings"

@@ -277,7 +277,8 @@ def test_each_tiny_model_value_is_warned_of_and_recipe_values_are_not():
     ]
     assert found[0] == (
         "explorer.max_new_tokens: 16 tokens would not hold the data's worked answers: 95% need "
-        "up to 28 (the longest 28; 512 of 512 sampled are longer); init would write 256"
+        "up to 28 (the longest 28; 512 of 512 sampled are longer); init would write at least 256 "
+        "(more where the model's own responses run longer)"
     )
     assert found[1].startswith("trainer.lr: 0.001 is 1,000x the usual 1e-06 for all weights")
     assert sizing.warnings(tiny, model, data, "reinforce_plus_plus")[2:] == []  # no groups
