@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import cast
+from typing import NoReturn, cast
 
 from streamrft.app.placement import visible_gpus
 from streamrft.infra.config import Config
@@ -245,14 +245,14 @@ def launch_trainer(args: argparse.Namespace, cfg: Config, node: Node) -> int:
     return launch(argv, t.nproc, gpus=gpus, node=node)
 
 
-def run_trainer_rank(cfg: Config) -> int:
+def run_trainer_rank(cfg: Config) -> NoReturn:
     """One rank of a ``trainer.nproc`` trainer (the launcher's environment is set): rank 0
     the trainer, the others its engine's followers. A rank that fails raises; the launcher
     then stops the others."""
     die_with_launcher()
     import torch
 
-    from streamrft.consumers.distributed import join_group, leave_group
+    from streamrft.consumers.distributed import join_group
     from streamrft.consumers.fsdp_engine import FsdpTrainEngine
     from streamrft.consumers.trainer import Trainer
     from streamrft.producers.evaluation import trainer_evaluator
@@ -263,12 +263,17 @@ def run_trainer_rank(cfg: Config) -> int:
         trainer = Trainer(cfg, trainer_evaluator(cfg))
         asyncio.run(trainer.run())
         cast(FsdpTrainEngine, trainer.engine).release()
-        leave_group()  # not after a failure: the group may be broken, the launcher ends it
-        return 0
-    FsdpTrainEngine(cfg).follow()
-    # past the last barrier every rank is done. A follower leaves without tearing its
-    # connections down: gloo aborts the process (SIGABRT) when a peer on another host closes
-    # its end while this one is destroying its group (seen across two hosts)
+    else:
+        FsdpTrainEngine(cfg).follow()
+    _leave_past_last_barrier()
+
+
+def _leave_past_last_barrier() -> NoReturn:
+    """Past the last barrier every rank is done (rank 0's trainer has drained): the process
+    ends without tearing the group's connections down, as gloo aborts a process (SIGABRT,
+    "terminate called without an active exception") that destroys its group while a peer
+    closes its end: seen on a follower across two hosts, and on rank 0 at the end of a run
+    beside CPU hogs on one host (the supervisor then restarted a finished trainer)."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
