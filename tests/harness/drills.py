@@ -65,7 +65,7 @@ from tests.harness.store_relay import BitRotRelay, RequestRelay, VersionGate
 from tests.helpers.cli import env, overrides, streamrft_cmd
 from tests.helpers.groups import make_group
 from tests.helpers.paths import EXAMPLE
-from tests.helpers.processes import child_pid
+from tests.helpers.processes import child_pid, frozen
 
 EPOCHS = 2
 TASKS = 100 * EPOCHS  # examples/data/addition.jsonl has 100 tasks
@@ -556,19 +556,29 @@ class Fuzz(Drill):
         topics = self.cfg.topics()
         self.fault_started = time.time()
         total = 0
-        for kind, topic, seed in (
-            ("experiences", topics.experiences, 1),
-            ("control", topics.control, 2),
-        ):
-            msgs = [
-                m for m in fuzz_messages(kind, self.PER_TOPIC, seed) if not expected_valid(kind, m)
-            ]
-            for partition, offset in await inject(self.cfg, topic, msgs):
-                self.injected_invalid.add((topic, partition, offset))
-            self.detail[f"injected_{kind}"] = len(msgs)
-            total += len(msgs)
+        # the trainer is held while the messages go in: they then lie before groups it still
+        # needs (the explorers stay within sync_offset of its versions), so it reads every
+        # one before its last step however slowly they go in on a busy machine (beside two
+        # CPU hogs, 658 lay past its last step)
+        with frozen(child_pid(self.run_id, "train")):
+            for kind, topic, seed in (
+                ("experiences", topics.experiences, 1),
+                ("control", topics.control, 2),
+            ):
+                msgs = [
+                    m
+                    for m in fuzz_messages(kind, self.PER_TOPIC, seed)
+                    if not expected_valid(kind, m)
+                ]
+                for partition, offset in await inject(self.cfg, topic, msgs):
+                    self.injected_invalid.add((topic, partition, offset))
+                self.detail[f"injected_{kind}"] = len(msgs)
+                total += len(msgs)
         self.detail["injected"] = total
         self.fault_ended = time.time()
+
+    def overrides(self) -> list[str]:  # the trainer is held above for as long as it takes
+        return [*super().overrides(), "trainer.idle_timeout_s=600"]
 
     def check(self, books: dict) -> bool:  # 1,000+ invalid messages, each one dead-lettered
         injected = self.detail.get("injected", 0)
