@@ -51,19 +51,16 @@ def processes_mentioning(text: str) -> list[int]:
 def child_pid(run_id: str, role: str, name: str | None = None) -> int | None:
     """Pid of a live ``streamrft ROLE`` process of run ``run_id`` (``role``: train, explore,
     feed), whose command line also holds ``name`` where given (``"--index 0"``)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in processes_mentioning(run_id):
         try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         text = b" ".join(args).decode(errors="replace")
-        if state == "Z" or "streamrft.app.cli" not in text or run_id not in text:
+        if "streamrft.app.cli" not in text:
             continue
         if role in [a.decode(errors="replace") for a in args] and (name is None or name in text):
-            return int(entry.name)
+            return pid
     return None
 
 
