@@ -11,11 +11,14 @@ it, which the trainer handles with an off-policy correction.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import torch
+
+from streamrft.schemas.errors import SamplingInterrupted
 
 
 @dataclass
@@ -76,11 +79,15 @@ def sample(
     generator: torch.Generator | None = None,
     top_p: float = 1.0,
     top_k: int = 0,
+    interrupted: Callable[[], bool] | None = None,
 ) -> SampleOutput:
     """Sample up to ``max_new_tokens`` for each left-padded prompt row, on the device of
     ``input_ids`` (the model's; ``generator`` must be on it too), from ``softmax(logits /
     temperature)`` truncated by ``top_k`` and ``top_p`` (:func:`truncate`). Log-probs are
-    computed in float32 whatever the model's dtype."""
+    computed in float32 whatever the model's dtype. ``interrupted`` is asked before each
+    forward pass: when it says so, :class:`SamplingInterrupted` is raised (a process that
+    is stopping does not sit out a long generation)."""
+    _check(interrupted)
     batch = input_ids.shape[0]
     keyword = cache_keyword(model)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
@@ -114,6 +121,7 @@ def sample(
         finished = finished | (tok == eos_id)
         if step == max_new_tokens - 1 or bool(finished.all()):
             break  # no forward pass for logits that would never be sampled
+        _check(interrupted)
         mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype, device=device)], dim=1)
         out = model(
             input_ids=tok.unsqueeze(-1),
@@ -126,3 +134,8 @@ def sample(
         logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
     return SampleOutput(torch.stack(tokens, dim=1), torch.stack(logps, dim=1), lengths)
+
+
+def _check(interrupted: Callable[[], bool] | None) -> None:
+    if interrupted is not None and interrupted():
+        raise SamplingInterrupted("sampling interrupted: the process is stopping")

@@ -90,6 +90,7 @@ class Explorer:
                 cfg.explorer.task_timeout_s,
                 cfg.explorer.task_retries,
             ),
+            interrupt=getattr(self.engine, "interrupt", None),
         )
         self.reward = get_reward(
             cfg.explorer.reward, cfg.explorer.reward_skips_thinking, cfg.reward

@@ -14,13 +14,17 @@ The batch's lifecycle: it is *finalised* when every call has ended (the explorer
 publishes the groups, dead-letters the failures and commits the tasks); on a stop it is
 *aborted*: no new call starts, the calls running are awaited, and the groups they made are
 returned as partial results (the explorer publishes them but commits nothing: the tasks are
-explored again after a restart, and the trainer drops the duplicate groups by id).
+explored again after a restart, and the trainer drops the duplicate groups by id). Calls
+still running :data:`INTERRUPT_AFTER_S` after the stop are interrupted (the ``interrupt``
+the scheduler was given: the engine's, which ends a long generation between two tokens),
+so a stopping explorer exits within its supervisor's grace; their tasks made no group.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -34,6 +38,9 @@ RunCall = Callable[[str, list[Task], int], list[ExperienceGroup]]
 
 RETRY_SEED_STRIDE = 104_729
 """A retried task's seed moves by this much per attempt (a different sample)."""
+INTERRUPT_AFTER_S = 2.0
+"""How long an aborted batch waits for its running calls before interrupting them (the
+supervisor gives a signalled process 5 s)."""
 
 
 @dataclass(frozen=True)
@@ -85,15 +92,23 @@ def plan_calls(tasks: Sequence[Task], tasks_per_call: int, seed: int) -> list[Ca
 class RolloutScheduler:
     """Runs a step's calls (see the module docstring)."""
 
-    def __init__(self, run_call: RunCall, limits: SchedulerLimits) -> None:
+    def __init__(
+        self,
+        run_call: RunCall,
+        limits: SchedulerLimits,
+        interrupt: Callable[[], None] | None = None,
+    ) -> None:
         self.run_call = run_call
         self.limits = limits
+        self.interrupt = interrupt
+        """Stops the running calls' sampling (the engine's ``interrupt``); None: none."""
 
     async def run(self, tasks: Sequence[Task], seed: int, stop: asyncio.Event) -> BatchOutcome:
         """Sample ``tasks``; ends when every call has, or early on ``stop`` (aborted)."""
         out = BatchOutcome()
         queue = plan_calls(tasks, self.limits.tasks_per_call, seed)
         running: set[asyncio.Task] = set()
+        interrupt_at: float | None = None  # an aborted batch's: when to interrupt its calls
         while queue or running:
             while queue and len(running) < self.limits.calls_in_flight and not stop.is_set():
                 call = queue.pop(0)
@@ -101,15 +116,24 @@ class RolloutScheduler:
             if stop.is_set() and not out.aborted:
                 out.aborted, queue = True, []
                 log.info("batch aborted: waiting for %d running workflow calls", len(running))
+                if self.interrupt is not None:
+                    interrupt_at = time.monotonic() + INTERRUPT_AFTER_S
             if not running:
                 break
             waits: set[asyncio.Future] = set(running)
             stopping = None if out.aborted else asyncio.ensure_future(stop.wait())
             if stopping is not None:  # once aborted, only the running calls are waited for
                 waits.add(stopping)
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            timeout = None if interrupt_at is None else max(0.0, interrupt_at - time.monotonic())
+            done, _ = await asyncio.wait(
+                waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
             if stopping is not None:
                 stopping.cancel()
+            if not done and interrupt_at is not None and self.interrupt is not None:
+                log.info("interrupting %d workflow calls still sampling", len(running))
+                self.interrupt()
+                interrupt_at = None
             for finished in done - {stopping}:
                 running.discard(finished)
                 queue += self._settle(finished.result(), out)
@@ -131,10 +155,13 @@ class RolloutScheduler:
     def _settle(
         self, result: tuple[Call, list[ExperienceGroup], str | None], out: BatchOutcome
     ) -> list[Call]:
-        """Keep a call's groups; the retries of its tasks that made none."""
+        """Keep a call's groups; the retries of its tasks that made none (none once the
+        batch is aborted: those tasks are not committed, a restart explores them)."""
         call, groups, reason = result
         made = {(g.task_id, g.epoch) for g in groups}
         out.groups += groups
+        if out.aborted:
+            return []
         missing = [t for t in call.tasks if (t.id, t.epoch) not in made]
         reason = reason or f"workflow {call.workflow!r} returned no group for the task"
         retries = []

@@ -79,6 +79,11 @@ class RolloutError(StreamRFTError):
     retries; the task goes to the dead-letter topic with this reason."""
 
 
+class SamplingInterrupted(RolloutError):
+    """A sampling call was stopped between two tokens because its process is stopping
+    (``RolloutEngine.interrupt``): its tasks are not committed and are explored again."""
+
+
 class RewardServiceError(RolloutError):
     """A reward service (a judge model, the code sandbox) failed to score a response after
     its retries: the task's workflow call fails with this reason, and the task is tried

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from streamrft.infra.config import ExplorerConfig
@@ -18,6 +20,13 @@ class TransformersEngine(ModuleTarget):
     def __init__(self, model: torch.nn.Module, tokenizer) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self._interrupted = threading.Event()
+
+    def interrupt(self) -> None:
+        """Stop the sampling call running (between two tokens) and every later one: each
+        raises :class:`~streamrft.schemas.errors.SamplingInterrupted`. For a process that
+        is stopping; safe from any thread."""
+        self._interrupted.set()
 
     @property
     def device(self) -> torch.device:
@@ -58,6 +67,7 @@ class TransformersEngine(ModuleTarget):
             generator=gen,
             top_p=top_p,
             top_k=top_k,
+            interrupted=self._interrupted.is_set,
         )
         return ids, mask, out
 

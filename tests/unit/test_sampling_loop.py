@@ -1,8 +1,11 @@
 """The transformers engine's sampling loop does no work it throws away, its batched
-post-processing gives exactly the rollouts a row-by-row reading of the samples gives, and
-top-k / top-p sampling records the log-probs of the truncated distribution it drew from."""
+post-processing gives exactly the rollouts a row-by-row reading of the samples gives,
+top-k / top-p sampling records the log-probs of the truncated distribution it drew from,
+and an interrupt ends a generation between two tokens."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -11,6 +14,8 @@ from streamrft.infra.config import ModelConfig
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
 from streamrft.producers.decoding import sample, truncate
 from streamrft.producers.engines import TransformersEngine
+from streamrft.producers.engines.base import SerialEngine
+from streamrft.schemas.errors import SamplingInterrupted
 
 pytestmark = [pytest.mark.unit, pytest.mark.numeric]
 torch.set_num_threads(1)
@@ -191,3 +196,45 @@ def test_truncated_sampling_records_the_log_probs_of_the_distribution_it_drew_fr
             assert drawn.gather(-1, at).squeeze(-1).tolist() == pytest.approx(r.logprobs, abs=1e-4)
             assert torch.isfinite(drawn.gather(-1, at)).all()
             assert (full.gather(-1, at).squeeze(-1) <= torch.tensor(r.logprobs) + 1e-6).all()
+
+
+def test_an_interrupt_from_another_thread_ends_a_long_generation_between_two_tokens(tokenizer):
+    """The explorer's stop reaches a generation through ``SerialEngine.interrupt`` while
+    the sampling call holds the engine's lock: the call raises after the forward pass
+    under way, and every later call raises before its first."""
+    model = tiny_model(tokenizer, eos_bias=-1e4)  # never EOS: it would run all 4,000 tokens
+    serial = SerialEngine(TransformersEngine(model, tokenizer))
+    passes: list[int] = []
+    third = threading.Event()
+
+    def count(_m, _inputs, _out):
+        passes.append(1)
+        if len(passes) == 3:
+            third.set()
+            assert interrupted.wait(60)  # hold the 3rd pass until the interrupt is in
+
+    interrupted = threading.Event()
+    hook = model.lm_head.register_forward_hook(count)
+    failure: list[BaseException] = []
+
+    def sampling():
+        try:
+            serial.rollout(prompt_ids(tokenizer), 2, 1.0, 4_000, seed=0)
+        except BaseException as exc:  # handed to the test's thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=sampling)
+    try:
+        worker.start()
+        assert third.wait(60)
+        serial.interrupt()  # the call holds the lock: the interrupt must not need it
+        interrupted.set()
+        worker.join(60)
+    finally:
+        interrupted.set()
+        hook.remove()
+    assert not worker.is_alive() and len(passes) == 3
+    assert [type(e) for e in failure] == [SamplingInterrupted]
+    with pytest.raises(SamplingInterrupted):
+        serial.greedy(prompt_ids(tokenizer), 8)
+    assert len(passes) == 3  # raised before its first forward pass

@@ -7,12 +7,14 @@ import asyncio
 import threading
 import time
 
+from streamrft.producers import scheduler as scheduler_module
 from streamrft.producers.scheduler import (
     RETRY_SEED_STRIDE,
     RolloutScheduler,
     SchedulerLimits,
     plan_calls,
 )
+from streamrft.schemas.errors import SamplingInterrupted
 from streamrft.schemas.experience import ExperienceGroup, Task
 
 
@@ -134,3 +136,60 @@ def test_a_stop_aborts_the_batch_keeping_what_the_running_calls_made():
     out = asyncio.run(main())
     assert out.aborted and sorted(g.task_id for g in out.groups) == ["t0", "t1"]
     assert out.failed == []
+
+
+def test_calls_still_running_after_a_stop_are_interrupted_and_their_tasks_left_uncommitted(
+    monkeypatch,
+):
+    """A call that would sample for ever is interrupted INTERRUPT_AFTER_S after the stop;
+    the call that ended first keeps its group, the interrupted task is neither retried
+    nor given up (a restart explores it: the explorer commits nothing of an aborted step)."""
+    monkeypatch.setattr(scheduler_module, "INTERRUPT_AFTER_S", 0.05)
+    interrupted = threading.Event()
+    started = threading.Event()
+
+    def run_call(workflow, tasks, seed):
+        if tasks[0].id == "t0":
+            return [_group(t) for t in tasks]
+        started.set()
+        if not interrupted.wait(60):  # a generation far longer than any test
+            return [_group(t) for t in tasks]
+        raise SamplingInterrupted("sampling interrupted: the process is stopping")
+
+    async def main():
+        stop = asyncio.Event()
+        limits = SchedulerLimits(tasks_per_call=1, calls_in_flight=2, retries=2)
+        scheduler = RolloutScheduler(run_call, limits, interrupt=interrupted.set)
+        run = asyncio.create_task(scheduler.run([_task(i) for i in range(4)], 0, stop))
+        await asyncio.to_thread(started.wait, 60)
+        stop.set()
+        return await run
+
+    out = asyncio.run(main())
+    assert interrupted.is_set() and out.aborted
+    assert [g.task_id for g in out.groups] == ["t0"]
+    assert out.failed == [] and out.retried == 0
+
+
+def test_without_an_interrupt_an_aborted_batch_waits_for_its_running_calls():
+    release = threading.Event()
+    started = threading.Event()
+
+    def run_call(workflow, tasks, seed):
+        started.set()
+        release.wait(60)
+        return [_group(t) for t in tasks]
+
+    async def main():
+        stop = asyncio.Event()
+        scheduler = RolloutScheduler(run_call, SchedulerLimits(tasks_per_call=1, calls_in_flight=1))
+        run = asyncio.create_task(scheduler.run([_task(0), _task(1)], 0, stop))
+        await asyncio.to_thread(started.wait, 60)
+        stop.set()
+        await asyncio.sleep(0.2)  # well past an interrupt's delay, were there one
+        assert not run.done()
+        release.set()
+        return await run
+
+    out = asyncio.run(main())
+    assert out.aborted and [g.task_id for g in out.groups] == ["t0"]
