@@ -32,7 +32,14 @@ import msgspec
 import yaml
 
 from streamrft.app.sizing import RESPONSE_SAMPLES, Choice, ModelFacts, OwnResponses
-from streamrft.infra.config import Config, TasksetConfig, from_dict, resolve_paths
+from streamrft.infra.config import (
+    Config,
+    TasksetConfig,
+    apply_overrides,
+    from_dict,
+    parse_override,
+    resolve_paths,
+)
 from streamrft.infra.source_docs import field_docs
 from streamrft.schemas.errors import ConfigError
 
@@ -277,25 +284,52 @@ def _wrap(text: str, width: int) -> list[str]:
 
 
 def init(
-    given: Answers, out: Path, expert: bool, ask: Ask | None, machine: Machine | None = None
+    given: Answers,
+    out: Path,
+    expert: bool,
+    ask: Ask | None,
+    machine: Machine | None = None,
+    overrides: list[str] | None = None,
 ) -> tuple[Config, list[Choice]]:
     """Ask, size a model folder's run for ``machine``, write ``out``; the config read back
-    from it, and the sizes chosen (none for the tiny model)."""
+    from it, and the sizes chosen (none for the tiny model). ``overrides`` (``-o
+    key.path=value``) set fields of the config; the sizing keeps them."""
     from streamrft.infra.config import load_config
 
     answers = collect(given, ask)
     data = config_data(answers, out)
     base = Path(os.path.abspath(out)).parent
+    if overrides:
+        apply_overrides(data, overrides)
+        from_dict(_resolved(data, base))  # an override's mistake stops here, before sizing
+    keys = [".".join(parse_override(o)[0]) for o in overrides or []]
     choices = []
     if answers.model != "tiny":
-        choices = size(data, answers, base, machine or Machine())
+        choices = size(data, answers, base, machine or Machine(), keys)
         for c in choices:
             section, name = c.field.split(".", 1)
             data.setdefault(section, {})[name] = c.value
+        apply_overrides(data, overrides or [])  # the user's values over the sizes
+        choices = [_as_given(c, data, keys) for c in choices]
     cfg = from_dict(_resolved(data, base))  # a mistake stops here, before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(data, cfg, expert, {c.field: c.reason for c in choices}))
     return load_config(out), choices
+
+
+def _as_given(choice: Choice, data: dict[str, Any], keys: list[str]) -> Choice:
+    """``choice`` as the overrides of ``keys`` (dotted) left it in config tree ``data``:
+    where one set its field, or a key within it, the value there, and the reason says so."""
+    touched = [k for k in keys if k == choice.field or k.startswith(f"{choice.field}.")]
+    if not touched:
+        return choice
+    section, name = choice.field.split(".", 1)
+    sized = yaml.safe_dump(choice.value, default_flow_style=True).strip().removesuffix("...")
+    return Choice(
+        choice.field,
+        data[section][name],
+        f"as given (-o {', '.join(touched)}); init would write {sized.strip()}: {choice.reason}",
+    )
 
 
 def _resolved(data: dict[str, Any], base: Path) -> dict[str, Any]:
@@ -305,9 +339,12 @@ def _resolved(data: dict[str, Any], base: Path) -> dict[str, Any]:
     return resolved
 
 
-def size(data: dict[str, Any], a: Answers, base: Path, machine: Machine) -> list[Choice]:
+def size(
+    data: dict[str, Any], a: Answers, base: Path, machine: Machine, given: list[str] | None = None
+) -> list[Choice]:
     """The sizes of the run ``data`` describes (a model folder's), each with its reason
-    (:mod:`app.sizing`); the user's own device answer is kept."""
+    (:mod:`app.sizing`); the user's own device answer is kept, and a temperature the user
+    set (``given``: the dotted fields they set) is sampled at and kept."""
     from streamrft.app import sizing
     from streamrft.app.sizing_facts import data_facts, hardware, load_tokenizer_of, model_facts
 
@@ -325,13 +362,17 @@ def size(data: dict[str, Any], a: Answers, base: Path, machine: Machine) -> list
     hw = hardware(machine.gpus, machine.gpu_memory, a.device or "auto")
     recipe = sizing.recipe_fits(model, hw)
     prompt = sizing.prompt_choice(facts, recipe, model.chat_template)
-    own = _own_responses(folder, taskset, resolved, model, a.device or "auto", machine)
-    wanted = sizing.response_choice(facts, recipe, model.chat_template, own)
+    temperature_given = "explorer.temperature" in (given or [])
+    own, calmer = _own_responses(
+        folder, taskset, resolved, model, a.device or "auto", machine, temperature_given
+    )
+    wanted, *temperature = sizing.response_choices(facts, recipe, model.chat_template, own, calmer)
     response = sizing.fit_context(prompt, wanted, model.context)
     batches = sizing.batch_choices(hw, prompt.value + response.value)
     batch = next(c.value for c in batches if c.field == "trainer.batch_size")
     common = [
         response,
+        *temperature,
         prompt,
         *batches,
         *sizing.schedule_choices(facts, batch),
@@ -364,15 +405,19 @@ def _own_responses(
     model: ModelFacts,
     device: str,
     machine: Machine,
-) -> OwnResponses | None:
+    temperature_given: bool,
+) -> tuple[OwnResponses | None, OwnResponses | None]:
     """The model's own responses (``machine.sample_responses`` of them) at the explorer's
-    temperature, progress on stderr; None, said on stderr, where they are not sampled."""
+    temperature, and where they ramble the same again at
+    :data:`~streamrft.app.sizing.CALMER_TEMPERATURE` (:func:`~streamrft.app.sizing.tries_calmer`;
+    else None), progress on stderr; None, said on stderr, where they are not sampled."""
+    from streamrft.app.sizing import CALMER_TEMPERATURE, tries_calmer
     from streamrft.app.sizing_facts import model_responses, why_not_sampled
     from streamrft.infra.config import ExplorerConfig
 
     count = machine.sample_responses
     if not count:
-        return None
+        return None, None
     why = why_not_sampled(folder, model.params, device)
     if why:
         print(
@@ -380,25 +425,38 @@ def _own_responses(
             "data alone",
             file=sys.stderr,
         )
-        return None
+        return None, None
     explorer = msgspec.convert(resolved.get("explorer", {}), ExplorerConfig)
-    tty = sys.stderr.isatty()
 
-    def progress(done: int, total: int) -> None:
-        line = f"init: sampling {total} responses of the model to size max_new_tokens"
-        start, end = ("\r", "\n" if done == total else "") if tty else ("", "\n")
-        print(f"{start}{line} ({done}/{total})", end=end, file=sys.stderr, flush=True)
+    def sample(temperature: float, line: str) -> OwnResponses:
+        tty = sys.stderr.isatty()
 
-    return model_responses(
-        folder,
-        taskset,
-        taskset.path,
-        count=count,
-        temperature=explorer.temperature,
-        device=device,
-        context=model.context,
-        progress=progress,
+        def progress(done: int, total: int) -> None:
+            start, end = ("\r", "\n" if done == total else "") if tty else ("", "\n")
+            print(f"{start}{line} ({done}/{total})", end=end, file=sys.stderr, flush=True)
+
+        return model_responses(
+            folder,
+            taskset,
+            taskset.path,
+            count=count,
+            temperature=temperature,
+            device=device,
+            context=model.context,
+            progress=progress,
+        )
+
+    own = sample(
+        explorer.temperature,
+        f"init: sampling {count} responses of the model to size max_new_tokens",
     )
+    if not tries_calmer(own, temperature_given):
+        return own, None
+    again = (
+        f"init: sampling them again at temperature {CALMER_TEMPERATURE} ({own.cut} of "
+        f"{len(own.lengths)} at {own.temperature} did not end by {own.cap})"
+    )
+    return own, sample(CALMER_TEMPERATURE, again)
 
 
 def _held_out(data: Path, base: Path) -> str | None:
@@ -494,7 +552,17 @@ def add_init_parser(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="a model folder: sample the model's own responses to the data's first N "
         "prompts (on a GPU here, else the CPU) and give explorer.max_new_tokens room for "
-        "them too (default %(default)s; 0: size it from the data's answers alone)",
+        "them too; where they run on to the cap at an explorer.temperature over 0.7 not set "
+        "with -o, sample them again at 0.7 and write 0.7 if there they end (default "
+        "%(default)s; 0: size it from the data's answers alone)",
+    )
+    sp.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        metavar="KEY=VALUE",
+        help="set a config field: KEY a dotted path, VALUE read as YAML, e.g. "
+        "explorer.temperature=1.0; init sizes around it and keeps it; repeatable",
     )
     sp.set_defaults(func=cmd_init)
 
@@ -529,7 +597,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         parse_size(args.gpu_memory) if args.gpu_memory else None,
         args.sample_responses,
     )
-    cfg, choices = init(given, out, args.expert, None if args.yes else ask_stdin, machine)
+    ask = None if args.yes else ask_stdin
+    cfg, choices = init(given, out, args.expert, ask, machine, args.override)
     if choices:
         print(f"sized for {cfg.model.path} and {cfg.taskset.path}:")
         for choice in choices:

@@ -136,6 +136,11 @@ def cmd_init_from(args: argparse.Namespace) -> int:
 
     if not (args.from_trinity or args.from_verl):
         return cmd_init(args)
+    if args.override:
+        raise ConfigError(
+            "-o: not with --from-trinity or --from-verl (their values come from the source); "
+            "edit the file written, or give -o to validate and run"
+        )
     out = Path(args.out)
     if out.exists() and not args.force:
         raise ConfigError(f"--out: {out} exists; give another file or --force")

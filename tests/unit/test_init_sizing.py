@@ -21,7 +21,11 @@ from streamrft.app.sizing_facts import model_responses, why_not_sampled
 from streamrft.infra.config import TasksetConfig, load_config
 from streamrft.schemas.errors import ConfigError
 from tests.helpers.gsm8k_shape import write_gsm8k_shaped
-from tests.helpers.model_folders import write_eos_steered_folder, write_tiny_folder
+from tests.helpers.model_folders import (
+    write_drifting_folder,
+    write_eos_steered_folder,
+    write_tiny_folder,
+)
 from tests.helpers.qwen_shape import write_qwen_shaped
 
 pytestmark = pytest.mark.unit
@@ -79,12 +83,11 @@ def test_a_cpu_run_of_a_model_folder_is_sized_by_its_context_and_data(folders, t
     )
     assert e.max_new_tokens == 32
     # the model's own responses were sampled too (how long the random model's run is the
-    # seeded draw's): whatever they are, the 64 positions cut the room to 32
+    # seeded draw's, at 1.0 and where they run on at 0.7 too): whatever they are, the 64
+    # positions cut the room to 32
     why = reasons["explorer.max_new_tokens"]
-    assert why.startswith(f"{DATA_REASON}; 8 responses of the model at temperature 1.0: p90 ")
-    assert why.endswith(
-        ", to a power of two; cut to the 32 the model's 64 positions leave after 32 of prompt"
-    )
+    assert why.startswith(f"{DATA_REASON}; 8 responses of the model at temperature ")
+    assert why.endswith("; cut to the 32 the model's 64 positions leave after 32 of prompt")
     # a CPU: an adapter at the CPU example's rate and sizes
     assert cfg.model.lora.enabled and (cfg.model.lora.rank, cfg.model.lora.alpha) == (16, 32)
     assert (t.lr, cfg.model.device, cfg.model.dtype) == (1e-3, "cpu", "float32")
@@ -275,7 +278,8 @@ def test_a_hub_style_folder_gives_its_test_split_to_evaluation(folders, tmp_path
 def test_init_samples_the_models_own_responses(folders, tmp_path, capsys):
     _tiny, _qwen, data = folders
     # a model that never ends, with 512 positions: its two responses run to the 491 the
-    # longest prompt (21 tokens) leaves, so it gets that cap, within the context
+    # longest prompt (21 tokens) leaves, at 0.7 as at 1.0, so it gets that cap, within the
+    # context, and keeps its temperature
     never = write_eos_steered_folder(tmp_path / "never", ends=False, positions=512)
     out = tmp_path / "never.yaml"
     code, reasons, printed, err = _init_err(
@@ -286,10 +290,16 @@ def test_init_samples_the_models_own_responses(folders, tmp_path, capsys):
     assert (cfg.explorer.max_new_tokens, cfg.taskset.max_prompt_tokens) == (480, 32)
     assert reasons["explorer.max_new_tokens"] == (
         f"{DATA_REASON}; 2 responses of the model at temperature 1.0: p90 491 tokens, 2 not "
-        "ended by 491: the model runs on to the cap, so it gets the cap, to a power of two; cut "
+        "ended by 491: the model runs on to the cap, so it gets the cap, to a power of two; at "
+        "0.7 too (p90 491 tokens, 2 not ended by 491): explorer.temperature kept at 1.0; cut "
         "to the 480 the model's 512 positions leave after 32 of prompt"
     )
+    assert "explorer.temperature" not in reasons and cfg.explorer.temperature == 1.0
     assert "init: sampling 2 responses of the model to size max_new_tokens (2/2)" in err
+    assert (
+        "init: sampling them again at temperature 0.7 (2 of 2 at 1.0 did not end by 491) (2/2)"
+        in err
+    )
     assert cfg.trainer.micro_batch_size == 2  # 1,024 tokens of 512-token sequences
     # a model that ends at once: the data decides, and the reason says what was sampled
     at_once = write_eos_steered_folder(tmp_path / "at-once", ends=True, positions=512)
@@ -312,6 +322,66 @@ def test_init_samples_the_models_own_responses(folders, tmp_path, capsys):
                  str(tmp_path / "x.yaml"), "--sample-responses", "-1"])  # fmt: skip
     assert code == 2 and not (tmp_path / "x.yaml").exists()
     assert "--sample-responses: -1 is negative (0: none)" in capsys.readouterr().err
+
+
+def test_a_model_that_drifts_at_its_temperature_is_given_a_lower_one(folders, tmp_path, capsys):
+    _tiny, _qwen, data = folders
+    # at 1.0 three of its 8 responses run on to the 299 the 320 positions leave, at 0.7
+    # all end, the longest after 100 tokens (tests/helpers/model_folders.py says why)
+    drifting = write_drifting_folder(tmp_path / "drifting")
+    out = tmp_path / "calmer.yaml"
+    code, reasons, printed, err = _init_err(capsys, out, drifting, data, "--device", "cpu")
+    assert code == 0, printed + err
+    cfg = load_config(out)
+    assert (cfg.explorer.temperature, cfg.explorer.max_new_tokens) == (0.7, 256)
+    assert reasons["explorer.temperature"] == (
+        "8 responses at temperature 1.0: 3 not ended by 299, the model drifts on; at 0.7: p90 "
+        "100 tokens, all ended: a lower temperature keeps its answers on track"
+    )
+    # sized by the responses at 0.7 (1.25 x 100 within the chat model's 256), not the cap
+    assert reasons["explorer.max_new_tokens"] == (
+        f"{DATA_REASON}; 8 responses of the model at temperature 0.7: p90 100 tokens, all "
+        "ended; room for 1.25x that, to a power of two"
+    )
+    assert "init: sampling 8 responses of the model to size max_new_tokens (8/8)" in err
+    assert (
+        "init: sampling them again at temperature 0.7 (3 of 8 at 1.0 did not end by 299) (8/8)"
+        in err
+    )
+    text = out.read_text()
+    assert "  temperature: 0.7\n" in text
+    assert (
+        "  # init: 8 responses at temperature 1.0: 3 not ended by 299, the model drifts on;" in text
+    )
+    assert "warning" not in printed
+    # the user's own temperature is kept, and sampled at once: the cap, and the user's
+    # max_new_tokens over it, said
+    out = tmp_path / "given.yaml"
+    code, reasons, printed, err = _init_err(
+        capsys, out, drifting, data, "--device", "cpu",
+        "-o", "explorer.temperature=1.0", "-o", "explorer.max_new_tokens=128",
+    )  # fmt: skip
+    assert code == 0, printed + err
+    cfg = load_config(out)
+    assert (cfg.explorer.temperature, cfg.explorer.max_new_tokens) == (1.0, 128)
+    assert "explorer.temperature" not in reasons and "again" not in err
+    assert reasons["explorer.max_new_tokens"] == (
+        f"as given (-o explorer.max_new_tokens); init would write 288: {DATA_REASON}; 8 "
+        "responses of the model at temperature 1.0: p90 299 tokens, 3 not ended by 299: the "
+        "model runs on to the cap, so it gets the cap, to a power of two; cut to the 288 the "
+        "model's 320 positions leave after 32 of prompt"
+    )
+    assert "  temperature: 1.0\n" in out.read_text()
+    # a field that does not exist stops init before it samples anything
+    code = main(["init", "--yes", "--model", str(drifting), "--data", str(data), "--out",
+                 str(tmp_path / "typo.yaml"), "-o", "explorer.temprature=1.0"])  # fmt: skip
+    printed, err = capsys.readouterr()
+    assert code == 2 and "did you mean explorer.temperature?" in err and "sampling" not in err
+    # a conversion takes no -o: its values come from the source
+    code = main(["init", "--from-verl", "data.train_batch_size=8", "--out",
+                 str(tmp_path / "verl.yaml"), "-o", "explorer.temperature=1.0"])  # fmt: skip
+    assert code == 2 and not (tmp_path / "verl.yaml").exists()
+    assert "-o: not with --from-trinity or --from-verl" in capsys.readouterr().err
 
 
 def test_the_sampling_is_seeded_bounded_and_leaves_torch_as_found(folders, tmp_path):

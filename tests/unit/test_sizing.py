@@ -236,6 +236,85 @@ def test_a_model_that_runs_on_to_the_cap_gets_the_cap():
     )
 
 
+def _at(temperature: float, lengths: list[int], cap: int = 512) -> OwnResponses:
+    return OwnResponses(tuple(sorted(lengths)), sum(n >= cap for n in lengths), cap, temperature)
+
+
+DRIFTS = _at(1.0, [30, 62, 80, 110, 145, 158, 512, 512])
+"""SmolLM2-135M-Instruct's way on GSM8K on a CPU: at 1.0, 2 of 8 responses drift on past the
+512-token cap."""
+
+
+def test_a_model_that_drifts_at_its_temperature_and_ends_at_a_lower_one_gets_the_lower():
+    worked = _data([20] * 90 + [41] * 9 + [60], [30] * 100)
+    assert DRIFTS.rambles and sizing.CALMER_TEMPERATURE == 0.7
+    assert sizing.tries_calmer(DRIFTS, temperature_given=False)
+    calm = _at(0.7, [25, 40, 52, 70, 88, 96, 120, 180])
+    assert not calm.rambles
+    response, temperature = sizing.response_choices(worked, False, False, DRIFTS, calm)
+    # sized by the responses at 0.7: 1.25 x 180 = 225 -> 256, where 1.0's gave the cap
+    assert sizing.response_choice(worked, False, False, DRIFTS).value == 512
+    assert response == sizing.response_choice(worked, False, False, calm)
+    assert response.value == 256 and response.reason == (
+        f"{WORKED}; 8 responses of the model at temperature 0.7: p90 180 tokens, all ended; "
+        "room for 1.25x that, to a power of two"
+    )
+    assert temperature == Choice(
+        "explorer.temperature",
+        0.7,
+        "8 responses at temperature 1.0: 2 not ended by 512, the model drifts on; at 0.7: "
+        "p90 180 tokens, all ended: a lower temperature keeps its answers on track",
+    )
+    # of 20 at 0.7 one does not end, its 90th percentile does: still the lower temperature
+    mostly = _at(0.7, [60] * 17 + [200, 300, 512])
+    assert not mostly.rambles
+    response, temperature = sizing.response_choices(worked, False, False, DRIFTS, mostly)
+    assert (response.value, temperature.value) == (256, 0.7)  # 1.25 x 200 = 250 -> 256
+    assert temperature.reason.endswith(
+        "at 0.7: p90 200 tokens, 1 not ended by 512: a lower temperature keeps its answers on track"
+    )
+
+
+def test_a_model_that_drifts_at_the_lower_temperature_too_keeps_its_own_and_the_cap():
+    worked = _data([20] * 90 + [41] * 9 + [60], [30] * 100)
+    still = _at(0.7, [40, 60, 70, 90, 100, 130, 200, 512])
+    assert still.rambles
+    (response,) = sizing.response_choices(worked, False, False, DRIFTS, still)
+    alone = sizing.response_choice(worked, False, False, DRIFTS)
+    assert response.value == alone.value == 512  # the cap, as without the second sampling
+    assert response.reason == (
+        f"{alone.reason}; at 0.7 too (p90 512 tokens, 1 not ended by 512): "
+        "explorer.temperature kept at 1.0"
+    )
+    assert alone.reason.endswith(
+        "the model runs on to the cap, so it gets the cap, to a power of two"
+    )
+
+
+def test_the_lower_temperature_is_tried_only_for_a_drifting_model_at_a_higher_one_not_given():
+    worked = _data([20] * 90 + [41] * 9 + [60], [30] * 100)
+    ends = _at(1.0, [30, 62, 80, 110, 145, 158, 200, 300])
+    # its responses end: no second sampling, no temperature written
+    assert not sizing.tries_calmer(ends, temperature_given=False)
+    assert sizing.response_choices(worked, False, False, ends) == [
+        sizing.response_choice(worked, False, False, ends)
+    ]
+    # even with a second sampling given, responses that end at 1.0 are sized by themselves
+    calm = _at(0.7, [20] * 8)
+    assert sizing.response_choices(worked, False, False, ends, calm) == [
+        sizing.response_choice(worked, False, False, ends)
+    ]
+    # the user set the temperature: it is kept, sampled at, and sized by (the cap)
+    assert not sizing.tries_calmer(DRIFTS, temperature_given=True)
+    assert [c.field for c in sizing.response_choices(worked, False, False, DRIFTS)] == [
+        "explorer.max_new_tokens"
+    ]
+    # already at (or below) the lower temperature; nothing sampled
+    assert not sizing.tries_calmer(_at(0.7, [512] * 8), temperature_given=False)
+    assert not sizing.tries_calmer(_at(0.5, [512] * 8), temperature_given=False)
+    assert not sizing.tries_calmer(None, temperature_given=False)
+
+
 def test_prompt_room_and_the_context_bound():
     data = _data([10] * 10, [40] * 9 + [90])
     p = sizing.prompt_choice(data, recipe=False, chat=True)
