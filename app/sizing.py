@@ -56,8 +56,7 @@ CALMER_TEMPERATURE = 0.7
 (higher) temperature they ramble, and writes where there they do not
 (:func:`tries_calmer`, :func:`response_choices`): SmolLM2-135M-Instruct on GSM8K at 1.0
 drifted into unrelated text past 512 tokens in 2 of 8 responses, and a two-step run cut 25%
-of its responses there; at 0.7 the same run cut 3% and its greedy accuracy went 0.44 to
-0.60 (2-core dev box, 2026-12-06)."""
+of its responses there; at 0.7 the same run cut 3% (2-core dev box, 2026-12-06)."""
 RESPONSE_HEADROOM = 1.25
 """Over the model's own sampled responses (their 90th percentile: of 8, the longest), for
 the prompts not sampled."""
