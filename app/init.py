@@ -6,10 +6,11 @@ question has a flag (``--model``, ``--data``, ...) and ``--yes`` takes the sugge
 answer of any question not given, so scripts run it without a terminal. For a model
 folder it then sizes the run (``app/sizing.py``): response and prompt lengths from a
 sample of the data in the model's tokens and a few of the model's own responses
-(``--sample-responses``), the learning rate by the model's size, batches,
+(``--sample-responses``; where they run on, the same at a lower temperature, which it
+writes where there they end), the learning rate by the model's size, batches,
 group size, schedule, engine and devices by the hardware (``--gpus``/``--gpu-memory`` for
 another machine), all weights or an adapter by the memory plan (``--tune``), and shows
-each choice with its reason. The file it writes holds the choices that matter with a
+each choice with its reason; a field set with ``-o`` is kept. The file it writes holds the choices that matter with a
 comment on each (``--expert``: every field of every section, each with its
 documentation), is checked as ``streamrft validate`` checks, and ``plan``'s memory table
 is printed after it. ``--from-trinity FILE`` and ``--from-verl`` convert another
