@@ -17,7 +17,9 @@ returned as partial results (the explorer publishes them but commits nothing: th
 explored again after a restart, and the trainer drops the duplicate groups by id). Calls
 still running :data:`INTERRUPT_AFTER_S` after the stop are interrupted (the ``interrupt``
 the scheduler was given: the engine's, which ends a long generation between two tokens),
-so a stopping explorer exits within its supervisor's grace; their tasks made no group.
+so a stopping explorer exits within its supervisor's grace; what a call returns after the
+interrupt is dropped (a workflow may have made a group of the episodes that ended first),
+and its tasks are explored again after a restart.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class RolloutScheduler:
         queue = plan_calls(tasks, self.limits.tasks_per_call, seed)
         running: set[asyncio.Task] = set()
         interrupt_at: float | None = None  # an aborted batch's: when to interrupt its calls
+        interrupted = False
         while queue or running:
             while queue and len(running) < self.limits.calls_in_flight and not stop.is_set():
                 call = queue.pop(0)
@@ -133,9 +136,11 @@ class RolloutScheduler:
             if not done and interrupt_at is not None and self.interrupt is not None:
                 log.info("interrupting %d workflow calls still sampling", len(running))
                 self.interrupt()
-                interrupt_at = None
+                interrupt_at, interrupted = None, True
             for finished in done - {stopping}:
                 running.discard(finished)
+                if interrupted:  # a call cut short may return a partial group: none kept
+                    continue
                 queue += self._settle(finished.result(), out)
         return out
 

@@ -99,6 +99,7 @@ class RolloutEngine(Protocol):
     # Optional: ``interrupt()`` stops the sampling call running (and every later one) with
     # ``SamplingInterrupted``, from any thread; the explorer calls it when it stops with
     # calls still sampling (the transformers engine has it; vLLM's and the simulated do not).
+    # ``SerialEngine`` passes it through without its lock (the call it stops holds it).
 
     # Where an explorer's versions go (``sync.payload.WeightTarget``): engines that sample
     # with ``model`` itself copy into it (``ModuleTarget``), others into their own copy too.
@@ -147,13 +148,6 @@ class SerialEngine:
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
         with self._lock:
             return self.engine.greedy(prompts, max_new_tokens)
-
-    def interrupt(self) -> None:
-        """The wrapped engine's ``interrupt`` (without the lock: the call it stops holds
-        it); nothing where that engine has none."""
-        stop = getattr(self.engine, "interrupt", None)
-        if stop is not None:
-            stop()
 
     # a version is applied between two sampling calls, even those a timed-out workflow
     # call still makes after the explorer moved on

@@ -193,3 +193,30 @@ def test_without_an_interrupt_an_aborted_batch_waits_for_its_running_calls():
 
     out = asyncio.run(main())
     assert out.aborted and [g.task_id for g in out.groups] == ["t0"]
+
+
+def test_what_a_call_returns_after_the_interrupt_is_dropped(monkeypatch):
+    """A workflow that keeps the episodes that ended before the interrupt (the agent
+    workflow drops the failed ones) returns a partial group: publishing it would have the
+    trainer keep it and drop the whole group a restart makes (same id)."""
+    monkeypatch.setattr(scheduler_module, "INTERRUPT_AFTER_S", 0.05)
+    interrupted = threading.Event()
+    started = threading.Event()
+
+    def run_call(workflow, tasks, seed):
+        started.set()
+        interrupted.wait(60)
+        return [_group(t) for t in tasks]  # made of whatever ended before the interrupt
+
+    async def main():
+        stop = asyncio.Event()
+        limits = SchedulerLimits(tasks_per_call=1, calls_in_flight=1)
+        scheduler = RolloutScheduler(run_call, limits, interrupt=interrupted.set)
+        run = asyncio.create_task(scheduler.run([_task(0), _task(1)], 0, stop))
+        await asyncio.to_thread(started.wait, 60)
+        stop.set()
+        return await run
+
+    out = asyncio.run(main())
+    assert interrupted.is_set() and out.aborted
+    assert out.groups == [] and out.failed == []
