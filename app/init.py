@@ -20,6 +20,7 @@ framework's config instead of asking (:mod:`.init_from`).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import re
@@ -309,7 +310,7 @@ def init(
         choices = size(data, answers, base, machine or Machine(), keys)
         for c in choices:
             section, name = c.field.split(".", 1)
-            data.setdefault(section, {})[name] = c.value
+            data.setdefault(section, {})[name] = copy.deepcopy(c.value)  # overrides go in
         apply_overrides(data, overrides or [])  # the user's values over the sizes
         choices = [_as_given(c, data, keys) for c in choices]
     cfg = from_dict(_resolved(data, base))  # a mistake stops here, before anything is written
@@ -321,15 +322,20 @@ def init(
 def _as_given(choice: Choice, data: dict[str, Any], keys: list[str]) -> Choice:
     """``choice`` as the overrides of ``keys`` (dotted) left it in config tree ``data``:
     where one set its field, or a key within it, the value there, and the reason says so."""
-    touched = [k for k in keys if k == choice.field or k.startswith(f"{choice.field}.")]
+    field = choice.field
+    touched = [
+        k for k in keys if k == field or k.startswith(f"{field}.") or field.startswith(f"{k}.")
+    ]
     if not touched:
         return choice
     section, name = choice.field.split(".", 1)
     sized = yaml.safe_dump(choice.value, default_flow_style=True).strip().removesuffix("...")
+    given = (data.get(section) or {}).get(name)  # a whole section given may leave it out
+    how = "as given" if given is not None else "left to its default"
     return Choice(
         choice.field,
-        data[section][name],
-        f"as given (-o {', '.join(touched)}); init would write {sized.strip()}: {choice.reason}",
+        given,
+        f"{how} (-o {', '.join(touched)}); init would write {sized.strip()}: {choice.reason}",
     )
 
 
@@ -563,7 +569,8 @@ def add_init_parser(sub: argparse._SubParsersAction) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="set a config field: KEY a dotted path, VALUE read as YAML, e.g. "
-        "explorer.temperature=1.0; init sizes around it and keeps it; repeatable",
+        "explorer.temperature=1.0; init keeps it (a temperature given is sampled at; other "
+        "sizes are not redone around a value given); repeatable",
     )
     sp.set_defaults(func=cmd_init)
 

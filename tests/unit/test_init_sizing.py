@@ -444,3 +444,33 @@ def test_a_model_that_cannot_be_sampled_is_a_config_error_or_skipped(folders, tm
         "a 2.0B model samples too slowly on a CPU (over 0.6B)"
     )
     assert why_not_sampled(tiny, 100_000, "auto") is None
+
+
+def test_a_field_given_inside_a_sized_mapping_leaves_what_init_would_write_untouched(
+    folders, tmp_path, capsys
+):
+    """``-o model.lora.rank=...`` changes the written adapter, not the sized value the
+    reason quotes; a whole section given leaves a sized field to its default, said."""
+    _tiny, qwen, data = folders
+    flags = ("--gpus", "1", "--gpu-memory", "24GiB")
+    code, _reasons, printed = _init(capsys, tmp_path / "sized.yaml", qwen, data, *flags)
+    assert code == 0, printed
+    sized = load_config(tmp_path / "sized.yaml").model.lora
+    mine = sized.rank * 2
+    out = tmp_path / "mine.yaml"
+    code, reasons, printed = _init(capsys, out, qwen, data, *flags, "-o", f"model.lora.rank={mine}")
+    assert code == 0, printed
+    assert load_config(out).model.lora.rank == mine
+    assert reasons["model.lora"].startswith(
+        f"as given (-o model.lora.rank); init would write {{alpha: {sized.alpha:g}, enabled: "
+        f"true, rank: {sized.rank}}}: "
+    )
+    out = tmp_path / "section.yaml"
+    code, reasons, printed = _init(
+        capsys, out, qwen, data, *flags, "-o", "explorer={temperature: 0.9}"
+    )
+    assert code == 0, printed
+    assert load_config(out).explorer.temperature == 0.9
+    assert reasons["explorer.max_new_tokens"].startswith(
+        "left to its default (-o explorer); init would write "
+    )
