@@ -13,12 +13,9 @@ def write_tiny_folder(folder: Path) -> Path:
     """The tiny Llama (``ModelConfig``'s defaults: 2 layers of 64, 64 positions) and its
     character tokenizer with :data:`CHAT_TEMPLATE`, saved to ``folder``; returns it."""
     from streamrft.infra.config import ModelConfig
-    from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model, save_policy
+    from streamrft.infra.modeling import save_policy
 
-    cfg = ModelConfig()
-    tokenizer = build_char_tokenizer(cfg.charset)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return save_policy(build_tiny_model(cfg, tokenizer), tokenizer, folder)
+    return save_policy(*_tiny_llama(ModelConfig()), folder)
 
 
 def write_eos_steered_folder(folder: Path, ends: bool, positions: int = 64) -> Path:
@@ -30,12 +27,9 @@ def write_eos_steered_folder(folder: Path, ends: bool, positions: int = 64) -> P
     import torch
 
     from streamrft.infra.config import ModelConfig
-    from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model, save_policy
+    from streamrft.infra.modeling import save_policy
 
-    cfg = ModelConfig(max_positions=positions)
-    tokenizer = build_char_tokenizer(cfg.charset)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    model = build_tiny_model(cfg, tokenizer)
+    model, tokenizer = _tiny_llama(ModelConfig(max_positions=positions))
     with torch.no_grad():  # tied: the same rows are the output layer's
         rows = model.get_input_embeddings().weight
         rows[:, 0] = 2.0
@@ -75,18 +69,12 @@ def write_drifting_folder(folder: Path, positions: int = 320) -> Path:
     import torch
 
     from streamrft.infra.config import ModelConfig
-    from streamrft.infra.modeling import (
-        DEFAULT_CHARSET,
-        build_char_tokenizer,
-        build_tiny_model,
-        save_policy,
-    )
+    from streamrft.infra.modeling import DEFAULT_CHARSET, save_policy
 
     extra = "".join(chr(0x4E00 + i) for i in range(DRIFT_CHARACTERS))
-    cfg = ModelConfig(max_positions=positions, charset=DEFAULT_CHARSET + extra)
-    tokenizer = build_char_tokenizer(cfg.charset)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    model = build_tiny_model(cfg, tokenizer)
+    model, tokenizer = _tiny_llama(
+        ModelConfig(max_positions=positions, charset=DEFAULT_CHARSET + extra)
+    )
     with torch.no_grad():  # tied: the same rows are the output layer's
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()
@@ -96,3 +84,13 @@ def write_drifting_folder(folder: Path, positions: int = 320) -> Path:
         rows[:, 0] = 2.0
         rows[tokenizer.eos_token_id, 0] = 2.0 + DRIFT_GAP / 8
     return save_policy(model, tokenizer, folder)
+
+
+def _tiny_llama(cfg):
+    """The tiny Llama of model config ``cfg`` and its character tokenizer, with
+    :data:`CHAT_TEMPLATE`: (model, tokenizer)."""
+    from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer(cfg.charset)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return build_tiny_model(cfg, tokenizer), tokenizer
