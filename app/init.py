@@ -10,9 +10,9 @@ sample of the data in the model's tokens and a few of the model's own responses
 writes where there they end), the learning rate by the model's size, batches,
 group size, schedule, engine and devices by the hardware (``--gpus``/``--gpu-memory`` for
 another machine), all weights or an adapter by the memory plan (``--tune``), and shows
-each choice with its reason; a field set with ``-o`` is kept. The file it writes holds the choices that matter with a
-comment on each (``--expert``: every field of every section, each with its
-documentation), is checked as ``streamrft validate`` checks, and ``plan``'s memory table
+each choice with its reason; a field set with ``-o`` is kept. The file it writes holds
+the choices that matter with a comment on each (``--expert``: every field of every
+section, each with its documentation), is checked as ``streamrft validate`` checks, and ``plan``'s memory table
 is printed after it. ``--from-trinity FILE`` and ``--from-verl`` convert another
 framework's config instead of asking (:mod:`.init_from`).
 """
@@ -328,14 +328,12 @@ def _as_given(choice: Choice, data: dict[str, Any], keys: list[str]) -> Choice:
     ]
     if not touched:
         return choice
-    section, name = choice.field.split(".", 1)
-    sized = yaml.safe_dump(choice.value, default_flow_style=True).strip().removesuffix("...")
+    section, name = field.split(".", 1)
+    sized = yaml.safe_dump(choice.value, default_flow_style=True).removesuffix("...\n").strip()
     given = (data.get(section) or {}).get(name)  # a whole section given may leave it out
     how = "as given" if given is not None else "left to its default"
     return Choice(
-        choice.field,
-        given,
-        f"{how} (-o {', '.join(touched)}); init would write {sized.strip()}: {choice.reason}",
+        field, given, f"{how} (-o {', '.join(touched)}); init would write {sized}: {choice.reason}"
     )
 
 
