@@ -284,7 +284,7 @@ def cmd_feed(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from streamrft.app.export import export, run_checkpoint
-    from streamrft.consumers.checkpoint import latest_checkpoint
+    from streamrft.consumers.checkpoint_folders import latest_checkpoint
     from streamrft.infra.config import load_config, with_run_id
 
     if args.checkpoint in (None, "store"):  # the run's newest: its store's, else its folder's
@@ -400,9 +400,9 @@ def _remove_shm_leftovers() -> list[str]:
     """Remove the shared-memory version files of trainers that are gone, of any run
     (``sync/shared.py``) and the lease files of ``cuda_ipc`` (``sync/cuda_ipc.py``):
     ``streamrft run``, ``train`` and ``infra clean`` do."""
-    from streamrft.sync import cuda_ipc, shared
+    from streamrft.sync.shm_files import remove_all_leftovers
 
-    return shared.remove_leftovers() + cuda_ipc.remove_leftovers()
+    return remove_all_leftovers()
 
 
 def cmd_infra(args: argparse.Namespace) -> int:

@@ -29,7 +29,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from streamrft.app.watch.run_events import reachable
-from streamrft.consumers.checkpoint import CheckpointError, latest_checkpoint
+from streamrft.consumers.checkpoint import CheckpointError
+from streamrft.consumers.checkpoint_folders import latest_checkpoint
 from streamrft.infra.config import Config
 from streamrft.infra.endpoints import resolve
 from streamrft.infra.modeling import load_policy, save_policy

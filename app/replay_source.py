@@ -149,7 +149,7 @@ async def _bounds(
 ) -> ReplayBounds:
     """Check that this run id may take the replay (module docstring), create its topics,
     and read the bounds of the source stream."""
-    from streamrft.consumers.checkpoint import latest_checkpoint
+    from streamrft.consumers.checkpoint_folders import latest_checkpoint
     from streamrft.consumers.replay import read_bounds
     from streamrft.infra import admin
     from streamrft.sync.publisher import announced_floor

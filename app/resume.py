@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from streamrft.consumers.checkpoint import latest_checkpoint
+from streamrft.consumers.checkpoint_folders import latest_checkpoint
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import ConfigError
 

@@ -125,7 +125,7 @@ class BenchEntry:
 def select_checkpoints(cfg: Config, which: str) -> list[Path]:
     """The checkpoint folders ``--checkpoint`` names; a :class:`StreamRFTError` naming the
     fix when the run, its checkpoints or the step do not exist."""
-    from streamrft.consumers.checkpoint import checkpoints, latest_checkpoint
+    from streamrft.consumers.checkpoint_folders import checkpoints, latest_checkpoint
 
     run_dir = cfg.run_dir
     if not run_dir.is_dir():

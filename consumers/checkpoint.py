@@ -26,7 +26,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from streamrft.consumers.checkpoint_folders import step_folders
 from streamrft.consumers.state import STATE_DECODER, STATE_ENCODER, TrainerState, from_legacy
 from streamrft.infra.durable import fsync_path, replace_durably
 from streamrft.schemas.errors import StreamRFTError, SyncError
@@ -50,8 +50,6 @@ optimizers."""
 
 KEEP_MARKER = "keep"
 """A file of this name in a checkpoint folder exempts it from retention."""
-
-_STEP_DIR = re.compile(r"step_(\d+)")
 
 
 class CheckpointError(StreamRFTError):
@@ -176,15 +174,6 @@ def save_checkpoint(
     return final
 
 
-def _step_folders(root: Path) -> list[tuple[int, Path]]:
-    found = []
-    for path in root.iterdir():
-        m = _STEP_DIR.fullmatch(path.name)
-        if m and path.is_dir():
-            found.append((int(m.group(1)), path))
-    return sorted(found)
-
-
 def _prune(root: Path, step: int, keep: int) -> None:
     """Delete what the save at ``step`` (now ``latest``) made obsolete: folders set aside
     or left half-written by earlier saves, and checkpoints of earlier steps beyond the
@@ -193,29 +182,13 @@ def _prune(root: Path, step: int, keep: int) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
     if keep == 0:
         return
-    older = [path for s, path in _step_folders(root) if s < step]
+    older = [path for s, path in step_folders(root) if s < step]
     for path in older[: max(len(older) - (keep - 1), 0)]:
         if not marked_keep(path):
             shutil.rmtree(path, ignore_errors=True)
 
 
 # -- loading ---------------------------------------------------------------------------------
-def latest_checkpoint(root: Path) -> Path | None:
-    """The folder ``latest`` names, or None when there is no complete checkpoint.
-
-    A crash while the step ``latest`` names was being saved again can leave that folder
-    aside as ``step_N.prev``; it is returned then.
-    """
-    marker = root / "latest"
-    if not marker.is_file():
-        return None
-    name = marker.read_text().strip()
-    for path in (root / name, root / f"{name}.prev"):
-        if (path / "state.json").is_file():
-            return path
-    return None
-
-
 _READ_ERRORS = (OSError, ValueError, KeyError, SafetensorError, msgspec.MsgspecError)
 """What reading a damaged or missing checkpoint file raises."""
 
@@ -284,19 +257,6 @@ def _apply(
     except (ValueError, KeyError) as exc:
         what = "optimizer" if name == "model" else f"{name} optimizer"
         raise CheckpointError(f"checkpoint {path}: {what} state does not fit: {exc}") from exc
-
-
-def checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """Every complete checkpoint under ``root`` as (step, folder), oldest first (none: an
-    empty list). The one ``latest`` names is included even when a crash left it as
-    ``step_N.prev``."""
-    folders = _step_folders(root) if root.is_dir() else []
-    found = [(step, path) for step, path in folders if (path / "state.json").is_file()]
-    latest = latest_checkpoint(root)
-    if latest is not None and latest not in [path for _, path in found]:  # step_N.prev
-        step = _STEP_DIR.match(latest.name)
-        found = sorted([*found, (int(step.group(1)) if step else -1, latest)])
-    return found
 
 
 def load_weights(path: Path, model: torch.nn.Module | WeightTarget) -> TrainerState:

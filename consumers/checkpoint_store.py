@@ -28,13 +28,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from streamrft.consumers.checkpoint import (
-    KEEP_MARKER,
-    latest_checkpoint,
-    marked_keep,
-    point_latest,
-    unmark_keep,
-)
+from streamrft.consumers.checkpoint import KEEP_MARKER, marked_keep, point_latest, unmark_keep
+from streamrft.consumers.checkpoint_folders import latest_checkpoint
 from streamrft.consumers.state import TrainerState
 from streamrft.infra.bus import Counters
 from streamrft.infra.config import Config

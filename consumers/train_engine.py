@@ -25,12 +25,8 @@ import torch
 from streamrft.consumers.algorithms import policy_step, resolve_algorithm
 from streamrft.consumers.algorithms.dpo import dpo_step
 from streamrft.consumers.algorithms.step import BatchShare, mini_batches
-from streamrft.consumers.checkpoint import (
-    Extras,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from streamrft.consumers.checkpoint import Extras, load_checkpoint, save_checkpoint
+from streamrft.consumers.checkpoint_folders import latest_checkpoint
 from streamrft.consumers.critic import Critic, ValueModel
 from streamrft.consumers.lr_schedule import lr_factor, set_lr
 from streamrft.consumers.precision import Precision

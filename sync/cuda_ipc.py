@@ -67,8 +67,9 @@ import torch
 from streamrft.infra.config import Config
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
-from streamrft.sync import shared
-from streamrft.sync.shared import SHM_DIR, file_prefix, host_id
+from streamrft.sync import shared, shm_files
+from streamrft.sync.shared import host_id
+from streamrft.sync.shm_files import LEASE_SLOTS, SHM_DIR, file_prefix
 from streamrft.sync.staging import allocated
 from streamrft.sync.transport import Announce, MakePayload, WeightReceiver, WeightSender
 from streamrft.sync.weights import checked_image, largest_version, safetensors_header
@@ -79,7 +80,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCHEME = "cuda-ipc://"
-SLOT_NAMES = ("cuda0", "cuda1")
 LEASE_WAIT_S = 10.0
 """``auto``: longest wait for a slot no reader holds before a version skips this path."""
 LEASE_POLL_S = 0.002
@@ -374,8 +374,8 @@ def reading(path: str, what: str) -> Iterator[Stamp]:
 def remove_leftovers(run_id: str = "", folder: str = SHM_DIR) -> list[str]:
     """Remove the lease files that trainers now gone left (their slots went with their
     processes), of any run, by the pid in each name, and this process's own of run
-    ``run_id``: shared memory's rule (:func:`~.shared.remove_leftovers`); their names."""
-    return shared.remove_leftovers(run_id, folder, SLOT_NAMES)
+    ``run_id``: shared memory's rule (:func:`~.shm_files.remove_leftovers`); their names."""
+    return shm_files.remove_leftovers(run_id, folder, LEASE_SLOTS)
 
 
 # -- CUDA (not run here: no GPU) ------------------------------------------------------------
@@ -484,7 +484,7 @@ class CudaIpcSender(WeightSender):
         run = cfg.topics().run
         remove_leftovers(run, folder)
         stem = f"{file_prefix(run)}{os.getpid()}-"
-        self.leases = [os.path.join(folder, f"{stem}{name}") for name in SLOT_NAMES]
+        self.leases = [os.path.join(folder, f"{stem}{name}") for name in LEASE_SLOTS]
         self._fds = [os.open(path, os.O_RDWR | os.O_CREAT, 0o600) for path in self.leases]
         for fd in self._fds:
             write_stamp(fd, -1, 0)
@@ -773,7 +773,7 @@ class CudaIpcReceiver(WeightReceiver):
         if slot.numel() != ipc.storage_bytes:  # an older mapping torch kept alive elsewhere
             raise IntegrityError(f"{what}: mapped {slot.numel()} bytes, not {ipc.storage_bytes}")
         self._mapped[ref.slot] = (key, slot)
-        while len(self._mapped) > len(SLOT_NAMES):
+        while len(self._mapped) > len(LEASE_SLOTS):
             self._mapped.pop(next(iter(self._mapped)))
         return slot
 

@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import socket
 import stat
 import threading
@@ -45,13 +44,13 @@ from streamrft.infra.config import Config
 from streamrft.schemas.errors import IntegrityError, SyncError
 from streamrft.schemas.events import ModelVersionReady
 from streamrft.sync.mapped import Mappings, copy_hashed
+from streamrft.sync.shm_files import SHM_DIR, SLOTS, file_prefix, is_version_file, remove_leftovers
 from streamrft.sync.staging import Stage, allocated
 from streamrft.sync.transport import Announce, MakePayload, WeightReceiver, WeightSender
 from streamrft.sync.weights import Shard, checked_image, largest_version, make_shard
 
 log = logging.getLogger(__name__)
 
-SHM_DIR = "/dev/shm"
 SCHEME = "shm://"
 
 
@@ -64,48 +63,6 @@ def host_id(cfg: Config) -> str:
     with contextlib.suppress(OSError):
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
     return f"{socket.gethostname()}-{boot}" if boot else socket.gethostname()
-
-
-def file_prefix(run_id: str) -> str:
-    return f"streamrft-{run_id}-"
-
-
-SLOTS = ("0", "1", "base")
-"""Two files versions alternate in, and a LoRA run's full version (the base its adapters
-apply on, sent once per trainer: it must outlive the adapters after it)."""
-
-
-def remove_leftovers(
-    run_id: str = "", folder: str = SHM_DIR, slots: tuple[str, ...] = SLOTS
-) -> list[str]:
-    """Remove the version files that trainers now gone left in ``folder`` (killed before
-    they could), of any run, by the pid in each name, checked across pid reuse
-    (:func:`~streamrft.infra.logfiles.remove_dead_leftovers`): a file whose trainer still
-    runs is never touched, except this process's own of run ``run_id``, which the caller
-    is about to write anew. Their names. A trainer calls this at start, before it writes
-    its own; so do ``streamrft run`` and ``streamrft infra clean``. ``slots``: the files'
-    last parts (``cuda_ipc``'s lease files have their own)."""
-    from streamrft.infra.logfiles import remove_dead_leftovers
-
-    names = "|".join(re.escape(slot) for slot in slots)
-    removed = []
-    if run_id:
-        mine = re.compile(re.escape(f"{file_prefix(run_id)}{os.getpid()}-") + f"({names})")
-        with contextlib.suppress(FileNotFoundError):  # no such folder here (not Linux)
-            for name in sorted(os.listdir(folder)):
-                if mine.fullmatch(name):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(folder, name))
-                        removed.append(name)
-    any_run = rf"streamrft-[A-Za-z0-9_-]+-(?P<pid>\d+)-({names})"  # file_prefix(any run id)
-    return removed + remove_dead_leftovers(Path(folder), any_run)  # which logs them
-
-
-def is_version_file(run_id: str, name: str) -> bool:
-    """Whether ``name`` is one of run ``run_id``'s version files (a trainer's, by its pid and
-    slot): the only files of the folder a receiver maps."""
-    slots = "|".join(re.escape(slot) for slot in SLOTS)
-    return re.fullmatch(re.escape(file_prefix(run_id)) + rf"\d+-({slots})", name) is not None
 
 
 def parse_uri(uri: str) -> tuple[str, str]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from streamrft.consumers.checkpoint import latest_checkpoint
+from streamrft.consumers.checkpoint_folders import latest_checkpoint
 from streamrft.infra.consume import read_history
 from streamrft.schemas.codec import CONTROL, STATUS
 from streamrft.schemas.events import ModelVersionReady, VersionsRetired

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from streamrft.consumers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from streamrft.consumers.checkpoint import load_checkpoint, save_checkpoint
+from streamrft.consumers.checkpoint_folders import latest_checkpoint
 from streamrft.consumers.checkpoint_store import MANIFEST, CheckpointStore
 from streamrft.consumers.state import TrainerState
 from streamrft.schemas.errors import IntegrityError

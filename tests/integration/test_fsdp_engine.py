@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from streamrft.app.launch import launch
 from streamrft.consumers.algorithms import resolve_algorithm
-from streamrft.consumers.checkpoint import latest_checkpoint
+from streamrft.consumers.checkpoint_folders import latest_checkpoint
 from streamrft.consumers.train_engine import TorchTrainEngine
 from streamrft.infra.config import Config
 from streamrft.sync.weights import unique_state_dict

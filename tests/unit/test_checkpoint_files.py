@@ -13,12 +13,8 @@ from safetensors.torch import save_file
 
 from streamrft.consumers import checkpoint
 from streamrft.consumers.buffer import ExperienceBuffer
-from streamrft.consumers.checkpoint import (
-    KEEP_MARKER,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from streamrft.consumers.checkpoint import KEEP_MARKER, load_checkpoint, save_checkpoint
+from streamrft.consumers.checkpoint_folders import latest_checkpoint
 from streamrft.consumers.state import TrainerState, from_legacy, id_digest
 from streamrft.infra.config import ModelConfig
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model

@@ -9,12 +9,8 @@ import msgspec
 import pytest
 import torch
 
-from streamrft.consumers.checkpoint import (
-    CheckpointError,
-    checkpoints,
-    load_weights,
-    save_checkpoint,
-)
+from streamrft.consumers.checkpoint import CheckpointError, load_weights, save_checkpoint
+from streamrft.consumers.checkpoint_folders import checkpoints
 from streamrft.consumers.state import TrainerState
 from streamrft.infra.config import LoraConfig, ModelConfig
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model

@@ -1,4 +1,4 @@
-"""The shared-memory version files a trainer that is gone left (``sync/shared.py``
+"""The shared-memory version files a trainer that is gone left (``sync/shm_files.py``
 ``remove_leftovers``): removed by the next trainer of any run, ``streamrft run`` or
 ``streamrft infra clean``, by the pid in their names, checked across pid reuse; a file
 whose trainer runs is never touched.
@@ -22,7 +22,7 @@ import pytest
 
 from streamrft.app.cli import main
 from streamrft.infra.pids import PID_REUSE_SLACK_S, pid_alive, writer_gone
-from streamrft.sync.shared import SHM_DIR, file_prefix, remove_leftovers
+from streamrft.sync.shm_files import SHM_DIR, file_prefix, remove_leftovers
 
 pytestmark = pytest.mark.unit
 

@@ -11,12 +11,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import load_file
 from safetensors.torch import save as st_save
 
-from streamrft.consumers.checkpoint import (
-    CheckpointError,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from streamrft.consumers.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from streamrft.consumers.checkpoint_folders import latest_checkpoint
 from streamrft.consumers.state import STATE_DECODER, PartitionOffset, TrainerState, id_digest
 from streamrft.infra.config import ModelConfig
 from streamrft.infra.modeling import build_char_tokenizer, build_tiny_model
