@@ -16,8 +16,9 @@ Atomic and durable: a checkpoint is written to a temporary folder, every file an
 folder are fsynced, it is renamed into place, then ``latest`` is replaced the same way
 (temporary file, fsync, rename, fsync of the parent). The folder ``latest`` names is
 never deleted before its successor is in place: saving a step again first renames the
-old folder aside to ``step_N.prev``, which :func:`latest_checkpoint` reads if a crash
-came between the two renames. Only after ``latest`` names the new folder are older ones
+old folder aside to ``step_N.prev``, which
+:func:`~streamrft.consumers.checkpoint_folders.latest_checkpoint` reads if a crash came
+between the two renames. Only after ``latest`` names the new folder are older ones
 deleted: all but the newest ``keep`` (0: none deleted) and those holding a ``keep`` file.
 """
 
