@@ -12,9 +12,9 @@ group size, schedule, engine and devices by the hardware (``--gpus``/``--gpu-mem
 another machine), all weights or an adapter by the memory plan (``--tune``), and shows
 each choice with its reason; a field set with ``-o`` is kept. The file it writes holds
 the choices that matter with a comment on each (``--expert``: every field of every
-section, each with its documentation), is checked as ``streamrft validate`` checks, and ``plan``'s memory table
-is printed after it. ``--from-trinity FILE`` and ``--from-verl`` convert another
-framework's config instead of asking (:mod:`.init_from`).
+section, each with its documentation), is checked as ``streamrft validate`` checks, and
+``plan``'s memory table is printed after it. ``--from-trinity FILE`` and ``--from-verl``
+convert another framework's config instead of asking (:mod:`.init_from`).
 """
 
 from __future__ import annotations
