@@ -18,6 +18,8 @@ waits until the previous one's response has gone back). When the broker goes dow
 gate closes (connections are dropped, as a dead broker drops them); when it is back,
 :func:`warm_partitions` reads every non-empty partition once over a private connection,
 and only then does the gate open again. The same two experiments then lose 0 records.
+A produce still waiting for its turn when its connection is cut gives the turn up: it
+never reached the broker, so no answer would ever free the lock.
 The price: produce requests are serialised (this is a durability mode for tests and
 single-machine runs, not the fast path), and the relay costs a thread pair per connection.
 
@@ -111,6 +113,8 @@ class BrokerGate:
         self._conns: set[socket.socket] = set()
         self._produce_lock = threading.Lock()
         """One produce request in the broker at a time (see the module docstring)."""
+        self._waiting = 0
+        """Produce requests waiting for the produce lock (under ``_lock``)."""
         self._stopped = False
         self._accepting = threading.Thread(target=self._accept, name="broker-gate", daemon=True)
         self._accepting.start()
@@ -118,6 +122,17 @@ class BrokerGate:
     @property
     def is_open(self) -> bool:
         return self.target_port is not None
+
+    @property
+    def produces_waiting(self) -> int:
+        """Produce requests held back until the one in the broker is answered."""
+        with self._lock:
+            return self._waiting
+
+    @property
+    def produce_in_broker(self) -> bool:
+        """Whether a produce request holds the produce lock now."""
+        return self._produce_lock.locked()
 
     def open(self, target_port: int) -> None:
         with self._lock:
@@ -185,8 +200,15 @@ class BrokerGate:
                 api_key, corr = kafka_wire.request_header(frame)
                 serial = api_key == kafka_wire.PRODUCE and _expects_response(frame)
                 if serial:
-                    self._produce_lock.acquire()
-                link.sent(corr, serial)
+                    self._wait_for_produce_lock()
+                if not link.sent(corr, serial):
+                    # hung up while this produce waited: it never reaches the broker, so
+                    # nothing will answer it and free the lock (one lock held for the
+                    # orphan wait per queued produce stalled every produce after a
+                    # broker restart for minutes)
+                    if serial:
+                        self._produce_lock.release()
+                    break
                 upstream.sendall(frame)
         except (OSError, struct.error):
             pass
@@ -195,6 +217,15 @@ class BrokerGate:
             # (or goes away): releasing it now would let another produce run beside it
             link.settled.wait(ORPHAN_WAIT_S)
             self._hang_up(client, upstream, link)
+
+    def _wait_for_produce_lock(self) -> None:
+        with self._lock:
+            self._waiting += 1
+        try:
+            self._produce_lock.acquire()
+        finally:
+            with self._lock:
+                self._waiting -= 1
 
     def _responses(self, upstream: socket.socket, client: socket.socket, link: _Link) -> None:
         """Broker to client, frame by frame; a produce's response frees the produce lock."""
@@ -234,16 +265,23 @@ class _Link:
         self._lock = threading.Lock()
         self._pending: collections.deque[tuple[int, bool]] = collections.deque()
         self._holding = False
+        self._dropped = False
         self.settled = threading.Event()
         """Set while this connection holds no produce lock."""
         self.settled.set()
 
-    def sent(self, corr: int, holds_produce_lock: bool) -> None:
+    def sent(self, corr: int, holds_produce_lock: bool) -> bool:
+        """Record a request about to go to the broker; False once the connection was
+        hung up (the request must not be sent, and a produce lock taken for it is the
+        caller's to release)."""
         with self._lock:
+            if self._dropped:
+                return False
             self._pending.append((corr, holds_produce_lock))
             if holds_produce_lock:
                 self._holding = True
                 self.settled.clear()
+            return True
 
     def answered(self, corr: int) -> bool:
         """Whether this response (or one it implies was skipped) frees the produce lock."""
@@ -263,6 +301,7 @@ class _Link:
         """On hang-up: whether this connection still held the produce lock (once)."""
         with self._lock:
             holding, self._holding = self._holding, False
+            self._dropped = True
             self._pending.clear()
             self.settled.set()
             return holding
