@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -308,6 +309,8 @@ class TaskConsumer:
         """Assignments received so far (the first join counts)."""
         self.assigned = asyncio.Event()
         """Set at every assignment (clear it to wait for the next)."""
+        self.last_poll = time.monotonic()
+        """When the last :meth:`getmany` returned (``time.monotonic()``)."""
         self._on_assign = on_assign
         self._consumer = _group_consumer(cfg, topic, group_id, client_id)
         self._consumer.subscribe([topic], listener=_AssignmentListener(self))
@@ -333,7 +336,34 @@ class TaskConsumer:
         return self._consumer._client
 
     async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> dict:
-        return await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        try:
+            return await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        finally:
+            self.last_poll = time.monotonic()
+
+    @property
+    def in_group(self) -> bool:
+        """Whether this member is in the group now: aiokafka resets the generation to -1
+        when the member leaves (a stop, or a poll interval gone by without a poll)."""
+        coordinator = self._consumer._coordinator
+        return coordinator is not None and coordinator.generation >= 0
+
+    def idle_s(self) -> float:
+        """Seconds since the last :meth:`getmany` returned."""
+        return time.monotonic() - self.last_poll
+
+    async def keep_membership(self) -> None:
+        """Poll with every partition paused: the group counts this member as reading
+        (``kafka.max_poll_interval_ms`` starts again) and no record moves. Which
+        partitions were held back stays as it was; records fetched ahead for the others
+        are fetched again."""
+        every = self._consumer.assignment()
+        held = self._consumer.paused()
+        self._consumer.pause(*every)
+        try:
+            await self.getmany(timeout_ms=0)
+        finally:
+            self._consumer.resume(*(set(self._consumer.assignment()) - held))
 
     async def commit(self, offsets: dict) -> None:
         await self._consumer.commit(offsets)

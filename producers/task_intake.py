@@ -13,10 +13,21 @@ batch is complete: every partition it holds has shown a task of a later batch (o
 topic went quiet, or the step is full). What was read past the batch waits in a backlog
 for the next take, and the partitions already past it are not fetched meanwhile. So N
 explorers produce each batch once between them, each its share, in batch order.
+
+**Membership between takes.** An explorer reads nothing while it samples a step or waits
+at its sync point for a version, and a group member that does not poll for
+``kafka.max_poll_interval_ms`` is put out of the group (its partitions move, the tasks it
+holds uncommitted are sampled again). So between takes the intake polls with every
+partition paused every quarter of that interval (:meth:`TaskIntake.keep_membership`): the
+explorer stays in the group however long a step takes, and nothing is read or skipped. A
+stuck generation is therefore not noticed by the group: ``explorer.task_timeout_s`` gives
+such a task up, and the trainer reports a run where no explorer works.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -43,6 +54,11 @@ IDLE_RETURN_S = 1.0
 partition it holds may still have unread records (a fresh assignment is still fetching)."""
 UNREAD_GRACE_S = 10.0
 """... or after this long idle, whatever the partitions say."""
+
+
+KEEPALIVE_FRACTION = 4
+"""Between takes, poll with every partition paused once this fraction of
+``kafka.max_poll_interval_ms`` went by without a poll."""
 
 
 UNSTAMPED = -1
@@ -98,6 +114,9 @@ class TaskIntake:
         self.passed: dict[int, int] = {}
         """Per partition held: the highest batch index read from it."""
         self._to_report = False
+        self._taking = asyncio.Lock()
+        """Held by a take or a keep-alive poll: one poll of the group at a time."""
+        self._keeper: asyncio.Task[None] | None = None
 
     @property
     def consumer(self) -> kafka.TaskConsumer:
@@ -112,11 +131,34 @@ class TaskIntake:
             self.cfg.kafka, topics.tasks, topics.explorers_group, self.name, self._on_assign
         )
         await self._consumer.start()
+        self._keeper = asyncio.create_task(self.keep_membership(), name=f"{self.name}-keepalive")
 
     async def stop(self) -> None:
         """Leave the group; safe to call twice, and before start."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+            self._keeper = None
         if self._consumer is not None:
             await self._consumer.stop()
+
+    async def keep_membership(self) -> None:
+        """Run until cancelled: while no take polls (a step, a sync point), poll with every
+        partition paused once a :data:`KEEPALIVE_FRACTION` of ``max_poll_interval_ms``
+        went by without a poll (see module). A failed poll is logged and tried again."""
+        every = self.cfg.kafka.max_poll_interval_ms / 1000 / KEEPALIVE_FRACTION
+        while True:
+            await asyncio.sleep(max(every - self.consumer.idle_s(), 0.1))
+            if self._taking.locked() or self.consumer.idle_s() < every:
+                continue
+            async with self._taking:
+                try:
+                    await self.consumer.keep_membership()
+                except KafkaError as exc:
+                    log.warning("%s: keep-alive poll of the tasks group failed: %s", self.name, exc)
+                    continue
+            self.counters.add("tasks_keepalives")
 
     def _on_assign(self, partitions: tuple[int, ...]) -> None:
         """A rebalance gave this explorer ``partitions``: what was read from partitions it
@@ -162,6 +204,12 @@ class TaskIntake:
         for :data:`IDLE_RETURN_S`, with nothing when ``empty_ok()`` and nothing was read
         (something else wants this explorer, e.g. a broadcast group), and at once when
         ``give_up()`` (stop)."""
+        async with self._taking:
+            return await self._take(n, give_up, empty_ok)
+
+    async def _take(
+        self, n: int, give_up: Callable[[], bool], empty_ok: Callable[[], bool]
+    ) -> Taken:
         idle_since = time.monotonic()
         while not give_up():
             await self._report_assignment()

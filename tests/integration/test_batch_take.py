@@ -80,3 +80,43 @@ def test_batches_are_taken_whole_in_order_and_committed_up_to_the_backlog(make_c
     unexplored, again = asyncio.run(scenario())
     assert again.batch == 4
     assert sorted(t.id for t in again.tasks) == sorted(t.id for t in unexplored.tasks)
+
+
+def test_an_explorer_busy_past_the_poll_interval_keeps_its_partitions(make_config):
+    """A step (or a wait for a version) longer than ``kafka.max_poll_interval_ms``: the
+    intake's keep-alive polls keep the explorer in the group, and the takes after it go
+    on batch by batch. Without them the member leaves the group once the interval has
+    gone by and rejoins at its next read (a second assignment; on Apache Kafka its
+    commit of the batch it sampled would fail too)."""
+    interval_ms = 10_000  # the least the config takes
+    cfg = make_config(
+        kafka={"partitions": 4, "max_poll_interval_ms": interval_ms},
+        trainer={"batch_size": PER_BATCH},
+    )
+    feeder = Feeder(cfg)
+
+    async def scenario():
+        await admin.ensure_topics(cfg.kafka, cfg.topics())
+        assert await feeder.run() == 100
+        intake, events = await _intake(cfg, "explorer-0")
+        try:
+            taken = await _take(intake, PER_BATCH)
+            batches = [(taken.batch, len(taken.tasks))]
+            await asyncio.sleep(2.5 * interval_ms / 1000)  # the step: the loop is free
+            still_in = intake.consumer.in_group
+            await intake.commit()
+            for _ in range(3):  # the next batches, each read from the topic
+                taken = await _take(intake, PER_BATCH)
+                batches.append((taken.batch, len(taken.tasks)))
+                await intake.commit()
+            return still_in, batches, intake.assignments, intake.counters.snapshot()
+        finally:
+            await intake.stop()
+            await events.stop()
+
+    still_in, batches, assignments, counters = asyncio.run(scenario())
+    assert still_in, counters  # in the group after the long step, before any take
+    assert assignments == 1, counters  # never put out and rejoined
+    assert counters.get("commit_failures", 0) == 0, counters
+    assert counters["tasks_keepalives"] >= 2, counters  # about every quarter interval
+    assert batches == [(b, PER_BATCH) for b in range(4)]  # whole, in order: nothing skipped
