@@ -124,9 +124,9 @@ class KafkaConfig(_Section, frozen=True):
     broker holds every group join for half of it; 6000 is the least Apache Kafka accepts by
     default (``group.min.session.timeout.ms``)."""
     max_poll_interval_ms: Annotated[int, msgspec.Meta(ge=10_000)] = 600_000
-    """Longest gap between polls before a consumer is considered stuck. Explorers poll
-    their tasks group at least every quarter of it between takes (with nothing fetched),
-    so a long step never puts them out of it."""
+    """Longest gap between polls before a consumer is considered stuck. Outside a step's
+    rollouts explorers poll their tasks group every quarter of it (nothing fetched), so a
+    wait never puts them out; rollouts of one step longer than this do."""
     control_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 20
     """Long-poll wait on control/status topics; small keeps version events prompt (at 20 a
     version event reached an explorer in 8 ms p50, 26 ms p99 on the embedded broker,

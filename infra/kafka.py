@@ -310,7 +310,8 @@ class TaskConsumer:
         self.assigned = asyncio.Event()
         """Set at every assignment (clear it to wait for the next)."""
         self.last_poll = time.monotonic()
-        """When the last :meth:`getmany` returned (``time.monotonic()``)."""
+        """When the last :meth:`getmany` returned records or none (``time.monotonic()``);
+        not moved by one that raised."""
         self._on_assign = on_assign
         self._consumer = _group_consumer(cfg, topic, group_id, client_id)
         self._consumer.subscribe([topic], listener=_AssignmentListener(self))
@@ -336,10 +337,9 @@ class TaskConsumer:
         return self._consumer._client
 
     async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> dict:
-        try:
-            return await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-        finally:
-            self.last_poll = time.monotonic()
+        got = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        self.last_poll = time.monotonic()  # only a poll that went through counts
+        return got
 
     @property
     def in_group(self) -> bool:
@@ -361,9 +361,14 @@ class TaskConsumer:
         held = self._consumer.paused()
         self._consumer.pause(*every)
         try:
-            await self.getmany(timeout_ms=0)
+            got = await self.getmany(timeout_ms=0)
         finally:
             self._consumer.resume(*(set(self._consumer.assignment()) - held))
+        # a partition assigned by a rebalance inside this poll is not paused: whatever it
+        # returned is read again by the next take, from the first of it
+        for tp, records in got.items():
+            if records:
+                self._consumer.seek(tp, records[0].offset)
 
     async def commit(self, offsets: dict) -> None:
         await self._consumer.commit(offsets)

@@ -181,7 +181,8 @@ class Explorer:
         t0 = time.perf_counter()
         seed = self.cfg.run.seed * 1_000_003 + self.index * 10_007 + self.step
         tasks, too_long = self._fit_context(taken.tasks)
-        outcome = await self.scheduler.run(tasks, seed, self.stop)
+        async with self.intake.rolling_out():  # longer than max_poll_interval_ms: stuck
+            outcome = await self.scheduler.run(tasks, seed, self.stop)
         outcome.failed.extend(too_long)
         rollout_s = time.perf_counter() - t0
         groups = _stamp(outcome.groups, taken.tasks)

@@ -14,14 +14,15 @@ topic went quiet, or the step is full). What was read past the batch waits in a 
 for the next take, and the partitions already past it are not fetched meanwhile. So N
 explorers produce each batch once between them, each its share, in batch order.
 
-**Membership between takes.** An explorer reads nothing while it samples a step or waits
-at its sync point for a version, and a group member that does not poll for
+**Membership between takes.** A group member that does not poll for
 ``kafka.max_poll_interval_ms`` is put out of the group (its partitions move, the tasks it
-holds uncommitted are sampled again). So between takes the intake polls with every
-partition paused every quarter of that interval (:meth:`TaskIntake.keep_membership`): the
-explorer stays in the group however long a step takes, and nothing is read or skipped. A
-stuck generation is therefore not noticed by the group: ``explorer.task_timeout_s`` gives
-such a task up, and the trainer reports a run where no explorer works.
+holds uncommitted are sampled again). An explorer reads nothing while it waits at its
+sync point for a version, nor while its takes are served from the backlog, however long
+that lasts. So outside a step's rollouts the intake polls with every partition paused
+once a quarter of that interval went by (:meth:`TaskIntake.keep_membership`): nothing is
+read or skipped, and the explorer keeps its partitions. During the rollouts
+(:meth:`TaskIntake.rolling_out`) it does not: a step whose rollouts run longer than the
+interval counts as stuck, as Kafka means it, and its partitions go to another explorer.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
@@ -57,8 +58,14 @@ UNREAD_GRACE_S = 10.0
 
 
 KEEPALIVE_FRACTION = 4
-"""Between takes, poll with every partition paused once this fraction of
+"""Outside rollouts, poll with every partition paused once this fraction of
 ``kafka.max_poll_interval_ms`` went by without a poll."""
+KEEPALIVE_WAIT_S = 10.0
+"""Longest a keep-alive poll may take (it waits for a rebalance under way to end); one
+that takes longer counts as failed."""
+KEEPALIVE_RETRY_S = 5.0
+"""After a keep-alive poll failed (the broker away), try again this much later (or
+sooner: at most the fraction above)."""
 
 
 UNSTAMPED = -1
@@ -117,6 +124,7 @@ class TaskIntake:
         self._taking = asyncio.Lock()
         """Held by a take or a keep-alive poll: one poll of the group at a time."""
         self._keeper: asyncio.Task[None] | None = None
+        self._rolling_out = False
 
     @property
     def consumer(self) -> kafka.TaskConsumer:
@@ -132,33 +140,66 @@ class TaskIntake:
         )
         await self._consumer.start()
         self._keeper = asyncio.create_task(self.keep_membership(), name=f"{self.name}-keepalive")
+        self._keeper.add_done_callback(self._keeper_ended)
 
     async def stop(self) -> None:
         """Leave the group; safe to call twice, and before start."""
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
-            self._keeper = None
-        if self._consumer is not None:
-            await self._consumer.stop()
+        keeper, self._keeper = self._keeper, None
+        try:
+            if keeper is not None:
+                keeper.cancel()
+                await asyncio.wait({keeper})
+        finally:
+            if self._consumer is not None:
+                await self._consumer.stop()
+
+    def _keeper_ended(self, keeper: asyncio.Task[None]) -> None:
+        if not keeper.cancelled() and keeper.exception() is not None:
+            log.error(
+                "%s: the tasks group's keep-alive stopped: %r; a step longer than "
+                "kafka.max_poll_interval_ms puts this explorer out of the group",
+                self.name,
+                keeper.exception(),
+            )
+
+    @contextlib.asynccontextmanager
+    async def rolling_out(self) -> AsyncIterator[None]:
+        """Around a step's rollouts: one keep-alive poll as they start, none while they
+        run, so rollouts longer than ``kafka.max_poll_interval_ms`` put this explorer
+        out of the group (see module)."""
+        async with self._taking:
+            await self._poll_to_stay()
+        self._rolling_out = True
+        try:
+            yield
+        finally:
+            self._rolling_out = False
 
     async def keep_membership(self) -> None:
-        """Run until cancelled: while no take polls (a step, a sync point), poll with every
-        partition paused once a :data:`KEEPALIVE_FRACTION` of ``max_poll_interval_ms``
-        went by without a poll (see module). A failed poll is logged and tried again."""
+        """Run until cancelled: outside takes and rollouts, poll with every partition
+        paused once a :data:`KEEPALIVE_FRACTION` of ``max_poll_interval_ms`` went by
+        without a poll (see module). A failed poll is logged and tried again."""
         every = self.cfg.kafka.max_poll_interval_ms / 1000 / KEEPALIVE_FRACTION
         while True:
             await asyncio.sleep(max(every - self.consumer.idle_s(), 0.1))
-            if self._taking.locked() or self.consumer.idle_s() < every:
+            if self._taking.locked() or self._rolling_out or self.consumer.idle_s() < every:
                 continue
             async with self._taking:
-                try:
-                    await self.consumer.keep_membership()
-                except KafkaError as exc:
-                    log.warning("%s: keep-alive poll of the tasks group failed: %s", self.name, exc)
-                    continue
-            self.counters.add("tasks_keepalives")
+                ok = await self._poll_to_stay()
+            if not ok:
+                await asyncio.sleep(min(every, KEEPALIVE_RETRY_S))
+
+    async def _poll_to_stay(self) -> bool:
+        """One keep-alive poll (the caller holds ``_taking``); False if it failed."""
+        try:  # a poll waits out a rebalance: not longer than this while the broker is away
+            await asyncio.wait_for(self.consumer.keep_membership(), KEEPALIVE_WAIT_S)
+        except (KafkaError, asyncio.TimeoutError) as exc:
+            self.counters.add("tasks_keepalive_failures")
+            why = str(exc) or f"no answer in {KEEPALIVE_WAIT_S:.0f} s"
+            log.warning("%s: keep-alive poll of the tasks group failed: %s", self.name, why)
+            return False
+        self.counters.add("tasks_keepalives")
+        return True
 
     def _on_assign(self, partitions: tuple[int, ...]) -> None:
         """A rebalance gave this explorer ``partitions``: what was read from partitions it

@@ -82,13 +82,15 @@ def test_batches_are_taken_whole_in_order_and_committed_up_to_the_backlog(make_c
     assert sorted(t.id for t in again.tasks) == sorted(t.id for t in unexplored.tasks)
 
 
-def test_an_explorer_busy_past_the_poll_interval_keeps_its_partitions(make_config):
-    """A step (or a wait for a version) longer than ``kafka.max_poll_interval_ms``: the
-    intake's keep-alive polls keep the explorer in the group, and the takes after it go
-    on batch by batch. Without them the member leaves the group once the interval has
-    gone by and rejoins at its next read (a second assignment; on Apache Kafka its
-    commit of the batch it sampled would fail too)."""
+def test_an_explorer_keeps_its_partitions_through_waits_not_through_stuck_rollouts(make_config):
+    """Longer than ``kafka.max_poll_interval_ms`` outside rollouts (a wait for a version,
+    takes served from the backlog): the intake's keep-alive polls keep the explorer in
+    the group, and the takes after it go on batch by batch, whole. Without them the member
+    leaves the group once the interval has gone by (and rejoins at its next read; on
+    Apache Kafka its commit would fail too). Rollouts that long count as stuck: no
+    keep-alive then, and the member is put out, so its partitions can move."""
     interval_ms = 10_000  # the least the config takes
+    long_s = 2.5 * interval_ms / 1000
     cfg = make_config(
         kafka={"partitions": 4, "max_poll_interval_ms": interval_ms},
         trainer={"batch_size": PER_BATCH},
@@ -102,21 +104,27 @@ def test_an_explorer_busy_past_the_poll_interval_keeps_its_partitions(make_confi
         try:
             taken = await _take(intake, PER_BATCH)
             batches = [(taken.batch, len(taken.tasks))]
-            await asyncio.sleep(2.5 * interval_ms / 1000)  # the step: the loop is free
-            still_in = intake.consumer.in_group
+            await asyncio.sleep(long_s)  # waiting at the sync point: the loop is free
+            in_after_wait = intake.consumer.in_group
             await intake.commit()
             for _ in range(3):  # the next batches, each read from the topic
                 taken = await _take(intake, PER_BATCH)
                 batches.append((taken.batch, len(taken.tasks)))
                 await intake.commit()
-            return still_in, batches, intake.assignments, intake.counters.snapshot()
+            assignments = intake.assignments
+            async with intake.rolling_out():
+                await asyncio.sleep(long_s)  # rollouts that never end
+                in_after_rollouts = intake.consumer.in_group
+            return (in_after_wait, in_after_rollouts, batches, assignments, intake.counters)
         finally:
             await intake.stop()
             await events.stop()
 
-    still_in, batches, assignments, counters = asyncio.run(scenario())
-    assert still_in, counters  # in the group after the long step, before any take
-    assert assignments == 1, counters  # never put out and rejoined
-    assert counters.get("commit_failures", 0) == 0, counters
-    assert counters["tasks_keepalives"] >= 2, counters  # about every quarter interval
+    in_after_wait, in_after_rollouts, batches, assignments, counters = asyncio.run(scenario())
+    counts = counters.snapshot()
+    assert in_after_wait, counts  # still in the group after the long wait
+    assert assignments == 1, counts  # never put out and rejoined
+    assert counts.get("commit_failures", 0) == 0, counts
+    assert counts["tasks_keepalives"] >= 2, counts  # about every quarter interval
     assert batches == [(b, PER_BATCH) for b in range(4)]  # whole, in order: nothing skipped
+    assert not in_after_rollouts, counts  # stuck rollouts: out of the group
