@@ -352,11 +352,16 @@ class TaskConsumer:
         """Seconds since the last :meth:`getmany` returned."""
         return time.monotonic() - self.last_poll
 
-    async def keep_membership(self) -> None:
+    async def keep_membership(self) -> bool:
         """Poll with every partition paused: the group counts this member as reading
         (``kafka.max_poll_interval_ms`` starts again) and no record moves. Which
         partitions were held back stays as it was; records fetched ahead for the others
-        are fetched again."""
+        are fetched again. Returns False, without polling, while a rebalance is under way
+        (a poll would wait for it; a member put out of the group rejoins at its next
+        read). The poll never waits: nothing may cancel it half-way, because aiokafka
+        would then count it as running for ever and never find this member stuck."""
+        if self._consumer._subscription.reassignment_in_progress:
+            return False
         every = self._consumer.assignment()
         held = self._consumer.paused()
         self._consumer.pause(*every)
@@ -364,11 +369,12 @@ class TaskConsumer:
             got = await self.getmany(timeout_ms=0)
         finally:
             self._consumer.resume(*(set(self._consumer.assignment()) - held))
-        # a partition assigned by a rebalance inside this poll is not paused: whatever it
-        # returned is read again by the next take, from the first of it
+        # nothing paused returns records; should a partition that was not be let through,
+        # the next take reads it again from the first of them
         for tp, records in got.items():
             if records:
                 self._consumer.seek(tp, records[0].offset)
+        return True
 
     async def commit(self, offsets: dict) -> None:
         await self._consumer.commit(offsets)
