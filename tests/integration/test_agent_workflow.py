@@ -49,6 +49,21 @@ def _sent(transcript: list) -> list[list[float]]:
     return [[t.logprob for t in c.choices[0].logprobs.content] for c in transcript]
 
 
+def _take_episode(logprobs: list[float], episodes: list[list[list[float]]]) -> list:
+    """Remove and return the episode (its two turns' log-probs, as the agent got them)
+    this experience holds: both turns at its ends. Two episodes of one task can begin with
+    the same token, so its first log-prob alone does not tell them apart."""
+    for i, (first, second) in enumerate(episodes):
+        tail = len(logprobs) - len(second)
+        if (
+            tail >= len(first)
+            and logprobs[: len(first)] == pytest.approx(first, abs=1e-6)
+            and logprobs[tail:] == pytest.approx(second, abs=1e-6)
+        ):
+            return episodes.pop(i)
+    raise AssertionError(f"no episode left whose log-probs this experience holds: {logprobs}")
+
+
 def test_an_episode_is_one_experience_its_answers_trained_and_the_rest_masked():
     engine = _engine()
     agents.TRANSCRIPTS.clear()
@@ -64,7 +79,7 @@ def test_an_episode_is_one_experience_its_answers_trained_and_the_rest_masked():
         task = next(t for t in TASKS if t.id == group.task_id)
         for exp in group.experiences:
             assert exp.model_version == 3 and exp.info["turns"] == 2.0
-            first, second = next(e for e in episodes if unpack_f32(exp.logprobs)[0] == e[0][0])
+            first, second = _take_episode(unpack_f32(exp.logprobs), episodes)
             mask = list(exp.action_mask)
             glue = len(mask) - len(first) - len(second)
             # raw format: the user's next turn after a blank line, never trained
@@ -78,6 +93,7 @@ def test_an_episode_is_one_experience_its_answers_trained_and_the_rest_masked():
             assert tok.decode(prompt, skip_special_tokens=True) == task.prompt
             answer = tok.decode(response[: len(first)], skip_special_tokens=True)
             assert exp.reward == float(answer.strip() == task.answer)
+    assert episodes == []  # every episode the agents ran is one experience
 
 
 def test_per_completion_recording_makes_each_completion_an_experience():
