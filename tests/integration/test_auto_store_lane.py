@@ -16,20 +16,13 @@ from streamrft.schemas import CONTROL, ModelVersionReady
 from streamrft.sync.auto import AutoSender
 from streamrft.sync.object_store import make_client
 from tests.harness.throttle import throttled
+from tests.helpers.waits import until
 from tests.integration.test_shared_sync import _trainer
 
 pytestmark = pytest.mark.integration
 
 UPLINK = 10_000
 """Bytes per second up to the store: a version of the test model takes seconds to copy."""
-
-
-async def _until(ready, what: str, timeout: float = 120) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not ready():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def test_a_version_retired_while_the_lane_writes_it_is_dropped_and_deleted(make_config):
@@ -46,8 +39,11 @@ def test_a_version_retired_while_the_lane_writes_it_is_dropped_and_deleted(make_
                 first = await publisher.publish(0)
                 assert first.method == "shared"
                 # the lane is uploading version 0: a third of its bytes went up
-                await _until(
-                    lambda: relay.sent > first.bytes // 3 and sender.pinned() == {0}, "upload"
+                await until(
+                    lambda: relay.sent > first.bytes // 3 and sender.pinned() == {0},
+                    120,
+                    "upload",
+                    every=0.02,
                 )
                 await asyncio.to_thread(sender.retire, [0])  # as the trainer does, one step on
                 with torch.no_grad():

@@ -14,8 +14,6 @@ import asyncio
 import functools
 import os
 import signal
-import time
-from collections.abc import Callable
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -24,6 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from streamrft.infra.local import broker_gate
 from streamrft.infra.local.broker_gate import BrokerGate
 from streamrft.infra.local.services import LocalServices
+from tests.helpers.waits import until
 
 pytestmark = pytest.mark.integration
 
@@ -35,14 +34,6 @@ one queued); with three, a gate that leaks it is caught nearly every time."""
 WAIT_S = 60.0
 """Upper bound for a state to arrive; each is reached in milliseconds when the gate works
 (a generous bound for a busy machine, far below the hang the test is for)."""
-
-
-async def _until(ready: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not ready():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached in {WAIT_S:.0f} s: {what}")
-        await asyncio.sleep(0.01)
 
 
 def _queued(gate: BrokerGate, n: int) -> bool:
@@ -74,14 +65,18 @@ async def _scenario(svc: LocalServices) -> None:
     broker = svc._service("broker")
     os.kill(broker.pid, signal.SIGSTOP)  # a broker that stops answering, then dies
     sent = [await first.send(TOPIC, b"first")]
-    await _until(lambda: gate.produce_in_broker, "the first produce in the broker")
+    await until(
+        lambda: gate.produce_in_broker, WAIT_S, "the first produce in the broker", every=0.01
+    )
     for i, producer in enumerate(waiting, 1):
         sent.append(await producer.send(TOPIC, b"queued-%d" % i))
-        await _until(functools.partial(_queued, gate, i), f"{i} produce(s) queued")
+        await until(
+            functools.partial(_queued, gate, i), WAIT_S, f"{i} produce(s) queued", every=0.01
+        )
     await asyncio.to_thread(svc.kill, "broker")  # SIGKILL; the gate cuts every connection
     await asyncio.to_thread(svc.restart, "broker")  # a new broker; the gate opens again
-    await _until(lambda: gate.produces_waiting == 0, "the queued produce gone")
-    await _until(lambda: not gate.produce_in_broker, "the produce lock free")
+    await until(lambda: gate.produces_waiting == 0, WAIT_S, "the queued produce gone", every=0.01)
+    await until(lambda: not gate.produce_in_broker, WAIT_S, "the produce lock free", every=0.01)
     third = await _producer(bootstrap)
     try:  # a client after the restart produces at once; the cut ones retry and get in
         await asyncio.wait_for(third.send_and_wait(TOPIC, b"third"), WAIT_S)

@@ -16,6 +16,7 @@ from streamrft.infra.config import Config, KafkaConfig, with_run_id
 from streamrft.infra.local.services import LocalServices
 from streamrft.schemas.codec import METRICS
 from streamrft.schemas.events import MetricsEvent
+from tests.helpers.waits import until
 
 pytestmark = pytest.mark.integration
 
@@ -32,14 +33,6 @@ async def _publish(cfg: KafkaConfig, topic: str, run: str, steps: range) -> None
             await producer.send_and_wait(topic, METRICS.encode(ev), headers=METRICS.headers())
     finally:
         await producer.stop()
-
-
-async def _until(cond, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the feed never showed {what}")
-        await asyncio.sleep(0.1)
 
 
 def _steps(feed: Feed) -> list[int]:
@@ -67,17 +60,23 @@ def test_the_feed_comes_back_after_a_broker_outage(tmp_path):
             feed = Feed(cfg, bootstrap, None)
             feed.start()
             try:
-                await _until(lambda: _steps(feed) == [0, 1, 2] and feed.live, 60, "3 steps")
+                await until(
+                    lambda: _steps(feed) == [0, 1, 2] and feed.live, 60, "3 steps", every=0.1
+                )
                 assert feed.kind == "broker"
                 await asyncio.to_thread(svc.kill, "broker")
-                await _until(lambda: "gone" in feed.source and not feed.live, 60, "it gone")
+                await until(
+                    lambda: "gone" in feed.source and not feed.live, 60, "it gone", every=0.1
+                )
                 assert _steps(feed) == [0, 1, 2]  # what was read stays on the page
                 await asyncio.to_thread(svc.restart, "broker")
                 # a memory broker restarts empty: the run's producers create its topics again
                 await admin.ensure_topics(cfg.kafka, topics)
                 await _publish(cfg.kafka, topics.metrics, "outage", range(10, 13))
-                await _until(lambda: 12 in _steps(feed), 90, "the steps after the restart")
-                await _until(lambda: feed.live, 30, "live again")
+                await until(
+                    lambda: 12 in _steps(feed), 90, "the steps after the restart", every=0.1
+                )
+                await until(lambda: feed.live, 30, "live again", every=0.1)
                 assert feed.source.startswith(f"broker {bootstrap}")
                 assert feed.task is not None and not feed.task.done()
             finally:

@@ -16,6 +16,7 @@ from streamrft.app.watch.dashboard.server import RUN_ID, Dashboard
 from streamrft.app.watch.metrics_log import MetricsLog, metrics_path
 from streamrft.infra.config import Config, with_run_id
 from streamrft.schemas.events import MetricsEvent
+from tests.helpers.waits import until
 
 pytestmark = pytest.mark.unit
 
@@ -40,14 +41,6 @@ def _write(runs: Path, run_id: str, steps: range, mode: str = "a") -> None:
             )
         )  # fmt: skip
     log.close()
-
-
-async def _until(cond, timeout_s: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never: {what}")
-        await asyncio.sleep(0.05)
 
 
 def _trainer_points(feed: Feed) -> list:
@@ -124,7 +117,7 @@ def test_a_feed_nobody_watches_is_stopped(tmp_path):
             assert dash.feeds == {}
             # asked for again: a new feed
             again = await dash.feed("r1")
-            await _until(lambda: len(_trainer_points(again)) == 3, what="r1 read again")
+            await until(lambda: len(_trainer_points(again)) == 3, 20, "r1 read again")
         finally:
             await dash.close()
 
@@ -141,18 +134,18 @@ def test_a_metrics_file_is_followed_and_read_again_when_rewritten(tmp_path, monk
         feed = Feed(_cfg(runs, "r1"), None, None)
         feed.start()
         try:
-            await _until(lambda: len(_trainer_points(feed)) == 200, what="200 steps")
+            await until(lambda: len(_trainer_points(feed)) == 200, 20, "200 steps")
             payload = json.loads(feed.payload())
             assert payload["kind"] == "file" and payload["live"] is True
             # a finished run's file stops growing: no longer live
-            await _until(lambda: not feed.live, what="not growing")
+            await until(lambda: not feed.live, 20, "not growing")
             assert "not growing" in feed.source
             _write(runs, "r1", range(200, 210))
-            await _until(lambda: len(_trainer_points(feed)) == 210, what="appended steps")
+            await until(lambda: len(_trainer_points(feed)) == 210, 20, "appended steps")
             assert feed.live
             # the file is written anew (shorter): read again from its start, a fresh view
             _write(runs, "r1", range(5), mode="w")
-            await _until(lambda: len(_trainer_points(feed)) == 5, what="the new file")
+            await until(lambda: len(_trainer_points(feed)) == 5, 20, "the new file")
             assert [x for x, _ in _trainer_points(feed)] == [0, 1, 2, 3, 4]
             assert feed.undecodable == 0
         finally:
@@ -174,10 +167,10 @@ def test_a_failed_feed_says_so_and_starts_over(tmp_path, monkeypatch):
         feed = Feed(_cfg(runs, "r1"), None, None)
         feed.start()
         try:
-            await _until(lambda: feed.source.startswith("failed: "), what="failed")
+            await until(lambda: feed.source.startswith("failed: "), 20, "failed")
             assert not feed.live
             config.write_text("run: {}\n")
-            await _until(lambda: len(_trainer_points(feed)) == 3, what="read after the retry")
+            await until(lambda: len(_trainer_points(feed)) == 3, 20, "read after the retry")
             assert feed.kind == "file"
         finally:
             await feed.stop()
@@ -190,7 +183,7 @@ def test_an_unknown_run_says_so(tmp_path):
         feed = Feed(_cfg(tmp_path / "runs", "nothing-here"), None, None)
         feed.start()
         try:
-            await _until(lambda: feed.source.startswith("unknown run: "), what="unknown run")
+            await until(lambda: feed.source.startswith("unknown run: "), 20, "unknown run")
             assert "no topics on the broker and no run folder" in feed.source
             assert not feed.live
         finally:
